@@ -1,0 +1,235 @@
+"""Turning Message objects into commit-log records: validation, sizing and batch encoding.
+
+``prepare`` checks one message and computes everything that does not depend on where it lands;
+``encode_single`` and ``encode_batch`` fill in queue offsets, physical offsets and the store
+time under the put lock. ``encode_batch`` fills a numpy header array column by column and
+joins it with bodies and tails in one pass: the per-message Python work is list building only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from mqstore.format.hosts import Host, parse_host
+from mqstore.format.properties import (
+    KEY_SEPARATOR, MAX_PROPERTIES_BYTES, PROPERTY_DELAY, PROPERTY_INNER_NUM, PROPERTY_KEYS,
+    PROPERTY_TAGS, PROPERTY_WAIT, check_property, encode_properties,
+)
+from mqstore.format.record import (
+    MAGIC_V1, MAGIC_V2, MAX_TOPIC_BYTES, MAX_V1_TOPIC_BYTES, SYSFLAG_BORNHOST_V6,
+    SYSFLAG_INNER_BATCH, SYSFLAG_STOREHOST_V6, SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, TX_COMMIT,
+    TX_NOT, header_dtype, header_struct, properties_field, topic_field,
+)
+from mqstore.hashing import crc32
+from mqstore.message import Message, PutStatus
+
+TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+RETRY_PREFIX = "%RETRY%"
+INT32_MAX = 0x7FFFFFFF
+MAX_RECORD_OVERHEAD = 64 * 1024  # a record may exceed the body limit by this much
+
+
+class Rejected(Exception):
+    """A message the store refuses with a status (nothing is written)."""
+
+    def __init__(self, status: PutStatus, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+_valid_topics: set[str] = set()
+
+
+def check_topic(topic: object) -> str:
+    """RocketMQ's character rule; it also keeps every path inside the store directory."""
+    if topic in _valid_topics:
+        return topic  # type: ignore[return-value]
+    if not isinstance(topic, str) or not TOPIC_PATTERN.match(topic):
+        raise ValueError(f"topic {topic!r} must match {TOPIC_PATTERN.pattern} (letters, digits, %|_-)")
+    if len(_valid_topics) < 100_000:
+        _valid_topics.add(topic)
+    return topic
+
+
+def check_queue_id(queue_id: object) -> int:
+    if isinstance(queue_id, bool) or not isinstance(queue_id, (int, np.integer)) \
+            or not 0 <= queue_id <= INT32_MAX:
+        raise ValueError(f"queue_id {queue_id!r} must be an int in [0, {INT32_MAX}]")
+    return int(queue_id)
+
+
+def _int_field(name: str, value: object, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+        raise ValueError(f"{name} {value!r} must be an int in [{lo}, {hi}]")
+    return int(value)
+
+
+@dataclass(slots=True)
+class Prepared:
+    topic: str
+    queue_id: int | None
+    body: bytes
+    body_crc: int
+    tail: bytes  # TOPICLENGTH+TOPIC+PROPERTIESLENGTH+PROPERTIES
+    magic: int
+    sysflag: int
+    flag: int
+    born_timestamp: int | None
+    born_host: Host
+    reconsume_times: int
+    prepared_tx_offset: int
+    queued: bool  # gets a queue offset and a consume-queue unit
+    wait: bool  # sync flush waits for this message
+    delay: bool
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutContext:
+    store_host: Host
+    max_message_bytes: int
+    auto_v2: bool
+
+
+def prepare(msg: Message, ctx: PutContext) -> Prepared:
+    if not isinstance(msg, Message):
+        raise TypeError(f"expected a mqstore.Message, got {type(msg).__name__}")
+    topic = check_topic(msg.topic)
+    topic_bytes = topic.encode("ascii")
+    if len(topic_bytes) > MAX_TOPIC_BYTES or (
+        len(topic_bytes) > MAX_V1_TOPIC_BYTES and not topic.startswith(RETRY_PREFIX)
+    ):
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL,
+                       f"topic {topic[:32]!r}... is {len(topic_bytes)} bytes; the limit is "
+                       f"{MAX_V1_TOPIC_BYTES} ({MAX_TOPIC_BYTES} for {RETRY_PREFIX} topics)")
+    queue_id = None if msg.queue_id is None else check_queue_id(msg.queue_id)
+    body = msg.body
+    if body is None:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL, "message body is None")
+    if not isinstance(body, bytes):
+        if isinstance(body, (bytearray, memoryview)):
+            body = bytes(body)
+        else:
+            raise ValueError(f"body must be bytes, got {type(body).__name__}")
+    if len(body) > ctx.max_message_bytes:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL,
+                       f"body of {len(body)} bytes exceeds commit_log.max_message_bytes "
+                       f"({ctx.max_message_bytes})")
+    props: dict[str, str] = {}
+    if msg.tags is not None:
+        check_property(PROPERTY_TAGS, msg.tags)
+        props[PROPERTY_TAGS] = msg.tags
+    if msg.keys:
+        keys = msg.keys.split(KEY_SEPARATOR) if isinstance(msg.keys, str) else list(msg.keys)
+        for key in keys:
+            if not isinstance(key, str) or not key or KEY_SEPARATOR in key:
+                raise ValueError(f"key {key!r} must be a non-empty string without spaces")
+        props[PROPERTY_KEYS] = KEY_SEPARATOR.join(keys)
+    if msg.properties:
+        for name, value in msg.properties.items():
+            check_property(name, value)
+            if name in props:
+                raise ValueError(f"property {name!r} is set both as a field and in properties")
+            props[name] = value
+    props_text = encode_properties(props) if props else ""
+    props_bytes = props_text.encode("utf-8")
+    if len(props_bytes) > MAX_PROPERTIES_BYTES:
+        raise Rejected(PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                       f"properties are {len(props_bytes)} bytes; the limit is {MAX_PROPERTIES_BYTES}")
+    sysflag = _int_field("sysflag", msg.sysflag, 0, INT32_MAX)
+    if sysflag & ~SYSFLAG_USER_BITS:
+        raise ValueError(f"sysflag {sysflag:#x} sets bits the store owns (allowed: {SYSFLAG_USER_BITS:#x})")
+    if PROPERTY_INNER_NUM in props and not sysflag & SYSFLAG_INNER_BATCH:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL, "INNER_NUM property without the INNER_BATCH sysflag")
+    born_host = ctx.store_host if msg.born_host is None else parse_host(msg.born_host)
+    if born_host.is_v6:
+        sysflag |= SYSFLAG_BORNHOST_V6
+    if ctx.store_host.is_v6:
+        sysflag |= SYSFLAG_STOREHOST_V6
+    v2 = ctx.auto_v2 and len(topic_bytes) > MAX_V1_TOPIC_BYTES
+    tail = topic_field(topic_bytes, v2) + properties_field(props_bytes)
+    size = header_struct(born_host.is_v6, ctx.store_host.is_v6).size + len(body) + len(tail)
+    if size > ctx.max_message_bytes + MAX_RECORD_OVERHEAD:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL, f"record of {size} bytes is too large")
+    tx = sysflag & SYSFLAG_TX_MASK
+    wait_text = props.get(PROPERTY_WAIT)
+    delay_text = props.get(PROPERTY_DELAY)
+    return Prepared(
+        topic, queue_id, body, crc32(body), tail, MAGIC_V2 if v2 else MAGIC_V1, sysflag,
+        _int_field("flag", msg.flag, -(1 << 31), INT32_MAX),
+        None if msg.born_timestamp is None else _int_field("born_timestamp", msg.born_timestamp, -(1 << 63), (1 << 63) - 1),
+        born_host, _int_field("reconsume_times", msg.reconsume_times, -(1 << 31), INT32_MAX),
+        _int_field("prepared_tx_offset", msg.prepared_tx_offset, -(1 << 63), (1 << 63) - 1),
+        tx in (TX_NOT, TX_COMMIT), wait_text is None or wait_text.lower() == "true",
+        delay_text is not None and delay_text.strip().lstrip("-").isdigit() and int(delay_text) > 0,
+        size,
+    )
+
+
+def encode_single(p: Prepared, store_host: Host, queue_id: int, queue_offset: int,
+                  phys_offset: int, store_timestamp: int) -> bytes:
+    hs = header_struct(p.born_host.is_v6, store_host.is_v6)
+    header = hs.pack(
+        p.size, p.magic, p.body_crc, queue_id, p.flag, queue_offset, phys_offset, p.sysflag,
+        store_timestamp if p.born_timestamp is None else p.born_timestamp,
+        p.born_host.address, p.born_host.port, store_timestamp, store_host.address,
+        store_host.port, p.reconsume_times, p.prepared_tx_offset, len(p.body),
+    )
+    return b"".join((header, p.body, p.tail))
+
+
+def encode_batch(items: Sequence[Prepared], store_host: Host, queue_ids: np.ndarray,
+                 queue_offsets: np.ndarray, phys_offsets: np.ndarray, store_timestamp: int
+                 ) -> bytes:
+    """Records for ``items`` laid out back to back (offsets already assigned)."""
+    born_v6 = items[0].born_host.is_v6
+    if any(p.born_host.is_v6 != born_v6 for p in items):
+        return b"".join(
+            encode_single(p, store_host, int(q), int(o), int(ph), store_timestamp)
+            for p, q, o, ph in zip(items, queue_ids, queue_offsets, phys_offsets)
+        )
+    n = len(items)
+    arr = np.empty(n, dtype=header_dtype(born_v6, store_host.is_v6))
+    arr["total_size"] = [p.size for p in items]
+    arr["magic"] = [p.magic for p in items]
+    arr["body_crc"] = [p.body_crc for p in items]
+    arr["queue_id"] = queue_ids
+    arr["flag"] = [p.flag for p in items]
+    arr["queue_offset"] = queue_offsets
+    arr["phys_offset"] = phys_offsets
+    arr["sysflag"] = [p.sysflag for p in items]
+    arr["born_timestamp"] = [store_timestamp if p.born_timestamp is None else p.born_timestamp
+                             for p in items]
+    hosts = {p.born_host for p in items}
+    if len(hosts) == 1:
+        host = hosts.pop()
+        arr["born_addr"] = np.void(host.address)
+        arr["born_port"] = host.port
+    else:
+        arr["born_addr"] = np.array([p.born_host.address for p in items], dtype=arr.dtype["born_addr"])
+        arr["born_port"] = [p.born_host.port for p in items]
+    arr["store_timestamp"] = store_timestamp
+    arr["store_addr"] = np.void(store_host.address)
+    arr["store_port"] = store_host.port
+    arr["reconsume_times"] = [p.reconsume_times for p in items]
+    arr["prepared_tx_offset"] = [p.prepared_tx_offset for p in items]
+    arr["body_len"] = [len(p.body) for p in items]
+    raw = arr.tobytes()
+    width = arr.dtype.itemsize
+    pieces: list = [None] * (3 * n)
+    pieces[0::3] = [raw[i:i + width] for i in range(0, n * width, width)]
+    pieces[1::3] = [p.body for p in items]
+    pieces[2::3] = [p.tail for p in items]
+    return b"".join(pieces)
+
+
+def select_queues(items: Sequence[Prepared], messages: Sequence[Message],
+                  select: Callable[[Message], int]) -> None:
+    for p, m in zip(items, messages):
+        if p.queue_id is None:
+            p.queue_id = check_queue_id(select(m))

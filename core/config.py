@@ -1,0 +1,179 @@
+"""Store configuration: one frozen section per part of the store, loaded from YAML.
+
+Every key, its unit and its default is listed in ``config/mqstore.yaml``. Loading rejects
+unknown keys, wrong types and out-of-range values with the dotted key in the message.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mqstore.errors import ConfigError
+from mqstore.format.hosts import parse_host
+
+GiB = 1 << 30
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+_DELAY_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class StoreSection(_Section):
+    hash: Literal["mmh3", "java"] = "mmh3"
+    store_host: str = "127.0.0.1:10911"
+    role: Literal["async_master", "sync_master", "slave"] = "async_master"
+    message_delay_levels: str = DEFAULT_DELAY_LEVELS
+    os_page_cache_busy_timeout_ms: int = Field(1000, ge=1)
+
+    @field_validator("store_host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        parse_host(value)
+        return value
+
+    @field_validator("message_delay_levels")
+    @classmethod
+    def _levels(cls, value: str) -> str:
+        parse_delay_levels(value)
+        return value
+
+
+class CommitLogSection(_Section):
+    segment_bytes: int = Field(GiB, ge=256, le=1 << 40)
+    max_message_bytes: int = Field(4 * 1024 * 1024, ge=1)
+    check_crc_on_recover: bool = True
+    auto_v2_on_long_topic: bool = True
+
+
+class ConsumeQueueSection(_Section):
+    file_units: int = Field(300_000, ge=1, le=1 << 30)
+
+
+class FlushSection(_Section):
+    mode: Literal["async", "sync"] = "async"
+    interval_ms: int = Field(500, ge=1)
+    least_pages: int = Field(4, ge=0)
+    thorough_interval_ms: int = Field(10_000, ge=1)
+    sync_timeout_ms: int = Field(5_000, ge=1)
+
+
+class WriterSection(_Section):
+    kind: str = Field("mmap", min_length=1)
+
+
+class DispatchSection(_Section):
+    interval_ms: int = Field(1, ge=1)
+    batch_bytes: int = Field(4 * 1024 * 1024, ge=4096)
+
+
+class GetSection(_Section):
+    max_filter_bytes: int = Field(16_000, ge=20)
+    max_transfer_bytes_in_memory: int = Field(262_144, ge=1)
+    max_transfer_count_in_memory: int = Field(32, ge=1)
+    max_transfer_bytes_on_disk: int = Field(65_536, ge=1)
+    max_transfer_count_on_disk: int = Field(8, ge=1)
+    access_in_memory_max_ratio: int = Field(40, ge=0, le=100)
+    physical_memory_bytes: int | None = Field(None, ge=0)
+    offset_check_in_slave: bool = False
+
+
+class QueueSelectSection(_Section):
+    selector: str = Field("round_robin", min_length=1)
+    queues_per_topic: int = Field(4, ge=1, le=65_536)
+
+
+class PluginsSection(_Section):
+    load_entry_points: bool = True
+    modules: tuple[str, ...] = ()
+    disable: tuple[str, ...] = ()
+
+
+class StoreConfig(_Section):
+    store: StoreSection = StoreSection()
+    commit_log: CommitLogSection = CommitLogSection()
+    consume_queue: ConsumeQueueSection = ConsumeQueueSection()
+    flush: FlushSection = FlushSection()
+    writer: WriterSection = WriterSection()
+    dispatch: DispatchSection = DispatchSection()
+    get: GetSection = GetSection()
+    queue_select: QueueSelectSection = QueueSelectSection()
+    plugins: PluginsSection = PluginsSection()
+
+    def replace(self, **overrides: Mapping[str, Any]) -> "StoreConfig":
+        """A copy with ``{"section": {"key": value}}`` overrides applied and validated."""
+        return _build(_deep_merge(self.model_dump(), overrides), "overrides")
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    """``"1s 5s 1m"`` -> ``[1000, 5000, 60000]`` (levels 1..n)."""
+    levels = []
+    for token in text.split():
+        unit = _DELAY_UNITS_MS.get(token[-1:])
+        if unit is None or not token[:-1].isdigit():
+            raise ValueError(f"delay level {token!r} must be digits followed by s, m, h or d")
+        levels.append(int(token[:-1]) * unit)
+    if not levels:
+        raise ValueError("message_delay_levels must list at least one level")
+    return levels
+
+
+def _deep_merge(base: dict, extra: Mapping[str, Any]) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _build(data: Any, source: str) -> StoreConfig:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections, got {data!r}")
+    if "plugins" in data and isinstance(data["plugins"], Mapping):
+        # YAML gives lists; the frozen model stores tuples.
+        data = dict(data)
+        data["plugins"] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in data["plugins"].items()
+        }
+    try:
+        return StoreConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            if err["type"] == "extra_forbidden":
+                problems.append(f"{key}: unknown key")
+            else:
+                problems.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError(f"invalid configuration in {source}: " + "; ".join(problems)) from None
+
+
+def load_config(path: str | None = None, overrides: Mapping[str, Any] | None = None
+                ) -> StoreConfig:
+    """Load ``path`` (YAML) or the defaults, merge ``overrides`` on top, validate."""
+    data: Any = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path!r} is not valid YAML: {exc}") from None
+        if data is None:
+            data = {}
+    if overrides:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: the top level must be a mapping of sections")
+        data = _deep_merge(dict(data), overrides)
+        source += " + overrides"
+    return _build(data, source)

@@ -1,0 +1,192 @@
+"""Dispatch: turn new commit-log records into consume-queue units, index entries, ...
+
+NOTE [ Dispatch loop ]
+The loop owns one position, ``dispatched``: every record below it has been handed to every
+dispatcher. Each pass reads records in ``[dispatched, confirm_offset())`` (the flushed end under
+sync flush, the written end otherwise), at most ``batch_bytes`` at a time, builds one
+``DispatchBatch`` of columns, calls each dispatcher, then ``after_dispatch``, then advances.
+Dispatchers must be idempotent: recovery re-dispatches from a safe point. The loop object has no
+thread of its own; ``run_until`` drives it inline (recovery) and ``DispatchThread`` drives it in
+the background, so a worker process can run it unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from mqstore.format.properties import PROPERTY_DELAY, PROPERTY_TAGS, find_property
+from mqstore.format.record import SCAN_BAD, SCAN_BLANK
+
+log = logging.getLogger("mqstore.dispatch")
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+
+
+@dataclass(frozen=True)
+class DispatchBatch:
+    """Records ``[begin, end)`` of the commit log, one column per field, in log order."""
+
+    begin: int
+    end: int
+    phys_offsets: np.ndarray  # int64
+    sizes: np.ndarray  # int32
+    queue_ids: np.ndarray  # int32
+    queue_offsets: np.ndarray  # int64
+    tags_codes: np.ndarray  # int64
+    store_timestamps: np.ndarray  # int64
+    sysflags: np.ndarray  # int32
+    topics: Sequence[str]
+    properties: Sequence[bytes]  # encoded properties strings
+
+    def __len__(self) -> int:
+        return len(self.phys_offsets)
+
+
+class TagsCoder:
+    """Tags code of a record: the string hash of TAGS (cached), or a delay topic's due time."""
+
+    def __init__(self, string_hash: Callable[[str], int], delay_levels_ms: Sequence[int]) -> None:
+        self._hash = string_hash
+        self._cache: dict[bytes, int] = {}
+        self._delays = list(delay_levels_ms)
+
+    def code(self, topic: str, props: bytes, store_timestamp: int) -> int:
+        if topic == SCHEDULE_TOPIC:
+            delay = find_property(props, PROPERTY_DELAY.encode())
+            if delay is not None:
+                try:
+                    level = min(int(delay), len(self._delays))
+                except ValueError:
+                    level = 0
+                if level > 0:
+                    return store_timestamp + self._delays[level - 1]
+        tags = find_property(props, PROPERTY_TAGS.encode())
+        if not tags:
+            return 0
+        code = self._cache.get(tags)
+        if code is None:
+            if len(self._cache) > 65536:
+                self._cache.clear()
+            code = self._cache[tags] = self._hash(tags.decode("utf-8", errors="replace"))
+        return code
+
+
+class DispatchLoop:
+    def __init__(self, commit_log, dispatchers: Sequence, tags_coder: TagsCoder,
+                 confirm_offset: Callable[[], int], start_offset: int, *,
+                 batch_bytes: int = 4 << 20, after_dispatch: Callable | None = None) -> None:
+        self.commit_log = commit_log
+        self.dispatchers = list(dispatchers)
+        self.tags_coder = tags_coder
+        self.confirm_offset = confirm_offset
+        self.dispatched = start_offset
+        self.batch_bytes = batch_bytes
+        self.after_dispatch = after_dispatch
+        self.error: str | None = None
+        self.progress = threading.Condition()
+
+    def behind_bytes(self) -> int:
+        return max(0, self.confirm_offset() - self.dispatched)
+
+    def run_once(self) -> int:
+        """Dispatch one batch; returns the number of bytes the position moved."""
+        min_offset = self.commit_log.min_offset
+        if min_offset > self.dispatched:
+            self.dispatched = min_offset
+        end = self.confirm_offset()
+        begin = self.dispatched
+        if begin >= end:
+            return 0
+        stop = min(end, begin + self.batch_bytes)
+        phys, sizes, qids, qoffs, tags, times, flags, topics, props = ([] for _ in range(9))
+        pos = begin
+        code = self.tags_coder.code
+        for at, kind, head, reason in self.commit_log.records(begin, end):
+            if kind == SCAN_BAD:
+                self.error = f"dispatch stopped at commit-log offset {at}: {reason}"
+                log.error(self.error)
+                break
+            if kind == SCAN_BLANK:
+                pos = self.commit_log.segments.find(at).end
+                if pos >= stop:
+                    break
+                continue
+            phys.append(head.phys_offset)
+            sizes.append(head.size)
+            qids.append(head.queue_id)
+            qoffs.append(head.queue_offset)
+            tags.append(code(head.topic, head.properties, head.store_timestamp))
+            times.append(head.store_timestamp)
+            flags.append(head.sysflag)
+            topics.append(head.topic)
+            props.append(head.properties)
+            pos = at + head.size
+            if pos >= stop:
+                break
+        if phys:
+            batch = DispatchBatch(
+                begin, pos, np.array(phys, dtype=np.int64), np.array(sizes, dtype=np.int32),
+                np.array(qids, dtype=np.int32), np.array(qoffs, dtype=np.int64),
+                np.array(tags, dtype=np.int64), np.array(times, dtype=np.int64),
+                np.array(flags, dtype=np.int32), topics, props,
+            )
+            for dispatcher in self.dispatchers:
+                dispatcher.dispatch(batch)
+            if self.after_dispatch is not None:
+                self.after_dispatch(batch)
+        moved = pos - begin
+        if moved:
+            with self.progress:
+                self.dispatched = pos
+                self.progress.notify_all()
+        return moved
+
+    def run_until(self, offset: int) -> None:
+        while self.dispatched < offset and self.run_once():
+            pass
+
+    def wait(self, offset: int, timeout: float) -> bool:
+        with self.progress:
+            return self.progress.wait_for(lambda: self.dispatched >= offset or self.error,
+                                          timeout) and self.dispatched >= offset
+
+
+class DispatchThread:
+    """Runs a DispatchLoop every ``interval_ms`` until stopped; a put may wake it early."""
+
+    def __init__(self, loop: DispatchLoop, interval_ms: int) -> None:
+        self.loop = loop
+        self.interval_s = interval_ms / 1000.0
+        self.wake = threading.Event()
+        self._stop = threading.Event()
+        self.exception: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="mqstore-dispatch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self.loop.run_once():
+                    self.wake.wait(self.interval_s)
+                    self.wake.clear()
+        except BaseException as exc:  # surfaced by the store on the next call that needs it
+            self.exception = exc
+            self.loop.error = f"dispatch loop died: {exc!r}"
+            log.exception("dispatch loop died")
+            with self.loop.progress:
+                self.loop.progress.notify_all()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self.wake.set()
+        self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()

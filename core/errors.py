@@ -1,0 +1,27 @@
+"""Exceptions raised by mqstore. Every message names the offending value and the rule."""
+
+from __future__ import annotations
+
+
+class MQStoreError(Exception):
+    """Base class for mqstore errors."""
+
+
+class ConfigError(MQStoreError, ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range."""
+
+
+class StoreLockedError(MQStoreError):
+    """Another process (or another store object) holds the store's write lock."""
+
+
+class StoreCorruptError(MQStoreError):
+    """The store directory cannot be loaded as it is (for example a segment of the wrong size)."""
+
+
+class StoreClosedError(MQStoreError):
+    """The store was closed."""
+
+
+class PluginError(MQStoreError):
+    """A plugin name is unknown or a plugin registered something invalid."""

@@ -1,0 +1,1 @@
+"""Pure byte layouts: bytes <-> values. No files, clocks or threads live here."""

@@ -1,0 +1,46 @@
+"""Consume-queue unit: 20 bytes per message of one topic/queue, big-endian.
+
+    +------------------------+--------------+--------------------+
+    | commit-log offset (8)  | msg size (4) | tags code (8)      |  = 20 bytes
+    +------------------------+--------------+--------------------+
+
+Unit ``i`` of a queue sits at stream offset ``i*20``, in file ``floor(i*20 / file_bytes)``.
+A unit is valid while ``offset >= 0 and size > 0``; the filler ``(0, 0x7FFFFFFF, 0)`` pads the
+head of a queue whose first offset is not 0. A tags code of ``-2147483649`` or less is a
+consume-queue-extension address, never a hash.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CQ_UNIT_SIZE = 20
+FILLER_SIZE = 0x7FFFFFFF
+EXT_ADDRESS_MAX = -2147483649
+
+CQ_DTYPE = np.dtype([("phys_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
+assert CQ_DTYPE.itemsize == CQ_UNIT_SIZE
+
+
+def round_file_bytes(file_bytes: int) -> int:
+    """A configured consume-queue file size, rounded up to whole units."""
+    return -(-file_bytes // CQ_UNIT_SIZE) * CQ_UNIT_SIZE
+
+
+def encode_units(phys_offsets, sizes, tags_codes) -> bytes:
+    units = np.empty(len(phys_offsets), dtype=CQ_DTYPE)
+    units["phys_offset"] = phys_offsets
+    units["size"] = sizes
+    units["tags_code"] = tags_codes
+    return units.tobytes()
+
+
+def decode_units(buf) -> np.ndarray:
+    """View ``buf`` (a multiple of 20 bytes) as units, without copying."""
+    return np.frombuffer(buf, dtype=CQ_DTYPE)
+
+
+def valid_prefix(units: np.ndarray) -> int:
+    """Number of leading valid units (offset >= 0 and size > 0)."""
+    bad = np.flatnonzero((units["phys_offset"] < 0) | (units["size"] <= 0))
+    return int(bad[0]) if len(bad) else len(units)

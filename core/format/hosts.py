@@ -1,0 +1,51 @@
+"""Socket addresses as RocketMQ stores them: 4 or 16 address bytes then an int port.
+
+The API speaks ``"host:port"`` strings (``"[::1]:8080"`` for IPv6); on disk a host is
+``addr(4|16) + port(int32 BE)``. The family decides the record's v6 sysflag bits.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from functools import lru_cache
+from typing import NamedTuple
+
+
+class Host(NamedTuple):
+    address: bytes  # 4 bytes (IPv4) or 16 bytes (IPv6), network order
+    port: int
+
+    @property
+    def is_v6(self) -> bool:
+        return len(self.address) == 16
+
+    def __str__(self) -> str:
+        ip = ipaddress.ip_address(self.address)
+        return f"[{ip}]:{self.port}" if self.is_v6 else f"{ip}:{self.port}"
+
+
+@lru_cache(maxsize=4096)
+def parse_host(text: str) -> Host:
+    """Parse ``"1.2.3.4:5"`` or ``"[::1]:5"``; errors name the value and the rule."""
+    if not isinstance(text, str):
+        raise ValueError(f"host {text!r} must be a string 'ip:port'")
+    if text.startswith("["):
+        addr, sep, port = text[1:].partition("]:")
+    else:
+        addr, sep, port = text.rpartition(":")
+    try:
+        if not sep:
+            raise ValueError("missing port")
+        ip = ipaddress.ip_address(addr)
+        port_num = int(port)
+        if not 0 <= port_num <= 0x7FFFFFFF:
+            raise ValueError("port out of range")
+    except ValueError as exc:
+        raise ValueError(
+            f"host {text!r} is not 'ipv4:port' or '[ipv6]:port' ({exc})"
+        ) from None
+    return Host(ip.packed, port_num)
+
+
+def host_from_bytes(address: bytes, port: int) -> Host:
+    return Host(bytes(address), port)

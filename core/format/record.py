@@ -1,0 +1,324 @@
+"""Commit-log record: one message, packed back to back in the commit log, big-endian.
+
+    +---------------------------+-------+----------------------------------------------+
+    | field                     | bytes | note                                         |
+    +---------------------------+-------+----------------------------------------------+
+    | TOTALSIZE        int      |   4   | whole record, this field included            |
+    | MAGICCODE        int      |   4   | V1 0xDAA320A7, V2 0xDAA320AB                 |
+    | BODYCRC          int      |   4   | crc32(body) & 0x7FFFFFFF                     |
+    | QUEUEID          int      |   4   |                                              |
+    | FLAG             int      |   4   | producer's flag                              |
+    | QUEUEOFFSET      long     |   8   | @20; 0 for prepared/rollback transactions    |
+    | PHYSICALOFFSET   long     |   8   | @28; absolute commit-log offset              |
+    | SYSFLAG          int      |   4   | @36; bits below                              |
+    | BORNTIMESTAMP    long     |   8   | @40                                          |
+    | BORNHOST         4+4|16+4 | 8|20  | address + int port; 16 bytes if SYSFLAG 0x10 |
+    | STORETIMESTAMP   long     |   8   | @56 with an IPv4 born host, @68 with IPv6    |
+    | STOREHOST        4+4|16+4 | 8|20  | 16-byte address if SYSFLAG 0x20              |
+    | RECONSUMETIMES   int      |   4   |                                              |
+    | PREPARED TX OFF  long     |   8   |                                              |
+    | BODYLENGTH + BODY| 4 + n  |       |                                              |
+    | TOPICLEN + TOPIC | 1|2 + n|       | V1: signed byte; V2: short                   |
+    | PROPSLEN + PROPS | 2 + n  |       | short; UTF-8 properties string               |
+    +---------------------------+-------+----------------------------------------------+
+    total = 91 + body + topic + props   (V1, two IPv4 hosts; +12 per IPv6 host; V2 +1)
+
+A segment that cannot hold the next record (``size + 8 > remaining``) ends with a blank
+record: ``int remaining | int 0xCBD43194``; readers jump to the next segment.
+
+The offset message id is ``hex(store address + int port + long physical offset)``, upper case.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+from mqstore.format.hosts import Host
+from mqstore.hashing import crc32
+
+MAGIC_V1 = -626843481  # 0xDAA320A7
+MAGIC_V2 = -626843477  # 0xDAA320AB
+BLANK_MAGIC = -875286124  # 0xCBD43194
+END_FILE_MIN_BLANK_BYTES = 8
+MAX_V1_TOPIC_BYTES = 127
+MAX_TOPIC_BYTES = 255
+
+SYSFLAG_COMPRESSED = 0x1
+SYSFLAG_MULTI_TAGS = 0x2
+SYSFLAG_TX_MASK = 0xC
+TX_NOT = 0x0
+TX_PREPARED = 0x4
+TX_COMMIT = 0x8
+TX_ROLLBACK = 0xC
+SYSFLAG_BORNHOST_V6 = 0x10
+SYSFLAG_STOREHOST_V6 = 0x20
+SYSFLAG_NEED_UNWRAP = 0x40
+SYSFLAG_INNER_BATCH = 0x80
+SYSFLAG_COMPRESSION_MASK = 0x700
+#: Bits a producer may set; the store owns the host-family bits.
+SYSFLAG_USER_BITS = (
+    SYSFLAG_COMPRESSED | SYSFLAG_MULTI_TAGS | SYSFLAG_TX_MASK | SYSFLAG_NEED_UNWRAP
+    | SYSFLAG_COMPRESSION_MASK
+)
+
+POS_TOTAL_SIZE = 0
+POS_MAGIC = 4
+POS_BODY_CRC = 8
+POS_QUEUE_ID = 12
+POS_FLAG = 16
+POS_QUEUE_OFFSET = 20
+POS_PHYS_OFFSET = 28
+POS_SYSFLAG = 36
+POS_BORN_TIMESTAMP = 40
+POS_BORN_HOST = 48
+
+# TOTALSIZE .. BORNTIMESTAMP: the part every layout shares.
+FIXED_PREFIX = struct.Struct(">iiiiiqqiq")
+BLANK_RECORD = struct.Struct(">ii")
+_INT = struct.Struct(">i")
+_SHORT = struct.Struct(">h")
+_LONG = struct.Struct(">q")
+
+
+def host_width(v6: bool) -> int:
+    return 20 if v6 else 8
+
+
+def store_timestamp_pos(sysflag: int) -> int:
+    return POS_BORN_HOST + host_width(bool(sysflag & SYSFLAG_BORNHOST_V6))
+
+
+def body_length_pos(sysflag: int) -> int:
+    return (
+        POS_BORN_HOST
+        + host_width(bool(sysflag & SYSFLAG_BORNHOST_V6))
+        + 8
+        + host_width(bool(sysflag & SYSFLAG_STOREHOST_V6))
+        + 4
+        + 8
+    )
+
+
+def record_size(body_len: int, topic_len: int, props_len: int, *, v2: bool = False,
+                born_v6: bool = False, store_v6: bool = False) -> int:
+    return (
+        91 + body_len + topic_len + props_len
+        + (12 if born_v6 else 0) + (12 if store_v6 else 0) + (1 if v2 else 0)
+    )
+
+
+@lru_cache(maxsize=None)
+def header_struct(born_v6: bool, store_v6: bool) -> struct.Struct:
+    """TOTALSIZE .. BODYLENGTH for one pair of host families."""
+    born = "16si" if born_v6 else "4si"
+    store = "16si" if store_v6 else "4si"
+    return struct.Struct(f">iiiiiqqiq{born}q{store}iqi")
+
+
+@lru_cache(maxsize=None)
+def header_dtype(born_v6: bool, store_v6: bool) -> np.dtype:
+    """The same header as a packed numpy record, for encoding a batch column by column."""
+    born = 16 if born_v6 else 4
+    store = 16 if store_v6 else 4
+    fields = [
+        ("total_size", ">i4"), ("magic", ">i4"), ("body_crc", ">i4"), ("queue_id", ">i4"),
+        ("flag", ">i4"), ("queue_offset", ">i8"), ("phys_offset", ">i8"), ("sysflag", ">i4"),
+        ("born_timestamp", ">i8"), ("born_addr", f"V{born}"), ("born_port", ">i4"),
+        ("store_timestamp", ">i8"), ("store_addr", f"V{store}"), ("store_port", ">i4"),
+        ("reconsume_times", ">i4"), ("prepared_tx_offset", ">i8"), ("body_len", ">i4"),
+    ]
+    dt = np.dtype(fields)  # numpy packs fields without padding by default
+    assert dt.itemsize == header_struct(born_v6, store_v6).size
+    return dt
+
+
+def topic_field(topic: bytes, v2: bool) -> bytes:
+    """TOPICLENGTH + TOPIC for the chosen version."""
+    return (_SHORT.pack(len(topic)) if v2 else bytes((len(topic),))) + topic
+
+
+def properties_field(props: bytes) -> bytes:
+    return _SHORT.pack(len(props)) + props
+
+
+def encode_blank(remaining: int) -> bytes:
+    return BLANK_RECORD.pack(remaining, BLANK_MAGIC)
+
+
+def offset_msg_id(store: Host, phys_offset: int) -> str:
+    return (store.address + struct.pack(">iq", store.port, phys_offset)).hex().upper()
+
+
+def parse_offset_msg_id(msg_id: str) -> tuple[Host, int]:
+    """Inverse of :func:`offset_msg_id`; raises ValueError naming the id."""
+    try:
+        raw = bytes.fromhex(msg_id)
+    except (TypeError, ValueError):
+        raise ValueError(f"msg id {msg_id!r} is not a hex string") from None
+    if len(raw) not in (16, 28):
+        raise ValueError(
+            f"msg id {msg_id!r} must be 32 (IPv4) or 56 (IPv6) hex characters, got {len(msg_id)}"
+        )
+    port, offset = struct.unpack_from(">iq", raw, len(raw) - 12)
+    return Host(raw[:-12], port), offset
+
+
+class RecordHead(NamedTuple):
+    """What dispatch and recovery need from a record, without decoding the body."""
+
+    phys_offset: int
+    size: int
+    queue_id: int
+    queue_offset: int
+    sysflag: int
+    store_timestamp: int
+    topic: str
+    properties: bytes
+
+
+# Scan outcomes: (kind, size, head)
+SCAN_OK = 0
+SCAN_BLANK = 1
+SCAN_BAD = 2
+
+
+def scan_record(buf, pos: int, limit: int, check_crc: bool, expected_phys: int | None = None):
+    """Validate the record at ``buf[pos:]`` (``limit`` = end of readable data).
+
+    Returns ``(SCAN_OK, size, RecordHead)``, ``(SCAN_BLANK, size, None)`` or
+    ``(SCAN_BAD, reason, None)``. A record is bad when it is cut off, has an unknown magic, its
+    lengths do not add up to TOTALSIZE, its body CRC is wrong (``check_crc``), or its stored
+    physical offset is not where it lies (``expected_phys``): stale bytes past a torn tail.
+    """
+    remaining = limit - pos
+    if remaining <= 4:
+        return SCAN_BAD, "cut off before the size field", None
+    total = _INT.unpack_from(buf, pos)[0]
+    magic = _INT.unpack_from(buf, pos + 4)[0] if remaining >= 8 else 0
+    if magic == BLANK_MAGIC:
+        return SCAN_BLANK, total, None
+    if magic != MAGIC_V1 and magic != MAGIC_V2:
+        return SCAN_BAD, f"unknown magic {magic & 0xFFFFFFFF:#010x}", None
+    if total < 91 or total > remaining:
+        return SCAN_BAD, f"size {total} does not fit the {remaining} readable bytes", None
+    (_, _, body_crc, queue_id, _flag, queue_offset, phys, sysflag,
+     _born_ts) = FIXED_PREFIX.unpack_from(buf, pos)
+    if expected_phys is not None and phys != expected_phys:
+        return SCAN_BAD, f"physical offset field {phys} != position {expected_phys}", None
+    ts_pos = pos + store_timestamp_pos(sysflag)
+    store_ts = _LONG.unpack_from(buf, ts_pos)[0]
+    at = pos + body_length_pos(sysflag)
+    body_len = _INT.unpack_from(buf, at)[0]
+    at += 4
+    if body_len < 0 or at + body_len > pos + total:
+        return SCAN_BAD, f"body length {body_len} overruns the record", None
+    body_at = at
+    at += body_len
+    if magic == MAGIC_V1:
+        topic_len = buf[at]
+        if topic_len > 127:
+            return SCAN_BAD, f"V1 topic length byte {topic_len} is negative", None
+        at += 1
+    else:
+        topic_len = _SHORT.unpack_from(buf, at)[0]
+        at += 2
+    if topic_len < 0 or at + topic_len + 2 > pos + total:
+        return SCAN_BAD, f"topic length {topic_len} overruns the record", None
+    topic = bytes(buf[at:at + topic_len])
+    at += topic_len
+    props_len = _SHORT.unpack_from(buf, at)[0]
+    at += 2
+    if props_len < 0 or at + props_len != pos + total:
+        return SCAN_BAD, f"lengths add up to {at + max(props_len, 0) - pos}, TOTALSIZE is {total}", None
+    if check_crc and crc32(buf[body_at:body_at + body_len]) != body_crc:
+        return SCAN_BAD, "body CRC mismatch", None
+    try:
+        topic_text = topic.decode("utf-8")
+    except UnicodeDecodeError:
+        return SCAN_BAD, "topic is not UTF-8", None
+    return SCAN_OK, total, RecordHead(
+        phys, total, queue_id, queue_offset, sysflag, store_ts, topic_text,
+        bytes(buf[at:at + props_len]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedRecord:
+    """Every field of one record, as stored."""
+
+    size: int
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    phys_offset: int
+    sysflag: int
+    born_timestamp: int
+    born_host: Host
+    store_timestamp: int
+    store_host: Host
+    reconsume_times: int
+    prepared_tx_offset: int
+    body: bytes
+    topic: str
+    properties_text: str
+
+
+def decode_record(buf, pos: int = 0) -> DecodedRecord:
+    """Decode the record at ``pos``; raises ValueError when it is not a well-formed record."""
+    kind, size, head = scan_record(buf, pos, len(buf), check_crc=False)
+    if kind != SCAN_OK:
+        raise ValueError(f"no record at {pos}: {'blank record' if kind == SCAN_BLANK else size}")
+    sysflag = head.sysflag
+    born_v6 = bool(sysflag & SYSFLAG_BORNHOST_V6)
+    store_v6 = bool(sysflag & SYSFLAG_STOREHOST_V6)
+    f = header_struct(born_v6, store_v6).unpack_from(buf, pos)
+    hs = header_struct(born_v6, store_v6).size
+    body_len = f[16]
+    body = bytes(buf[pos + hs:pos + hs + body_len])
+    return DecodedRecord(
+        size=f[0], magic=f[1], body_crc=f[2], queue_id=f[3], flag=f[4], queue_offset=f[5],
+        phys_offset=f[6], sysflag=f[7], born_timestamp=f[8], born_host=Host(f[9], f[10]),
+        store_timestamp=f[11], store_host=Host(f[12], f[13]), reconsume_times=f[14],
+        prepared_tx_offset=f[15], body=body, topic=head.topic,
+        properties_text=head.properties.decode("utf-8", errors="replace"),
+    )
+
+
+def encode_record(
+    *, queue_id: int, flag: int, queue_offset: int, phys_offset: int, sysflag: int,
+    born_timestamp: int, born_host: Host, store_timestamp: int, store_host: Host,
+    reconsume_times: int, prepared_tx_offset: int, body: bytes, topic: bytes,
+    properties: bytes, v2: bool = False, body_crc: int | None = None,
+) -> bytes:
+    """Encode one complete record. The store's append path uses the same layout in batches."""
+    born_v6 = born_host.is_v6
+    store_v6 = store_host.is_v6
+    sysflag = (sysflag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)) | (
+        SYSFLAG_BORNHOST_V6 if born_v6 else 0) | (SYSFLAG_STOREHOST_V6 if store_v6 else 0)
+    tail = topic_field(topic, v2) + properties_field(properties)
+    total = header_struct(born_v6, store_v6).size + len(body) + len(tail)
+    header = header_struct(born_v6, store_v6).pack(
+        total, MAGIC_V2 if v2 else MAGIC_V1, crc32(body) if body_crc is None else body_crc,
+        queue_id, flag, queue_offset, phys_offset, sysflag, born_timestamp,
+        born_host.address, born_host.port, store_timestamp, store_host.address, store_host.port,
+        reconsume_times, prepared_tx_offset, len(body),
+    )
+    return b"".join((header, body, tail))
+
+
+def decompress_body(body: bytes, sysflag: int) -> bytes:
+    """Uncompressed body of a COMPRESSED record (zlib is RocketMQ's default and 0x300)."""
+    if not sysflag & SYSFLAG_COMPRESSED:
+        return body
+    kind = sysflag & SYSFLAG_COMPRESSION_MASK
+    if kind in (0, 0x300):
+        return zlib.decompress(body)
+    raise ValueError(f"compression type {kind:#x} (sysflag {sysflag:#x}) is not supported")

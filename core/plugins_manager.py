@@ -1,0 +1,125 @@
+"""Builds a plugin manager for one store in one process, and the typed facade that calls it.
+
+Loading order: the built-in modules in ``DEFAULT_PLUGINS``, then third-party packages from the
+``mqstore`` entry-point group, then extra modules named in ``plugins.modules``. Environment:
+``MQSTORE_LOAD_PLUGINS`` is a comma-separated allow-list of entry-point names (empty: none);
+``MQSTORE_DISABLE_PLUGINS`` blocks plugins by name, like ``plugins.disable``;
+``MQSTORE_TRACE_PLUGINS=1`` logs every hook call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from importlib import metadata
+from typing import Sequence
+
+import pluggy
+
+from mqstore import hookspecs
+from mqstore.errors import PluginError
+from mqstore.registry import Registry
+
+log = logging.getLogger("mqstore.plugins")
+
+ENTRY_POINT_GROUP = "mqstore"
+DEFAULT_PLUGINS = (
+    "mqstore.plugins.writer_mmap",
+    "mqstore.plugins.queue_select_round_robin",
+    "mqstore.plugins.queue_select_random",
+    "mqstore.plugins.queue_select_hash",
+    "mqstore.plugins.filter_tag",
+    "mqstore.plugins.cq_builder",
+    "mqstore.plugins.flush_async",
+    "mqstore.plugins.flush_sync",
+)
+
+
+def _env_list(name: str) -> list[str] | None:
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def make_plugin_manager(*, modules: Sequence[str] = (), disable: Sequence[str] = (),
+                        load_entry_points: bool = True) -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    blocked = set(disable) | set(_env_list("MQSTORE_DISABLE_PLUGINS") or ())
+    for name in blocked:
+        pm.set_blocked(name)
+    for name in (*DEFAULT_PLUGINS, *modules):
+        if pm.is_blocked(name) or pm.has_plugin(name):
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise PluginError(f"plugin module {name!r} cannot be imported: {exc}") from None
+        pm.register(module, name)
+    if load_entry_points:
+        allow = _env_list("MQSTORE_LOAD_PLUGINS")
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if (allow is not None and ep.name not in allow) or pm.is_blocked(ep.name):
+                continue
+            if pm.has_plugin(ep.name):
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # a broken third-party package must not hide the cause
+                raise PluginError(
+                    f"entry point {ep.name!r} ({ep.value}) of group {ENTRY_POINT_GROUP!r} "
+                    f"failed to load: {exc!r}"
+                ) from exc
+            pm.register(plugin, ep.name)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"plugin implements an unknown hook: {exc}") from None
+    if os.environ.get("MQSTORE_TRACE_PLUGINS") == "1":
+        pm.trace.root.setwriter(log.debug)
+        pm.enable_tracing()
+    return pm
+
+
+class PluginHooks:
+    """Typed calls into the plugin manager; core code never calls ``pm.hook`` directly."""
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self.pm = pm
+        self.writers = self._collect("writer", pm.hook.register_writers)
+        self.queue_selectors = self._collect("queue selector", pm.hook.register_queue_selectors)
+        self.filters = self._collect("filter", pm.hook.register_filters, key=str.upper)
+        self.dispatchers = self._collect("dispatcher", pm.hook.register_dispatchers)
+        self.flush_policies = self._collect("flush policy", pm.hook.register_flush_policies)
+        # Cached so hot paths skip hooks nobody implements.
+        self.has_before_append = bool(pm.hook.before_append.get_hookimpls())
+        self.has_after_append = bool(pm.hook.after_append.get_hookimpls())
+        self.has_after_dispatch = bool(pm.hook.after_dispatch.get_hookimpls())
+        self.has_after_flush = bool(pm.hook.after_flush.get_hookimpls())
+
+    @staticmethod
+    def _collect(kind: str, hook, key=lambda n: n) -> Registry:
+        registry = Registry(kind, key=key)
+        for impl in reversed(hook.get_hookimpls()):  # pluggy's call order
+            registry.current_plugin = impl.plugin_name
+            impl.function(registry=registry)
+        registry.current_plugin = "?"
+        return registry
+
+    def before_append(self, messages) -> None:
+        if self.has_before_append:
+            self.pm.hook.before_append(messages=messages)
+
+    def after_append(self, result) -> None:
+        if self.has_after_append:
+            self.pm.hook.after_append(result=result)
+
+    def after_dispatch(self, batch) -> None:
+        if self.has_after_dispatch:
+            self.pm.hook.after_dispatch(batch=batch)
+
+    def after_flush(self, flushed_offset: int) -> None:
+        if self.has_after_flush:
+            self.pm.hook.after_flush(flushed_offset=flushed_offset)

@@ -1,0 +1,111 @@
+"""Serving pulls: RocketMQ's getMessage status and batch rules (spec 10.6), on numpy windows.
+
+One call reads at most one consume-queue file and at most ``max(max_filter_bytes,
+max_msgs*20)`` bytes of units. Tag codes of the whole window are matched at once; only the
+candidates are read from the commit log and checked exactly.
+"""
+
+from __future__ import annotations
+
+from mqstore.format.cq_unit import CQ_UNIT_SIZE
+from mqstore.message import GetResult, GetStatus
+
+MAX_PULL_BYTES = 128 * 1024 * 1024
+
+
+class PullLimits:
+    __slots__ = ("window_bytes", "mem_bytes", "mem_count", "disk_bytes", "disk_count",
+                 "in_memory_bytes", "correct")
+
+    def __init__(self, cfg, physical_memory_bytes: int, slave_no_check: bool) -> None:
+        self.window_bytes = cfg.max_filter_bytes
+        self.mem_bytes = cfg.max_transfer_bytes_in_memory
+        self.mem_count = cfg.max_transfer_count_in_memory
+        self.disk_bytes = cfg.max_transfer_bytes_on_disk
+        self.disk_count = cfg.max_transfer_count_on_disk
+        self.in_memory_bytes = physical_memory_bytes * cfg.access_in_memory_max_ratio // 100
+        # A slave that does not check offsets keeps the consumer's offset unchanged.
+        self.correct = (lambda old, new: old) if slave_no_check else (lambda old, new: new)
+
+
+def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
+                 max_total_bytes: int | None = None) -> GetResult:
+    correct = limits.correct
+    min_off = cq.min_offset if cq is not None else 0
+    max_off = cq.max_offset if cq is not None else 0
+    if max_off == 0:
+        return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, correct(offset, 0), min_off, max_off)
+    if offset < min_off:
+        return GetResult(GetStatus.OFFSET_TOO_SMALL, correct(offset, min_off), min_off, max_off)
+    if offset == max_off:
+        return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, correct(offset, offset), min_off, max_off)
+    if offset > max_off:
+        return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, correct(offset, max_off), min_off, max_off)
+
+    commit_log = store.commit_log
+    max_py = commit_log.max_offset
+    max_pull = MAX_PULL_BYTES if max_total_bytes is None else min(max(max_total_bytes, 100), MAX_PULL_BYTES)
+    window_units = -(-max(limits.window_bytes, max_msgs * CQ_UNIT_SIZE) // CQ_UNIT_SIZE)
+    result = GetResult(GetStatus.NO_MATCHED_MESSAGE, offset, min_off, max_off)
+
+    seg = cq.segments.find(offset * CQ_UNIT_SIZE)
+    first = offset * CQ_UNIT_SIZE - seg.start if seg is not None else 0
+    if seg is None or first >= seg.wrote:
+        result.status = GetStatus.OFFSET_FOUND_NULL
+        nxt = (offset * CQ_UNIT_SIZE // cq.file_bytes + 1) * cq.file_bytes // CQ_UNIT_SIZE
+        result.next_begin_offset = correct(offset, nxt)
+        return result
+
+    begin_unit = first // CQ_UNIT_SIZE
+    count = min(seg.wrote // CQ_UNIT_SIZE - begin_unit, max_off - offset, window_units)
+    units = cq.units_of(seg)[begin_unit:begin_unit + count]
+    positions = units["phys_offset"].tolist()
+    sizes = units["size"].tolist()
+    mask = flt.match_units(units["tags_code"])
+    mask = mask.tolist() if mask is not None else None
+
+    mem_limit = limits.in_memory_bytes
+    read = commit_log.read
+    decode = store.decode_message
+    messages = result.messages
+    total = 0
+    next_phys_file_start = -1
+    max_phys_pulling = 0
+    seg_bytes = commit_log.segment_bytes
+    nxt = offset
+    for i in range(count):
+        pos = positions[i]
+        size = sizes[i]
+        if total and messages:  # the first message is always accepted
+            n = len(messages)
+            if n + 1 > max_msgs or total + size > max_pull:
+                break
+            if max_py - pos <= mem_limit:
+                if total + size > limits.mem_bytes or n >= limits.mem_count:
+                    break
+            elif total + size > limits.disk_bytes or n >= limits.disk_count:
+                break
+        max_phys_pulling = pos
+        nxt = offset + i + 1
+        if pos < next_phys_file_start:
+            continue
+        if mask is not None and not mask[i]:
+            continue
+        raw = read(pos, size)
+        if raw is None:
+            if not messages:
+                result.status = GetStatus.MESSAGE_WAS_REMOVING
+            next_phys_file_start = pos + seg_bytes - pos % seg_bytes
+            continue
+        msg = decode(raw)
+        if msg is None or not flt.match_message(msg):
+            if not messages:
+                result.status = GetStatus.NO_MATCHED_MESSAGE
+            result.filtered_count += 1
+            continue
+        messages.append(msg)
+        total += size
+        result.status = GetStatus.FOUND
+    result.next_begin_offset = nxt
+    result.suggest_pulling_from_slave = max_py - max_phys_pulling > mem_limit
+    return result

@@ -1,0 +1,50 @@
+"""Named registries that registration hooks fill and the store looks strategies up in."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from mqstore.errors import PluginError
+
+
+class Registry:
+    """Maps names to factories for one kind of strategy (writers, filters, ...)."""
+
+    def __init__(self, kind: str, *, key: Callable[[str], str] = lambda n: n) -> None:
+        self.kind = kind
+        self._key = key
+        self._factories: dict[str, Callable[..., Any]] = {}
+        self._owners: dict[str, str] = {}
+        self.current_plugin = "?"
+
+    def add(self, name: str, factory: Callable[..., Any]) -> None:
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"{self.kind} name {name!r} must be a non-empty string")
+        if not callable(factory):
+            raise PluginError(f"{self.kind} {name!r}: factory {factory!r} is not callable")
+        key = self._key(name)
+        if key in self._factories:
+            # First registration wins; built-ins register last (trylast), so plugins override.
+            return
+        self._factories[key] = factory
+        self._owners[key] = self.current_plugin
+
+    def get(self, name: str) -> Callable[..., Any]:
+        try:
+            return self._factories[self._key(name)]
+        except KeyError:
+            raise PluginError(
+                f"unknown {self.kind} {name!r}; registered: {', '.join(sorted(self._factories)) or 'none'}"
+            ) from None
+
+    def owner(self, name: str) -> str:
+        return self._owners[self._key(name)]
+
+    def names(self) -> list[str]:
+        return list(self._factories)
+
+    def items(self):
+        return list(self._factories.items())
+
+    def __contains__(self, name: str) -> bool:
+        return self._key(name) in self._factories

@@ -1,0 +1,164 @@
+"""Checkpoint, abort marker, process lock and the store's own metadata file.
+
+checkpoint (exactly 4096 bytes, big-endian longs, rest zero):
+
+    +------+----------------------+---------------------------------------------+
+    | @0   | physicMsgTimestamp   | store time of the last flushed message      |
+    | @8   | logicsMsgTimestamp   | store time of the last consume-queue write  |
+    | @16  | indexMsgTimestamp    | end time of the last full index file        |
+    | @24  | masterFlushedOffset  |                                             |
+    | @32  | confirmPhyOffset     |                                             |
+    +------+----------------------+---------------------------------------------+
+
+abort: exists while a writer has the store open (holds its PID); a leftover one means the
+last exit was not clean. lock: an exclusive OS lock on byte range [0, 1) while open for
+writing. mqstore.json: which string hash the store uses; RocketMQ directories have none.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import mmap
+import os
+import struct
+import threading
+
+from mqstore.errors import StoreCorruptError, StoreLockedError
+
+CHECKPOINT_FILE = "checkpoint"
+ABORT_FILE = "abort"
+LOCK_FILE = "lock"
+META_FILE = "mqstore.json"
+CHECKPOINT_BYTES = 4096
+_FIELDS = struct.Struct(">qqqqq")
+
+
+class Checkpoint:
+    def __init__(self, root: str, *, read_only: bool = False) -> None:
+        self.path = os.path.join(root, CHECKPOINT_FILE)
+        self.read_only = read_only
+        self.physic_msg_timestamp = 0
+        self.logics_msg_timestamp = 0
+        self.index_msg_timestamp = 0
+        self.master_flushed_offset = 0
+        self.confirm_phy_offset = 0
+        self._mm = None
+        self._fd = -1
+        if os.path.exists(self.path):
+            with open(self.path, "rb") as f:
+                head = f.read(_FIELDS.size)
+            head = head.ljust(_FIELDS.size, b"\0")
+            (self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
+             self.master_flushed_offset, self.confirm_phy_offset) = _FIELDS.unpack(head)
+        if not read_only:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if os.fstat(self._fd).st_size != CHECKPOINT_BYTES:
+                os.ftruncate(self._fd, CHECKPOINT_BYTES)
+            self._mm = mmap.mmap(self._fd, CHECKPOINT_BYTES)
+
+    def min_timestamp(self) -> int:
+        """Oldest time recovery must rescan from: min(physic, logics) minus 3 s, at least 0."""
+        return max(0, min(self.physic_msg_timestamp, self.logics_msg_timestamp) - 3000)
+
+    def flush(self) -> None:
+        if self._mm is None:
+            return
+        self._mm[0:_FIELDS.size] = _FIELDS.pack(
+            self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
+            self.master_flushed_offset, self.confirm_phy_offset,
+        )
+        self._mm.flush()
+
+    def close(self) -> None:
+        if self._mm is not None:
+            self.flush()
+            self._mm.close()
+            os.close(self._fd)
+            self._mm = None
+
+
+def abort_exists(root: str) -> bool:
+    return os.path.exists(os.path.join(root, ABORT_FILE))
+
+
+def create_abort(root: str) -> None:
+    path = os.path.join(root, ABORT_FILE)
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def remove_abort(root: str) -> None:
+    try:
+        os.unlink(os.path.join(root, ABORT_FILE))
+    except FileNotFoundError:
+        pass
+
+
+# fcntl locks belong to a process, so a second open from the same process would not conflict
+# with the first; this table makes that case fail the same way.
+_HELD_LOCKS: set[str] = set()
+_HELD_LOCKS_GUARD = threading.Lock()
+
+
+class StoreLock:
+    """Exclusive write lock on ``<root>/lock``: one writer per store directory."""
+
+    def __init__(self, root: str) -> None:
+        self.path = os.path.realpath(os.path.join(root, LOCK_FILE))
+        self._fd = -1
+
+    def acquire(self) -> None:
+        with _HELD_LOCKS_GUARD:
+            if self.path in _HELD_LOCKS:
+                raise StoreLockedError(
+                    f"store {os.path.dirname(self.path)!r} is already open for writing in this process"
+                )
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+            except OSError:
+                os.close(fd)
+                raise StoreLockedError(
+                    f"store {os.path.dirname(self.path)!r} is open for writing by another process "
+                    f"(lock file {self.path} is held); open it with read_only=True to read"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, b"lock", 0)
+            self._fd = fd
+            _HELD_LOCKS.add(self.path)
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        with _HELD_LOCKS_GUARD:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, 0)
+            os.close(self._fd)
+            self._fd = -1
+            _HELD_LOCKS.discard(self.path)
+
+
+def read_meta(root: str) -> dict | None:
+    path = os.path.join(root, META_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise StoreCorruptError(f"cannot read store metadata {path}: {exc}") from None
+    if not isinstance(meta, dict):
+        raise StoreCorruptError(f"store metadata {path} must hold a JSON object")
+    return meta
+
+
+def write_meta(root: str, meta: dict) -> None:
+    path = os.path.join(root, META_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

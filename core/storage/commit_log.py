@@ -1,0 +1,107 @@
+"""The commit log: every message of every topic, appended to one segmented byte stream.
+
+Records are laid out by :mod:`mqstore.format.record`. A record (or a batch written as one
+block) never straddles segments: when ``size + 8 > remaining`` the segment is closed with a
+blank record and the block starts at offset 0 of the next segment.
+
+Appends happen under the store's put lock (single writer); reads only touch ``[min, max)``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from mqstore.format.record import (
+    END_FILE_MIN_BLANK_BYTES, SCAN_BAD, SCAN_BLANK, SCAN_OK, RecordHead, encode_blank,
+    scan_record,
+)
+from mqstore.storage.mapped_file import MappedFile
+from mqstore.storage.segment_queue import SegmentQueue
+
+
+class BlockTooLargeError(ValueError):
+    pass
+
+
+class CommitLog:
+    def __init__(self, directory: str, segment_bytes: int | None, *, read_only: bool = False,
+                 on_warning=None) -> None:
+        self.segments = SegmentQueue(directory, segment_bytes, read_only=read_only,
+                                     on_warning=on_warning)
+
+    @property
+    def segment_bytes(self) -> int:
+        return self.segments.segment_bytes
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.segments.max_offset
+
+    def load(self) -> list[str]:
+        return self.segments.load()
+
+    # -- writing (caller holds the put lock) -----------------------------------------------
+    def reserve_locked(self, nbytes: int) -> MappedFile:
+        """Segment whose write position can take ``nbytes`` now, rolling if needed."""
+        limit = self.segments.segment_bytes - END_FILE_MIN_BLANK_BYTES
+        if nbytes > limit:
+            raise BlockTooLargeError(
+                f"{nbytes} bytes cannot fit in one commit-log segment of "
+                f"{self.segments.segment_bytes} bytes (at most {limit} per block)"
+            )
+        seg = self.segments.last()
+        if seg is None or seg.is_full():
+            seg = self.segments.create_next()
+        if nbytes + END_FILE_MIN_BLANK_BYTES > seg.remaining:
+            seg.write(encode_blank(seg.remaining))
+            seg.wrote = seg.size
+            seg = self.segments.create_next()
+        return seg
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self, phys_offset: int, size: int) -> memoryview | None:
+        """Bytes ``[phys_offset, +size)`` if they lie within one segment's readable data."""
+        seg = self.segments.find(phys_offset)
+        if seg is None:
+            return None
+        at = phys_offset - seg.start
+        if at + size > seg.wrote or size <= 0:
+            return None
+        return seg.view[at:at + size]
+
+    def records(self, begin: int, end: int, *, check_crc: bool = False
+                ) -> Iterator[tuple[int, int, RecordHead | None, str | None]]:
+        """Walk ``[begin, end)`` yielding ``(offset, kind, head, reason)``.
+
+        Blank records move to the next segment; the walk stops after the first bad record
+        (yielded with its reason) or at ``end``.
+        """
+        pos = begin
+        while pos < end:
+            seg = self.segments.find(pos)
+            if seg is None:
+                return
+            limit = min(seg.wrote, end - seg.start)
+            at = pos - seg.start
+            if at >= limit:
+                return
+            kind, size, head = scan_record(seg.mm, at, limit, check_crc, expected_phys=pos)
+            if kind == SCAN_OK:
+                yield pos, SCAN_OK, head, None
+                pos += size
+            elif kind == SCAN_BLANK:
+                yield pos, SCAN_BLANK, None, None
+                pos = seg.end
+            else:
+                yield pos, SCAN_BAD, None, size
+                return
+
+    def flush(self) -> int:
+        return self.segments.flush()
+
+    def close(self) -> None:
+        self.segments.close()

@@ -1,0 +1,102 @@
+"""One fixed-size segment file mapped into memory.
+
+A segment is created at its full size (sparse zeros, as RocketMQ's mapped files are) and named by
+the 20-digit offset of its first byte in its stream. It tracks two positions: ``wrote`` (bytes
+appended; the readable limit) and ``flushed`` (bytes known to be on disk).
+
+Not thread-safe: the owning queue serialises appends; reads of ``[0, wrote)`` are safe at any time.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+NAME_DIGITS = 20
+
+
+def segment_name(start_offset: int) -> str:
+    return f"{start_offset:0{NAME_DIGITS}d}"
+
+
+class MappedFile:
+    __slots__ = ("path", "start", "size", "read_only", "wrote", "flushed", "_fd", "mm", "view")
+
+    def __init__(self, path: str, start: int, size: int, *, read_only: bool = False,
+                 create: bool = False) -> None:
+        self.path = path
+        self.start = start
+        self.size = size
+        self.read_only = read_only
+        flags = os.O_RDONLY if read_only else os.O_RDWR
+        if create:
+            flags |= os.O_CREAT | os.O_EXCL
+        self._fd = os.open(path, flags, 0o644)
+        try:
+            if create:
+                os.ftruncate(self._fd, size)
+            self.mm = mmap.mmap(
+                self._fd, size, access=mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
+            )
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self.view = memoryview(self.mm)
+        # A loaded segment starts out full; recovery moves the positions back.
+        self.wrote = 0 if create else size
+        self.flushed = self.wrote
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    @property
+    def remaining(self) -> int:
+        return self.size - self.wrote
+
+    def is_full(self) -> bool:
+        return self.wrote >= self.size
+
+    def write(self, data, at: int | None = None) -> int:
+        """Copy ``data`` at ``at`` (default: the write position); returns the file position."""
+        pos = self.wrote if at is None else at
+        end = pos + len(data)
+        self.mm[pos:end] = data
+        if end > self.wrote:
+            self.wrote = end
+        return pos
+
+    def flush(self) -> int:
+        """Force ``[flushed, wrote)`` to disk; returns the new flushed position."""
+        wrote = self.wrote
+        if wrote > self.flushed and not self.read_only:
+            page = mmap.PAGESIZE
+            begin = self.flushed - self.flushed % page
+            self.mm.flush(begin, wrote - begin)
+            self.flushed = wrote
+        return self.flushed
+
+    def zero(self, begin: int, end: int) -> None:
+        self.mm[begin:end] = bytes(end - begin)
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        self.view.release()
+        try:
+            self.mm.close()
+        except BufferError:
+            # A caller still holds a slice of the map; the mapping dies with the last slice.
+            pass
+        os.close(self._fd)
+        self._fd = -1
+
+    def destroy(self) -> None:
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"MappedFile({self.path!r}, start={self.start}, wrote={self.wrote})"

@@ -1,0 +1,172 @@
+"""An ordered run of equal-size segment files forming one logical byte stream.
+
+Used by the commit log (``commitlog/``) and by every consume queue. Files are named by their
+start offset (20 digits) so ``ls`` sorts them; each next segment starts where the previous one
+ends. Loading follows RocketMQ: sub-directories and non-numeric names are skipped, an empty
+*last* file is deleted, and any other file of the wrong length refuses the load.
+
+Single writer; readers may look up segments concurrently (the list is replaced, never mutated
+in place, so a reader always sees a consistent snapshot).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from mqstore.errors import StoreCorruptError
+from mqstore.storage.mapped_file import MappedFile, segment_name
+
+
+class SegmentQueue:
+    def __init__(self, directory: str, segment_bytes: int | None, *, read_only: bool = False,
+                 on_warning: Callable[[str], None] | None = None) -> None:
+        """``segment_bytes=None`` (read-only opens) takes the size from the files on disk."""
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.read_only = read_only
+        self.segments: list[MappedFile] = []
+        self._warn = on_warning or (lambda _msg: None)
+
+    # -- loading ---------------------------------------------------------------------------
+    def load(self) -> list[str]:
+        """Map the existing segments; returns notes about files it removed."""
+        notes: list[str] = []
+        if not os.path.isdir(self.directory):
+            return notes
+        names = sorted(
+            n for n in os.listdir(self.directory)
+            if n.isdigit() and os.path.isfile(os.path.join(self.directory, n))
+        )
+        sizes = [os.path.getsize(os.path.join(self.directory, n)) for n in names]
+        if names and sizes[-1] == 0:
+            path = os.path.join(self.directory, names[-1])
+            if not self.read_only:
+                os.unlink(path)
+                notes.append(f"deleted empty last segment {path}")
+            names.pop()
+            sizes.pop()
+        if self.segment_bytes is None and names:
+            self.segment_bytes = sizes[0]
+        segments: list[MappedFile] = []
+        try:
+            for name, size in zip(names, sizes):
+                path = os.path.join(self.directory, name)
+                if size != self.segment_bytes:
+                    raise StoreCorruptError(
+                        f"segment {path} is {size} bytes; every segment of this queue must be "
+                        f"{self.segment_bytes} bytes (the configured segment size)"
+                    )
+                start = int(name)
+                if start % self.segment_bytes:
+                    raise StoreCorruptError(
+                        f"segment {path} starts at {start}, not a multiple of the segment size "
+                        f"{self.segment_bytes}"
+                    )
+                if segments and start != segments[-1].end:
+                    self._warn(f"gap before segment {path}: previous ends at {segments[-1].end}")
+                segments.append(MappedFile(path, start, size, read_only=self.read_only))
+        except BaseException:
+            for seg in segments:
+                seg.close()
+            raise
+        self.segments = segments
+        return notes
+
+    # -- positions -------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        return self.segments[0].start if self.segments else -1
+
+    @property
+    def max_offset(self) -> int:
+        """End of readable data: last segment's start plus its write position (0 if empty)."""
+        segs = self.segments
+        return segs[-1].start + segs[-1].wrote if segs else 0
+
+    @property
+    def flushed_offset(self) -> int:
+        segs = self.segments
+        if not segs:
+            return 0
+        for seg in segs:
+            if seg.flushed < seg.wrote:
+                return seg.start + seg.flushed
+        return segs[-1].start + segs[-1].wrote
+
+    def last(self) -> MappedFile | None:
+        return self.segments[-1] if self.segments else None
+
+    def find(self, offset: int) -> MappedFile | None:
+        """The segment holding ``offset``, or None."""
+        segs = self.segments
+        if not segs or offset < segs[0].start:
+            return None
+        idx = (offset - segs[0].start) // self.segment_bytes
+        if idx < len(segs) and segs[idx].start <= offset < segs[idx].end:
+            return segs[idx]
+        for seg in segs:  # after a gap the arithmetic index is off; fall back to a walk
+            if seg.start <= offset < seg.end:
+                return seg
+        return None
+
+    # -- changes ---------------------------------------------------------------------------
+    def create_next(self, start: int | None = None) -> MappedFile:
+        """Create the segment after the last one (or the one containing ``start``)."""
+        size = self.segment_bytes
+        if self.segments:
+            begin = self.segments[-1].end
+        else:
+            begin = (start or 0) - (start or 0) % size
+        os.makedirs(self.directory, exist_ok=True)
+        seg = MappedFile(os.path.join(self.directory, segment_name(begin)), begin, size,
+                         create=True)
+        self.segments = self.segments + [seg]
+        return seg
+
+    def truncate_to(self, offset: int) -> list[str]:
+        """Make ``offset`` the end of the stream: delete later segments, move positions back."""
+        removed: list[str] = []
+        keep: list[MappedFile] = []
+        for seg in self.segments:
+            if seg.start > offset:
+                removed.append(seg.path)
+                if self.read_only:
+                    seg.close()
+                else:
+                    seg.destroy()
+                continue
+            if seg.end > offset:
+                seg.wrote = seg.flushed = offset - seg.start
+            keep.append(seg)
+        self.segments = keep
+        return removed
+
+    def drop_last(self) -> str:
+        seg = self.segments[-1]
+        self.segments = self.segments[:-1]
+        seg.destroy()
+        return seg.path
+
+    def drop_first(self, count: int) -> list[str]:
+        """Delete the ``count`` oldest segments (cleanup)."""
+        gone = self.segments[:count]
+        self.segments = self.segments[count:]
+        for seg in gone:
+            seg.destroy()
+        return [seg.path for seg in gone]
+
+    def flush(self) -> int:
+        for seg in self.segments:
+            if seg.flushed < seg.wrote:
+                seg.flush()
+        return self.flushed_offset
+
+    def close(self) -> None:
+        for seg in self.segments:
+            seg.close()
+
+    def destroy(self) -> None:
+        for seg in self.segments:
+            seg.destroy()
+        self.segments = []

@@ -1,0 +1,54 @@
+"""Asynchronous flush (``flush.mode: async``), RocketMQ's FlushRealTimeService.
+
+Every ``flush.interval_ms`` the commit log is flushed if at least ``flush.least_pages`` pages
+(4 KiB) were written past the flushed position; every ``flush.thorough_interval_ms`` it is
+flushed regardless. A put never waits. ``stop`` does the final full flush.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from mqstore.hookspecs import hookimpl
+from mqstore.message import PutStatus
+
+
+class AsyncFlush:
+    def __init__(self, store) -> None:
+        self.store = store
+        cfg = store.config.flush
+        self.interval_s = cfg.interval_ms / 1000.0
+        self.least_pages = cfg.least_pages
+        self.thorough_s = cfg.thorough_interval_ms / 1000.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mqstore-flush", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        last_thorough = 0.0
+        try:
+            while not self._stop.wait(self.interval_s):
+                now = time.monotonic()
+                least = self.least_pages
+                if now >= last_thorough + self.thorough_s:
+                    least, last_thorough = 0, now
+                self.store.flush_commit_log(least)
+        except BaseException as exc:
+            self.error = exc
+
+    def after_append(self, end_offset: int, wait: bool) -> PutStatus:
+        return PutStatus.PUT_OK
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.store.flush_commit_log(0)
+
+
+@hookimpl(trylast=True)
+def register_flush_policies(registry):
+    registry.add("async", AsyncFlush)
