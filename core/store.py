@@ -61,6 +61,13 @@ def _physical_memory() -> int:
         return DEFAULT_PHYSICAL_MEMORY
 
 
+def _check_read_topic(topic: object) -> None:
+    # Reads only look topics up (no paths are built), and RocketMQ stores written without a
+    # broker may hold topics outside the put-time character rule (e.g. "metrics.cpu").
+    if not isinstance(topic, str) or not topic:
+        raise ValueError(f"topic {topic!r} must be a non-empty string")
+
+
 def _system_clock() -> int:
     return time.time_ns() // 1_000_000
 
@@ -446,7 +453,7 @@ class MessageStore:
             return None
         if not isinstance(group, str):
             raise ValueError(f"group {group!r} must be a string")
-        appender.check_topic(topic)
+        _check_read_topic(topic)
         appender.check_queue_id(queue_id)
         if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
             raise ValueError(f"offset {offset!r} must be an int")
@@ -483,7 +490,7 @@ class MessageStore:
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int,
                        boundary: str = LOWER) -> int:
         self._check_open()
-        appender.check_topic(topic)
+        _check_read_topic(topic)
         appender.check_queue_id(queue_id)
         if boundary not in (LOWER, UPPER):
             raise ValueError(f"boundary {boundary!r} must be 'lower' or 'upper'")
@@ -519,6 +526,37 @@ class MessageStore:
     @property
     def max_phys_offset(self) -> int:
         return self.commit_log.max_offset
+
+    # -- cleanup ---------------------------------------------------------------------------
+    def delete_expired_segments(self, reserved_ms: int = 0, *, force: bool = False,
+                                max_segments: int = 10) -> list[str]:
+        """Delete the oldest commit-log segments, never the newest one.
+
+        A segment goes when its file is older than ``reserved_ms`` (by file mtime and the
+        wall clock) or ``force`` is set; deletion stops at the first segment that must stay, so
+        it never skips one. Consume queues then drop files wholly below the new minimum and
+        raise their min offsets. Returns the deleted paths.
+        """
+        self._check_open()
+        if self.read_only:
+            raise PermissionError(f"store {self.root!r} is open read-only")
+        if reserved_ms < 0 or max_segments < 0:
+            raise ValueError(f"reserved_ms {reserved_ms} and max_segments {max_segments} must be >= 0")
+        now_ms = time.time() * 1000
+        with self._put_lock:
+            segs = self.commit_log.segments.segments
+            count = 0
+            for seg in segs[:-1][:max_segments]:
+                if not force and os.path.getmtime(seg.path) * 1000 + reserved_ms > now_ms:
+                    break
+                count += 1
+            removed = self.commit_log.segments.drop_first(count)
+        if removed:
+            min_phys = self.commit_log.min_offset
+            for cq in list(self.consume_queues.values()):
+                removed += cq.delete_files_below(min_phys)
+                cq.correct_min_offset(min_phys)
+        return removed
 
     # -- closing ---------------------------------------------------------------------------
     def close(self) -> None:

@@ -172,6 +172,22 @@ class ConsumeQueue:
             self._refresh_max_phys()
         return dropped
 
+    def delete_files_below(self, min_phys: int) -> list[str]:
+        """Delete leading files (never the last) whose every unit points below ``min_phys``."""
+        count = 0
+        segs = self.segments.segments
+        for seg in segs[:-1]:
+            n = seg.wrote // CQ_UNIT_SIZE
+            if n and int(self.units_of(seg)[n - 1]["phys_offset"]) >= min_phys:
+                break
+            count += 1
+        for seg in segs[:count]:
+            self._arrays.pop(seg.start, None)
+        removed = self.segments.drop_first(count)
+        if removed:
+            self.min_logic_offset = max(self.min_logic_offset, self.segments.min_offset)
+        return removed
+
     def correct_min_offset(self, min_phys: int) -> None:
         """Raise ``min`` to the first unit whose commit-log offset is still stored."""
         segs = self.segments.segments
