@@ -9,6 +9,7 @@ joins it with bodies and tails in one pass: the per-message Python work is list 
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -20,9 +21,9 @@ from mqstore.format.properties import (
     PROPERTY_TAGS, PROPERTY_WAIT, check_property, encode_properties,
 )
 from mqstore.format.record import (
-    MAGIC_V1, MAGIC_V2, MAX_TOPIC_BYTES, MAX_V1_TOPIC_BYTES, SYSFLAG_BORNHOST_V6,
+    HEADER_STRUCTS, MAGIC_V1, MAGIC_V2, MAX_TOPIC_BYTES, MAX_V1_TOPIC_BYTES, SYSFLAG_BORNHOST_V6,
     SYSFLAG_INNER_BATCH, SYSFLAG_STOREHOST_V6, SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, TX_COMMIT,
-    TX_NOT, header_dtype, header_struct, properties_field, topic_field,
+    TX_NOT, header_dtype, topic_field,
 )
 from mqstore.hashing import crc32
 from mqstore.message import Message, PutStatus
@@ -30,6 +31,7 @@ from mqstore.message import Message, PutStatus
 TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 RETRY_PREFIX = "%RETRY%"
 INT32_MAX = 0x7FFFFFFF
+_SHORT = struct.Struct(">h")
 MAX_RECORD_OVERHEAD = 64 * 1024  # a record may exceed the body limit by this much
 
 
@@ -94,36 +96,40 @@ class PutContext:
     store_host: Host
     max_message_bytes: int
     auto_v2: bool
+    store_v6: bool
 
 
 def prepare(msg: Message, ctx: PutContext) -> Prepared:
-    if not isinstance(msg, Message):
+    if type(msg) is not Message:
         raise TypeError(f"expected a mqstore.Message, got {type(msg).__name__}")
     topic = check_topic(msg.topic)
-    topic_bytes = topic.encode("ascii")
-    if len(topic_bytes) > MAX_TOPIC_BYTES or (
-        len(topic_bytes) > MAX_V1_TOPIC_BYTES and not topic.startswith(RETRY_PREFIX)
+    topic_len = len(topic)  # ASCII by the topic rule
+    if topic_len > MAX_V1_TOPIC_BYTES and (
+        topic_len > MAX_TOPIC_BYTES or not topic.startswith(RETRY_PREFIX)
     ):
         raise Rejected(PutStatus.MESSAGE_ILLEGAL,
-                       f"topic {topic[:32]!r}... is {len(topic_bytes)} bytes; the limit is "
+                       f"topic {topic[:32]!r}... is {topic_len} bytes; the limit is "
                        f"{MAX_V1_TOPIC_BYTES} ({MAX_TOPIC_BYTES} for {RETRY_PREFIX} topics)")
-    queue_id = None if msg.queue_id is None else check_queue_id(msg.queue_id)
+    queue_id = msg.queue_id
+    if queue_id is not None:
+        queue_id = check_queue_id(queue_id)
     body = msg.body
-    if body is None:
-        raise Rejected(PutStatus.MESSAGE_ILLEGAL, "message body is None")
-    if not isinstance(body, bytes):
-        if isinstance(body, (bytearray, memoryview)):
-            body = bytes(body)
-        else:
+    if type(body) is not bytes:
+        if body is None:
+            raise Rejected(PutStatus.MESSAGE_ILLEGAL, "message body is None")
+        if not isinstance(body, (bytes, bytearray, memoryview)):
             raise ValueError(f"body must be bytes, got {type(body).__name__}")
+        body = bytes(body)
     if len(body) > ctx.max_message_bytes:
         raise Rejected(PutStatus.MESSAGE_ILLEGAL,
                        f"body of {len(body)} bytes exceeds commit_log.max_message_bytes "
                        f"({ctx.max_message_bytes})")
     props: dict[str, str] = {}
-    if msg.tags is not None:
-        check_property(PROPERTY_TAGS, msg.tags)
-        props[PROPERTY_TAGS] = msg.tags
+    tags = msg.tags
+    if tags is not None:
+        if type(tags) is not str or not tags or "\x01" in tags or "\x02" in tags:
+            check_property(PROPERTY_TAGS, tags)
+        props[PROPERTY_TAGS] = tags
     if msg.keys:
         keys = msg.keys.split(KEY_SEPARATOR) if isinstance(msg.keys, str) else list(msg.keys)
         for key in keys:
@@ -136,45 +142,63 @@ def prepare(msg: Message, ctx: PutContext) -> Prepared:
             if name in props:
                 raise ValueError(f"property {name!r} is set both as a field and in properties")
             props[name] = value
-    props_text = encode_properties(props) if props else ""
-    props_bytes = props_text.encode("utf-8")
+    props_bytes = encode_properties(props).encode("utf-8") if props else b""
     if len(props_bytes) > MAX_PROPERTIES_BYTES:
         raise Rejected(PutStatus.PROPERTIES_SIZE_EXCEEDED,
                        f"properties are {len(props_bytes)} bytes; the limit is {MAX_PROPERTIES_BYTES}")
-    sysflag = _int_field("sysflag", msg.sysflag, 0, INT32_MAX)
-    if sysflag & ~SYSFLAG_USER_BITS:
-        raise ValueError(f"sysflag {sysflag:#x} sets bits the store owns (allowed: {SYSFLAG_USER_BITS:#x})")
+    sysflag = msg.sysflag
+    if sysflag:
+        sysflag = _int_field("sysflag", sysflag, 0, INT32_MAX)
+        if sysflag & ~SYSFLAG_USER_BITS:
+            raise ValueError(f"sysflag {sysflag:#x} sets bits the store owns (allowed: {SYSFLAG_USER_BITS:#x})")
     if PROPERTY_INNER_NUM in props and not sysflag & SYSFLAG_INNER_BATCH:
         raise Rejected(PutStatus.MESSAGE_ILLEGAL, "INNER_NUM property without the INNER_BATCH sysflag")
-    born_host = ctx.store_host if msg.born_host is None else parse_host(msg.born_host)
-    if born_host.is_v6:
+    if msg.born_host is None:
+        born_host = ctx.store_host
+        born_v6 = ctx.store_v6
+    else:
+        born_host = parse_host(msg.born_host)
+        born_v6 = len(born_host.address) == 16
+    if born_v6:
         sysflag |= SYSFLAG_BORNHOST_V6
-    if ctx.store_host.is_v6:
+    if ctx.store_v6:
         sysflag |= SYSFLAG_STOREHOST_V6
-    v2 = ctx.auto_v2 and len(topic_bytes) > MAX_V1_TOPIC_BYTES
-    tail = topic_field(topic_bytes, v2) + properties_field(props_bytes)
-    size = header_struct(born_host.is_v6, ctx.store_host.is_v6).size + len(body) + len(tail)
+    topic_bytes = topic.encode("ascii")
+    v2 = ctx.auto_v2 and topic_len > MAX_V1_TOPIC_BYTES
+    tail = b"".join((topic_field(topic_bytes, v2), _SHORT.pack(len(props_bytes)), props_bytes))
+    size = HEADER_STRUCTS[(sysflag >> 4) & 3].size + len(body) + len(tail)
     if size > ctx.max_message_bytes + MAX_RECORD_OVERHEAD:
         raise Rejected(PutStatus.MESSAGE_ILLEGAL, f"record of {size} bytes is too large")
     tx = sysflag & SYSFLAG_TX_MASK
-    wait_text = props.get(PROPERTY_WAIT)
-    delay_text = props.get(PROPERTY_DELAY)
+    if props:
+        wait_text = props.get(PROPERTY_WAIT)
+        delay_text = props.get(PROPERTY_DELAY)
+        wait = wait_text is None or wait_text.lower() == "true"
+        delay = delay_text is not None and delay_text.strip().isdigit() and int(delay_text) > 0
+    else:
+        wait, delay = True, False
+    flag = msg.flag
+    if flag:
+        flag = _int_field("flag", flag, -(1 << 31), INT32_MAX)
+    born_ts = msg.born_timestamp
+    if born_ts is not None:
+        born_ts = _int_field("born_timestamp", born_ts, -(1 << 63), (1 << 63) - 1)
+    reconsume = msg.reconsume_times
+    if reconsume:
+        reconsume = _int_field("reconsume_times", reconsume, -(1 << 31), INT32_MAX)
+    prepared = msg.prepared_tx_offset
+    if prepared:
+        prepared = _int_field("prepared_tx_offset", prepared, -(1 << 63), (1 << 63) - 1)
     return Prepared(
-        topic, queue_id, body, crc32(body), tail, MAGIC_V2 if v2 else MAGIC_V1, sysflag,
-        _int_field("flag", msg.flag, -(1 << 31), INT32_MAX),
-        None if msg.born_timestamp is None else _int_field("born_timestamp", msg.born_timestamp, -(1 << 63), (1 << 63) - 1),
-        born_host, _int_field("reconsume_times", msg.reconsume_times, -(1 << 31), INT32_MAX),
-        _int_field("prepared_tx_offset", msg.prepared_tx_offset, -(1 << 63), (1 << 63) - 1),
-        tx in (TX_NOT, TX_COMMIT), wait_text is None or wait_text.lower() == "true",
-        delay_text is not None and delay_text.strip().lstrip("-").isdigit() and int(delay_text) > 0,
+        topic, queue_id, body, crc32(body), tail, MAGIC_V2 if v2 else MAGIC_V1, sysflag, flag,
+        born_ts, born_host, reconsume, prepared, tx == TX_NOT or tx == TX_COMMIT, wait, delay,
         size,
     )
 
 
 def encode_single(p: Prepared, store_host: Host, queue_id: int, queue_offset: int,
                   phys_offset: int, store_timestamp: int) -> bytes:
-    hs = header_struct(p.born_host.is_v6, store_host.is_v6)
-    header = hs.pack(
+    header = HEADER_STRUCTS[(p.sysflag >> 4) & 3].pack(
         p.size, p.magic, p.body_crc, queue_id, p.flag, queue_offset, phys_offset, p.sysflag,
         store_timestamp if p.born_timestamp is None else p.born_timestamp,
         p.born_host.address, p.born_host.port, store_timestamp, store_host.address,
@@ -187,14 +211,14 @@ def encode_batch(items: Sequence[Prepared], store_host: Host, queue_ids: np.ndar
                  queue_offsets: np.ndarray, phys_offsets: np.ndarray, store_timestamp: int
                  ) -> bytes:
     """Records for ``items`` laid out back to back (offsets already assigned)."""
-    born_v6 = items[0].born_host.is_v6
-    if any(p.born_host.is_v6 != born_v6 for p in items):
+    layout = (items[0].sysflag >> 4) & 3
+    if any((p.sysflag >> 4) & 3 != layout for p in items):
         return b"".join(
             encode_single(p, store_host, int(q), int(o), int(ph), store_timestamp)
             for p, q, o, ph in zip(items, queue_ids, queue_offsets, phys_offsets)
         )
     n = len(items)
-    arr = np.empty(n, dtype=header_dtype(born_v6, store_host.is_v6))
+    arr = np.empty(n, dtype=header_dtype(bool(layout & 1), bool(layout & 2)))
     arr["total_size"] = [p.size for p in items]
     arr["magic"] = [p.magic for p in items]
     arr["body_crc"] = [p.body_crc for p in items]

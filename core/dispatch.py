@@ -20,7 +20,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from mqstore.format.properties import PROPERTY_DELAY, PROPERTY_TAGS, find_property
-from mqstore.format.record import SCAN_BAD, SCAN_BLANK
+from mqstore.format.record import SCAN_BAD, SCAN_BLANK, scan_record
+from mqstore.format.record_columns import heads, walk
 
 log = logging.getLogger("mqstore.dispatch")
 
@@ -45,6 +46,17 @@ class DispatchBatch:
 
     def __len__(self) -> int:
         return len(self.phys_offsets)
+
+    @classmethod
+    def concat(cls, begin: int, end: int, parts: list[dict]) -> "DispatchBatch":
+        def col(name, dtype):
+            return np.concatenate([p[name] for p in parts]).astype(dtype, copy=False)
+        return cls(
+            begin, end, col("phys_offset", np.int64), col("size", np.int32),
+            col("queue_id", np.int32), col("queue_offset", np.int64), col("tags_code", np.int64),
+            col("store_timestamp", np.int64), col("sysflag", np.int32),
+            [t for p in parts for t in p["topics"]], [x for p in parts for x in p["properties"]],
+        )
 
 
 class TagsCoder:
@@ -89,6 +101,8 @@ class DispatchLoop:
         self.after_dispatch = after_dispatch
         self.error: str | None = None
         self.progress = threading.Condition()
+        self._u8 = None
+        self._topic_names: dict[bytes, str] = {}
 
     def behind_bytes(self) -> int:
         return max(0, self.confirm_offset() - self.dispatched)
@@ -103,38 +117,39 @@ class DispatchLoop:
         if begin >= end:
             return 0
         stop = min(end, begin + self.batch_bytes)
-        phys, sizes, qids, qoffs, tags, times, flags, topics, props = ([] for _ in range(9))
+        parts = []
         pos = begin
-        code = self.tags_coder.code
-        for at, kind, head, reason in self.commit_log.records(begin, end):
-            if kind == SCAN_BAD:
-                self.error = f"dispatch stopped at commit-log offset {at}: {reason}"
-                log.error(self.error)
+        while pos < stop:
+            seg = self.commit_log.segments.find(pos)
+            if seg is None:
                 break
+            limit = min(seg.wrote, end - seg.start)
+            at = pos - seg.start
+            positions, wend = walk(seg.mm, at, limit, stop - seg.start)
+            if positions:
+                rel = np.array(positions, dtype=np.int64)
+                cols, n = heads(self._bytes_of(seg), rel)
+                wrong = np.flatnonzero(cols["phys_offset"] != rel[:n] + seg.start)
+                if len(wrong):
+                    n = int(wrong[0])
+                    cols = {k: v[:n] for k, v in cols.items()}
+                if n < len(positions):
+                    wend = positions[n]
+                if n:
+                    parts.append(self._columns(seg, cols))
+            pos = seg.start + wend
+            if wend >= stop - seg.start or wend >= limit:
+                break
+            kind, size, _head = scan_record(seg.mm, wend, seg.wrote, False, expected_phys=pos)
             if kind == SCAN_BLANK:
-                pos = self.commit_log.segments.find(at).end
-                if pos >= stop:
-                    break
+                pos = seg.end
                 continue
-            phys.append(head.phys_offset)
-            sizes.append(head.size)
-            qids.append(head.queue_id)
-            qoffs.append(head.queue_offset)
-            tags.append(code(head.topic, head.properties, head.store_timestamp))
-            times.append(head.store_timestamp)
-            flags.append(head.sysflag)
-            topics.append(head.topic)
-            props.append(head.properties)
-            pos = at + head.size
-            if pos >= stop:
-                break
-        if phys:
-            batch = DispatchBatch(
-                begin, pos, np.array(phys, dtype=np.int64), np.array(sizes, dtype=np.int32),
-                np.array(qids, dtype=np.int32), np.array(qoffs, dtype=np.int64),
-                np.array(tags, dtype=np.int64), np.array(times, dtype=np.int64),
-                np.array(flags, dtype=np.int32), topics, props,
-            )
+            if kind == SCAN_BAD:
+                self.error = f"dispatch stopped at commit-log offset {pos}: {size}"
+                log.error(self.error)
+            break
+        if parts:
+            batch = DispatchBatch.concat(begin, pos, parts)
             for dispatcher in self.dispatchers:
                 dispatcher.dispatch(batch)
             if self.after_dispatch is not None:
@@ -145,6 +160,33 @@ class DispatchLoop:
                 self.dispatched = pos
                 self.progress.notify_all()
         return moved
+
+    def _bytes_of(self, seg) -> np.ndarray:
+        cached = self._u8
+        if cached is None or cached[0] is not seg:
+            cached = self._u8 = (seg, np.frombuffer(seg.mm, dtype=np.uint8))
+        return cached[1]
+
+    def _columns(self, seg, cols: dict) -> dict:
+        mm = seg.mm
+        topic_names = self._topic_names
+        topics, props, tags = [], [], []
+        code = self.tags_coder.code
+        for t_at, t_len, p_at, p_len, ts in zip(
+                cols["topic_at"].tolist(), cols["topic_len"].tolist(), cols["props_at"].tolist(),
+                cols["props_len"].tolist(), cols["store_timestamp"].tolist()):
+            raw_topic = mm[t_at:t_at + t_len]
+            topic = topic_names.get(raw_topic)
+            if topic is None:
+                topic = topic_names[raw_topic] = raw_topic.decode("utf-8", errors="replace")
+            raw_props = mm[p_at:p_at + p_len]
+            topics.append(topic)
+            props.append(raw_props)
+            tags.append(code(topic, raw_props, ts))
+        cols["topics"] = topics
+        cols["properties"] = props
+        cols["tags_code"] = np.array(tags, dtype=np.int64)
+        return cols
 
     def run_until(self, offset: int) -> None:
         while self.dispatched < offset and self.run_once():

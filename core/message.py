@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -13,7 +13,9 @@ from mqstore.format.hosts import Host
 from mqstore.format.properties import (
     KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, decode_properties,
 )
-from mqstore.format.record import DecodedRecord, decompress_body, offset_msg_id
+from mqstore.format.record import (
+    DecodedRecord, RecordLayout, decode_record, decompress_body, offset_msg_id, unpack_record,
+)
 
 
 class PutStatus(enum.Enum):
@@ -75,8 +77,7 @@ class Message:
     shard_key: str | int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class PutResult:
+class PutResult(NamedTuple):
     status: PutStatus
     queue_id: int = -1
     queue_offset: int = -1
@@ -139,47 +140,69 @@ class BatchPutResult:
 class StoredMessage:
     """A message read back from the commit log with every stored field.
 
-    Properties, tags and keys are decoded on first use: pulls often need only body and offsets.
+    Holds the record's bytes; fields are read from them on first use, so a pull that only
+    needs bodies and offsets pays for nothing else.
     """
 
-    __slots__ = ("_rec", "_props")
+    __slots__ = ("_raw", "_lay", "_props")
 
-    def __init__(self, record: DecodedRecord) -> None:
-        self._rec = record
+    def __init__(self, raw: bytes, layout: RecordLayout) -> None:
+        self._raw = raw
+        self._lay = layout
         self._props: dict[str, str] | None = None
 
-    topic = property(lambda self: self._rec.topic)
-    queue_id = property(lambda self: self._rec.queue_id)
-    queue_offset = property(lambda self: self._rec.queue_offset)
-    phys_offset = property(lambda self: self._rec.phys_offset)
-    size = property(lambda self: self._rec.size)
-    body = property(lambda self: self._rec.body)
-    body_crc = property(lambda self: self._rec.body_crc)
-    flag = property(lambda self: self._rec.flag)
-    sysflag = property(lambda self: self._rec.sysflag)
-    born_timestamp = property(lambda self: self._rec.born_timestamp)
-    store_timestamp = property(lambda self: self._rec.store_timestamp)
-    reconsume_times = property(lambda self: self._rec.reconsume_times)
-    prepared_tx_offset = property(lambda self: self._rec.prepared_tx_offset)
-    properties_text = property(lambda self: self._rec.properties_text)
-    magic = property(lambda self: self._rec.magic)
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "StoredMessage":
+        """Validate one record's bytes (ValueError if malformed) and wrap them."""
+        return cls(raw, unpack_record(raw))
+
+    size = property(lambda self: self._lay.fields[0])
+    magic = property(lambda self: self._lay.fields[1])
+    body_crc = property(lambda self: self._lay.fields[2])
+    queue_id = property(lambda self: self._lay.fields[3])
+    flag = property(lambda self: self._lay.fields[4])
+    queue_offset = property(lambda self: self._lay.fields[5])
+    phys_offset = property(lambda self: self._lay.fields[6])
+    sysflag = property(lambda self: self._lay.fields[7])
+    born_timestamp = property(lambda self: self._lay.fields[8])
+    store_timestamp = property(lambda self: self._lay.fields[11])
+    reconsume_times = property(lambda self: self._lay.fields[14])
+    prepared_tx_offset = property(lambda self: self._lay.fields[15])
+
+    @property
+    def body(self) -> bytes:
+        at = self._lay.body_at
+        return self._raw[at:at + self._lay.fields[16]]
+
+    @property
+    def topic(self) -> str:
+        lay = self._lay
+        return self._raw[lay.topic_at:lay.topic_at + lay.topic_len].decode("utf-8")
+
+    @property
+    def properties_text(self) -> str:
+        lay = self._lay
+        return self._raw[lay.props_at:lay.props_at + lay.props_len].decode("utf-8", errors="replace")
 
     @property
     def born_host(self) -> str:
-        return str(self._rec.born_host)
+        f = self._lay.fields
+        return str(Host(f[9], f[10]))
 
     @property
     def store_host(self) -> str:
-        return str(self._rec.store_host)
+        f = self._lay.fields
+        return str(Host(f[12], f[13]))
 
     @property
     def msg_id(self) -> str:
-        return offset_msg_id(self._rec.store_host, self._rec.phys_offset)
+        f = self._lay.fields
+        return offset_msg_id(Host(f[12], f[13]), f[6])
 
     @property
     def properties(self) -> dict[str, str]:
         if self._props is None:
-            self._props = decode_properties(self._rec.properties_text)
+            self._props = decode_properties(self.properties_text)
         return self._props
 
     @property
@@ -196,11 +219,16 @@ class StoredMessage:
         return self.properties.get(PROPERTY_UNIQ_KEY)
 
     def decompressed_body(self) -> bytes:
-        return decompress_body(self._rec.body, self._rec.sysflag)
+        return decompress_body(self.body, self.sysflag)
+
+    @property
+    def raw(self) -> bytes:
+        """The record exactly as stored."""
+        return self._raw
 
     @property
     def record(self) -> DecodedRecord:
-        return self._rec
+        return decode_record(self._raw)
 
     def __repr__(self) -> str:
         return (f"StoredMessage(topic={self.topic!r}, queue_id={self.queue_id}, "

@@ -65,8 +65,9 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
     mask = mask.tolist() if mask is not None else None
 
     mem_limit = limits.in_memory_bytes
-    read = commit_log.read
+    find_segment = commit_log.segments.find
     decode = store.decode_message
+    log_seg = None
     messages = result.messages
     total = 0
     next_phys_file_start = -1
@@ -91,13 +92,15 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
             continue
         if mask is not None and not mask[i]:
             continue
-        raw = read(pos, size)
-        if raw is None:
+        if log_seg is None or not log_seg.start <= pos < log_seg.start + log_seg.wrote:
+            log_seg = find_segment(pos)
+        at = pos - log_seg.start if log_seg is not None else 0
+        if log_seg is None or at + size > log_seg.wrote or size <= 0:
             if not messages:
                 result.status = GetStatus.MESSAGE_WAS_REMOVING
             next_phys_file_start = pos + seg_bytes - pos % seg_bytes
             continue
-        msg = decode(raw)
+        msg = decode(log_seg.mm[at:at + size])
         if msg is None or not flt.match_message(msg):
             if not messages:
                 result.status = GetStatus.NO_MATCHED_MESSAGE

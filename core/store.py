@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -23,7 +24,7 @@ from mqstore.errors import StoreClosedError
 from mqstore.filtering import MATCH_ALL
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.format.hosts import parse_host
-from mqstore.format.record import decode_record, offset_msg_id, parse_offset_msg_id
+from mqstore.format.record import offset_msg_id, parse_offset_msg_id
 from mqstore.hashing import HASH_JAVA, string_hasher
 from mqstore.message import (
     BatchPutResult, GetResult, Message, PutResult, PutStatus, StoredMessage,
@@ -129,7 +130,9 @@ class MessageStore:
         self.string_hash = string_hasher(self.hash_kind)
         self.store_host = parse_host(config.store.store_host)
         self._put_ctx = appender.PutContext(self.store_host, config.commit_log.max_message_bytes,
-                                            config.commit_log.auto_v2_on_long_topic)
+                                            config.commit_log.auto_v2_on_long_topic,
+                                            self.store_host.is_v6)
+        self._msg_id_prefix = offset_msg_id(self.store_host, 0)[:-16]
         self.delay_levels_ms = parse_delay_levels(config.store.message_delay_levels)
 
         self.hooks = PluginHooks(make_plugin_manager(
@@ -300,7 +303,7 @@ class MessageStore:
         status = self.flush_policy.after_append(phys + p.size, p.wait)
         self._wake_dispatch()
         result = PutResult(status, p.queue_id, qoff, phys, p.size,
-                           offset_msg_id(self.store_host, phys), now)
+                           f"{self._msg_id_prefix}{phys:016X}", now)
         if self.hooks.has_after_append:
             self.hooks.after_append(BatchPutResult(
                 status, np.array([p.queue_id]), np.array([qoff]), np.array([phys]),
@@ -465,8 +468,8 @@ class MessageStore:
 
     def decode_message(self, raw) -> StoredMessage | None:
         try:
-            return StoredMessage(decode_record(raw))
-        except (ValueError, IndexError):
+            return StoredMessage.from_bytes(bytes(raw))
+        except (ValueError, IndexError, struct.error):
             return None
 
     def message_at(self, phys_offset: int) -> StoredMessage | None:

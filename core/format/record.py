@@ -248,6 +248,59 @@ def scan_record(buf, pos: int, limit: int, check_crc: bool, expected_phys: int |
     )
 
 
+#: Header structs indexed by ``(sysflag >> 4) & 3`` (bit 0x10 born v6, bit 0x20 store v6).
+HEADER_STRUCTS = tuple(header_struct(bool(i & 1), bool(i & 2)) for i in range(4))
+_SYSFLAG_AT = struct.Struct(">i")
+
+
+class RecordLayout(NamedTuple):
+    """A validated record: its header fields and where its variable parts lie."""
+
+    fields: tuple  # TOTALSIZE .. BODYLENGTH, as header_struct unpacks them
+    body_at: int
+    topic_at: int
+    topic_len: int
+    props_at: int
+    props_len: int
+
+
+def unpack_record(buf, pos: int = 0, limit: int | None = None) -> RecordLayout:
+    """Parse and check the record at ``pos``: known magic, lengths that add up to TOTALSIZE.
+
+    The body CRC is not checked (recovery does that). Raises ValueError naming the problem.
+    """
+    if limit is None:
+        limit = len(buf)
+    if limit - pos < 91:
+        raise ValueError(f"record at {pos}: only {limit - pos} bytes readable")
+    sysflag = _SYSFLAG_AT.unpack_from(buf, pos + POS_SYSFLAG)[0]
+    hs = HEADER_STRUCTS[(sysflag >> 4) & 3]
+    f = hs.unpack_from(buf, pos)
+    total, magic = f[0], f[1]
+    if magic != MAGIC_V1 and magic != MAGIC_V2:
+        raise ValueError(f"record at {pos}: unknown magic {magic & 0xFFFFFFFF:#010x}")
+    end = pos + total
+    if total < hs.size + 3 or end > limit:
+        raise ValueError(f"record at {pos}: size {total} does not fit {limit - pos} bytes")
+    body_at = pos + hs.size
+    at = body_at + f[16]
+    if f[16] < 0 or at + 3 > end:
+        raise ValueError(f"record at {pos}: body length {f[16]} overruns the record")
+    if magic == MAGIC_V1:
+        topic_len = buf[at]
+        topic_at = at + 1
+    else:
+        topic_len = _SHORT.unpack_from(buf, at)[0]
+        topic_at = at + 2
+    props_at = topic_at + topic_len + 2
+    if topic_len > (127 if magic == MAGIC_V1 else 32767) or props_at > end:
+        raise ValueError(f"record at {pos}: topic length {topic_len} overruns the record")
+    props_len = _SHORT.unpack_from(buf, props_at - 2)[0]
+    if props_len < 0 or props_at + props_len != end:
+        raise ValueError(f"record at {pos}: lengths do not add up to TOTALSIZE {total}")
+    return RecordLayout(f, body_at, topic_at, topic_len, props_at, props_len)
+
+
 @dataclass(frozen=True, slots=True)
 class DecodedRecord:
     """Every field of one record, as stored."""
@@ -273,22 +326,16 @@ class DecodedRecord:
 
 def decode_record(buf, pos: int = 0) -> DecodedRecord:
     """Decode the record at ``pos``; raises ValueError when it is not a well-formed record."""
-    kind, size, head = scan_record(buf, pos, len(buf), check_crc=False)
-    if kind != SCAN_OK:
-        raise ValueError(f"no record at {pos}: {'blank record' if kind == SCAN_BLANK else size}")
-    sysflag = head.sysflag
-    born_v6 = bool(sysflag & SYSFLAG_BORNHOST_V6)
-    store_v6 = bool(sysflag & SYSFLAG_STOREHOST_V6)
-    f = header_struct(born_v6, store_v6).unpack_from(buf, pos)
-    hs = header_struct(born_v6, store_v6).size
-    body_len = f[16]
-    body = bytes(buf[pos + hs:pos + hs + body_len])
+    lay = unpack_record(buf, pos)
+    f = lay.fields
     return DecodedRecord(
         size=f[0], magic=f[1], body_crc=f[2], queue_id=f[3], flag=f[4], queue_offset=f[5],
         phys_offset=f[6], sysflag=f[7], born_timestamp=f[8], born_host=Host(f[9], f[10]),
         store_timestamp=f[11], store_host=Host(f[12], f[13]), reconsume_times=f[14],
-        prepared_tx_offset=f[15], body=body, topic=head.topic,
-        properties_text=head.properties.decode("utf-8", errors="replace"),
+        prepared_tx_offset=f[15], body=bytes(buf[lay.body_at:lay.body_at + f[16]]),
+        topic=bytes(buf[lay.topic_at:lay.topic_at + lay.topic_len]).decode("utf-8"),
+        properties_text=bytes(buf[lay.props_at:lay.props_at + lay.props_len]).decode(
+            "utf-8", errors="replace"),
     )
 
 
