@@ -99,6 +99,39 @@ class PutContext:
     store_v6: bool
 
 
+# Tails (topic + properties fields) of messages that carry at most a tag, by (topic, tags):
+# most traffic repeats a handful of these, so encoding and checking them once is enough.
+_simple_tails: dict[tuple[str, str | None], tuple[bytes, dict[str, str]]] = {}
+
+
+def _encode_tail(msg: Message, topic: str, topic_len: int, auto_v2: bool
+                 ) -> tuple[dict[str, str], bytes]:
+    props: dict[str, str] = {}
+    tags = msg.tags
+    if tags is not None:
+        check_property(PROPERTY_TAGS, tags)
+        props[PROPERTY_TAGS] = tags
+    if msg.keys:
+        keys = msg.keys.split(KEY_SEPARATOR) if isinstance(msg.keys, str) else list(msg.keys)
+        for key in keys:
+            if not isinstance(key, str) or not key or KEY_SEPARATOR in key:
+                raise ValueError(f"key {key!r} must be a non-empty string without spaces")
+        props[PROPERTY_KEYS] = KEY_SEPARATOR.join(keys)
+    if msg.properties:
+        for name, value in msg.properties.items():
+            check_property(name, value)
+            if name in props:
+                raise ValueError(f"property {name!r} is set both as a field and in properties")
+            props[name] = value
+    props_bytes = encode_properties(props).encode("utf-8") if props else b""
+    if len(props_bytes) > MAX_PROPERTIES_BYTES:
+        raise Rejected(PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                       f"properties are {len(props_bytes)} bytes; the limit is {MAX_PROPERTIES_BYTES}")
+    v2 = auto_v2 and topic_len > MAX_V1_TOPIC_BYTES
+    topic_bytes = topic.encode("ascii")
+    return props, b"".join((topic_field(topic_bytes, v2), _SHORT.pack(len(props_bytes)), props_bytes))
+
+
 def prepare(msg: Message, ctx: PutContext) -> Prepared:
     if type(msg) is not Message:
         raise TypeError(f"expected a mqstore.Message, got {type(msg).__name__}")
@@ -124,28 +157,15 @@ def prepare(msg: Message, ctx: PutContext) -> Prepared:
         raise Rejected(PutStatus.MESSAGE_ILLEGAL,
                        f"body of {len(body)} bytes exceeds commit_log.max_message_bytes "
                        f"({ctx.max_message_bytes})")
-    props: dict[str, str] = {}
     tags = msg.tags
-    if tags is not None:
-        if type(tags) is not str or not tags or "\x01" in tags or "\x02" in tags:
-            check_property(PROPERTY_TAGS, tags)
-        props[PROPERTY_TAGS] = tags
-    if msg.keys:
-        keys = msg.keys.split(KEY_SEPARATOR) if isinstance(msg.keys, str) else list(msg.keys)
-        for key in keys:
-            if not isinstance(key, str) or not key or KEY_SEPARATOR in key:
-                raise ValueError(f"key {key!r} must be a non-empty string without spaces")
-        props[PROPERTY_KEYS] = KEY_SEPARATOR.join(keys)
-    if msg.properties:
-        for name, value in msg.properties.items():
-            check_property(name, value)
-            if name in props:
-                raise ValueError(f"property {name!r} is set both as a field and in properties")
-            props[name] = value
-    props_bytes = encode_properties(props).encode("utf-8") if props else b""
-    if len(props_bytes) > MAX_PROPERTIES_BYTES:
-        raise Rejected(PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                       f"properties are {len(props_bytes)} bytes; the limit is {MAX_PROPERTIES_BYTES}")
+    simple = not msg.keys and not msg.properties and (tags is None or type(tags) is str)
+    cached = _simple_tails.get((topic, tags)) if simple else None
+    if cached is not None:
+        tail, props = cached
+    else:
+        props, tail = _encode_tail(msg, topic, topic_len, ctx.auto_v2)
+        if simple and len(_simple_tails) < 4096:
+            _simple_tails[(topic, tags)] = (tail, props)
     sysflag = msg.sysflag
     if sysflag:
         sysflag = _int_field("sysflag", sysflag, 0, INT32_MAX)
@@ -163,9 +183,7 @@ def prepare(msg: Message, ctx: PutContext) -> Prepared:
         sysflag |= SYSFLAG_BORNHOST_V6
     if ctx.store_v6:
         sysflag |= SYSFLAG_STOREHOST_V6
-    topic_bytes = topic.encode("ascii")
     v2 = ctx.auto_v2 and topic_len > MAX_V1_TOPIC_BYTES
-    tail = b"".join((topic_field(topic_bytes, v2), _SHORT.pack(len(props_bytes)), props_bytes))
     size = HEADER_STRUCTS[(sysflag >> 4) & 3].size + len(body) + len(tail)
     if size > ctx.max_message_bytes + MAX_RECORD_OVERHEAD:
         raise Rejected(PutStatus.MESSAGE_ILLEGAL, f"record of {size} bytes is too large")
