@@ -58,11 +58,9 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
 
     begin_unit = first // CQ_UNIT_SIZE
     count = min(seg.wrote // CQ_UNIT_SIZE - begin_unit, max_off - offset, window_units)
-    units = cq.units_of(seg)[begin_unit:begin_unit + count]
-    positions = units["phys_offset"].tolist()
-    sizes = units["size"].tolist()
-    mask = flt.match_units(units["tags_code"])
-    mask = mask.tolist() if mask is not None else None
+    all_units = cq.units_of(seg)[begin_unit:begin_unit + count]
+    # Units are converted in chunks: a plain pull stops after max_msgs, long before the window.
+    chunk = max(max_msgs + 1, 64)
 
     mem_limit = limits.in_memory_bytes
     find_segment = commit_log.segments.find
@@ -74,41 +72,53 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
     max_phys_pulling = 0
     seg_bytes = commit_log.segment_bytes
     nxt = offset
-    for i in range(count):
-        pos = positions[i]
-        size = sizes[i]
-        if total and messages:  # the first message is always accepted
-            n = len(messages)
-            if n + 1 > max_msgs or total + size > max_pull:
-                break
-            if max_py - pos <= mem_limit:
-                if total + size > limits.mem_bytes or n >= limits.mem_count:
+    done = False
+    for c0 in range(0, count, chunk):
+        units = all_units[c0:c0 + chunk]
+        positions = units["phys_offset"].tolist()
+        sizes = units["size"].tolist()
+        mask = flt.match_units(units["tags_code"])
+        mask = mask.tolist() if mask is not None else None
+        for i in range(len(positions)):
+            pos = positions[i]
+            size = sizes[i]
+            if total and messages:  # the first message is always accepted
+                n = len(messages)
+                if n + 1 > max_msgs or total + size > max_pull:
+                    done = True
                     break
-            elif total + size > limits.disk_bytes or n >= limits.disk_count:
-                break
-        max_phys_pulling = pos
-        nxt = offset + i + 1
-        if pos < next_phys_file_start:
-            continue
-        if mask is not None and not mask[i]:
-            continue
-        if log_seg is None or not log_seg.start <= pos < log_seg.start + log_seg.wrote:
-            log_seg = find_segment(pos)
-        at = pos - log_seg.start if log_seg is not None else 0
-        if log_seg is None or at + size > log_seg.wrote or size <= 0:
-            if not messages:
-                result.status = GetStatus.MESSAGE_WAS_REMOVING
-            next_phys_file_start = pos + seg_bytes - pos % seg_bytes
-            continue
-        msg = decode(log_seg.mm[at:at + size])
-        if msg is None or not flt.match_message(msg):
-            if not messages:
-                result.status = GetStatus.NO_MATCHED_MESSAGE
-            result.filtered_count += 1
-            continue
-        messages.append(msg)
-        total += size
-        result.status = GetStatus.FOUND
+                if max_py - pos <= mem_limit:
+                    if total + size > limits.mem_bytes or n >= limits.mem_count:
+                        done = True
+                        break
+                elif total + size > limits.disk_bytes or n >= limits.disk_count:
+                    done = True
+                    break
+            max_phys_pulling = pos
+            nxt = offset + c0 + i + 1
+            if pos < next_phys_file_start:
+                continue
+            if mask is not None and not mask[i]:
+                continue
+            if log_seg is None or not log_seg.start <= pos < log_seg.start + log_seg.wrote:
+                log_seg = find_segment(pos)
+            at = pos - log_seg.start if log_seg is not None else 0
+            if log_seg is None or at + size > log_seg.wrote or size <= 0:
+                if not messages:
+                    result.status = GetStatus.MESSAGE_WAS_REMOVING
+                next_phys_file_start = pos + seg_bytes - pos % seg_bytes
+                continue
+            msg = decode(log_seg.mm[at:at + size])
+            if msg is None or not flt.match_message(msg):
+                if not messages:
+                    result.status = GetStatus.NO_MATCHED_MESSAGE
+                result.filtered_count += 1
+                continue
+            messages.append(msg)
+            total += size
+            result.status = GetStatus.FOUND
+        if done:
+            break
     result.next_begin_offset = nxt
     result.suggest_pulling_from_slave = max_py - max_phys_pulling > mem_limit
     return result
