@@ -113,7 +113,13 @@ class MessageStore:
         try:
             self._load(config)
         except BaseException:
+            # A failed open leaves the directory as it found it: no threads, no lock.
+            if self.dispatch_thread is not None:
+                self.dispatch_thread.stop()
             self._release_files()
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
             raise
         self._closed = False
 

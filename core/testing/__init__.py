@@ -1,0 +1,123 @@
+"""Test helpers shipped with mqstore, for its own tests and for plugin authors.
+
+``simulate_crash`` stops a store the way a killed process would (no final flush bookkeeping,
+the abort marker stays, the lock goes with the process); ``StoreStateMachine`` is a hypothesis
+state machine that checks any store configuration against a plain list model, including
+reopen and crash/recover steps. Use it by subclassing and setting ``overrides``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+from mqstore.config import load_config
+from mqstore.message import GetStatus, Message, PutStatus
+from mqstore.store import MessageStore
+
+
+def simulate_crash(store: MessageStore) -> None:
+    """End ``store`` abruptly: threads stop, files close, ``abort`` stays behind."""
+    store._closed = True
+    if store.dispatch_thread is not None:
+        store.dispatch_thread.stop()
+    if store.flush_policy is not None and hasattr(store.flush_policy, "_stop"):
+        store.flush_policy._stop.set()
+    store._release_files()
+    if store._lock is not None:
+        store._lock.release()
+        store._lock = None
+
+
+def read_queue(store: MessageStore, topic: str, queue_id: int, expression: str | None = None):
+    """Every message of one queue, pulled 32 at a time from its min offset."""
+    out = []
+    offset = store.min_offset(topic, queue_id)
+    while True:
+        res = store.get("mqstore-testing", topic, queue_id, offset, 32, expression=expression)
+        if res.status not in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE):
+            return out
+        out.extend(res.messages)
+        offset = res.next_begin_offset
+
+
+try:
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+except ImportError:  # hypothesis is a test dependency only
+    StoreStateMachine = None
+else:
+    TOPICS = ("A", "B")
+    TAGS = (None, "t1", "t2")
+    _message = st.builds(
+        Message, topic=st.sampled_from(TOPICS), body=st.binary(max_size=300),
+        tags=st.sampled_from(TAGS), queue_id=st.integers(0, 2),
+    )
+
+    class StoreStateMachine(RuleBasedStateMachine):
+        """The store must always hold exactly what the model holds, in the same order."""
+
+        overrides: dict = {"commit_log": {"segment_bytes": 4096},
+                           "consume_queue": {"file_units": 8},
+                           "plugins": {"load_entry_points": False}}
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.root = tempfile.mkdtemp(prefix="mqstore-sm-")
+            self.config = load_config(overrides=self.overrides)
+            self.store = MessageStore.open(self.root, config=self.config)
+            self.model: dict[tuple[str, int], list[tuple[bytes, str | None]]] = {}
+
+        def _record(self, msg: Message, queue_offset: int) -> None:
+            queue = self.model.setdefault((msg.topic, msg.queue_id), [])
+            assert queue_offset == len(queue)
+            queue.append((msg.body, msg.tags))
+
+        @rule(msg=_message)
+        def put(self, msg):
+            r = self.store.put(msg)
+            assert r.status is PutStatus.PUT_OK, r
+            self._record(msg, r.queue_offset)
+
+        @rule(msgs=st.lists(_message, min_size=1, max_size=12))
+        def put_batch(self, msgs):
+            res = self.store.put_batch(msgs)
+            assert res.status is PutStatus.PUT_OK, res.error
+            for msg, q in zip(msgs, res.queue_offsets.tolist()):
+                self._record(msg, q)
+
+        @rule()
+        def reopen(self):
+            self.store.close()
+            self.store = MessageStore.open(self.root, config=self.config)
+            assert not self.store.recovery_report.abnormal
+            assert self.store.recovery_report.clean
+
+        @rule()
+        def crash_and_recover(self):
+            self.store.wait_dispatched()
+            simulate_crash(self.store)
+            self.store = MessageStore.open(self.root, config=self.config)
+            assert self.store.recovery_report.abnormal
+            assert self.store.recovery_report.truncated_bytes == 0
+
+        @rule(tag=st.sampled_from(TAGS[1:]))
+        def filtered_pull_matches_model(self, tag):
+            self.store.wait_dispatched()
+            for (topic, qid), queue in self.model.items():
+                got = [m.body for m in read_queue(self.store, topic, qid, expression=tag)]
+                assert got == [body for body, t in queue if t == tag]
+
+        @invariant()
+        def queues_match_model(self):
+            self.store.wait_dispatched()
+            assert sorted(self.store.topics()) == sorted({t for t, _q in self.model})
+            for (topic, qid), queue in self.model.items():
+                assert self.store.max_offset(topic, qid) == len(queue)
+                msgs = read_queue(self.store, topic, qid)
+                assert [m.queue_offset for m in msgs] == list(range(len(queue)))
+                assert [(m.body, m.tags) for m in msgs] == queue
+
+        def teardown(self):
+            self.store.close()
+            shutil.rmtree(self.root, ignore_errors=True)

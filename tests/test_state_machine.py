@@ -1,0 +1,21 @@
+"""Model-based test: random puts, batches, reopens and crashes against a list model."""
+
+from hypothesis import settings
+
+from mqstore.testing import StoreStateMachine
+
+
+class SmallSegments(StoreStateMachine):
+    pass
+
+
+class SyncFlushMmh3(StoreStateMachine):
+    overrides = {"commit_log": {"segment_bytes": 2048}, "consume_queue": {"file_units": 5},
+                 "flush": {"mode": "sync"}, "store": {"hash": "mmh3"},
+                 "plugins": {"load_entry_points": False}}
+
+
+TestSmallSegments = SmallSegments.TestCase
+TestSmallSegments.settings = settings(max_examples=25, stateful_step_count=15, deadline=None)
+TestSyncFlushMmh3 = SyncFlushMmh3.TestCase
+TestSyncFlushMmh3.settings = settings(max_examples=15, stateful_step_count=15, deadline=None)
