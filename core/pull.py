@@ -99,6 +99,8 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
             if pos < next_phys_file_start:
                 continue
             if mask is not None and not mask[i]:
+                if not messages:
+                    result.status = GetStatus.NO_MATCHED_MESSAGE
                 continue
             if log_seg is None or not log_seg.start <= pos < log_seg.start + log_seg.wrote:
                 log_seg = find_segment(pos)
