@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mqstore.format.record import SCAN_BAD, SCAN_BLANK, SCAN_OK, scan_record
+from mqstore.format.record import SCAN_BLANK, SCAN_OK, scan_record
 
 ZERO_PROBE_BYTES = 64 * 1024
 

@@ -9,51 +9,37 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Iterable, Sequence
-
-import numpy as np
+from typing import Callable
 
 from mqstore import appender
 from mqstore.config import StoreConfig, load_config, parse_delay_levels
 from mqstore.dispatch import DispatchLoop, DispatchThread, TagsCoder
-from mqstore.errors import StoreClosedError
-from mqstore.filtering import MATCH_ALL
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.format.hosts import parse_host
-from mqstore.format.record import offset_msg_id, parse_offset_msg_id
+from mqstore.format.record import offset_msg_id
 from mqstore.hashing import HASH_JAVA, string_hasher
-from mqstore.message import (
-    BatchPutResult, GetResult, Message, PutResult, PutStatus, StoredMessage,
-)
 from mqstore.plugins_manager import PluginHooks, make_plugin_manager
-from mqstore.pull import PullLimits, get_messages
+from mqstore.pull import PullLimits
 from mqstore.recovery import RecoveryReport, recover
 from mqstore.storage.checkpoint import (
     Checkpoint, StoreLock, abort_exists, create_abort, read_meta, remove_abort, write_meta,
 )
-from mqstore.storage.commit_log import BlockTooLargeError, CommitLog
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
-from mqstore.time_search import LOWER, UPPER, offset_by_time, store_time_at
+from mqstore.storage.commit_log import CommitLog
+from mqstore.store_put import (  # noqa: F401 - flags are part of the store's API
+    DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,
+    WRITE_LOGICS_QUEUE_ERROR, PutMixin,
+)
+from mqstore.store_read import ReadMixin
 
 log = logging.getLogger("mqstore.store")
 
 COMMIT_LOG_DIR = "commitlog"
 DEFAULT_PHYSICAL_MEMORY = 24 << 30  # RocketMQ's fallback when total RAM is unknown
 DISPATCH_CATCH_UP_S = 5.0
-FILTER_CACHE_SIZE = 100
-
-# Running flags (spec 9)
-NOT_READABLE = 1
-NOT_WRITEABLE = 2
-WRITE_LOGICS_QUEUE_ERROR = 4
-WRITE_INDEX_FILE_ERROR = 8
-DISK_FULL = 16
-_UNWRITABLE = NOT_WRITEABLE | WRITE_LOGICS_QUEUE_ERROR | WRITE_INDEX_FILE_ERROR | DISK_FULL
-
 
 def _physical_memory() -> int:
     try:
@@ -62,18 +48,11 @@ def _physical_memory() -> int:
         return DEFAULT_PHYSICAL_MEMORY
 
 
-def _check_read_topic(topic: object) -> None:
-    # Reads only look topics up (no paths are built), and RocketMQ stores written without a
-    # broker may hold topics outside the put-time character rule (e.g. "metrics.cpu").
-    if not isinstance(topic, str) or not topic:
-        raise ValueError(f"topic {topic!r} must be a non-empty string")
-
-
 def _system_clock() -> int:
     return time.time_ns() // 1_000_000
 
 
-class MessageStore:
+class MessageStore(PutMixin, ReadMixin):
     """An open store directory. Create with :meth:`open`; close with :meth:`close` or ``with``."""
 
     # -- opening ---------------------------------------------------------------------------
@@ -222,189 +201,6 @@ class MessageStore:
     def flushed_offset(self) -> int:
         return self.flushed_where
 
-    def flush_commit_log(self, least_pages: int = 0) -> int:
-        """Flush like RocketMQ's MappedFileQueue.flush; returns the flushed offset."""
-        end, store_ts = self._last_append
-        segs = self.commit_log.segments
-        seg = segs.find(self.flushed_where)
-        while seg is not None:
-            dirty_pages = seg.wrote // 4096 - seg.flushed // 4096
-            if seg.is_full() or (least_pages == 0 and seg.wrote > seg.flushed) or (
-                    least_pages > 0 and dirty_pages >= least_pages):
-                seg.flush()
-            self.flushed_where = max(self.flushed_where, seg.start + seg.flushed)
-            if not seg.is_full() or seg.flushed < seg.size:
-                break
-            seg = segs.find(seg.end)
-        if self.flushed_where >= end and store_ts:
-            self.checkpoint.physic_msg_timestamp = store_ts
-        self.hooks.after_flush(self.flushed_where)
-        return self.flushed_where
-
-    # -- service checks --------------------------------------------------------------------
-    def _service_status(self) -> tuple[PutStatus, str] | None:
-        if self._closed:
-            return PutStatus.SERVICE_NOT_AVAILABLE, "store is closed"
-        if self.read_only:
-            return PutStatus.SERVICE_NOT_AVAILABLE, "store is open read-only"
-        if self.config.store.role == "slave":
-            return PutStatus.SERVICE_NOT_AVAILABLE, "store role is slave"
-        if self.running_flags & _UNWRITABLE:
-            return PutStatus.SERVICE_NOT_AVAILABLE, f"store is not writable (flags {self.running_flags:#x})"
-        if self.dispatch_thread is not None and self.dispatch_thread.exception is not None:
-            return PutStatus.SERVICE_NOT_AVAILABLE, self.dispatch_loop.error
-        begin = self._begin_in_lock
-        if begin:
-            held = self.clock() - begin
-            if self.config.store.os_page_cache_busy_timeout_ms < held < 10_000_000:
-                return PutStatus.OS_PAGE_CACHE_BUSY, f"put lock held for {held} ms"
-        return None
-
-    def lock_held_ms(self) -> int:
-        """How long the current append has held the put lock (0 when free)."""
-        begin = self._begin_in_lock
-        return max(0, self.clock() - begin) if begin else 0
-
-    def _now_locked(self) -> int:
-        # Store times never go backwards in log order, so time search can bisect.
-        now = self.clock()
-        if now < self._last_store_ts:
-            now = self._last_store_ts
-        self._last_store_ts = now
-        return now
-
-    # -- put -------------------------------------------------------------------------------
-    def put(self, message: Message) -> PutResult:
-        """Append one message. Bad arguments raise ValueError; store-level refusals return a status."""
-        refused = self._service_status()
-        if refused is not None:
-            return PutResult(refused[0], error=refused[1])
-        self.hooks.before_append([message])
-        try:
-            p = appender.prepare(message, self._put_ctx)
-        except appender.Rejected as rej:
-            result = PutResult(rej.status, error=rej.reason)
-            self.hooks.after_append(BatchPutResult.rejected(rej.status, rej.reason, 0))
-            return result
-        if p.queue_id is None:
-            p.queue_id = appender.check_queue_id(
-                self.selector.select(message, self.config.queue_select.queues_per_topic))
-        key = (p.topic, p.queue_id)
-        with self._put_lock:
-            now = self._begin_in_lock = self._now_locked()
-            try:
-                qoff = self._queue_offsets.get(key, 0) if p.queued else 0
-                try:
-                    seg = self.commit_log.reserve_locked(p.size)
-                except OSError as exc:
-                    return PutResult(PutStatus.CREATE_MAPPED_FILE_FAILED, error=str(exc))
-                phys = seg.start + seg.wrote
-                self.writer.write(seg, appender.encode_single(
-                    p, self.store_host, p.queue_id, qoff, phys, now))
-                if p.queued:
-                    self._queue_offsets[key] = qoff + 1
-                self._last_append = (phys + p.size, now)
-            finally:
-                self._begin_in_lock = 0
-        status = self.flush_policy.after_append(phys + p.size, p.wait)
-        self._wake_dispatch()
-        result = PutResult(status, p.queue_id, qoff, phys, p.size,
-                           f"{self._msg_id_prefix}{phys:016X}", now)
-        if self.hooks.has_after_append:
-            self.hooks.after_append(BatchPutResult(
-                status, np.array([p.queue_id]), np.array([qoff]), np.array([phys]),
-                np.array([p.size]), now, self.store_host))
-        return result
-
-    def put_batch(self, messages: Sequence[Message]) -> BatchPutResult:
-        """Append many messages (any topics/queues) under one lock.
-
-        Messages of one queue get consecutive offsets. The batch is written as one block per
-        commit-log segment: a block that does not fit rolls as a whole; a batch larger than a
-        segment is split between messages. A rejected message rejects the whole batch and
-        nothing is written.
-        """
-        refused = self._service_status()
-        if refused is not None:
-            return BatchPutResult.rejected(refused[0], refused[1])
-        messages = list(messages)
-        if not messages:
-            raise ValueError("put_batch needs at least one message")
-        self.hooks.before_append(messages)
-        items = []
-        for i, msg in enumerate(messages):
-            try:
-                p = appender.prepare(msg, self._put_ctx)
-                if not p.queued or p.sysflag & 0xC:
-                    raise appender.Rejected(PutStatus.MESSAGE_ILLEGAL,
-                                            "a batch may not hold transaction messages")
-                if p.delay:
-                    raise appender.Rejected(PutStatus.MESSAGE_ILLEGAL,
-                                            "a batch may not hold delayed messages (DELAY > 0)")
-            except appender.Rejected as rej:
-                result = BatchPutResult.rejected(rej.status, f"message {i}: {rej.reason}", i)
-                self.hooks.after_append(result)
-                return result
-            items.append(p)
-        queues = self.config.queue_select.queues_per_topic
-        appender.select_queues(items, messages, lambda m: self.selector.select(m, queues))
-        n = len(items)
-        sizes = np.fromiter((p.size for p in items), dtype=np.int64, count=n)
-        qids = np.fromiter((p.queue_id for p in items), dtype=np.int64, count=n)
-        qoffs = np.empty(n, dtype=np.int64)
-        phys = np.empty(n, dtype=np.int64)
-        seg_limit = self.commit_log.segment_bytes - 8
-        if int(sizes.max()) > seg_limit:
-            i = int(np.argmax(sizes))
-            result = BatchPutResult.rejected(
-                PutStatus.MESSAGE_ILLEGAL,
-                f"message {i}: record of {int(sizes[i])} bytes does not fit a commit-log segment",
-                i)
-            self.hooks.after_append(result)
-            return result
-        ends = np.cumsum(sizes)
-        with self._put_lock:
-            now = self._begin_in_lock = self._now_locked()
-            try:
-                table = self._queue_offsets
-                for i, p in enumerate(items):
-                    key = (p.topic, p.queue_id)
-                    q = table.get(key, 0)
-                    qoffs[i] = q
-                    table[key] = q + 1
-                start = 0
-                while start < n:
-                    base = int(ends[start - 1]) if start else 0
-                    stop = int(np.searchsorted(ends, base + seg_limit, side="right"))
-                    block = int(ends[stop - 1]) - base
-                    try:
-                        seg = self.commit_log.reserve_locked(block)
-                    except (OSError, BlockTooLargeError) as exc:
-                        for i, p in enumerate(items):  # give the offsets back
-                            table[(p.topic, p.queue_id)] = min(
-                                table[(p.topic, p.queue_id)], int(qoffs[i]))
-                        return BatchPutResult.rejected(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
-                    first_phys = seg.start + seg.wrote
-                    phys[start:stop] = first_phys + (ends[start:stop] - sizes[start:stop] - base)
-                    self.writer.write(seg, appender.encode_batch(
-                        items[start:stop], self.store_host, qids[start:stop], qoffs[start:stop],
-                        phys[start:stop], now))
-                    start = stop
-                self._last_append = (int(phys[-1] + sizes[-1]), now)
-            finally:
-                self._begin_in_lock = 0
-        wait = any(p.wait for p in items)
-        status = self.flush_policy.after_append(int(phys[-1] + sizes[-1]), wait)
-        self._wake_dispatch()
-        result = BatchPutResult(status, qids, qoffs, phys, sizes, now, self.store_host)
-        self.hooks.after_append(result)
-        return result
-
-    def _wake_dispatch(self) -> None:
-        thread = self.dispatch_thread
-        if thread is not None and not thread.wake.is_set():
-            thread.wake.set()
-
     # -- dispatch --------------------------------------------------------------------------
     def wait_dispatched(self, timeout: float = 5.0) -> None:
         """Block until the consume queues cover every byte visible to consumers now."""
@@ -432,109 +228,6 @@ class MessageStore:
                                       on_warning=log.warning)
                     self.consume_queues[key] = cq
         return cq
-
-    # -- reads -----------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError(f"store {self.root!r} is closed")
-
-    def _compile_filter(self, expression: str | None, expression_type: str):
-        key = (expression_type.upper(), expression)
-        flt = self._filters.get(key)
-        if flt is None:
-            factory = self.hooks.filters.get(expression_type)
-            flt = factory(expression, self.string_hash)
-            self._filters[key] = flt
-            if len(self._filters) > FILTER_CACHE_SIZE:
-                self._filters.popitem(last=False)
-        else:
-            self._filters.move_to_end(key)
-        return flt
-
-    def get(self, group: str, topic: str, queue_id: int, offset: int, max_msgs: int = 32, *,
-            expression: str | None = None, expression_type: str = "TAG",
-            max_total_bytes: int | None = None) -> GetResult | None:
-        """Pull up to ``max_msgs`` messages of ``topic``/``queue_id`` from queue ``offset``.
-
-        Returns None when the store is closed (RocketMQ's null result).
-        """
-        if self._closed or self.running_flags & NOT_READABLE:
-            return None
-        if not isinstance(group, str):
-            raise ValueError(f"group {group!r} must be a string")
-        _check_read_topic(topic)
-        appender.check_queue_id(queue_id)
-        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
-            raise ValueError(f"offset {offset!r} must be an int")
-        if isinstance(max_msgs, bool) or not isinstance(max_msgs, int) or max_msgs < 0:
-            raise ValueError(f"max_msgs {max_msgs!r} must be an int >= 0")
-        flt = MATCH_ALL if expression is None else self._compile_filter(expression, expression_type)
-        return get_messages(self, self.consume_queues.get((topic, queue_id)), int(offset),
-                            max_msgs, flt, self._limits, max_total_bytes)
-
-    def decode_message(self, raw) -> StoredMessage | None:
-        try:
-            return StoredMessage.from_bytes(bytes(raw))
-        except (ValueError, IndexError, struct.error):
-            return None
-
-    def message_at(self, phys_offset: int) -> StoredMessage | None:
-        """The message whose record starts at ``phys_offset``, or None."""
-        self._check_open()
-        head = self.commit_log.read(phys_offset, 4)
-        if head is None:
-            return None
-        size = int.from_bytes(head, "big", signed=True)
-        raw = self.commit_log.read(phys_offset, size) if size > 0 else None
-        if raw is None:
-            return None
-        msg = self.decode_message(raw)
-        return msg if msg is not None and msg.phys_offset == phys_offset else None
-
-    def message_by_id(self, msg_id: str) -> StoredMessage | None:
-        host, offset = parse_offset_msg_id(msg_id)
-        msg = self.message_at(offset)
-        return msg if msg is not None and msg.record.store_host == host else None
-
-    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int,
-                       boundary: str = LOWER) -> int:
-        self._check_open()
-        _check_read_topic(topic)
-        appender.check_queue_id(queue_id)
-        if boundary not in (LOWER, UPPER):
-            raise ValueError(f"boundary {boundary!r} must be 'lower' or 'upper'")
-        return offset_by_time(self.commit_log, self.consume_queues.get((topic, queue_id)),
-                              int(timestamp_ms), boundary)
-
-    def min_offset(self, topic: str, queue_id: int) -> int:
-        cq = self.consume_queues.get((topic, queue_id))
-        return cq.min_offset if cq is not None else 0
-
-    def max_offset(self, topic: str, queue_id: int) -> int:
-        cq = self.consume_queues.get((topic, queue_id))
-        return cq.max_offset if cq is not None else 0
-
-    def earliest_message_time(self, topic: str, queue_id: int) -> int:
-        cq = self.consume_queues.get((topic, queue_id))
-        if cq is None or cq.max_offset == cq.min_offset:
-            return -1
-        seg = cq.segments.find(cq.min_logic_offset)
-        unit = cq.units_of(seg)[(cq.min_logic_offset - seg.start) // CQ_UNIT_SIZE]
-        return store_time_at(self.commit_log, int(unit["phys_offset"]))
-
-    def topics(self) -> list[str]:
-        return sorted({t for t, _q in self.consume_queues})
-
-    def queue_ids(self, topic: str) -> list[int]:
-        return sorted(q for t, q in self.consume_queues if t == topic)
-
-    @property
-    def min_phys_offset(self) -> int:
-        return self.commit_log.min_offset
-
-    @property
-    def max_phys_offset(self) -> int:
-        return self.commit_log.max_offset
 
     # -- cleanup ---------------------------------------------------------------------------
     def delete_expired_segments(self, reserved_ms: int = 0, *, force: bool = False,
@@ -586,7 +279,7 @@ class MessageStore:
                     cq.flush()
                 for dispatcher in self.dispatchers:
                     dispatcher.close()
-                clean = (not self.running_flags & _UNWRITABLE
+                clean = (not self.running_flags & UNWRITABLE
                          and self.dispatch_loop.behind_bytes() == 0
                          and self.dispatch_thread.exception is None)
         finally:

@@ -55,7 +55,7 @@ def heads(u8: np.ndarray, positions: np.ndarray) -> tuple[dict, int]:
     """
     pos = positions
     total = _gather(u8, pos, 4, ">i4").astype(np.int64)
-    magic = _gather(u8, pos, 4, ">i4")
+    magic = _gather(u8, pos + 4, 4, ">i4")
     sysflag = _gather(u8, pos + POS_SYSFLAG, 4, ">i4")
     born = np.where(sysflag & SYSFLAG_BORNHOST_V6, 20, 8)
     store = np.where(sysflag & SYSFLAG_STOREHOST_V6, 20, 8)

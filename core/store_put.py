@@ -1,0 +1,209 @@
+"""The write side of MessageStore: service checks, put, put_batch and commit-log flushing.
+
+Appends serialise on the store's put lock; everything that does not depend on where a record
+lands (validation, encoding of bodies and properties) happens before the lock is taken.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from mqstore import appender
+from mqstore.message import BatchPutResult, Message, PutResult, PutStatus
+from mqstore.storage.commit_log import BlockTooLargeError
+
+# Running flags (spec 9)
+NOT_READABLE = 1
+NOT_WRITEABLE = 2
+WRITE_LOGICS_QUEUE_ERROR = 4
+WRITE_INDEX_FILE_ERROR = 8
+DISK_FULL = 16
+UNWRITABLE = NOT_WRITEABLE | WRITE_LOGICS_QUEUE_ERROR | WRITE_INDEX_FILE_ERROR | DISK_FULL
+
+
+class PutMixin:
+    def flush_commit_log(self, least_pages: int = 0) -> int:
+        """Flush like RocketMQ's MappedFileQueue.flush; returns the flushed offset."""
+        end, store_ts = self._last_append
+        segs = self.commit_log.segments
+        seg = segs.find(self.flushed_where)
+        while seg is not None:
+            dirty_pages = seg.wrote // 4096 - seg.flushed // 4096
+            if seg.is_full() or (least_pages == 0 and seg.wrote > seg.flushed) or (
+                    least_pages > 0 and dirty_pages >= least_pages):
+                seg.flush()
+            self.flushed_where = max(self.flushed_where, seg.start + seg.flushed)
+            if not seg.is_full() or seg.flushed < seg.size:
+                break
+            seg = segs.find(seg.end)
+        if self.flushed_where >= end and store_ts:
+            self.checkpoint.physic_msg_timestamp = store_ts
+        self.hooks.after_flush(self.flushed_where)
+        return self.flushed_where
+
+    # -- service checks --------------------------------------------------------------------
+    def _service_status(self) -> tuple[PutStatus, str] | None:
+        if self._closed:
+            return PutStatus.SERVICE_NOT_AVAILABLE, "store is closed"
+        if self.read_only:
+            return PutStatus.SERVICE_NOT_AVAILABLE, "store is open read-only"
+        if self.config.store.role == "slave":
+            return PutStatus.SERVICE_NOT_AVAILABLE, "store role is slave"
+        if self.running_flags & UNWRITABLE:
+            return PutStatus.SERVICE_NOT_AVAILABLE, f"store is not writable (flags {self.running_flags:#x})"
+        if self.dispatch_thread is not None and self.dispatch_thread.exception is not None:
+            return PutStatus.SERVICE_NOT_AVAILABLE, self.dispatch_loop.error
+        begin = self._begin_in_lock
+        if begin:
+            held = self.clock() - begin
+            if self.config.store.os_page_cache_busy_timeout_ms < held < 10_000_000:
+                return PutStatus.OS_PAGE_CACHE_BUSY, f"put lock held for {held} ms"
+        return None
+
+    def lock_held_ms(self) -> int:
+        """How long the current append has held the put lock (0 when free)."""
+        begin = self._begin_in_lock
+        return max(0, self.clock() - begin) if begin else 0
+
+    def _now_locked(self) -> int:
+        # Store times never go backwards in log order, so time search can bisect.
+        now = self.clock()
+        if now < self._last_store_ts:
+            now = self._last_store_ts
+        self._last_store_ts = now
+        return now
+
+    # -- put -------------------------------------------------------------------------------
+    def put(self, message: Message) -> PutResult:
+        """Append one message. Bad arguments raise ValueError; store-level refusals return a status."""
+        refused = self._service_status()
+        if refused is not None:
+            return PutResult(refused[0], error=refused[1])
+        self.hooks.before_append([message])
+        try:
+            p = appender.prepare(message, self._put_ctx)
+        except appender.Rejected as rej:
+            result = PutResult(rej.status, error=rej.reason)
+            self.hooks.after_append(BatchPutResult.rejected(rej.status, rej.reason, 0))
+            return result
+        if p.queue_id is None:
+            p.queue_id = appender.check_queue_id(
+                self.selector.select(message, self.config.queue_select.queues_per_topic))
+        key = (p.topic, p.queue_id)
+        with self._put_lock:
+            now = self._begin_in_lock = self._now_locked()
+            try:
+                qoff = self._queue_offsets.get(key, 0) if p.queued else 0
+                try:
+                    seg = self.commit_log.reserve_locked(p.size)
+                except OSError as exc:
+                    return PutResult(PutStatus.CREATE_MAPPED_FILE_FAILED, error=str(exc))
+                phys = seg.start + seg.wrote
+                self.writer.write(seg, appender.encode_single(
+                    p, self.store_host, p.queue_id, qoff, phys, now))
+                if p.queued:
+                    self._queue_offsets[key] = qoff + 1
+                self._last_append = (phys + p.size, now)
+            finally:
+                self._begin_in_lock = 0
+        status = self.flush_policy.after_append(phys + p.size, p.wait)
+        self._wake_dispatch()
+        result = PutResult(status, p.queue_id, qoff, phys, p.size,
+                           f"{self._msg_id_prefix}{phys:016X}", now)
+        if self.hooks.has_after_append:
+            self.hooks.after_append(BatchPutResult(
+                status, np.array([p.queue_id]), np.array([qoff]), np.array([phys]),
+                np.array([p.size]), now, self.store_host))
+        return result
+
+    def put_batch(self, messages: Sequence[Message]) -> BatchPutResult:
+        """Append many messages (any topics/queues) under one lock.
+
+        Messages of one queue get consecutive offsets. The batch is written as one block per
+        commit-log segment: a block that does not fit rolls as a whole; a batch larger than a
+        segment is split between messages. A rejected message rejects the whole batch and
+        nothing is written.
+        """
+        refused = self._service_status()
+        if refused is not None:
+            return BatchPutResult.rejected(refused[0], refused[1])
+        messages = list(messages)
+        if not messages:
+            raise ValueError("put_batch needs at least one message")
+        self.hooks.before_append(messages)
+        items = []
+        for i, msg in enumerate(messages):
+            try:
+                p = appender.prepare(msg, self._put_ctx)
+                if not p.queued or p.sysflag & 0xC:
+                    raise appender.Rejected(PutStatus.MESSAGE_ILLEGAL,
+                                            "a batch may not hold transaction messages")
+                if p.delay:
+                    raise appender.Rejected(PutStatus.MESSAGE_ILLEGAL,
+                                            "a batch may not hold delayed messages (DELAY > 0)")
+            except appender.Rejected as rej:
+                result = BatchPutResult.rejected(rej.status, f"message {i}: {rej.reason}", i)
+                self.hooks.after_append(result)
+                return result
+            items.append(p)
+        queues = self.config.queue_select.queues_per_topic
+        appender.select_queues(items, messages, lambda m: self.selector.select(m, queues))
+        n = len(items)
+        sizes = np.fromiter((p.size for p in items), dtype=np.int64, count=n)
+        qids = np.fromiter((p.queue_id for p in items), dtype=np.int64, count=n)
+        qoffs = np.empty(n, dtype=np.int64)
+        phys = np.empty(n, dtype=np.int64)
+        seg_limit = self.commit_log.segment_bytes - 8
+        if int(sizes.max()) > seg_limit:
+            i = int(np.argmax(sizes))
+            result = BatchPutResult.rejected(
+                PutStatus.MESSAGE_ILLEGAL,
+                f"message {i}: record of {int(sizes[i])} bytes does not fit a commit-log segment",
+                i)
+            self.hooks.after_append(result)
+            return result
+        ends = np.cumsum(sizes)
+        with self._put_lock:
+            now = self._begin_in_lock = self._now_locked()
+            try:
+                table = self._queue_offsets
+                for i, p in enumerate(items):
+                    key = (p.topic, p.queue_id)
+                    q = table.get(key, 0)
+                    qoffs[i] = q
+                    table[key] = q + 1
+                start = 0
+                while start < n:
+                    base = int(ends[start - 1]) if start else 0
+                    stop = int(np.searchsorted(ends, base + seg_limit, side="right"))
+                    block = int(ends[stop - 1]) - base
+                    try:
+                        seg = self.commit_log.reserve_locked(block)
+                    except (OSError, BlockTooLargeError) as exc:
+                        for i, p in enumerate(items):  # give the offsets back
+                            table[(p.topic, p.queue_id)] = min(
+                                table[(p.topic, p.queue_id)], int(qoffs[i]))
+                        return BatchPutResult.rejected(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
+                    first_phys = seg.start + seg.wrote
+                    phys[start:stop] = first_phys + (ends[start:stop] - sizes[start:stop] - base)
+                    self.writer.write(seg, appender.encode_batch(
+                        items[start:stop], self.store_host, qids[start:stop], qoffs[start:stop],
+                        phys[start:stop], now))
+                    start = stop
+                self._last_append = (int(phys[-1] + sizes[-1]), now)
+            finally:
+                self._begin_in_lock = 0
+        wait = any(p.wait for p in items)
+        status = self.flush_policy.after_append(int(phys[-1] + sizes[-1]), wait)
+        self._wake_dispatch()
+        result = BatchPutResult(status, qids, qoffs, phys, sizes, now, self.store_host)
+        self.hooks.after_append(result)
+        return result
+
+    def _wake_dispatch(self) -> None:
+        thread = self.dispatch_thread
+        if thread is not None and not thread.wake.is_set():
+            thread.wake.set()
+

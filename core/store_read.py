@@ -1,0 +1,132 @@
+"""The read side of MessageStore: pulls, lookups by offset, id and time, queue offsets."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from mqstore import appender
+from mqstore.errors import StoreClosedError
+from mqstore.filtering import MATCH_ALL
+from mqstore.format.cq_unit import CQ_UNIT_SIZE
+from mqstore.format.record import parse_offset_msg_id
+from mqstore.message import GetResult, StoredMessage
+from mqstore.pull import get_messages
+from mqstore.store_put import NOT_READABLE
+from mqstore.time_search import LOWER, UPPER, offset_by_time, store_time_at
+
+FILTER_CACHE_SIZE = 100
+
+
+def check_read_topic(topic: object) -> None:
+    # Reads only look topics up (no paths are built), and RocketMQ stores written without a
+    # broker may hold topics outside the put-time character rule (e.g. "metrics.cpu").
+    if not isinstance(topic, str) or not topic:
+        raise ValueError(f"topic {topic!r} must be a non-empty string")
+
+
+class ReadMixin:
+    # -- reads -----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.root!r} is closed")
+
+    def _compile_filter(self, expression: str | None, expression_type: str):
+        key = (expression_type.upper(), expression)
+        flt = self._filters.get(key)
+        if flt is None:
+            factory = self.hooks.filters.get(expression_type)
+            flt = factory(expression, self.string_hash)
+            self._filters[key] = flt
+            if len(self._filters) > FILTER_CACHE_SIZE:
+                self._filters.popitem(last=False)
+        else:
+            self._filters.move_to_end(key)
+        return flt
+
+    def get(self, group: str, topic: str, queue_id: int, offset: int, max_msgs: int = 32, *,
+            expression: str | None = None, expression_type: str = "TAG",
+            max_total_bytes: int | None = None) -> GetResult | None:
+        """Pull up to ``max_msgs`` messages of ``topic``/``queue_id`` from queue ``offset``.
+
+        Returns None when the store is closed (RocketMQ's null result).
+        """
+        if self._closed or self.running_flags & NOT_READABLE:
+            return None
+        if not isinstance(group, str):
+            raise ValueError(f"group {group!r} must be a string")
+        check_read_topic(topic)
+        appender.check_queue_id(queue_id)
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+            raise ValueError(f"offset {offset!r} must be an int")
+        if isinstance(max_msgs, bool) or not isinstance(max_msgs, int) or max_msgs < 0:
+            raise ValueError(f"max_msgs {max_msgs!r} must be an int >= 0")
+        flt = MATCH_ALL if expression is None else self._compile_filter(expression, expression_type)
+        return get_messages(self, self.consume_queues.get((topic, queue_id)), int(offset),
+                            max_msgs, flt, self._limits, max_total_bytes)
+
+    def decode_message(self, raw) -> StoredMessage | None:
+        try:
+            return StoredMessage.from_bytes(bytes(raw))
+        except (ValueError, IndexError, struct.error):
+            return None
+
+    def message_at(self, phys_offset: int) -> StoredMessage | None:
+        """The message whose record starts at ``phys_offset``, or None."""
+        self._check_open()
+        head = self.commit_log.read(phys_offset, 4)
+        if head is None:
+            return None
+        size = int.from_bytes(head, "big", signed=True)
+        raw = self.commit_log.read(phys_offset, size) if size > 0 else None
+        if raw is None:
+            return None
+        msg = self.decode_message(raw)
+        return msg if msg is not None and msg.phys_offset == phys_offset else None
+
+    def message_by_id(self, msg_id: str) -> StoredMessage | None:
+        host, offset = parse_offset_msg_id(msg_id)
+        msg = self.message_at(offset)
+        return msg if msg is not None and msg.record.store_host == host else None
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int,
+                       boundary: str = LOWER) -> int:
+        self._check_open()
+        check_read_topic(topic)
+        appender.check_queue_id(queue_id)
+        if boundary not in (LOWER, UPPER):
+            raise ValueError(f"boundary {boundary!r} must be 'lower' or 'upper'")
+        return offset_by_time(self.commit_log, self.consume_queues.get((topic, queue_id)),
+                              int(timestamp_ms), boundary)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queues.get((topic, queue_id))
+        return cq.min_offset if cq is not None else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queues.get((topic, queue_id))
+        return cq.max_offset if cq is not None else 0
+
+    def earliest_message_time(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queues.get((topic, queue_id))
+        if cq is None or cq.max_offset == cq.min_offset:
+            return -1
+        seg = cq.segments.find(cq.min_logic_offset)
+        unit = cq.units_of(seg)[(cq.min_logic_offset - seg.start) // CQ_UNIT_SIZE]
+        return store_time_at(self.commit_log, int(unit["phys_offset"]))
+
+    def topics(self) -> list[str]:
+        return sorted({t for t, _q in self.consume_queues})
+
+    def queue_ids(self, topic: str) -> list[int]:
+        return sorted(q for t, q in self.consume_queues if t == topic)
+
+    @property
+    def min_phys_offset(self) -> int:
+        return self.commit_log.min_offset
+
+    @property
+    def max_phys_offset(self) -> int:
+        return self.commit_log.max_offset
+
