@@ -147,6 +147,9 @@ class DispatchLoop:
             if kind == SCAN_BAD:
                 self.error = f"dispatch stopped at commit-log offset {pos}: {size}"
                 log.error(self.error)
+            elif wend + size <= limit:  # valid, visible, yet not walkable: never wait on it
+                self.error = f"dispatch cannot read the record at commit-log offset {pos}"
+                log.error(self.error)
             break
         if parts:
             batch = DispatchBatch.concat(begin, pos, parts)

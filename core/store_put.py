@@ -133,21 +133,13 @@ class PutMixin:
         if not messages:
             raise ValueError("put_batch needs at least one message")
         self.hooks.before_append(messages)
-        items = []
-        for i, msg in enumerate(messages):
-            try:
-                p = appender.prepare(msg, self._put_ctx)
-                if not p.queued or p.sysflag & 0xC:
-                    raise appender.Rejected(PutStatus.MESSAGE_ILLEGAL,
-                                            "a batch may not hold transaction messages")
-                if p.delay:
-                    raise appender.Rejected(PutStatus.MESSAGE_ILLEGAL,
-                                            "a batch may not hold delayed messages (DELAY > 0)")
-            except appender.Rejected as rej:
-                result = BatchPutResult.rejected(rej.status, f"message {i}: {rej.reason}", i)
-                self.hooks.after_append(result)
-                return result
-            items.append(p)
+        try:
+            items = appender.prepare_batch(messages, self._put_ctx)
+        except appender.Rejected as rej:
+            result = BatchPutResult.rejected(rej.status, f"message {rej.index}: {rej.reason}",
+                                             rej.index)
+            self.hooks.after_append(result)
+            return result
         queues = self.config.queue_select.queues_per_topic
         appender.select_queues(items, messages, lambda m: self.selector.select(m, queues))
         n = len(items)

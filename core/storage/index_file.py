@@ -1,0 +1,282 @@
+"""One index file (layout in ``index_layout``), mapped whole, as RocketMQ's ``IndexFile``.
+
+    put_key(hash, phys, ts)                     select(hash, max_num, begin, end)
+        |                                           |
+        v                                           v
+    slot[hash % slots] --> entry n --prev--> entry m --prev--> ... --> 0 (end of chain)
+                           (newest)                   (older)
+
+Files live in ``index/`` and are named by creation time (``yyyyMMddHHmmssSSS``); naming, when to
+roll over and which keys to put are the caller's business. A file is created at full size
+(sparse zeros): the default 420,000,040-byte file touches three pages for its first entry.
+
+Header fields are written through to the map as they change, as RocketMQ does, except that
+``indexCount`` of a new file stays 0 on disk until the first put or ``flush()`` (which rewrites
+the whole header). Nothing is forced to disk before ``flush()``/``close()``.
+
+Follows RocketMQ 5.x ``IndexFile`` (unchanged since 4.9.8) with two deliberate additions:
+``select`` stops after ``index_count`` steps (a corrupt chain with a cycle would loop forever in
+Java), and ``verify()`` checks a loaded file without raising.
+
+Single writer; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from mqstore.errors import MQStoreError
+from mqstore.format import index_layout as L
+from mqstore.storage.mapped_file import MappedFile
+
+INDEX_DIR = "index"
+
+
+class IndexFile:
+    __slots__ = ("path", "slots", "entries", "read_only", "_mf", "_mm", "_begin_ts", "_end_ts",
+                 "_begin_phys", "_end_phys", "_hash_slot_count", "_index_count", "stored_header")
+
+    def __init__(self, mapped: MappedFile, slots: int, entries: int) -> None:
+        self.path = mapped.path
+        self.slots = slots
+        self.entries = entries
+        self.read_only = mapped.read_only
+        self._mf = mapped
+        self._mm = mapped.mm
+        self.stored_header = L.unpack_header(self._mm)
+        (self._begin_ts, self._end_ts, self._begin_phys, self._end_phys,
+         self._hash_slot_count, self._index_count) = self.stored_header
+        if self._index_count <= 0:
+            self._index_count = L.FIRST_INDEX
+
+    # -- open ------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: str, slots: int = L.DEFAULT_SLOTS, entries: int = L.DEFAULT_ENTRIES, *,
+               prev_end_phys_offset: int = 0, prev_end_timestamp: int = 0) -> "IndexFile":
+        """A new zero-filled file. The previous file's end offset and time, when > 0, become
+        this file's begin and end values (RocketMQ measures the first put from them)."""
+        L.counts_for_size(L.file_size(slots, entries), slots, entries)
+        f = cls(MappedFile(path, 0, L.file_size(slots, entries), create=True), slots, entries)
+        if prev_end_phys_offset > 0:
+            f._put_long(L.BEGIN_PHYS_OFFSET_AT, prev_end_phys_offset)
+            f._put_long(L.END_PHYS_OFFSET_AT, prev_end_phys_offset)
+            f._begin_phys = f._end_phys = prev_end_phys_offset
+        if prev_end_timestamp > 0:
+            f._put_long(L.BEGIN_TIMESTAMP_AT, prev_end_timestamp)
+            f._put_long(L.END_TIMESTAMP_AT, prev_end_timestamp)
+            f._begin_ts = f._end_ts = prev_end_timestamp
+        return f
+
+    @classmethod
+    def load(cls, path: str, slots: int | None = None, entries: int | None = None, *,
+             read_only: bool = False) -> "IndexFile":
+        """Map an existing file; missing counts come from its size (``counts_for_size``)."""
+        size = os.path.getsize(path)
+        slots, entries = L.counts_for_size(size, slots, entries)
+        return cls(MappedFile(path, 0, size, read_only=read_only), slots, entries)
+
+    # -- header ----------------------------------------------------------------------------
+    @property
+    def begin_timestamp(self) -> int:
+        return self._begin_ts
+
+    @property
+    def end_timestamp(self) -> int:
+        return self._end_ts
+
+    @property
+    def begin_phys_offset(self) -> int:
+        return self._begin_phys
+
+    @property
+    def end_phys_offset(self) -> int:
+        return self._end_phys
+
+    @property
+    def hash_slot_count(self) -> int:
+        return self._hash_slot_count
+
+    @property
+    def index_count(self) -> int:
+        return self._index_count
+
+    @property
+    def header(self) -> L.IndexHeader:
+        return L.IndexHeader(self._begin_ts, self._end_ts, self._begin_phys, self._end_phys,
+                             self._hash_slot_count, self._index_count)
+
+    @property
+    def closed(self) -> bool:
+        return self._mf._fd < 0
+
+    def is_full(self) -> bool:
+        return self._index_count >= self.entries
+
+    def overlaps(self, begin_ms: int, end_ms: int) -> bool:
+        """RocketMQ ``isTimeMatched``: ``[begin, end]`` covers or touches this file's range."""
+        b, e = self._begin_ts, self._end_ts
+        return (begin_ms < b and end_ms > e) or b <= begin_ms <= e or b <= end_ms <= e
+
+    # -- raw access ------------------------------------------------------------------------
+    def slot_value(self, slot: int) -> int:
+        return L.INT_STRUCT.unpack_from(self._mm, L.slot_position(slot))[0]
+
+    def read_entry(self, index: int) -> tuple[int, int, int, int]:
+        """``(key_hash, phys_offset, time_diff_seconds, prev_index)`` of entry ``index``."""
+        return L.ENTRY_STRUCT.unpack_from(self._mm, L.entry_position(self.slots, index))
+
+    def _put_long(self, at: int, value: int) -> None:
+        L.LONG_STRUCT.pack_into(self._mm, at, value)
+
+    def _put_int(self, at: int, value: int) -> None:
+        L.INT_STRUCT.pack_into(self._mm, at, value)
+
+    # -- write -----------------------------------------------------------------------------
+    def put_key(self, key_hash: int, phys_offset: int, store_ts: int) -> bool:
+        """Append one entry (RocketMQ ``putKey``); False when the file is full."""
+        if self.read_only:
+            raise MQStoreError(f"index file {self.path} is open read-only; put_key needs a writer")
+        if not 0 <= key_hash <= L.INT32_MAX:
+            raise ValueError(f"key_hash {key_hash} must be an index hash in [0, 2^31-1]")
+        if self.is_full():
+            return False
+        count = self._index_count
+        slot = L.slot_of(key_hash, self.slots)
+        slot_value = self.slot_value(slot)
+        if slot_value <= L.INVALID_INDEX or slot_value > count:
+            slot_value = L.INVALID_INDEX
+        time_diff = L.time_diff_seconds(store_ts, self._begin_ts)
+        L.ENTRY_STRUCT.pack_into(self._mm, L.entry_position(self.slots, count),
+                                 key_hash, phys_offset, time_diff, slot_value)
+        self._put_int(L.slot_position(slot), count)
+        if count <= L.FIRST_INDEX:
+            self._begin_phys = phys_offset
+            self._put_long(L.BEGIN_PHYS_OFFSET_AT, phys_offset)
+            self._begin_ts = store_ts
+            self._put_long(L.BEGIN_TIMESTAMP_AT, store_ts)
+        if slot_value == L.INVALID_INDEX:
+            self._hash_slot_count += 1
+            self._put_int(L.HASH_SLOT_COUNT_AT, self._hash_slot_count)
+        self._index_count = count + 1
+        self._put_int(L.INDEX_COUNT_AT, self._index_count)
+        self._end_phys = phys_offset
+        self._put_long(L.END_PHYS_OFFSET_AT, phys_offset)
+        self._end_ts = store_ts
+        self._put_long(L.END_TIMESTAMP_AT, store_ts)
+        return True
+
+    # -- read ------------------------------------------------------------------------------
+    def select(self, key_hash: int, max_num: int, begin_ms: int,
+               end_ms: int) -> list[tuple[int, int]]:
+        """``(phys_offset, time_ms)`` of entries with ``key_hash`` stored in ``[begin, end]``,
+        newest first, at most ``max_num`` (RocketMQ ``selectPhyOffset``)."""
+        found: list[tuple[int, int]] = []
+        count = self._index_count
+        if key_hash < 0 or max_num <= 0:
+            return found
+        index = self.slot_value(L.slot_of(key_hash, self.slots))
+        if index <= L.INVALID_INDEX or index > count or count <= L.FIRST_INDEX:
+            return found
+        for _ in range(count):
+            if len(found) >= max_num:
+                break
+            hash_read, phys, time_diff, prev = self.read_entry(index)
+            if time_diff < 0:
+                break
+            time_read = L.entry_time_ms(self._begin_ts, time_diff)
+            if hash_read == key_hash and begin_ms <= time_read <= end_ms:
+                found.append((phys, time_read))
+            if (prev <= L.INVALID_INDEX or prev > count or prev == index
+                    or time_read < begin_ms):
+                break
+            index = prev
+        return found
+
+    # -- checks ----------------------------------------------------------------------------
+    def verify(self) -> str | None:
+        """None for a consistent file, else what is wrong with it. Never raises.
+
+        Stricter than RocketMQ's own read checks: a slot or prevIndex equal to indexCount (or
+        to the entry's own number) is reported, since entries run from 1 to indexCount - 1.
+        """
+        try:
+            return self._verify()
+        except Exception as exc:  # a damaged header can make any read fail
+            return f"{self.path}: unreadable ({exc!r})"
+
+    def _verify(self) -> str | None:
+        h = L.unpack_header(self._mm)
+        where = self.path
+        if not 0 <= h.index_count <= self.entries:
+            return f"{where}: indexCount {h.index_count} outside [0, {self.entries}]"
+        count = max(h.index_count, L.FIRST_INDEX)
+        if not 0 <= h.hash_slot_count <= min(self.slots, count - 1):
+            return (f"{where}: hashSlotCount {h.hash_slot_count} outside "
+                    f"[0, {min(self.slots, count - 1)}]")
+        mm = self._mm
+        slots = np.frombuffer(mm[L.HEADER_SIZE:L.entries_start(self.slots)], dtype=L.SLOT_DTYPE)
+        bad = np.flatnonzero((slots < 0) | (slots >= count))
+        if len(bad):
+            s = int(bad[0])
+            return f"{where}: slot {s} holds {int(slots[s])}, outside [0, {count - 1}]"
+        start = L.entry_position(self.slots, 0)
+        ents = np.frombuffer(mm[start:start + count * L.ENTRY_SIZE], dtype=L.ENTRY_DTYPE)[1:]
+        numbers = np.arange(1, count)
+        prev = ents["prev_index"].astype(np.int64)
+        checks = [
+            ((prev < 0) | (prev >= numbers), "prevIndex {v} is not in [0, own number)", prev),
+            (ents["phys_offset"] < 0, "phys offset {v} is negative", ents["phys_offset"]),
+            (ents["key_hash"] < 0, "key hash {v} is negative", ents["key_hash"]),
+            (ents["time_diff"] < 0, "time diff {v} is negative", ents["time_diff"]),
+        ]
+        for mask, msg, values in checks:
+            bad = np.flatnonzero(mask)
+            if len(bad):
+                i = int(bad[0])
+                return f"{where}: entry {i + 1}: " + msg.format(v=int(values[i]))
+        entry_slot = ents["key_hash"].astype(np.int64) % self.slots
+        chained = np.flatnonzero(prev > 0)
+        off = chained[entry_slot[prev[chained] - 1] != entry_slot[chained]]
+        if len(off):
+            i = int(off[0])
+            return f"{where}: entry {i + 1} chains to entry {int(prev[i])} in another slot"
+        newest = np.zeros(self.slots, dtype=np.int64)
+        np.maximum.at(newest, entry_slot, numbers)
+        wrong = np.flatnonzero(newest != slots)
+        if len(wrong):
+            s = int(wrong[0])
+            return f"{where}: slot {s} holds {int(slots[s])}, newest entry there is {newest[s]}"
+        used = int(np.count_nonzero(newest))
+        if used != h.hash_slot_count:
+            return f"{where}: hashSlotCount {h.hash_slot_count} but {used} slots are in use"
+        if count > L.FIRST_INDEX:
+            first, last = int(ents["phys_offset"][0]), int(ents["phys_offset"][-1])
+            if (h.begin_phys_offset, h.end_phys_offset) != (first, last):
+                return (f"{where}: header phys range [{h.begin_phys_offset}, "
+                        f"{h.end_phys_offset}] but entries run from {first} to {last}")
+        return None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Rewrite the whole header (``indexCount`` at least 1) and force the map to disk."""
+        if self.read_only or self.closed:
+            return
+        self._mm[0:L.HEADER_SIZE] = L.pack_header(self.header)
+        self._mm.flush()
+
+    def close(self) -> None:
+        """Flush (a writer) and unmap, as RocketMQ's ``IndexFile.shutdown``."""
+        if self.closed:
+            return
+        self.flush()
+        self._mf.close()
+
+    def destroy(self) -> None:
+        """Unmap without flushing and delete the file."""
+        self._mf.destroy()
+
+    def __repr__(self) -> str:
+        return (f"IndexFile({self.path!r}, slots={self.slots}, entries={self.entries}, "
+                f"index_count={self._index_count})")
