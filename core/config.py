@@ -56,7 +56,7 @@ class ConsumeQueueSection(_Section):
 
 
 class FlushSection(_Section):
-    mode: Literal["async", "sync"] = "async"
+    mode: str = Field("async", min_length=1)  # a flush policy plugin by name
     interval_ms: int = Field(500, ge=1)
     least_pages: int = Field(4, ge=0)
     thorough_interval_ms: int = Field(10_000, ge=1)

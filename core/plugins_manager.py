@@ -43,6 +43,13 @@ def _env_list(name: str) -> list[str] | None:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def _register(pm: pluggy.PluginManager, plugin, name: str) -> None:
+    try:
+        pm.register(plugin, name)
+    except (pluggy.PluginValidationError, ValueError) as exc:
+        raise PluginError(f"plugin {name!r} cannot be registered: {exc}") from None
+
+
 def make_plugin_manager(*, modules: Sequence[str] = (), disable: Sequence[str] = (),
                         load_entry_points: bool = True) -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -57,7 +64,7 @@ def make_plugin_manager(*, modules: Sequence[str] = (), disable: Sequence[str] =
             module = importlib.import_module(name)
         except ImportError as exc:
             raise PluginError(f"plugin module {name!r} cannot be imported: {exc}") from None
-        pm.register(module, name)
+        _register(pm, module, name)
     if load_entry_points:
         allow = _env_list("MQSTORE_LOAD_PLUGINS")
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -72,7 +79,7 @@ def make_plugin_manager(*, modules: Sequence[str] = (), disable: Sequence[str] =
                     f"entry point {ep.name!r} ({ep.value}) of group {ENTRY_POINT_GROUP!r} "
                     f"failed to load: {exc!r}"
                 ) from exc
-            pm.register(plugin, ep.name)
+            _register(pm, plugin, ep.name)
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:

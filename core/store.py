@@ -82,6 +82,7 @@ class MessageStore(PutMixin, ReadMixin):
         self.consume_queues: dict[tuple[str, int], ConsumeQueue] = {}
         self.dispatch_thread = None
         self.flush_policy = None
+        self._visible_after_flush = False
         if read_only:
             if not os.path.isdir(self.root):
                 raise FileNotFoundError(f"store directory {self.root!r} does not exist")
@@ -155,6 +156,7 @@ class MessageStore(PutMixin, ReadMixin):
         self.selector = self.hooks.queue_selectors.get(config.queue_select.selector)(
             config, self.string_hash)
         self.flush_policy = self.hooks.flush_policies.get(config.flush.mode)(self)
+        self._visible_after_flush = bool(getattr(self.flush_policy, "visible_after_flush", False))
         self.dispatchers = [factory(self) for _name, factory in self.hooks.dispatchers.items()]
         self.dispatch_loop = DispatchLoop(
             self.commit_log, self.dispatchers, TagsCoder(self.string_hash, self.delay_levels_ms),
@@ -192,10 +194,19 @@ class MessageStore(PutMixin, ReadMixin):
 
     # -- positions -------------------------------------------------------------------------
     def confirm_offset(self) -> int:
-        """End of what consumers may see: flushed bytes under sync flush, written otherwise."""
-        if self.config.flush.mode == "sync":
+        """End of what consumers may see: flushed bytes when the flush policy says so
+        (sync flush), written bytes otherwise."""
+        if self._visible_after_flush:
             return self.flushed_where
         return self.commit_log.max_offset
+
+    def flush_metadata(self) -> None:
+        """Persist consume queues and the checkpoint (flush policies call this every second),
+        so an abnormal recovery can start near the end instead of at the first segment."""
+        logics = self.checkpoint.logics_msg_timestamp
+        for cq in list(self.consume_queues.values()):
+            cq.flush()
+        self.checkpoint.flush(logics_msg_timestamp=logics)
 
     @property
     def flushed_offset(self) -> int:

@@ -14,7 +14,11 @@ from mqstore.hookspecs import hookimpl
 from mqstore.message import PutStatus
 
 
+METADATA_INTERVAL_S = 1.0  # consume queues and checkpoint, as RocketMQ's 1 s checkpoint task
+
+
 class AsyncFlush:
+    visible_after_flush = False  # consumers see what is written
     def __init__(self, store) -> None:
         self.store = store
         cfg = store.config.flush
@@ -30,13 +34,19 @@ class AsyncFlush:
 
     def _run(self) -> None:
         last_thorough = 0.0
+        last_flush = last_metadata = time.monotonic()
         try:
-            while not self._stop.wait(self.interval_s):
+            while not self._stop.wait(min(self.interval_s, METADATA_INTERVAL_S)):
                 now = time.monotonic()
-                least = self.least_pages
-                if now >= last_thorough + self.thorough_s:
-                    least, last_thorough = 0, now
-                self.store.flush_commit_log(least)
+                if now >= last_flush + self.interval_s:
+                    last_flush = now
+                    least = self.least_pages
+                    if now >= last_thorough + self.thorough_s:
+                        least, last_thorough = 0, now
+                    self.store.flush_commit_log(least)
+                if now >= last_metadata + METADATA_INTERVAL_S:
+                    self.store.flush_metadata()
+                    last_metadata = now
         except BaseException as exc:
             self.error = exc
 

@@ -14,9 +14,12 @@ import time
 
 from mqstore.hookspecs import hookimpl
 from mqstore.message import PutStatus
+from mqstore.plugins.flush_async import METADATA_INTERVAL_S
 
 
 class SyncFlush:
+    visible_after_flush = True  # consumers see only what is on disk (RocketMQ's confirm offset)
+
     def __init__(self, store) -> None:
         self.store = store
         self.timeout_s = store.config.flush.sync_timeout_ms / 1000.0
@@ -29,10 +32,17 @@ class SyncFlush:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            if self.store.flushed_offset < self.store.commit_log.max_offset:
-                with self._group:
-                    self.store.flush_commit_log(0)
+        last_flush = last_metadata = time.monotonic()
+        while not self._stop.wait(min(self.interval_s, METADATA_INTERVAL_S)):
+            now = time.monotonic()
+            if now >= last_flush + self.interval_s:
+                last_flush = now
+                if self.store.flushed_offset < self.store.commit_log.max_offset:
+                    with self._group:
+                        self.store.flush_commit_log(0)
+            if now >= last_metadata + METADATA_INTERVAL_S:
+                self.store.flush_metadata()
+                last_metadata = now
 
     def after_append(self, end_offset: int, wait: bool) -> PutStatus:
         if not wait:

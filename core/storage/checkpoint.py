@@ -61,11 +61,14 @@ class Checkpoint:
         """Oldest time recovery must rescan from: min(physic, logics) minus 3 s, at least 0."""
         return max(0, min(self.physic_msg_timestamp, self.logics_msg_timestamp) - 3000)
 
-    def flush(self) -> None:
+    def flush(self, logics_msg_timestamp: int | None = None) -> None:
+        """Write the fields to disk; ``logics_msg_timestamp`` overrides the in-memory value
+        (a value sampled before the consume queues were flushed)."""
         if self._mm is None:
             return
+        logics = self.logics_msg_timestamp if logics_msg_timestamp is None else logics_msg_timestamp
         self._mm[0:_FIELDS.size] = _FIELDS.pack(
-            self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
+            self.physic_msg_timestamp, logics, self.index_msg_timestamp,
             self.master_flushed_offset, self.confirm_phy_offset,
         )
         self._mm.flush()

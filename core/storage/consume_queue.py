@@ -74,6 +74,7 @@ class ConsumeQueue:
         for seg in segs:
             if seg.start > end_seg.start:
                 dropped += valid_prefix(self.units_of(seg))
+        self._zero_tail(end_seg, end_pos)
         self.segments.truncate_to(end_seg.start + end_pos)
         self._prune_arrays()
         self._refresh_max_phys()
@@ -90,6 +91,15 @@ class ConsumeQueue:
                     last = units[real[-1]]
                     self.max_phys = int(last["phys_offset"]) + int(last["size"])
                     return
+
+    def _zero_tail(self, seg: MappedFile, end: int) -> None:
+        """Zero cut units so a later recovery cannot take them for valid ones again."""
+        if self.segments.read_only:
+            return
+        units = self.units_of(seg)
+        live = np.flatnonzero(units["size"][end // CQ_UNIT_SIZE:] != 0)
+        if len(live):
+            seg.zero(end, end + (int(live[-1]) + 1) * CQ_UNIT_SIZE)
 
     def _prune_arrays(self) -> None:
         live = {seg.start for seg in self.segments.segments}
@@ -165,6 +175,7 @@ class ConsumeQueue:
                 self._arrays.pop(seg.start, None)
                 self.segments.drop_last()
                 continue
+            self._zero_tail(seg, cut * CQ_UNIT_SIZE)
             seg.wrote = seg.flushed = cut * CQ_UNIT_SIZE
             break
         self._prune_arrays()

@@ -18,6 +18,10 @@ Follows RocketMQ 5.x ``IndexFile`` (unchanged since 4.9.8) with two deliberate a
 ``select`` stops after ``index_count`` steps (a corrupt chain with a cycle would loop forever in
 Java), and ``verify()`` checks a loaded file without raising.
 
+Quirk kept on purpose: the first entry after a rollover is timed from the previous file's end,
+so it can read later than the entries after it; a walk stops at the first entry older than
+``begin``, so a window query may then miss that first entry although its time is inside.
+
 Single writer; not thread-safe.
 """
 
@@ -35,6 +39,8 @@ INDEX_DIR = "index"
 
 
 class IndexFile:
+    """``stored_header`` is the header as found on disk when the file was opened."""
+
     __slots__ = ("path", "slots", "entries", "read_only", "_mf", "_mm", "_begin_ts", "_end_ts",
                  "_begin_phys", "_end_phys", "_hash_slot_count", "_index_count", "stored_header")
 

@@ -1,0 +1,133 @@
+"""The docs stay in step with the code: hook signatures and on-disk layout diagrams."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from mqstore import hookspecs
+from mqstore.plugins_manager import make_plugin_manager
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+PLUGIN_HOOKS = DOCS / "plugin_hooks.md"
+FILE_FORMATS = DOCS / "file_formats.md"
+DIAGRAM_MODULES = ("mqstore.format.record", "mqstore.format.cq_unit", "mqstore.storage.checkpoint")
+
+
+@pytest.fixture(autouse=True)
+def no_plugin_env(monkeypatch):
+    for name in ("MQSTORE_LOAD_PLUGINS", "MQSTORE_DISABLE_PLUGINS", "MQSTORE_TRACE_PLUGINS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def hook_signatures() -> dict[str, str]:
+    pm = make_plugin_manager(load_entry_points=False)
+    names = [n for n in vars(pm.hook) if not n.startswith("_")]
+    return {name: f"{name}({', '.join(getattr(pm.hook, name).spec.argnames)})" for name in names}
+
+
+def doc_sections(text: str) -> dict[str, str]:
+    """``## heading`` -> the text up to the next ``##`` heading."""
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def code_blocks(text: str, lang: str = "") -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```$", text, flags=re.M | re.S)
+
+
+def test_every_hookspec_is_in_the_plugin_manager():
+    specs = {name for name, obj in vars(hookspecs).items()
+             if inspect.isfunction(obj) and hasattr(obj, "mqstore_spec")}
+    assert len(specs) >= 9
+    assert specs == set(hook_signatures())
+
+
+def test_every_hook_has_a_heading_with_its_exact_signature():
+    sections = doc_sections(PLUGIN_HOOKS.read_text())
+    missing = [sig for sig in hook_signatures().values() if sig not in sections]
+    assert missing == []
+
+
+def test_every_signature_heading_names_a_hook():
+    signatures = set(hook_signatures().values())
+    headings = [h for h in doc_sections(PLUGIN_HOOKS.read_text()) if "(" in h]
+    assert [h for h in headings if h not in signatures] == []
+
+
+def test_every_hook_section_says_which_process_runs_it():
+    sections = doc_sections(PLUGIN_HOOKS.read_text())
+    for sig in hook_signatures().values():
+        assert "Runs in:" in sections[sig], sig
+
+
+def test_plugin_hooks_doc_shows_a_packaged_plugin():
+    text = PLUGIN_HOOKS.read_text()
+    assert any("@hookimpl" in block and "from mqstore import hookimpl" in block
+               for block in code_blocks(text, "python"))
+    (toml,) = code_blocks(text, "toml")
+    assert "[project.entry-points.mqstore]" in toml
+    assert re.search(r"^\w+ = \"\w+\"$", toml.split("[project.entry-points.mqstore]")[1], re.M)
+
+
+def test_plugin_examples_load_as_plugins(monkeypatch):
+    blocks = [b for b in code_blocks(PLUGIN_HOOKS.read_text(), "python") if "@hookimpl" in b]
+    assert len(blocks) >= len(hook_signatures()) - 1  # register_filters reuses the top example
+    for i, source in enumerate(blocks):
+        name = f"mqstore_docs_example_{i}"
+        module = types.ModuleType(name)
+        exec(compile(source, f"{PLUGIN_HOOKS.name} example {i}", "exec"), module.__dict__)
+        monkeypatch.setitem(sys.modules, name, module)
+        pm = make_plugin_manager(modules=[name], load_entry_points=False)
+        assert pm.get_hookcallers(module), f"example {i} implements no hook"
+
+
+def diagram_blocks(docstring: str) -> list[list[str]]:
+    """Runs of consecutive box-diagram lines (``+--``, ``|``, ``total =``), stripped."""
+    blocks, current = [], []
+    for line in docstring.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(("+", "|", "total =")):
+            current.append(stripped)
+        elif current:
+            blocks.append(current)
+            current = []
+    if current:
+        blocks.append(current)
+    return blocks
+
+
+def contains_run(lines: list[str], run: list[str]) -> bool:
+    n = len(run)
+    return any(lines[i:i + n] == run for i in range(len(lines) - n + 1))
+
+
+@pytest.mark.parametrize("module_name, min_lines", [
+    ("mqstore.format.record", 21),
+    ("mqstore.format.cq_unit", 3),
+    ("mqstore.storage.checkpoint", 7),
+])
+def test_file_formats_doc_repeats_the_module_diagrams(module_name, min_lines):
+    doc = importlib.import_module(module_name).__doc__
+    blocks = diagram_blocks(doc)
+    assert sum(len(b) for b in blocks) >= min_lines
+    doc_lines = [line.strip() for block in code_blocks(FILE_FORMATS.read_text())
+                 for line in block.splitlines()]
+    for run in blocks:
+        missing = [line for line in run if line not in doc_lines]
+        assert missing == [], f"{module_name}: diagram lines missing from {FILE_FORMATS.name}"
+        assert contains_run(doc_lines, run), f"{module_name}: diagram lines out of order"
+
+
+def test_file_formats_doc_covers_every_file():
+    sections = doc_sections(FILE_FORMATS.read_text())
+    for title in ("Commit-log record", "Blank record", "Offset message id", "Consume-queue unit",
+                  "Checkpoint", "Abort marker", "Lock file", "mqstore.json"):
+        assert title in sections, title
+        assert re.search(r"^\+-+", sections[title], re.M), f"{title}: no box diagram"
