@@ -32,7 +32,8 @@ def test_shipped_file_lists_every_key_with_a_comment():
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    ({"flush": {"mode": "fast"}}, "flush.mode"),
+    ({"flush": {"mode": ""}}, "flush.mode"),
+    ({"flush": {"mode": 1}}, "flush.mode"),
     ({"flush": {"bogus": 1}}, "flush.bogus: unknown key"),
     ({"nonsense": {}}, "nonsense: unknown key"),
     ({"commit_log": {"segment_bytes": "1GiB"}}, "commit_log.segment_bytes"),
@@ -100,6 +101,9 @@ def test_unknown_plugin_names_fail_at_open(tmp_path):
     from mqstore.errors import PluginError
     cfg = load_config(overrides={"writer": {"kind": "nvme"}, "plugins": {"load_entry_points": False}})
     with pytest.raises(PluginError, match="unknown writer 'nvme'; registered: mmap"):
+        MessageStore.open(tmp_path / "s", config=cfg)
+    cfg = load_config(overrides={"flush": {"mode": "fast"}, "plugins": {"load_entry_points": False}})
+    with pytest.raises(PluginError, match="unknown flush policy 'fast'; registered: .*async"):
         MessageStore.open(tmp_path / "s", config=cfg)
     # The failed open released its lock: a correct open works.
     MessageStore.open(tmp_path / "s", config=load_config(
