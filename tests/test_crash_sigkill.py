@@ -13,14 +13,12 @@ reads whatever acknowledgements were already in the pipe, and reopens the direct
 from __future__ import annotations
 
 import importlib.util
-import os
 import random
 import signal
 import struct
 import subprocess
 import sys
 import threading
-from collections import defaultdict
 from pathlib import Path
 
 import pytest

@@ -78,12 +78,8 @@ POS_SYSFLAG = 36
 POS_BORN_TIMESTAMP = 40
 POS_BORN_HOST = 48
 
-# TOTALSIZE .. BORNTIMESTAMP: the part every layout shares.
-FIXED_PREFIX = struct.Struct(">iiiiiqqiq")
 BLANK_RECORD = struct.Struct(">ii")
-_INT = struct.Struct(">i")
 _SHORT = struct.Struct(">h")
-_LONG = struct.Struct(">q")
 
 
 def host_width(v6: bool) -> int:
@@ -192,59 +188,39 @@ def scan_record(buf, pos: int, limit: int, check_crc: bool, expected_phys: int |
     """Validate the record at ``buf[pos:]`` (``limit`` = end of readable data).
 
     Returns ``(SCAN_OK, size, RecordHead)``, ``(SCAN_BLANK, size, None)`` or
-    ``(SCAN_BAD, reason, None)``. A record is bad when it is cut off, has an unknown magic, its
-    lengths do not add up to TOTALSIZE, its body CRC is wrong (``check_crc``), or its stored
-    physical offset is not where it lies (``expected_phys``): stale bytes past a torn tail.
+    ``(SCAN_BAD, reason, None)``; never raises on damaged bytes. A record is bad when it is cut
+    off, has an unknown magic, its lengths do not add up to TOTALSIZE, its body CRC is wrong
+    (``check_crc``), or its stored physical offset is not where it lies (``expected_phys``):
+    stale bytes past a torn tail.
     """
     remaining = limit - pos
     if remaining <= 4:
         return SCAN_BAD, "cut off before the size field", None
-    total = _INT.unpack_from(buf, pos)[0]
-    magic = _INT.unpack_from(buf, pos + 4)[0] if remaining >= 8 else 0
+    if remaining < 8:
+        return SCAN_BAD, "cut off before the magic field", None
+    total, magic = BLANK_RECORD.unpack_from(buf, pos)
     if magic == BLANK_MAGIC:
         return SCAN_BLANK, total, None
     if magic != MAGIC_V1 and magic != MAGIC_V2:
         return SCAN_BAD, f"unknown magic {magic & 0xFFFFFFFF:#010x}", None
-    if total < 91 or total > remaining:
+    if total > remaining:
         return SCAN_BAD, f"size {total} does not fit the {remaining} readable bytes", None
-    (_, _, body_crc, queue_id, _flag, queue_offset, phys, sysflag,
-     _born_ts) = FIXED_PREFIX.unpack_from(buf, pos)
-    if expected_phys is not None and phys != expected_phys:
-        return SCAN_BAD, f"physical offset field {phys} != position {expected_phys}", None
-    ts_pos = pos + store_timestamp_pos(sysflag)
-    store_ts = _LONG.unpack_from(buf, ts_pos)[0]
-    at = pos + body_length_pos(sysflag)
-    body_len = _INT.unpack_from(buf, at)[0]
-    at += 4
-    if body_len < 0 or at + body_len > pos + total:
-        return SCAN_BAD, f"body length {body_len} overruns the record", None
-    body_at = at
-    at += body_len
-    if magic == MAGIC_V1:
-        topic_len = buf[at]
-        if topic_len > 127:
-            return SCAN_BAD, f"V1 topic length byte {topic_len} is negative", None
-        at += 1
-    else:
-        topic_len = _SHORT.unpack_from(buf, at)[0]
-        at += 2
-    if topic_len < 0 or at + topic_len + 2 > pos + total:
-        return SCAN_BAD, f"topic length {topic_len} overruns the record", None
-    topic = bytes(buf[at:at + topic_len])
-    at += topic_len
-    props_len = _SHORT.unpack_from(buf, at)[0]
-    at += 2
-    if props_len < 0 or at + props_len != pos + total:
-        return SCAN_BAD, f"lengths add up to {at + max(props_len, 0) - pos}, TOTALSIZE is {total}", None
-    if check_crc and crc32(buf[body_at:body_at + body_len]) != body_crc:
+    try:
+        lay = unpack_record(buf, pos, pos + total)
+    except ValueError as exc:
+        return SCAN_BAD, str(exc), None
+    f = lay.fields
+    if expected_phys is not None and f[6] != expected_phys:
+        return SCAN_BAD, f"physical offset field {f[6]} != position {expected_phys}", None
+    if check_crc and crc32(buf[lay.body_at:lay.body_at + f[16]]) != f[2]:
         return SCAN_BAD, "body CRC mismatch", None
     try:
-        topic_text = topic.decode("utf-8")
+        topic = bytes(buf[lay.topic_at:lay.topic_at + lay.topic_len]).decode("utf-8")
     except UnicodeDecodeError:
         return SCAN_BAD, "topic is not UTF-8", None
     return SCAN_OK, total, RecordHead(
-        phys, total, queue_id, queue_offset, sysflag, store_ts, topic_text,
-        bytes(buf[at:at + props_len]),
+        f[6], total, f[3], f[5], f[7], f[11], topic,
+        bytes(buf[lay.props_at:lay.props_at + lay.props_len]),
     )
 
 
@@ -275,6 +251,9 @@ def unpack_record(buf, pos: int = 0, limit: int | None = None) -> RecordLayout:
         raise ValueError(f"record at {pos}: only {limit - pos} bytes readable")
     sysflag = _SYSFLAG_AT.unpack_from(buf, pos + POS_SYSFLAG)[0]
     hs = HEADER_STRUCTS[(sysflag >> 4) & 3]
+    if limit - pos < hs.size + 3:
+        raise ValueError(f"record at {pos}: only {limit - pos} bytes readable, the header "
+                         f"alone needs {hs.size + 3}")
     f = hs.unpack_from(buf, pos)
     total, magic = f[0], f[1]
     if magic != MAGIC_V1 and magic != MAGIC_V2:
@@ -284,9 +263,10 @@ def unpack_record(buf, pos: int = 0, limit: int | None = None) -> RecordLayout:
         raise ValueError(f"record at {pos}: size {total} does not fit {limit - pos} bytes")
     body_at = pos + hs.size
     at = body_at + f[16]
-    if f[16] < 0 or at + 3 > end:
+    v1 = magic == MAGIC_V1
+    if f[16] < 0 or at + (3 if v1 else 4) > end:
         raise ValueError(f"record at {pos}: body length {f[16]} overruns the record")
-    if magic == MAGIC_V1:
+    if v1:
         topic_len = buf[at]
         topic_at = at + 1
     else:
