@@ -1,9 +1,8 @@
 """Turning Message objects into commit-log records: validation, sizing and batch encoding.
 
 ``prepare`` checks one message and computes everything that does not depend on where it lands;
-``encode_single`` and ``encode_batch`` fill in queue offsets, physical offsets and the store
-time under the put lock. ``encode_batch`` fills a numpy header array column by column and
-joins it with bodies and tails in one pass: the per-message Python work is list building only.
+``encode_single`` fills in queue offset, physical offset and store time under the put lock.
+Batches are encoded column-wise by :mod:`mqstore.batch_columns`.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import gc
 import re
 import struct
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -24,7 +23,7 @@ from mqstore.format.properties import (
 from mqstore.format.record import (
     HEADER_STRUCTS, MAGIC_V1, MAGIC_V2, MAX_TOPIC_BYTES, MAX_V1_TOPIC_BYTES, SYSFLAG_BORNHOST_V6,
     SYSFLAG_INNER_BATCH, SYSFLAG_STOREHOST_V6, SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, TX_COMMIT,
-    TX_NOT, header_dtype, topic_field,
+    TX_NOT, topic_field,
 )
 from mqstore.hashing import crc32
 from mqstore.message import Message, PutStatus
@@ -255,55 +254,3 @@ def encode_single(p: Prepared, store_host: Host, queue_id: int, queue_offset: in
         store_host.port, p.reconsume_times, p.prepared_tx_offset, len(p.body),
     )
     return b"".join((header, p.body, p.tail))
-
-
-def encode_batch(items: Sequence[Prepared], store_host: Host, queue_ids: np.ndarray,
-                 queue_offsets: np.ndarray, phys_offsets: np.ndarray, store_timestamp: int
-                 ) -> bytes:
-    """Records for ``items`` laid out back to back (offsets already assigned)."""
-    layout = (items[0].sysflag >> 4) & 3
-    if any((p.sysflag >> 4) & 3 != layout for p in items):
-        return b"".join(
-            encode_single(p, store_host, int(q), int(o), int(ph), store_timestamp)
-            for p, q, o, ph in zip(items, queue_ids, queue_offsets, phys_offsets)
-        )
-    n = len(items)
-    arr = np.empty(n, dtype=header_dtype(bool(layout & 1), bool(layout & 2)))
-    arr["total_size"] = [p.size for p in items]
-    arr["magic"] = [p.magic for p in items]
-    arr["body_crc"] = [p.body_crc for p in items]
-    arr["queue_id"] = queue_ids
-    arr["flag"] = [p.flag for p in items]
-    arr["queue_offset"] = queue_offsets
-    arr["phys_offset"] = phys_offsets
-    arr["sysflag"] = [p.sysflag for p in items]
-    arr["born_timestamp"] = [store_timestamp if p.born_timestamp is None else p.born_timestamp
-                             for p in items]
-    hosts = {p.born_host for p in items}
-    if len(hosts) == 1:
-        host = hosts.pop()
-        arr["born_addr"] = np.void(host.address)
-        arr["born_port"] = host.port
-    else:
-        arr["born_addr"] = np.array([p.born_host.address for p in items], dtype=arr.dtype["born_addr"])
-        arr["born_port"] = [p.born_host.port for p in items]
-    arr["store_timestamp"] = store_timestamp
-    arr["store_addr"] = np.void(store_host.address)
-    arr["store_port"] = store_host.port
-    arr["reconsume_times"] = [p.reconsume_times for p in items]
-    arr["prepared_tx_offset"] = [p.prepared_tx_offset for p in items]
-    arr["body_len"] = [len(p.body) for p in items]
-    raw = arr.tobytes()
-    width = arr.dtype.itemsize
-    pieces: list = [None] * (3 * n)
-    pieces[0::3] = [raw[i:i + width] for i in range(0, n * width, width)]
-    pieces[1::3] = [p.body for p in items]
-    pieces[2::3] = [p.tail for p in items]
-    return b"".join(pieces)
-
-
-def select_queues(items: Sequence[Prepared], messages: Sequence[Message],
-                  select: Callable[[Message], int]) -> None:
-    for p, m in zip(items, messages):
-        if p.queue_id is None:
-            p.queue_id = check_queue_id(select(m))

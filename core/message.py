@@ -77,6 +77,30 @@ class Message:
     shard_key: str | int | None = None
 
 
+@dataclass(slots=True)
+class MessageBatch:
+    """Many messages as columns: the fast way to append.
+
+    ``bodies`` holds one body per message. ``topic``, ``queue_ids``, ``tags`` and
+    ``properties`` take either one value for every message or a sequence with one per
+    message; ``keys`` is a sequence of key lists (or None) per message. ``queue_ids=None`` lets
+    the configured queue selector choose. The other fields apply to every message.
+    """
+
+    topic: str | Sequence[str]
+    bodies: Sequence[bytes]
+    queue_ids: int | Sequence[int] | None = None
+    tags: str | Sequence[str | None] | None = None
+    keys: Sequence[Sequence[str] | str | None] | None = None
+    properties: Mapping[str, str] | Sequence[Mapping[str, str] | None] | None = None
+    flag: int = 0
+    born_timestamp: int | None = None
+    born_host: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+
 class PutResult(NamedTuple):
     status: PutStatus
     queue_id: int = -1

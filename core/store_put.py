@@ -11,7 +11,8 @@ from typing import Sequence
 import numpy as np
 
 from mqstore import appender
-from mqstore.message import BatchPutResult, Message, PutResult, PutStatus
+from mqstore.batch_columns import columns_from_batch, columns_from_prepared, encode_columns
+from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult, PutStatus
 from mqstore.storage.commit_log import BlockTooLargeError
 
 # Running flags (spec 9)
@@ -21,6 +22,35 @@ WRITE_LOGICS_QUEUE_ERROR = 4
 WRITE_INDEX_FILE_ERROR = 8
 DISK_FULL = 16
 UNWRITABLE = NOT_WRITEABLE | WRITE_LOGICS_QUEUE_ERROR | WRITE_INDEX_FILE_ERROR | DISK_FULL
+
+
+def _explicit_ids(messages, n: int):
+    if isinstance(messages, MessageBatch):
+        return [None] * n
+    return [m.queue_id for m in messages]
+
+
+def _queue_keys(topics: list[str], queue_ids: np.ndarray) -> tuple[list, np.ndarray]:
+    """Distinct (topic, queue id) keys of a batch and each message's index into them."""
+    if len(set(topics)) == 1:
+        uniq, inverse = np.unique(queue_ids, return_inverse=True)
+        topic = topics[0]
+        return [(topic, int(q)) for q in uniq.tolist()], inverse.ravel()
+    index: dict = {}
+    inverse = np.fromiter((index.setdefault((t, q), len(index))
+                           for t, q in zip(topics, queue_ids.tolist())),
+                          dtype=np.int64, count=len(topics))
+    return list(index), inverse
+
+
+def _rank_within_group(inverse: np.ndarray, groups: int) -> np.ndarray:
+    """For each message, how many earlier messages of the batch share its queue."""
+    order = np.argsort(inverse, kind="stable")
+    counts = np.bincount(inverse, minlength=groups)
+    starts = np.cumsum(counts) - counts
+    rank = np.empty(len(inverse), dtype=np.int64)
+    rank[order] = np.arange(len(inverse)) - np.repeat(starts, counts)
+    return rank
 
 
 class PutMixin:
@@ -118,35 +148,44 @@ class PutMixin:
                 np.array([p.size]), now, self.store_host))
         return result
 
-    def put_batch(self, messages: Sequence[Message]) -> BatchPutResult:
+    def put_batch(self, messages: Sequence[Message] | MessageBatch) -> BatchPutResult:
         """Append many messages (any topics/queues) under one lock.
 
-        Messages of one queue get consecutive offsets. The batch is written as one block per
-        commit-log segment: a block that does not fit rolls as a whole; a batch larger than a
-        segment is split between messages. A rejected message rejects the whole batch and
-        nothing is written.
+        ``messages`` is a list of Message objects or a columnar ``MessageBatch`` (faster: no
+        per-message objects). Messages of one queue get consecutive offsets. The batch is
+        written as one block per commit-log segment: a block that does not fit rolls as a
+        whole; a batch larger than a segment is split between messages. A rejected message
+        rejects the whole batch and nothing is written.
         """
         refused = self._service_status()
         if refused is not None:
             return BatchPutResult.rejected(refused[0], refused[1])
-        messages = list(messages)
-        if not messages:
-            raise ValueError("put_batch needs at least one message")
+        if not isinstance(messages, MessageBatch):
+            messages = list(messages)
+            if not messages:
+                raise ValueError("put_batch needs at least one message")
         self.hooks.before_append(messages)
         try:
-            items = appender.prepare_batch(messages, self._put_ctx)
+            if isinstance(messages, MessageBatch):
+                cols = columns_from_batch(messages, self._put_ctx)
+            else:
+                cols = columns_from_prepared(appender.prepare_batch(messages, self._put_ctx),
+                                             messages)
         except appender.Rejected as rej:
             result = BatchPutResult.rejected(rej.status, f"message {rej.index}: {rej.reason}",
                                              rej.index)
             self.hooks.after_append(result)
             return result
-        queues = self.config.queue_select.queues_per_topic
-        appender.select_queues(items, messages, lambda m: self.selector.select(m, queues))
-        n = len(items)
-        sizes = np.fromiter((p.size for p in items), dtype=np.int64, count=n)
-        qids = np.fromiter((p.queue_id for p in items), dtype=np.int64, count=n)
-        qoffs = np.empty(n, dtype=np.int64)
-        phys = np.empty(n, dtype=np.int64)
+        n = cols.n
+        if cols.queue_ids is None:
+            queues = self.config.queue_select.queues_per_topic
+            select = self.selector.select
+            cols.queue_ids = np.fromiter(
+                (appender.check_queue_id(select(m, queues)) if q is None else q
+                 for m, q in zip(cols.select_inputs, _explicit_ids(messages, n))),
+                dtype=np.int64, count=n)
+        sizes = cols.sizes
+        qids = cols.queue_ids
         seg_limit = self.commit_log.segment_bytes - 8
         if int(sizes.max()) > seg_limit:
             i = int(np.argmax(sizes))
@@ -157,15 +196,14 @@ class PutMixin:
             self.hooks.after_append(result)
             return result
         ends = np.cumsum(sizes)
+        phys = np.empty(n, dtype=np.int64)
+        keys, inverse = _queue_keys(cols.topics, qids)
         with self._put_lock:
             now = self._begin_in_lock = self._now_locked()
             try:
                 table = self._queue_offsets
-                for i, p in enumerate(items):
-                    key = (p.topic, p.queue_id)
-                    q = table.get(key, 0)
-                    qoffs[i] = q
-                    table[key] = q + 1
+                bases = np.array([table.get(k, 0) for k in keys], dtype=np.int64)
+                qoffs = bases[inverse] + _rank_within_group(inverse, len(keys))
                 start = 0
                 while start < n:
                     base = int(ends[start - 1]) if start else 0
@@ -174,25 +212,30 @@ class PutMixin:
                     try:
                         seg = self.commit_log.reserve_locked(block)
                     except (OSError, BlockTooLargeError) as exc:
-                        for i, p in enumerate(items):  # give the offsets back
-                            table[(p.topic, p.queue_id)] = min(
-                                table[(p.topic, p.queue_id)], int(qoffs[i]))
+                        if start:  # earlier blocks are written: keep their offsets
+                            self._advance_offsets(keys, inverse[:start])
                         return BatchPutResult.rejected(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
                     first_phys = seg.start + seg.wrote
                     phys[start:stop] = first_phys + (ends[start:stop] - sizes[start:stop] - base)
-                    self.writer.write(seg, appender.encode_batch(
-                        items[start:stop], self.store_host, qids[start:stop], qoffs[start:stop],
-                        phys[start:stop], now))
+                    self.writer.write(seg, encode_columns(
+                        cols, start, stop, self.store_host, qids, qoffs, phys, now))
                     start = stop
+                self._advance_offsets(keys, inverse)
                 self._last_append = (int(phys[-1] + sizes[-1]), now)
             finally:
                 self._begin_in_lock = 0
-        wait = any(p.wait for p in items)
-        status = self.flush_policy.after_append(int(phys[-1] + sizes[-1]), wait)
+        status = self.flush_policy.after_append(int(phys[-1] + sizes[-1]), cols.wait)
         self._wake_dispatch()
         result = BatchPutResult(status, qids, qoffs, phys, sizes, now, self.store_host)
         self.hooks.after_append(result)
         return result
+
+    def _advance_offsets(self, keys: list, inverse: np.ndarray) -> None:
+        counts = np.bincount(inverse, minlength=len(keys)).tolist()
+        table = self._queue_offsets
+        for key, count in zip(keys, counts):
+            if count:
+                table[key] = table.get(key, 0) + count
 
     def _wake_dispatch(self) -> None:
         thread = self.dispatch_thread
