@@ -168,17 +168,26 @@ class StoredMessage:
     needs bodies and offsets pays for nothing else.
     """
 
-    __slots__ = ("_raw", "_lay", "_props")
+    __slots__ = ("_raw", "_layout", "_props")
 
-    def __init__(self, raw: bytes, layout: RecordLayout) -> None:
+    def __init__(self, raw: bytes, layout: RecordLayout | None = None) -> None:
         self._raw = raw
-        self._lay = layout
+        self._layout = layout
         self._props: dict[str, str] | None = None
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "StoredMessage":
         """Validate one record's bytes (ValueError if malformed) and wrap them."""
         return cls(raw, unpack_record(raw))
+
+    @property
+    def _lay(self) -> RecordLayout:
+        # Pulls hand over records whose size, magic and position were checked; the rest of the
+        # layout is parsed (and checked) the first time a field is read.
+        lay = self._layout
+        if lay is None:
+            lay = self._layout = unpack_record(self._raw)
+        return lay
 
     size = property(lambda self: self._lay.fields[0])
     magic = property(lambda self: self._lay.fields[1])

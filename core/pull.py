@@ -7,10 +7,15 @@ candidates are read from the commit log and checked exactly.
 
 from __future__ import annotations
 
+import struct
+
 from mqstore.format.cq_unit import CQ_UNIT_SIZE
-from mqstore.message import GetResult, GetStatus
+from mqstore.format.record import MAGIC_V1, MAGIC_V2
+from mqstore.message import GetResult, GetStatus, StoredMessage
 
 MAX_PULL_BYTES = 128 * 1024 * 1024
+_HEAD = struct.Struct(">ii20xq")  # TOTALSIZE, MAGICCODE, PHYSICALOFFSET
+_MAGICS = (MAGIC_V1, MAGIC_V2)
 
 
 class PullLimits:
@@ -64,7 +69,6 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
 
     mem_limit = limits.in_memory_bytes
     find_segment = commit_log.segments.find
-    decode = store.decode_message
     log_seg = None
     messages = result.messages
     total = 0
@@ -110,7 +114,10 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
                     result.status = GetStatus.MESSAGE_WAS_REMOVING
                 next_phys_file_start = pos + seg_bytes - pos % seg_bytes
                 continue
-            msg = decode(log_seg.mm[at:at + size])
+            raw = log_seg.mm[at:at + size]
+            rec_size, magic, rec_phys = _HEAD.unpack_from(raw)
+            msg = StoredMessage(raw) if (rec_size == size and rec_phys == pos
+                                         and magic in _MAGICS) else None
             if msg is None or not flt.match_message(msg):
                 if not messages:
                     result.status = GetStatus.NO_MATCHED_MESSAGE

@@ -1,0 +1,510 @@
+"""RocketMQ's SQL92 message selector: an LALR grammar, a compiler to closures, and its semantics.
+
+Lexer: whitespace (space, tab, CR, LF, FF), ``-- ...`` line comments and ``/* ... */`` block
+comments are skipped. Keywords (``NOT AND OR BETWEEN IN TRUE FALSE NULL IS CONTAINS STARTSWITH
+ENDSWITH``) are case-insensitive; property names (``[a-zA-Z_$][a-zA-Z0-9_$]*``) are looked up
+exactly as written. ``0`` or ``[1-9][0-9]*`` with an optional ``L`` is a Java Integer when it fits
+in 32 bits, else a Long (beyond 64 bits is an error). ``5.``, ``5.5``, ``.5``, ``5E3`` are
+Doubles; a Double above Double.MAX_VALUE or below Double.MIN_VALUE is an error, so ``0.0`` is
+rejected. Strings are ``'...'`` with ``''`` for a quote. Operators: ``= <> > >= < <= ( ) , + -``.
+A ``--`` comment may also end the input (RocketMQ's lexer wants a line break after it).
+
+Grammar, lowest precedence first: OR, AND, ``= <> IS [NOT] NULL``, ``> >= < <= [NOT] CONTAINS|
+STARTSWITH|ENDSWITH 'lit' [NOT] BETWEEN x AND y [NOT] IN ('a', ...)``, unary ``+ - NOT``.
+``NOT`` is unary, so ``NOT a = 1`` is ``(NOT a) = 1``.
+
+Compile errors (:class:`FilterSyntaxError`, with line and column): syntax errors; a string,
+boolean or NULL constant or a boolean sub-expression as an operand of ``< <= > >=``; NULL in
+``=``/``<>``; a boolean constant ``=`` a non-boolean constant; ``BETWEEN`` with constant
+bounds where low > high; ``IN`` after anything but a property; an operand of AND/OR/NOT, or the
+whole expression, that is neither boolean nor a property; an empty expression.
+
+Evaluation is three-valued (True, False, None for unknown) over a ``dict[str, str]`` of
+properties; only True matches. A missing property is None. ``x = y``: both None -> True, only
+the left None -> None, only the right None -> False. ``<>`` and ``IS NOT NULL`` negate ``=``
+and ``IS NULL``. Ordering operators give None when either side is None; two strings are both
+parsed as doubles. Otherwise values of different Java types are converted: a string against an
+Integer/Long/Double/Boolean constant is parsed with that type's Java parser (``Integer.valueOf``
+rejects ``"5.5"``); Integer -> Long -> Double widen; a Boolean on the left of a string fails (a
+ClassCastException in RocketMQ); other mixes compare as "less than". A failed conversion fails
+the whole evaluation: no match, whatever surrounds it. ``IN`` is None unless the property is a
+string. ``[NOT] CONTAINS/STARTSWITH/ENDSWITH`` are False for an empty literal or a missing or
+non-string value, NOT forms included. AND/OR short-circuit left to right. Unary minus negates
+numbers and gives None otherwise; a bare property in a boolean position is None when missing
+and False otherwise (even ``"true"``).
+
+``compile_expression`` keeps the last 100 expressions, failures included. A compiled
+``Sql92Expression`` offers ``evaluate`` (three-valued, may raise EvaluationError), ``matches``
+and ``evaluate_many`` (never raise), and the mqstore filter methods.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections import OrderedDict
+
+from lark import Lark, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
+from mqstore.errors import MQStoreError
+
+CACHE_SIZE = 100
+INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
+LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
+DOUBLE_MAX, DOUBLE_MIN = 1.7976931348623157e308, 5e-324  # Double.MAX_VALUE, Double.MIN_VALUE
+
+KEYWORDS = ("NOT", "AND", "OR", "BETWEEN", "IN", "TRUE", "FALSE", "NULL", "IS", "CONTAINS",
+            "STARTSWITH", "ENDSWITH")
+GRAMMAR = r"""
+start: or_expr
+?or_expr: and_expr | or_expr OR and_expr -> logic
+?and_expr: eq_expr | and_expr AND eq_expr -> logic
+?eq_expr: cmp_expr
+    | eq_expr EQ_OP cmp_expr -> equality
+    | eq_expr IS NOT? NULL -> is_null
+?cmp_expr: unary
+    | cmp_expr ORDER_OP unary -> order
+    | cmp_expr NOT? (CONTAINS | STARTSWITH | ENDSWITH) STRING -> text_test
+    | cmp_expr NOT? BETWEEN unary AND unary -> between
+    | cmp_expr NOT? IN "(" STRING ("," STRING)* ")" -> in_list
+?unary: SIGN unary -> sign
+    | NOT unary -> not_
+    | primary
+?primary: STRING -> string_lit
+    | DECIMAL -> decimal_lit
+    | FLOAT -> float_lit
+    | (TRUE | FALSE | NULL) -> keyword_lit
+    | ID -> prop
+    | "(" or_expr ")"
+
+FLOAT.2: /(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?|[0-9]+e[+-]?[0-9]+/i
+DECIMAL.1: /0|[1-9][0-9]*[lL]?/
+STRING: /'(?:''|[^'])*'/
+ID: /[a-zA-Z_$][a-zA-Z0-9_$]*/
+EQ_OP.1: "=" | "<>"
+ORDER_OP: ">=" | "<=" | ">" | "<"
+SIGN: "+" | "-"
+LINE_COMMENT: /--[^\n\r]*/
+BLOCK_COMMENT: /\/\*[^*]*\*+(?:[^*\/][^*]*\*+)*\//
+%ignore /[ \t\n\r\f]+/
+%ignore LINE_COMMENT
+%ignore BLOCK_COMMENT
+""" + "".join(f"{k}.3: /{k.lower()}(?![a-z0-9_$])/i\n" for k in KEYWORDS)
+
+
+class FilterSyntaxError(MQStoreError, ValueError):
+    """A SQL92 expression does not compile; ``line``/``column`` are 1-based, ``offset`` 0-based."""
+
+    def __init__(self, reason: str, expression=None, line=None, column=None, offset=None):
+        self.reason, self.expression = reason, expression
+        self.line, self.column, self.offset = line, column, offset
+        where = f" at line {line}, column {column}" if line is not None else ""
+        super().__init__(f"invalid SQL92 expression {expression!r}{where}: {reason}")
+
+
+class EvaluationError(ValueError):
+    """A value could not be converted; the evaluation fails and the message does not match."""
+
+
+class Long(int):
+    """A Java long. A plain int is a Java Integer, a float a Double, a bool a Boolean."""
+
+    __slots__ = ()
+
+
+# -- Java conversions ----------------------------------------------------------------------
+_INT_RE = re.compile(r"[+-]?\d+")  # Character.digit accepts any (BMP) Unicode decimal digit
+_JAVA_TRIM = "".join(map(chr, range(33)))  # String.trim() strips every char <= U+0020
+_DOUBLE_RE = re.compile(
+    r"(?P<sign>[+-]?)(?:(?P<special>NaN|Infinity)"
+    r"|(?:(?P<dec>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
+    r"|(?P<hex>0[xX](?:[0-9a-fA-F]+\.?|[0-9a-fA-F]*\.[0-9a-fA-F]+)[pP][+-]?[0-9]+))[fFdD]?)")
+
+
+def _parse_integral(s: str, lo: int, hi: int, kind: str) -> int:
+    if _INT_RE.fullmatch(s) is None or (not s.isascii() and max(s) > "\uffff"):
+        raise EvaluationError(f"{s!r} is not an {kind}")
+    value = int(s)
+    if not lo <= value <= hi:
+        raise EvaluationError(f"{s!r} is out of {kind} range")
+    return value
+
+
+def parse_int(s: str) -> int:
+    """``Integer.valueOf(String)``."""
+    return _parse_integral(s, INT_MIN, INT_MAX, "int")
+
+
+def parse_long(s: str) -> Long:
+    """``Long.valueOf(String)``."""
+    return Long(_parse_integral(s, LONG_MIN, LONG_MAX, "long"))
+
+
+def parse_double(s: str) -> float:
+    """``Double.valueOf(String)``: trims, accepts NaN, Infinity, f/d suffixes and hex floats."""
+    m = _DOUBLE_RE.fullmatch(s.strip(_JAVA_TRIM))
+    if m is None:
+        raise EvaluationError(f"{s!r} is not a double")
+    sign, special, dec, hexa = m.group("sign", "special", "dec", "hex")
+    if special:
+        return math.nan if special == "NaN" else float(sign + "inf")
+    if dec:
+        return float(sign + dec)
+    try:
+        return float.fromhex(sign + hexa)
+    except OverflowError:
+        return float(sign + "inf")
+
+
+def parse_boolean(s: str) -> bool:
+    """``Boolean.valueOf(String)``: never fails."""
+    return s.lower() == "true"
+
+
+_FROM_STRING = {bool: parse_boolean, int: parse_int, Long: parse_long, float: parse_double}
+
+
+def compare_doubles(a: float, b: float) -> int:
+    """``Double.compare``: -0.0 < 0.0 and NaN is equal to itself and above everything."""
+    if a < b:
+        return -1
+    if a > b:
+        return 1
+    if a == b:
+        return 0 if a != 0.0 else int(math.copysign(1, a) - math.copysign(1, b)) // 2
+    return (a != a) - (b != b)
+
+
+def compare(lv, rv) -> int:
+    """RocketMQ's ``ComparisonExpression.__compare`` with string conversion enabled."""
+    lt, rt = type(lv), type(rv)
+    if lt is rt:
+        return compare_doubles(lv, rv) if lt is float else (lv > rv) - (lv < rv)
+    if lt is str:
+        conv = _FROM_STRING.get(rt)
+        return -1 if conv is None else compare(conv(lv), rv)
+    if rt is str:
+        if lt is bool:
+            raise EvaluationError("a Boolean cannot be compared with a String on its right")
+        return compare(lv, _FROM_STRING[lt](rv))
+    if lt is bool or rt is bool:
+        return -1
+    if lt is float or rt is float:
+        return compare_doubles(float(lv), float(rv))
+    return (lv > rv) - (lv < rv)  # Integer against Long
+
+
+# -- compilation ---------------------------------------------------------------------------
+# Node kinds mirror RocketMQ's expression classes, which decide the compile-time checks.
+CONST, BOOL_CONST, PROP = "constant", "boolean constant", "property"
+BOOL, VALUE = "boolean", "value"
+_ORDER = {  # compare() + 1 -> truth
+    ">": (False, False, True), ">=": (False, True, True),
+    "<": (True, False, False), "<=": (True, True, False),
+}
+
+
+class _Node:
+    """A compiled sub-expression: its kind, closure (props -> value) and source position."""
+
+    __slots__ = ("kind", "fn", "value", "text", "line", "column", "start_pos")
+
+    def __init__(self, kind, fn, at, text, value=None):
+        self.kind, self.fn, self.value, self.text = kind, fn, value, text
+        self.line, self.column, self.start_pos = at.line, at.column, at.start_pos
+
+
+def _error(reason: str, at) -> FilterSyntaxError:
+    """A compile error at a token or node; compile_uncached adds the expression text."""
+    return FilterSyntaxError(reason, None, at.line, at.column, at.start_pos)
+
+
+def _const(tok, value, kind=CONST) -> _Node:
+    return _Node(kind, lambda p: value, tok, str(tok), value)
+
+
+def _unquote(tok) -> str:
+    return tok[1:-1].replace("''", "'")
+
+
+def _boolean(node: _Node, where: str) -> _Node:
+    """RocketMQ's ``asBooleanExpression``: a property is cast, anything else non-boolean fails."""
+    if node.kind in (BOOL, BOOL_CONST):
+        return node
+    if node.kind != PROP:
+        raise _error(f"{node.text} ({node.kind}) will not result in a boolean value {where}",
+                     node)
+    get = node.fn
+    return _Node(BOOL, lambda p: v if (v := get(p)) is None or type(v) is bool else False,
+                 node, node.text)
+
+
+def _not(node: _Node, at) -> _Node:
+    f = node.fn
+    return _Node(BOOL, lambda p: None if (v := f(p)) is None else not v, at, f"NOT {node.text}")
+
+
+def _logic(left: _Node, right: _Node, decisive: bool) -> _Node:
+    """AND (decisive False) or OR (decisive True), short-circuiting left to right."""
+    lf, rf = left.fn, right.fn
+
+    def fn(p):
+        lv = lf(p)
+        if lv is decisive:
+            return decisive
+        rv = rf(p)
+        if rv is decisive:
+            return decisive
+        return None if lv is None or rv is None else not decisive
+    return _Node(BOOL, fn, left, "OR" if decisive else "AND")
+
+
+def _equal(left: _Node, right: _Node) -> _Node:
+    lf, rf = left.fn, right.fn
+    if left.kind == PROP and right.kind == CONST and type(right.value) is str:
+        c = right.value
+        return _Node(BOOL, lambda p: None if (v := lf(p)) is None else v == c, left, "=")
+
+    def fn(p):
+        lv, rv = lf(p), rf(p)
+        if lv is None:
+            return True if rv is None else None
+        return False if rv is None else compare(lv, rv) == 0
+    return _Node(BOOL, fn, left, "=")
+
+
+def _ordering(left: _Node, right: _Node, op: str) -> _Node:
+    for node in (left, right):  # RocketMQ's checkLessThanOperand
+        if node.kind in (BOOL, BOOL_CONST) or (node.kind == CONST and type(node.value) is str):
+            raise _error(f"{node.text} ({node.kind}) cannot be compared with '{op}'", node)
+    lf, rf, truth = left.fn, right.fn, _ORDER[op]
+    if left.kind == PROP and right.kind == CONST and type(right.value) is not float:
+        c, conv = right.value, _FROM_STRING[type(right.value)]
+
+        def fn(p):
+            v = lf(p)
+            if v is None:
+                return None
+            x = conv(v)
+            return truth[(x > c) - (x < c) + 1]
+        return _Node(BOOL, fn, left, op)
+
+    def fn(p):
+        lv = lf(p)
+        if lv is None:
+            return None
+        rv = rf(p)
+        if rv is None:
+            return None
+        if type(lv) is str and type(rv) is str:
+            return truth[compare_doubles(parse_double(lv), parse_double(rv)) + 1]
+        return truth[compare(lv, rv) + 1]
+    return _Node(BOOL, fn, left, op)
+
+
+@v_args(inline=True)
+class _Compiler(Transformer):
+    """Parser callbacks, run as the LALR parser reduces: they build the closures bottom-up."""
+
+    def start(self, node):
+        return _boolean(node, "as the whole expression")
+
+    def string_lit(self, tok):
+        return _const(tok, _unquote(tok))
+
+    def decimal_lit(self, tok):
+        value = int(tok.rstrip("lL"))
+        if value > LONG_MAX:
+            raise _error(f"{tok} does not fit in a long", tok)
+        return _const(tok, value if value <= INT_MAX else Long(value))
+
+    def float_lit(self, tok):
+        value = float(tok)
+        if value > DOUBLE_MAX:
+            raise _error(f"{tok} is greater than Double.MAX_VALUE", tok)
+        if value < DOUBLE_MIN:
+            raise _error(f"{tok} is less than Double.MIN_VALUE (4.9E-324)", tok)
+        return _const(tok, value)
+
+    def keyword_lit(self, tok):
+        return _const(tok, {"TRUE": True, "FALSE": False, "NULL": None}[tok.type], BOOL_CONST)
+
+    def prop(self, tok):
+        name = str(tok)
+        return _Node(PROP, lambda p: p.get(name), tok, name)
+
+    def sign(self, op, node):
+        if op == "+":
+            return node
+        f = node.fn
+
+        def fn(p):
+            v = f(p)
+            t = type(v)
+            if t is int:
+                return -v if v != INT_MIN else v
+            if t is Long:
+                return Long(-v if v != LONG_MIN else v)
+            return -v if t is float else None
+        return _Node(VALUE, fn, op, f"-{node.text}")
+
+    def not_(self, op, node):
+        return _not(_boolean(node, "after NOT"), op)
+
+    def logic(self, left, op, right):
+        return _logic(_boolean(left, f"before {op.type}"), _boolean(right, f"after {op.type}"),
+                      op.type == "OR")
+
+    def equality(self, left, op, right):
+        for node in (left, right):
+            if node.kind == BOOL_CONST and node.value is None:
+                raise _error(f"NULL cannot be compared with '{op}'; use IS [NOT] NULL", node)
+        if left.kind == BOOL_CONST and right.kind == CONST:
+            raise _error(f"{left.text} cannot be compared with {right.text}", right)
+        node = _equal(left, right)
+        return node if op == "=" else _not(node, left)
+
+    def is_null(self, left, *toks):
+        f, negate = left.fn, len(toks) == 3
+        return _Node(BOOL, lambda p: (f(p) is None) is not negate, left, "IS NULL")
+
+    def order(self, left, op, right):
+        return _ordering(left, right, str(op))
+
+    def text_test(self, left, *toks):
+        negate, kw, search = len(toks) == 3, toks[-2].type, _unquote(toks[-1])
+        if not search:
+            return _Node(BOOL, lambda p: False, left, kw)
+        f = left.fn
+        test = {"CONTAINS": str.__contains__, "STARTSWITH": str.startswith,
+                "ENDSWITH": str.endswith}[kw]
+        return _Node(BOOL, lambda p: type(v := f(p)) is str and test(v, search) is not negate,
+                     left, kw)
+
+    def between(self, value, *toks):
+        kw, low, high = toks[-4], toks[-3], toks[-1]
+        if toks[0].type == "NOT":
+            return _logic(_ordering(value, low, "<"), _ordering(value, high, ">"), True)
+        if low.kind in (CONST, BOOL_CONST) and high.kind in (CONST, BOOL_CONST):
+            if low.value is None or high.value is None:
+                raise _error("BETWEEN bounds cannot be NULL", kw)
+            try:
+                wrong_way = compare(high.value, low.value) < 0
+            except ValueError as exc:
+                raise _error(f"BETWEEN bounds cannot be compared: {exc}", kw) from None
+            if wrong_way:
+                raise _error(f"BETWEEN low value {low.text} is greater than high value "
+                             f"{high.text}", low)
+        return _logic(_ordering(value, low, ">="), _ordering(value, high, "<="), False)
+
+    def in_list(self, left, *toks):
+        negate = toks[0].type == "NOT"
+        if left.kind != PROP:
+            raise _error(f"IN needs a property on its left, got {left.text} ({left.kind})",
+                         left)
+        values = frozenset(_unquote(t) for t in toks if t.type == "STRING")
+        f = left.fn
+        return _Node(BOOL, lambda p: None if type(v := f(p)) is not str
+                     else (v in values) is not negate, left, "IN")
+
+
+_PARSER = Lark(GRAMMAR, parser="lalr", lexer="basic", transformer=_Compiler())
+
+
+# -- compiled expressions and the cache ----------------------------------------------------
+class Sql92Expression:
+    """A compiled selector. Also a mqstore compiled filter (``match_units``/``match_message``)."""
+
+    __slots__ = ("expression", "_fn")
+
+    def __init__(self, expression: str, fn) -> None:
+        self.expression = expression
+        self._fn = fn
+
+    def evaluate(self, props) -> bool | None:
+        """The three-valued result; raises EvaluationError when a conversion fails."""
+        return self._fn(props)
+
+    def matches(self, props) -> bool:
+        """True only when the result is exactly TRUE; never raises (an error is no match)."""
+        try:
+            return self._fn(props) is True
+        except Exception:
+            return False
+
+    def evaluate_many(self, props_list) -> list[bool]:
+        fn = self._fn
+        try:
+            return [fn(p) is True for p in props_list]
+        except Exception:
+            return [self.matches(p) for p in props_list]
+
+    def match_units(self, tags_codes):
+        return None  # properties are not in the consume queue: every unit is a candidate
+
+    def match_message(self, message) -> bool:
+        try:
+            props = message.properties
+        except Exception:
+            return False
+        return self.matches(props)
+
+
+def _syntax_error(text: str, exc: UnexpectedInput) -> FilterSyntaxError:
+    if isinstance(exc, UnexpectedCharacters):
+        return FilterSyntaxError(f"unexpected character {exc.char!r}", text, exc.line,
+                                 exc.column, exc.pos_in_stream)
+    tok = getattr(exc, "token", None)
+    if isinstance(exc, UnexpectedToken) and tok is not None and tok.type != "$END":
+        return FilterSyntaxError(f"unexpected {tok.value!r}", text, tok.line, tok.column,
+                                 tok.start_pos)
+    line, column = text.count("\n") + 1, len(text) - text.rfind("\n")
+    empty = next(iter(_PARSER.lex(text)), None) is None
+    return FilterSyntaxError("empty expression" if empty else "unexpected end of expression",
+                             text, line, column, len(text))
+
+
+def compile_uncached(expression: str) -> Sql92Expression:
+    """Parse and compile ``expression``; raises FilterSyntaxError."""
+    if not isinstance(expression, str):
+        raise FilterSyntaxError(f"expression must be a string, not {type(expression).__name__}",
+                                expression)
+    try:
+        return Sql92Expression(expression, _PARSER.parse(expression).fn)
+    except UnexpectedInput as exc:
+        raise _syntax_error(expression, exc) from None
+    except FilterSyntaxError as exc:
+        raise FilterSyntaxError(exc.reason, expression, exc.line, exc.column, exc.offset) from None
+
+
+_cache: OrderedDict = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def compile_expression(expression: str) -> Sql92Expression:
+    """``compile_uncached`` behind an LRU of CACHE_SIZE entries that also remembers failures."""
+    if not isinstance(expression, str):
+        return compile_uncached(expression)
+    with _cache_lock:
+        hit = _cache.get(expression)
+        if hit is not None:
+            _cache.move_to_end(expression)
+    if hit is None:
+        try:
+            hit = compile_uncached(expression)
+        except FilterSyntaxError as exc:
+            hit = exc
+        with _cache_lock:
+            hit = _cache.setdefault(expression, hit)
+            if len(_cache) > CACHE_SIZE:
+                _cache.popitem(last=False)
+    if isinstance(hit, FilterSyntaxError):
+        raise hit.with_traceback(None)
+    return hit
+
+
+def clear_cache() -> None:
+    with _cache_lock:
+        _cache.clear()
