@@ -30,6 +30,7 @@ DEFAULT_PLUGINS = (
     "mqstore.plugins.queue_select_random",
     "mqstore.plugins.queue_select_hash",
     "mqstore.plugins.filter_tag",
+    "mqstore.plugins.filter_sql92",
     "mqstore.plugins.cq_builder",
     "mqstore.plugins.flush_async",
     "mqstore.plugins.flush_sync",

@@ -628,8 +628,12 @@ def test_store_get_sql92_bad_expression_raises(make_store):
     assert (info.value.line, info.value.column) == (1, 11)
 
 
-def test_sql92_is_not_a_default_plugin(make_store):
+def test_sql92_is_a_default_plugin_that_can_be_disabled(make_store, tmp_path):
     store = make_store()
     _put_props(store, "T", [{"a": "10"}])
-    with pytest.raises(PluginError):
-        store.get("g", "T", 0, 0, 32, expression="a > 5", expression_type="SQL92")
+    res = store.get("g", "T", 0, 0, 32, expression="a > 5", expression_type="SQL92")
+    assert [m.queue_offset for m in res.messages] == [0]
+    off = make_store({"plugins": {"disable": ["mqstore.plugins.filter_sql92"]}},
+                     root=tmp_path / "off")
+    with pytest.raises(PluginError, match="unknown filter 'SQL92'"):
+        off.get("g", "T", 0, 0, 32, expression="a > 5", expression_type="SQL92")
