@@ -72,6 +72,12 @@ class DispatchSection(_Section):
     batch_bytes: int = Field(4 * 1024 * 1024, ge=4096)
 
 
+class IndexSection(_Section):
+    enabled: bool = True
+    max_hash_slots: int = Field(5_000_000, ge=1, le=(1 << 31) - 1)
+    max_index_entries: int = Field(20_000_000, ge=2, le=(1 << 31) - 1)
+
+
 class GetSection(_Section):
     max_filter_bytes: int = Field(16_000, ge=20)
     max_transfer_bytes_in_memory: int = Field(262_144, ge=1)
@@ -102,6 +108,7 @@ class StoreConfig(_Section):
     writer: WriterSection = WriterSection()
     dispatch: DispatchSection = DispatchSection()
     get: GetSection = GetSection()
+    index: IndexSection = IndexSection()
     queue_select: QueueSelectSection = QueueSelectSection()
     plugins: PluginsSection = PluginsSection()
 

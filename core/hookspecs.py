@@ -118,8 +118,23 @@ def after_flush(flushed_offset: int) -> None:
     """
 
 
+# ----------------------------------------------------------------------------------------
+# Cleanup hooks: after old commit-log segments were deleted
+# ----------------------------------------------------------------------------------------
+
+
+@hookspec
+def after_cleanup(min_phys_offset: int) -> None:
+    """Called after cleanup deleted commit-log segments; ``min_phys_offset`` is the new first
+    stored byte. Consume queues and dispatchers with ``after_cleanup`` have already dropped
+    their files below it.
+
+    Runs in: the thread that ran the cleanup (the store process).
+    """
+
+
 __all__ = [
     "hookspec", "hookimpl", "register_writers", "register_queue_selectors", "register_filters",
     "register_dispatchers", "register_flush_policies", "before_append", "after_append",
-    "after_dispatch", "after_flush",
+    "after_dispatch", "after_flush", "after_cleanup",
 ]

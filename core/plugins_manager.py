@@ -32,6 +32,7 @@ DEFAULT_PLUGINS = (
     "mqstore.plugins.filter_tag",
     "mqstore.plugins.filter_sql92",
     "mqstore.plugins.cq_builder",
+    "mqstore.plugins.index_key",
     "mqstore.plugins.flush_async",
     "mqstore.plugins.flush_sync",
 )
@@ -106,6 +107,7 @@ class PluginHooks:
         self.has_after_append = bool(pm.hook.after_append.get_hookimpls())
         self.has_after_dispatch = bool(pm.hook.after_dispatch.get_hookimpls())
         self.has_after_flush = bool(pm.hook.after_flush.get_hookimpls())
+        self.has_after_cleanup = bool(pm.hook.after_cleanup.get_hookimpls())
 
     @staticmethod
     def _collect(kind: str, hook, key=lambda n: n) -> Registry:
@@ -131,3 +133,7 @@ class PluginHooks:
     def after_flush(self, flushed_offset: int) -> None:
         if self.has_after_flush:
             self.pm.hook.after_flush(flushed_offset=flushed_offset)
+
+    def after_cleanup(self, min_phys_offset: int) -> None:
+        if self.has_after_cleanup:
+            self.pm.hook.after_cleanup(min_phys_offset=min_phys_offset)

@@ -82,6 +82,7 @@ class MessageStore(PutMixin, ReadMixin):
         self.consume_queues: dict[tuple[str, int], ConsumeQueue] = {}
         self.dispatch_thread = None
         self.flush_policy = None
+        self.dispatchers = []
         self._visible_after_flush = False
         if read_only:
             if not os.path.isdir(self.root):
@@ -148,6 +149,10 @@ class MessageStore(PutMixin, ReadMixin):
                                       else _physical_memory())
         self._limits = PullLimits(config.get, self.physical_memory_bytes,
                                   config.store.role == "slave" and not config.get.offset_check_in_slave)
+        self._closed = False  # dispatchers may read messages while they load
+        self.dispatchers = [d for d in (factory(self) for _n, factory
+                                        in self.hooks.dispatchers.items()) if d is not None]
+        self._closed = True
         if ro:
             self.running_flags |= NOT_WRITEABLE
             return
@@ -157,10 +162,12 @@ class MessageStore(PutMixin, ReadMixin):
             config, self.string_hash)
         self.flush_policy = self.hooks.flush_policies.get(config.flush.mode)(self)
         self._visible_after_flush = bool(getattr(self.flush_policy, "visible_after_flush", False))
-        self.dispatchers = [factory(self) for _name, factory in self.hooks.dispatchers.items()]
+        resume = [d.resume_offset() for d in self.dispatchers if hasattr(d, "resume_offset")]
+        start = max(min([self.recovery_report.redispatch_from, *resume]),
+                    self.commit_log.min_offset)
         self.dispatch_loop = DispatchLoop(
             self.commit_log, self.dispatchers, TagsCoder(self.string_hash, self.delay_levels_ms),
-            self.confirm_offset, self.recovery_report.redispatch_from,
+            self.confirm_offset, start,
             batch_bytes=config.dispatch.batch_bytes, after_dispatch=self.hooks.after_dispatch)
         # Recovery's re-dispatch runs inline so queue offsets are known before the first put.
         self.dispatch_loop.run_until(self.commit_log.max_offset)
@@ -269,6 +276,10 @@ class MessageStore(PutMixin, ReadMixin):
             for cq in list(self.consume_queues.values()):
                 removed += cq.delete_files_below(min_phys)
                 cq.correct_min_offset(min_phys)
+            for dispatcher in self.dispatchers:
+                if hasattr(dispatcher, "after_cleanup"):
+                    removed += dispatcher.after_cleanup(min_phys)
+            self.hooks.after_cleanup(min_phys)
         return removed
 
     # -- closing ---------------------------------------------------------------------------
@@ -288,8 +299,6 @@ class MessageStore(PutMixin, ReadMixin):
                     self.dispatch_thread.stop()
                 for cq in self.consume_queues.values():
                     cq.flush()
-                for dispatcher in self.dispatchers:
-                    dispatcher.close()
                 clean = (not self.running_flags & UNWRITABLE
                          and self.dispatch_loop.behind_bytes() == 0
                          and self.dispatch_thread.exception is None)
@@ -302,6 +311,9 @@ class MessageStore(PutMixin, ReadMixin):
                 self._lock = None
 
     def _release_files(self) -> None:
+        for dispatcher in getattr(self, "dispatchers", ()):
+            dispatcher.close()
+        self.dispatchers = []
         for part in ("checkpoint", "commit_log"):
             obj = getattr(self, part, None)
             if obj is not None:

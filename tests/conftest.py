@@ -50,6 +50,7 @@ def make_store(store_dir, manual_clock):
             "store": {"hash": hash_kind, "store_host": STORE_HOST},
             "get": {"physical_memory_bytes": 24 << 30},
             "plugins": {"load_entry_points": False},
+            "index": {"max_hash_slots": 4096, "max_index_entries": 16384},
         }
         cfg = load_config(overrides=base).replace(**(overrides or {}))
         store = MessageStore.open(root or store_dir, config=cfg, read_only=read_only, clock=clock)

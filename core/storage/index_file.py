@@ -201,6 +201,23 @@ class IndexFile:
         return found
 
     # -- checks ----------------------------------------------------------------------------
+    def check_header(self) -> str | None:
+        """Cheap consistency check for every open: header counts and slot values in range."""
+        try:
+            h = L.unpack_header(self._mm)
+            if not 0 <= h.index_count <= self.entries:
+                return f"{self.path}: indexCount {h.index_count} outside [0, {self.entries}]"
+            count = max(h.index_count, L.FIRST_INDEX)
+            slots = np.frombuffer(self._mm, dtype=L.SLOT_DTYPE, count=self.slots,
+                                  offset=L.HEADER_SIZE)
+            bad = np.flatnonzero((slots < 0) | (slots >= count))
+            if len(bad):
+                s = int(bad[0])
+                return f"{self.path}: slot {s} holds {int(slots[s])}, outside [0, {count - 1}]"
+            return None
+        except Exception as exc:  # a damaged file can make any read fail
+            return f"{self.path}: unreadable ({exc!r})"
+
     def verify(self) -> str | None:
         """None for a consistent file, else what is wrong with it. Never raises.
 
@@ -222,13 +239,13 @@ class IndexFile:
             return (f"{where}: hashSlotCount {h.hash_slot_count} outside "
                     f"[0, {min(self.slots, count - 1)}]")
         mm = self._mm
-        slots = np.frombuffer(mm[L.HEADER_SIZE:L.entries_start(self.slots)], dtype=L.SLOT_DTYPE)
+        slots = np.frombuffer(mm, dtype=L.SLOT_DTYPE, count=self.slots, offset=L.HEADER_SIZE)
         bad = np.flatnonzero((slots < 0) | (slots >= count))
         if len(bad):
             s = int(bad[0])
             return f"{where}: slot {s} holds {int(slots[s])}, outside [0, {count - 1}]"
         start = L.entry_position(self.slots, 0)
-        ents = np.frombuffer(mm[start:start + count * L.ENTRY_SIZE], dtype=L.ENTRY_DTYPE)[1:]
+        ents = np.frombuffer(mm, dtype=L.ENTRY_DTYPE, count=count, offset=start)[1:]
         numbers = np.arange(1, count)
         prev = ents["prev_index"].astype(np.int64)
         checks = [

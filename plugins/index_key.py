@@ -1,0 +1,193 @@
+"""Key index: RocketMQ index files over every message's KEYS tokens and UNIQ_KEY (spec 5).
+
+A dispatcher: for each record (rolled-back transactions excepted) it puts ``topic#UNIQ_KEY``
+then ``topic#key`` for each KEYS token into the newest file in ``index/``, rolling to a new file
+(named by the store clock's local time, ``yyyyMMddHHmmssSSS``) when it is full.
+
+On open it loads the files (slot and entry counts from the config, or from the file size with
+RocketMQ's 4 entries per slot when they differ), drops files a crash may have left half written
+(after an abnormal exit: those newer than the checkpoint's index time) and files that fail their
+consistency check, and asks dispatch to resume from the end of what is left, so every message in
+the commit log is indexed again. ``candidates`` answers lookups newest first; the store then
+reads each message and keeps only real key matches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from mqstore.format import index_layout as L
+from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, find_property
+from mqstore.format.record import SYSFLAG_TX_MASK, TX_ROLLBACK
+from mqstore.hookspecs import hookimpl
+from mqstore.storage.index_file import INDEX_DIR, IndexFile
+
+log = logging.getLogger("mqstore.index")
+
+_UNIQ = PROPERTY_UNIQ_KEY.encode()
+_KEYS = PROPERTY_KEYS.encode()
+INT64_MAX = (1 << 63) - 1
+
+
+def index_file_name(ms: int) -> str:
+    return time.strftime("%Y%m%d%H%M%S", time.localtime(ms / 1000)) + f"{ms % 1000:03d}"
+
+
+class KeyIndex:
+    def __init__(self, store) -> None:
+        cfg = store.config.index
+        self.store = store
+        self.directory = os.path.join(store.root, INDEX_DIR)
+        self.read_only = store.read_only
+        self.slots, self.entries = cfg.max_hash_slots, cfg.max_index_entries
+        self._hash = store.string_hash
+        self._lock = threading.Lock()  # guards the file list against concurrent lookups
+        self.files: list[IndexFile] = []
+        self._load(store.recovery_report)
+        self._next_phys = self._indexed_until(store)
+
+    # -- open ------------------------------------------------------------------------------
+    def _open_file(self, path: str) -> IndexFile:
+        size = os.path.getsize(path)
+        if size == L.file_size(self.slots, self.entries):
+            return IndexFile.load(path, self.slots, self.entries, read_only=self.read_only)
+        return IndexFile.load(path, read_only=self.read_only)
+
+    def _load(self, report) -> None:
+        if not os.path.isdir(self.directory):
+            return
+        names = sorted(n for n in os.listdir(self.directory) if n.isdigit())
+        keep_until = self.store.checkpoint.index_msg_timestamp
+        for i, name in enumerate(names):
+            path = os.path.join(self.directory, name)
+            try:
+                f = self._open_file(path)
+            except (ValueError, OSError) as exc:
+                problem = f"{path}: {exc}"
+            else:
+                problem = f.check_header()
+                if problem is None and report.abnormal and f.end_timestamp > keep_until:
+                    problem = (f"{path} may be half written (abnormal exit; ends at "
+                               f"{f.end_timestamp} > checkpoint {keep_until})")
+                if problem is None:
+                    self.files.append(f)
+                    continue
+                f.close() if self.read_only else f.destroy()
+            # Everything from the first bad file on is rebuilt from the commit log.
+            report.notes.append(f"index: dropped {problem}; rebuilt from the commit log")
+            for later in names[i + 1:]:
+                later_path = os.path.join(self.directory, later)
+                report.notes.append(f"index: dropped {later_path} after it; rebuilt")
+                if not self.read_only:
+                    os.unlink(later_path)
+            if not self.read_only and os.path.exists(path):
+                os.unlink(path)
+            break
+
+    def _indexed_until(self, store) -> int:
+        """End of the indexed part of the log. The header only names the last indexed
+        record's start; after a clean exit that record is complete, after a crash its keys
+        may be cut (they can straddle two files), so it is indexed again."""
+        if not self.files or self.files[-1].index_count <= L.FIRST_INDEX:
+            return -1
+        last = self.files[-1].end_phys_offset
+        if store.recovery_report.abnormal:
+            return last
+        msg = store.message_at(last) if last < store.commit_log.max_offset else None
+        return last + msg.size if msg is not None else last
+
+    def resume_offset(self) -> int:
+        """Commit-log offset from which records must be indexed again."""
+        return max(self._next_phys, 0)
+
+    # -- dispatch --------------------------------------------------------------------------
+    def dispatch(self, batch) -> None:
+        tx = (batch.sysflags & SYSFLAG_TX_MASK).tolist()
+        props = batch.properties
+        topics = batch.topics
+        times = batch.store_timestamps.tolist()
+        index_hash, key_string, hasher = L.index_hash, L.key_string, self._hash
+        for i, phys in enumerate(batch.phys_offsets.tolist()):
+            if phys < self._next_phys or tx[i] == TX_ROLLBACK:
+                continue
+            raw = props[i]
+            uniq = find_property(raw, _UNIQ)
+            keys = find_property(raw, _KEYS)
+            if uniq is None and keys is None:
+                continue
+            topic = topics[i]
+            tokens = [uniq] if uniq is not None else []
+            if keys is not None:
+                tokens += [k for k in keys.split(b" ") if k]
+            for token in tokens:
+                key = key_string(topic, token.decode("utf-8", errors="replace"))
+                self._put(index_hash(key, hasher), phys, times[i])
+        self._next_phys = max(self._next_phys, batch.end)
+
+    def _put(self, key_hash: int, phys: int, store_ts: int) -> None:
+        f = self.files[-1] if self.files else None
+        if f is not None and f.put_key(key_hash, phys, store_ts):
+            return
+        if f is not None:  # full: persist it and start the next file from its end values
+            f.flush()
+            self.store.checkpoint.index_msg_timestamp = f.end_timestamp
+        f = self._new_file(f)
+        if not f.put_key(key_hash, phys, store_ts):
+            raise RuntimeError(f"a fresh index file {f.path} refused a key")
+
+    def _new_file(self, prev: IndexFile | None) -> IndexFile:
+        os.makedirs(self.directory, exist_ok=True)
+        name = index_file_name(self.store.clock())
+        if self.files and name <= os.path.basename(self.files[-1].path):
+            name = str(int(os.path.basename(self.files[-1].path)) + 1)
+        f = IndexFile.create(
+            os.path.join(self.directory, name), self.slots, self.entries,
+            prev_end_phys_offset=prev.end_phys_offset if prev else 0,
+            prev_end_timestamp=prev.end_timestamp if prev else 0)
+        with self._lock:
+            self.files = self.files + [f]
+        return f
+
+    # -- lookups ---------------------------------------------------------------------------
+    def candidates(self, topic: str, key: str, begin_ms: int, end_ms: int) -> list[int]:
+        """Commit-log offsets indexed under ``topic#key`` in files overlapping the window,
+        newest first. Hash matches only: the caller confirms each message."""
+        key_hash = L.index_hash(L.key_string(topic, key), self._hash)
+        with self._lock:
+            files = list(self.files)
+        out: list[int] = []
+        for f in reversed(files):
+            if not f.overlaps(begin_ms, end_ms):
+                continue
+            # Entry times are whole seconds after the file's begin time, never later than the
+            # store time (except RocketMQ's rolled-file first entry, which reads later), so the
+            # walk starts a second early and never cuts at the window's end.
+            out.extend(p for p, _t in f.select(key_hash, 1 << 31, max(0, begin_ms - 1000),
+                                               INT64_MAX))
+        return out
+
+    def after_cleanup(self, min_phys_offset: int) -> list[str]:
+        """Delete the oldest files (never the newest) that only index removed messages."""
+        removed = []
+        with self._lock:
+            while len(self.files) > 1 and self.files[0].end_phys_offset < min_phys_offset:
+                f = self.files.pop(0)
+                removed.append(f.path)
+                f.destroy()
+        return removed
+
+    def flush(self) -> None:
+        for f in list(self.files):
+            f.flush()
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+@hookimpl(trylast=True)
+def register_dispatchers(registry):
+    registry.add("key_index", lambda store: KeyIndex(store) if store.config.index.enabled else None)
