@@ -47,6 +47,14 @@ def string_hasher(kind: str) -> Callable[[str], int]:
     raise ValueError(f"unknown hash kind {kind!r}; expected one of {HASH_KINDS}")
 
 
+def bytes_hasher(kind: str) -> Callable[[bytes], int]:
+    """The store's string hash applied to UTF-8 bytes (no decode needed for mmh3)."""
+    if kind == HASH_MMH3:
+        return lambda data: mmh3.hash(data, 0, signed=True)
+    string_hash = string_hasher(kind)
+    return lambda data: string_hash(data.decode("utf-8", errors="replace"))
+
+
 def java_remainder(a: int, n: int) -> int:
     """Java's ``%``: truncates toward zero, so the sign follows the dividend."""
     r = abs(a) % abs(n)

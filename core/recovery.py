@@ -31,6 +31,8 @@ class RecoveryReport:
     stop_reason: str | None = None  # why the walk stopped before the last byte, if it did
     records_checked: int = 0
     redispatch_from: int = 0
+    redispatch_bytes: int = 0  # commit-log bytes dispatched again while opening
+    redispatch_seconds: float = 0.0
     consume_queue_units_dropped: dict[str, int] = field(default_factory=dict)
     deleted_files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

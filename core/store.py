@@ -170,7 +170,10 @@ class MessageStore(PutMixin, ReadMixin):
             self.confirm_offset, start,
             batch_bytes=config.dispatch.batch_bytes, after_dispatch=self.hooks.after_dispatch)
         # Recovery's re-dispatch runs inline so queue offsets are known before the first put.
+        began = time.perf_counter()
         self.dispatch_loop.run_until(self.commit_log.max_offset)
+        self.recovery_report.redispatch_bytes = self.commit_log.max_offset - start
+        self.recovery_report.redispatch_seconds = time.perf_counter() - began
         self._queue_offsets = {key: cq.max_offset for key, cq in self.consume_queues.items()}
         min_phys = self.commit_log.min_offset
         for cq in self.consume_queues.values():

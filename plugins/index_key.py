@@ -19,9 +19,12 @@ import os
 import threading
 import time
 
+import numpy as np
+
 from mqstore.format import index_layout as L
 from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, find_property
 from mqstore.format.record import SYSFLAG_TX_MASK, TX_ROLLBACK
+from mqstore.hashing import bytes_hasher
 from mqstore.hookspecs import hookimpl
 from mqstore.storage.index_file import INDEX_DIR, IndexFile
 
@@ -44,6 +47,8 @@ class KeyIndex:
         self.read_only = store.read_only
         self.slots, self.entries = cfg.max_hash_slots, cfg.max_index_entries
         self._hash = store.string_hash
+        self._hash_bytes = bytes_hasher(store.hash_kind)
+        self._topic_prefixes: dict[str, bytes] = {}
         self._lock = threading.Lock()  # guards the file list against concurrent lookups
         self.files: list[IndexFile] = []
         self._load(store.recovery_report)
@@ -109,7 +114,9 @@ class KeyIndex:
         props = batch.properties
         topics = batch.topics
         times = batch.store_timestamps.tolist()
-        index_hash, key_string, hasher = L.index_hash, L.key_string, self._hash
+        hash_bytes = self._hash_bytes
+        prefixes = self._topic_prefixes
+        hashes, phys_out, ts_out = [], [], []
         for i, phys in enumerate(batch.phys_offsets.tolist()):
             if phys < self._next_phys or tx[i] == TX_ROLLBACK:
                 continue
@@ -118,25 +125,34 @@ class KeyIndex:
             keys = find_property(raw, _KEYS)
             if uniq is None and keys is None:
                 continue
-            topic = topics[i]
+            prefix = prefixes.get(topics[i])
+            if prefix is None:
+                prefix = prefixes[topics[i]] = topics[i].encode("utf-8") + b"#"
             tokens = [uniq] if uniq is not None else []
             if keys is not None:
                 tokens += [k for k in keys.split(b" ") if k]
             for token in tokens:
-                key = key_string(topic, token.decode("utf-8", errors="replace"))
-                self._put(index_hash(key, hasher), phys, times[i])
+                h = hash_bytes(prefix + token)
+                hashes.append(0 if h == L.INT32_MIN else abs(h))
+                phys_out.append(phys)
+                ts_out.append(times[i])
+        if hashes:
+            self._put_many(np.array(hashes, dtype=np.int64), np.array(phys_out, dtype=np.int64),
+                           np.array(ts_out, dtype=np.int64))
         self._next_phys = max(self._next_phys, batch.end)
 
-    def _put(self, key_hash: int, phys: int, store_ts: int) -> None:
-        f = self.files[-1] if self.files else None
-        if f is not None and f.put_key(key_hash, phys, store_ts):
-            return
-        if f is not None:  # full: persist it and start the next file from its end values
-            f.flush()
-            self.store.checkpoint.index_msg_timestamp = f.end_timestamp
-        f = self._new_file(f)
-        if not f.put_key(key_hash, phys, store_ts):
-            raise RuntimeError(f"a fresh index file {f.path} refused a key")
+    def _put_many(self, hashes: np.ndarray, phys: np.ndarray, times: np.ndarray) -> None:
+        done = 0
+        while done < len(hashes):
+            f = self.files[-1] if self.files else None
+            if f is not None:
+                done += f.put_keys(hashes[done:], phys[done:], times[done:])
+                if done == len(hashes):
+                    return
+                # full: persist it and start the next file from its end values
+                f.flush()
+                self.store.checkpoint.index_msg_timestamp = f.end_timestamp
+            self._new_file(f)
 
     def _new_file(self, prev: IndexFile | None) -> IndexFile:
         os.makedirs(self.directory, exist_ok=True)

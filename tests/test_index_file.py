@@ -11,6 +11,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -499,3 +500,37 @@ def test_verify_reports_a_damaged_copy_of_a_real_file(tmp_path, index_dir, opene
         g = IndexFile.load(str(copy), read_only=True)
         opened.append(g)
         assert want in g.verify(), name
+
+
+# -- batch puts --------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 5000)), min_size=1, max_size=40),
+    split=st.integers(0, 40),
+    prev_end=st.sampled_from([0, 1_700_000_000_000]),
+)
+def test_put_keys_equals_sequential_put_key(tmp_path_factory, keys, split, prev_end):
+    d = tmp_path_factory.mktemp("batch")
+    slots, entries = 5, 24
+    one = IndexFile.create(str(d / "one"), slots, entries, prev_end_phys_offset=prev_end // 1000,
+                           prev_end_timestamp=prev_end)
+    many = IndexFile.create(str(d / "many"), slots, entries, prev_end_phys_offset=prev_end // 1000,
+                            prev_end_timestamp=prev_end)
+    base = 1_700_000_000_000
+    hashes = np.array([h for h, _ in keys], dtype=np.int64)
+    times = base + np.cumsum([t for _, t in keys])
+    phys = np.arange(len(keys), dtype=np.int64) * 100
+    expected = 0
+    for h, p, t in zip(hashes.tolist(), phys.tolist(), times.tolist()):
+        expected += one.put_key(h, p, t)
+    got = many.put_keys(hashes[:split], phys[:split], times[:split])
+    got += many.put_keys(hashes[split:], phys[split:], times[split:])
+    assert got == expected
+    one.flush()
+    many.flush()
+    assert bytes(one._mm) == bytes(many._mm)
+    assert one.header == many.header
+    one.close()
+    many.close()

@@ -173,6 +173,66 @@ class IndexFile:
         self._put_long(L.END_TIMESTAMP_AT, store_ts)
         return True
 
+    def put_keys(self, key_hashes: np.ndarray, phys_offsets: np.ndarray,
+                 store_timestamps: np.ndarray) -> int:
+        """``put_key`` for many keys at once, with identical results; returns how many fit.
+
+        Entries are numbered consecutively, so they are written with one copy; each entry's
+        prevIndex is the previous entry of the same slot in the batch, or the slot's old value.
+        """
+        if self.read_only:
+            raise MQStoreError(f"index file {self.path} is open read-only; put_keys needs a writer")
+        count = self._index_count
+        k = min(len(key_hashes), self.entries - count)
+        if k <= 0:
+            return 0
+        hashes = np.asarray(key_hashes[:k], dtype=np.int64)
+        if hashes.min() < 0 or hashes.max() > L.INT32_MAX:
+            raise ValueError("key hashes must be index hashes in [0, 2^31-1]")
+        phys = np.asarray(phys_offsets[:k], dtype=np.int64)
+        ts = np.asarray(store_timestamps[:k], dtype=np.int64)
+        numbers = np.arange(count, count + k, dtype=np.int64)
+        table = np.frombuffer(self._mm, dtype=L.SLOT_DTYPE, count=self.slots, offset=L.HEADER_SIZE)
+        slots = hashes % self.slots
+        old = table[slots].astype(np.int64)
+        old[(old <= L.INVALID_INDEX) | (old > count)] = L.INVALID_INDEX
+        order = np.argsort(slots, kind="stable")
+        ss = slots[order]
+        first = np.ones(k, dtype=bool)
+        first[1:] = ss[1:] != ss[:-1]
+        prev_sorted = np.where(first, old[order], np.concatenate(([0], numbers[order][:-1])))
+        prev = np.empty(k, dtype=np.int64)
+        prev[order] = prev_sorted
+        # The first entry of a file is timed from the old begin; every later one from its time.
+        begins = np.full(k, ts[0] if count <= L.FIRST_INDEX else self._begin_ts, dtype=np.int64)
+        begins[0] = self._begin_ts
+        delta = ts - begins
+        diff = np.where(delta >= 0, delta // 1000, -((-delta) // 1000))
+        diff = np.where(begins <= 0, 0, np.clip(diff, 0, L.INT32_MAX))
+        entries = np.empty(k, dtype=L.ENTRY_DTYPE)
+        entries["key_hash"] = hashes
+        entries["phys_offset"] = phys
+        entries["time_diff"] = diff
+        entries["prev_index"] = prev
+        at = L.entry_position(self.slots, count)
+        self._mm[at:at + k * L.ENTRY_SIZE] = entries.tobytes()
+        last = np.ones(k, dtype=bool)
+        last[:-1] = ss[1:] != ss[:-1]
+        table[ss[last]] = numbers[order][last]
+        del table
+        if count <= L.FIRST_INDEX:
+            self._begin_phys, self._begin_ts = int(phys[0]), int(ts[0])
+            self._put_long(L.BEGIN_PHYS_OFFSET_AT, self._begin_phys)
+            self._put_long(L.BEGIN_TIMESTAMP_AT, self._begin_ts)
+        self._hash_slot_count += int(np.count_nonzero(first & (old[order] == L.INVALID_INDEX)))
+        self._put_int(L.HASH_SLOT_COUNT_AT, self._hash_slot_count)
+        self._index_count = count + k
+        self._put_int(L.INDEX_COUNT_AT, self._index_count)
+        self._end_phys, self._end_ts = int(phys[-1]), int(ts[-1])
+        self._put_long(L.END_PHYS_OFFSET_AT, self._end_phys)
+        self._put_long(L.END_TIMESTAMP_AT, self._end_ts)
+        return k
+
     # -- read ------------------------------------------------------------------------------
     def select(self, key_hash: int, max_num: int, begin_ms: int,
                end_ms: int) -> list[tuple[int, int]]:
