@@ -68,6 +68,7 @@ class WriterSection(_Section):
 
 
 class DispatchSection(_Section):
+    mode: Literal["process", "thread"] = "process"
     interval_ms: int = Field(1, ge=1)
     batch_bytes: int = Field(4 * 1024 * 1024, ge=4096)
 

@@ -25,3 +25,7 @@ class StoreClosedError(MQStoreError):
 
 class PluginError(MQStoreError):
     """A plugin name is unknown or a plugin registered something invalid."""
+
+
+class WorkerError(MQStoreError):
+    """A worker process died; the store restarted it. Raised once per failure."""

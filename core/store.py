@@ -16,6 +16,7 @@ from typing import Callable
 
 from mqstore import appender
 from mqstore.config import StoreConfig, load_config, parse_delay_levels
+from mqstore.errors import WorkerError
 from mqstore.dispatch import DispatchLoop, DispatchThread, TagsCoder
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.format.hosts import parse_host
@@ -27,19 +28,20 @@ from mqstore.recovery import RecoveryReport, recover
 from mqstore.storage.checkpoint import (
     Checkpoint, StoreLock, abort_exists, create_abort, read_meta, remove_abort, write_meta,
 )
-from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
+from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
 from mqstore.storage.commit_log import CommitLog
 from mqstore.store_put import (  # noqa: F401 - flags are part of the store's API
     DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,
     WRITE_LOGICS_QUEUE_ERROR, PutMixin,
 )
 from mqstore.store_read import ReadMixin
+from mqstore.workers import shm
+from mqstore.workers.supervisor import DISPATCH_CATCH_UP_S, DispatchSupervisor
 
 log = logging.getLogger("mqstore.store")
 
 COMMIT_LOG_DIR = "commitlog"
 DEFAULT_PHYSICAL_MEMORY = 24 << 30  # RocketMQ's fallback when total RAM is unknown
-DISPATCH_CATCH_UP_S = 5.0
 
 def _physical_memory() -> int:
     try:
@@ -83,6 +85,9 @@ class MessageStore(PutMixin, ReadMixin):
         self.dispatch_thread = None
         self.flush_policy = None
         self.dispatchers = []
+        self.dispatch_role = "writer"
+        self.positions = None  # shared with the dispatch worker (process mode)
+        self.supervisor = None
         self._visible_after_flush = False
         if read_only:
             if not os.path.isdir(self.root):
@@ -97,6 +102,10 @@ class MessageStore(PutMixin, ReadMixin):
             # A failed open leaves the directory as it found it: no threads, no lock.
             if self.dispatch_thread is not None:
                 self.dispatch_thread.stop()
+            if self.supervisor is not None:
+                self.supervisor.stop()
+            if self.positions is not None:
+                self.positions.close()
             self._release_files()
             if self._lock is not None:
                 self._lock.release()
@@ -132,7 +141,8 @@ class MessageStore(PutMixin, ReadMixin):
         if self.commit_log.segments.segment_bytes is None:
             self.commit_log.segments.segment_bytes = config.commit_log.segment_bytes
         self._cq_file_bytes = round_file_bytes(config.consume_queue.file_units * CQ_UNIT_SIZE)
-        self._load_consume_queues()
+        self.consume_queues.update(load_consume_queues(
+            self.root, self._cq_file_bytes, read_only=ro, on_warning=log.warning))
         self.checkpoint = Checkpoint(self.root, read_only=ro)
         abnormal = abort_exists(self.root)
         self.recovery_report: RecoveryReport = recover(
@@ -179,28 +189,32 @@ class MessageStore(PutMixin, ReadMixin):
         for cq in self.consume_queues.values():
             cq.correct_min_offset(min_phys)
         create_abort(self.root)
-        self.dispatch_thread = DispatchThread(self.dispatch_loop, config.dispatch.interval_ms)
-        self.dispatch_thread.start()
+        if config.dispatch.mode == "process":
+            self._start_dispatch_worker()
+        else:
+            self.dispatch_thread = DispatchThread(self.dispatch_loop, config.dispatch.interval_ms)
+            self.dispatch_thread.start()
         self.flush_policy.start()
 
-    def _load_consume_queues(self) -> None:
-        base = os.path.join(self.root, CONSUME_QUEUE_DIR)
-        if not os.path.isdir(base):
-            return
-        for topic in sorted(os.listdir(base)):
-            tdir = os.path.join(base, topic)
-            if not os.path.isdir(tdir):
-                continue
-            for qname in sorted(os.listdir(tdir)):
-                if not qname.isdigit() or not os.path.isdir(os.path.join(tdir, qname)):
-                    continue
-                cq = ConsumeQueue(self.root, topic, int(qname),
-                                  None if self.read_only else self._cq_file_bytes,
-                                  read_only=self.read_only, on_warning=log.warning)
-                cq.load()
-                if cq.segments.segment_bytes is None:
-                    cq.segments.segment_bytes = self._cq_file_bytes
-                self.consume_queues[(topic, int(qname))] = cq
+    def _start_dispatch_worker(self) -> None:
+        """Hand dispatch to a worker process: it owns consume queues and dispatcher files from
+        here on; this process follows what it publishes (see NOTE [ Shutdown ])."""
+        for d in self.dispatchers:
+            d.close()
+        self.dispatch_role = "follower"
+        self.dispatchers = [d for d in (f(self) for _n, f in self.hooks.dispatchers.items())
+                            if d is not None]
+        p = self.positions = shm.SharedPositions()
+        p[shm.WRITTEN] = self.commit_log.max_offset
+        p[shm.FLUSHED] = self.flushed_where
+        p[shm.CONFIRMED] = self.confirm_offset()
+        p[shm.DISPATCHED] = self.dispatch_loop.dispatched
+        p[shm.MIN_PHYS] = max(self.commit_log.min_offset, 0)
+        p[shm.ABNORMAL] = int(self.recovery_report.abnormal)
+        p[shm.LOGICS_TS] = self.checkpoint.logics_msg_timestamp
+        p[shm.INDEX_TS] = self.checkpoint.index_msg_timestamp
+        self.supervisor = DispatchSupervisor(self.root, self.config, p)
+        self.supervisor.start()
 
     # -- positions -------------------------------------------------------------------------
     def confirm_offset(self) -> int:
@@ -213,6 +227,11 @@ class MessageStore(PutMixin, ReadMixin):
     def flush_metadata(self) -> None:
         """Persist consume queues and the checkpoint (flush policies call this every second),
         so an abnormal recovery can start near the end instead of at the first segment."""
+        if self.positions is not None:  # the dispatch worker owns and flushes the queues
+            self.checkpoint.logics_msg_timestamp = self.positions[shm.LOGICS_TS]
+            self.checkpoint.index_msg_timestamp = self.positions[shm.INDEX_TS]
+            self.checkpoint.flush()
+            return
         logics = self.checkpoint.logics_msg_timestamp
         for cq in list(self.consume_queues.values()):
             cq.flush()
@@ -224,19 +243,49 @@ class MessageStore(PutMixin, ReadMixin):
 
     # -- dispatch --------------------------------------------------------------------------
     def wait_dispatched(self, timeout: float = 5.0) -> None:
-        """Block until the consume queues cover every byte visible to consumers now."""
+        """Block until the consume queues cover every byte visible to consumers now.
+
+        Raises WorkerError once for each dispatch-worker failure (the worker was restarted),
+        TimeoutError when dispatch does not get there in time."""
         if self.read_only or self._closed:
             return
         target = self.confirm_offset()
-        if not self.dispatch_loop.wait(target, timeout):
+        if self.supervisor is not None:
+            self._wake_dispatch()
+            failure = self.supervisor.take_failure()
+            if failure is not None:
+                raise WorkerError(failure)
+            if self.supervisor.wait_dispatched(target, timeout):
+                return
+            failure = self.supervisor.take_failure()
+            if failure is not None:
+                raise WorkerError(failure)
+            reached = self.positions[shm.DISPATCHED]
+        elif self.dispatch_loop.wait(target, timeout):
+            return
+        else:
             if self.dispatch_loop.error:
                 raise RuntimeError(self.dispatch_loop.error)
-            raise TimeoutError(
-                f"dispatch reached commit-log offset {self.dispatch_loop.dispatched}, "
-                f"not {target}, within {timeout} s")
+            reached = self.dispatch_loop.dispatched
+        raise TimeoutError(
+            f"dispatch reached commit-log offset {reached}, not {target}, within {timeout} s")
 
     def dispatch_behind_bytes(self) -> int:
-        return 0 if self.read_only else self.dispatch_loop.behind_bytes()
+        if self.read_only:
+            return 0
+        if self.positions is not None:
+            return max(0, self.confirm_offset() - self.positions[shm.DISPATCHED])
+        return self.dispatch_loop.behind_bytes()
+
+    def worker_status(self) -> dict:
+        """The dispatch worker as the supervisor sees it (process mode)."""
+        sup = self.supervisor
+        if sup is None:
+            return {"mode": self.config.dispatch.mode, "alive": self.dispatch_thread is not None
+                    and self.dispatch_thread.is_alive()}
+        return {"mode": "process", "alive": sup.alive(), "pid": sup.process.pid,
+                "restarts": sup.restarts, "failures": list(sup.failures),
+                "dispatched": self.positions[shm.DISPATCHED]}
 
     def consume_queue(self, topic: str, queue_id: int, create: bool = False) -> ConsumeQueue | None:
         key = (topic, queue_id)
@@ -282,6 +331,8 @@ class MessageStore(PutMixin, ReadMixin):
             for dispatcher in self.dispatchers:
                 if hasattr(dispatcher, "after_cleanup"):
                     removed += dispatcher.after_cleanup(min_phys)
+            if self.positions is not None:  # the worker drops its dispatchers' old files
+                self.positions[shm.MIN_PHYS] = min_phys
             self.hooks.after_cleanup(min_phys)
         return removed
 
@@ -296,22 +347,35 @@ class MessageStore(PutMixin, ReadMixin):
                 with self._put_lock:
                     pass  # let an in-flight append finish
                 self.flush_policy.stop()
-                try:
-                    self.dispatch_loop.wait(self.confirm_offset(), DISPATCH_CATCH_UP_S)
-                finally:
-                    self.dispatch_thread.stop()
-                for cq in self.consume_queues.values():
-                    cq.flush()
-                clean = (not self.running_flags & UNWRITABLE
-                         and self.dispatch_loop.behind_bytes() == 0
-                         and self.dispatch_thread.exception is None)
+                if self.supervisor is not None:
+                    self._stop_dispatch_worker()
+                    lag = self.confirm_offset() - self.positions[shm.DISPATCHED]
+                    healthy = True
+                else:
+                    try:
+                        self.dispatch_loop.wait(self.confirm_offset(), DISPATCH_CATCH_UP_S)
+                    finally:
+                        self.dispatch_thread.stop()
+                    lag = self.dispatch_loop.behind_bytes()
+                    healthy = self.dispatch_thread.exception is None
+                    for cq in self.consume_queues.values():
+                        cq.flush()
+                self.flush_metadata()
+                clean = not self.running_flags & UNWRITABLE and lag == 0 and healthy
         finally:
             self._release_files()
+            if self.positions is not None:
+                self.positions.close()
             if clean:
                 remove_abort(self.root)
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+
+    def _stop_dispatch_worker(self) -> None:
+        self._wake_dispatch()
+        self.supervisor.wait_dispatched(self.confirm_offset(), DISPATCH_CATCH_UP_S)
+        self.supervisor.stop()
 
     def _release_files(self) -> None:
         for dispatcher in getattr(self, "dispatchers", ()):

@@ -14,6 +14,7 @@ from mqstore import appender
 from mqstore.batch_columns import columns_from_batch, columns_from_prepared, encode_columns
 from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult, PutStatus
 from mqstore.storage.commit_log import BlockTooLargeError
+from mqstore.workers import shm
 
 # Running flags (spec 9)
 NOT_READABLE = 1
@@ -70,6 +71,8 @@ class PutMixin:
             seg = segs.find(seg.end)
         if self.flushed_where >= end and store_ts:
             self.checkpoint.physic_msg_timestamp = store_ts
+        if self._visible_after_flush:
+            self._wake_dispatch()
         self.hooks.after_flush(self.flushed_where)
         return self.flushed_where
 
@@ -238,7 +241,16 @@ class PutMixin:
                 table[key] = table.get(key, 0) + count
 
     def _wake_dispatch(self) -> None:
+        positions = self.positions
+        if positions is not None:
+            # Publish before reading the idle flag: see the handshake in dispatch_worker.
+            values = positions.values
+            values[shm.WRITTEN] = self.commit_log.max_offset
+            values[shm.FLUSHED] = self.flushed_where
+            values[shm.CONFIRMED] = self.confirm_offset()
+            if values[shm.DISPATCH_IDLE]:
+                self.supervisor.wake.set()
+            return
         thread = self.dispatch_thread
         if thread is not None and not thread.wake.is_set():
             thread.wake.set()
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
@@ -14,7 +15,9 @@ from mqstore.format.properties import KEY_SEPARATOR
 from mqstore.format.record import parse_offset_msg_id
 from mqstore.message import GetResult, StoredMessage
 from mqstore.pull import get_messages
+from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
 from mqstore.store_put import NOT_READABLE
+from mqstore.workers import shm
 from mqstore.time_search import LOWER, UPPER, offset_by_time, store_time_at
 
 FILTER_CACHE_SIZE = 100
@@ -29,6 +32,47 @@ def check_read_topic(topic: object) -> None:
 
 
 class ReadMixin:
+    # -- following a writer ----------------------------------------------------------------
+    def _follow_limit(self) -> int | None:
+        """How far consume-queue views may advance, or None when this process writes them."""
+        if self.positions is not None:
+            return self.positions[shm.DISPATCHED]
+        if self.read_only:
+            return self.commit_log.follow_tail()
+        return None
+
+    def _queue(self, topic: str, queue_id: int):
+        """The consume queue of a topic/queue, refreshed when another process writes it."""
+        key = (topic, queue_id)
+        cq = self.consume_queues.get(key)
+        limit = self._follow_limit()
+        if limit is None:
+            return cq
+        if cq is None:
+            path = os.path.join(self.root, CONSUME_QUEUE_DIR, topic, str(queue_id))
+            if not os.path.isdir(path):
+                return None
+            cq = ConsumeQueue(self.root, topic, queue_id, None, read_only=True)
+            cq.load()
+            cq.follow()
+            self.consume_queues[key] = cq
+        if getattr(cq, "seen_limit", None) != limit:
+            cq.refresh(limit)
+            cq.seen_limit = limit
+        return cq
+
+    def _discover_queues(self) -> None:
+        if self._follow_limit() is None:
+            return
+        base = os.path.join(self.root, CONSUME_QUEUE_DIR)
+        if not os.path.isdir(base):
+            return
+        for topic in os.listdir(base):
+            tdir = os.path.join(base, topic)
+            for qname in os.listdir(tdir) if os.path.isdir(tdir) else ():
+                if qname.isdigit() and (topic, int(qname)) not in self.consume_queues:
+                    self._queue(topic, int(qname))
+
     # -- reads -----------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
@@ -65,7 +109,7 @@ class ReadMixin:
         if isinstance(max_msgs, bool) or not isinstance(max_msgs, int) or max_msgs < 0:
             raise ValueError(f"max_msgs {max_msgs!r} must be an int >= 0")
         flt = MATCH_ALL if expression is None else self._compile_filter(expression, expression_type)
-        return get_messages(self, self.consume_queues.get((topic, queue_id)), int(offset),
+        return get_messages(self, self._queue(topic, queue_id), int(offset),
                             max_msgs, flt, self._limits, max_total_bytes)
 
     def decode_message(self, raw) -> StoredMessage | None:
@@ -99,19 +143,19 @@ class ReadMixin:
         appender.check_queue_id(queue_id)
         if boundary not in (LOWER, UPPER):
             raise ValueError(f"boundary {boundary!r} must be 'lower' or 'upper'")
-        return offset_by_time(self.commit_log, self.consume_queues.get((topic, queue_id)),
+        return offset_by_time(self.commit_log, self._queue(topic, queue_id),
                               int(timestamp_ms), boundary)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
-        cq = self.consume_queues.get((topic, queue_id))
+        cq = self._queue(topic, queue_id)
         return cq.min_offset if cq is not None else 0
 
     def max_offset(self, topic: str, queue_id: int) -> int:
-        cq = self.consume_queues.get((topic, queue_id))
+        cq = self._queue(topic, queue_id)
         return cq.max_offset if cq is not None else 0
 
     def earliest_message_time(self, topic: str, queue_id: int) -> int:
-        cq = self.consume_queues.get((topic, queue_id))
+        cq = self._queue(topic, queue_id)
         if cq is None or cq.max_offset == cq.min_offset:
             return -1
         seg = cq.segments.find(cq.min_logic_offset)
@@ -119,9 +163,11 @@ class ReadMixin:
         return store_time_at(self.commit_log, int(unit["phys_offset"]))
 
     def topics(self) -> list[str]:
+        self._discover_queues()
         return sorted({t for t, _q in self.consume_queues})
 
     def queue_ids(self, topic: str) -> list[int]:
+        self._discover_queues()
         return sorted(q for t, q in self.consume_queues if t == topic)
 
     @property

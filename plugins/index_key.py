@@ -44,7 +44,9 @@ class KeyIndex:
         cfg = store.config.index
         self.store = store
         self.directory = os.path.join(store.root, INDEX_DIR)
-        self.read_only = store.read_only
+        # A follower (the store process while a worker writes, or a read-only store) maps
+        # the files read-only and picks up what the writer adds.
+        self.read_only = store.read_only or getattr(store, "dispatch_role", "writer") == "follower"
         self.slots, self.entries = cfg.max_hash_slots, cfg.max_index_entries
         self._hash = store.string_hash
         self._hash_bytes = bytes_hasher(store.hash_kind)
@@ -172,6 +174,8 @@ class KeyIndex:
         """Commit-log offsets indexed under ``topic#key`` in files overlapping the window,
         newest first. Hash matches only: the caller confirms each message."""
         key_hash = L.index_hash(L.key_string(topic, key), self._hash)
+        if self.read_only:
+            self._follow()
         with self._lock:
             files = list(self.files)
         out: list[int] = []
@@ -185,12 +189,33 @@ class KeyIndex:
                                                INT64_MAX))
         return out
 
+    def _follow(self) -> None:
+        with self._lock:
+            files = [f for f in self.files if os.path.exists(f.path)]
+            for f in self.files:
+                if f not in files:
+                    f.close()
+            last = os.path.basename(files[-1].path) if files else ""
+            if os.path.isdir(self.directory):
+                for name in sorted(n for n in os.listdir(self.directory) if n.isdigit()):
+                    if name > last:
+                        try:
+                            files.append(self._open_file(os.path.join(self.directory, name)))
+                        except (ValueError, OSError):
+                            break  # being created; seen next time
+            for f in files[-2:]:
+                f.reload_header()
+            self.files = files
+
     def after_cleanup(self, min_phys_offset: int) -> list[str]:
         """Delete the oldest files (never the newest) that only index removed messages."""
         removed = []
         with self._lock:
             while len(self.files) > 1 and self.files[0].end_phys_offset < min_phys_offset:
                 f = self.files.pop(0)
+                if self.read_only:  # the writer deletes; a follower lets go
+                    f.close()
+                    continue
                 removed.append(f.path)
                 f.destroy()
         return removed

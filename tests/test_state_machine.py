@@ -12,10 +12,17 @@ class SmallSegments(StoreStateMachine):
 class SyncFlushMmh3(StoreStateMachine):
     overrides = {"commit_log": {"segment_bytes": 2048}, "consume_queue": {"file_units": 5},
                  "flush": {"mode": "sync"}, "store": {"hash": "mmh3"},
-                 "plugins": {"load_entry_points": False}}
+                 "dispatch": {"mode": "thread"}, "plugins": {"load_entry_points": False}}
+
+
+class DispatchWorkerProcess(StoreStateMachine):
+    overrides = {"commit_log": {"segment_bytes": 4096}, "consume_queue": {"file_units": 8},
+                 "dispatch": {"mode": "process"}, "plugins": {"load_entry_points": False}}
 
 
 TestSmallSegments = SmallSegments.TestCase
 TestSmallSegments.settings = settings(max_examples=25, stateful_step_count=15, deadline=None)
 TestSyncFlushMmh3 = SyncFlushMmh3.TestCase
 TestSyncFlushMmh3.settings = settings(max_examples=15, stateful_step_count=15, deadline=None)
+TestDispatchWorkerProcess = DispatchWorkerProcess.TestCase
+TestDispatchWorkerProcess.settings = settings(max_examples=4, stateful_step_count=8, deadline=None)

@@ -23,6 +23,7 @@ import mmap
 import os
 import struct
 import threading
+import time
 
 from mqstore.errors import StoreCorruptError, StoreLockedError
 
@@ -31,6 +32,7 @@ ABORT_FILE = "abort"
 LOCK_FILE = "lock"
 META_FILE = "mqstore.json"
 CHECKPOINT_BYTES = 4096
+WORKER_EXIT_WAIT_S = 10.0
 _FIELDS = struct.Struct(">qqqqq")
 
 
@@ -128,6 +130,22 @@ class StoreLock:
                     f"store {os.path.dirname(self.path)!r} is open for writing by another process "
                     f"(lock file {self.path} is held); open it with read_only=True to read"
                 ) from None
+            # Workers of a store process that died may still be finishing a batch; they hold
+            # byte 1 shared until they exit, so wait for them before touching any file.
+            deadline = time.monotonic() + WORKER_EXIT_WAIT_S
+            while True:
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 1)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        os.close(fd)
+                        raise StoreLockedError(
+                            f"a worker of an earlier process still runs on store "
+                            f"{os.path.dirname(self.path)!r} (lock byte 1 of {self.path} is held)"
+                        ) from None
+                    time.sleep(0.01)
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, 1)
             os.ftruncate(fd, 0)
             os.pwrite(fd, b"lock", 0)
             self._fd = fd
@@ -141,6 +159,14 @@ class StoreLock:
             os.close(self._fd)
             self._fd = -1
             _HELD_LOCKS.discard(self.path)
+
+
+def hold_worker_lock(root: str) -> int:
+    """A worker's claim on the store (shared lock on byte 1 of ``lock``), held until it exits;
+    a new writer waits for it (see StoreLock.acquire)."""
+    fd = os.open(os.path.join(root, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.lockf(fd, fcntl.LOCK_SH, 1, 1)
+    return fd
 
 
 def read_meta(root: str) -> dict | None:

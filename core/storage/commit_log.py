@@ -100,6 +100,27 @@ class CommitLog:
                 yield pos, SCAN_BAD, None, size
                 return
 
+    def follow_tail(self) -> int:
+        """A reader's view of a log another process appends to: map new segments and move the
+        readable end over every record that now checks out, CRC included (a record still being
+        copied fails and is picked up next time). Returns the readable end."""
+        self.segments.refresh()
+        pos = self.max_offset
+        while True:
+            seg = self.segments.find(pos)
+            if seg is None:
+                return pos
+            at = pos - seg.start
+            kind, size, _head = scan_record(seg.mm, at, seg.size, True, expected_phys=pos)
+            if kind == SCAN_OK:
+                seg.wrote = at + size
+                pos += size
+            elif kind == SCAN_BLANK:
+                seg.wrote = seg.size
+                pos = seg.end
+            else:
+                return pos
+
     def flush(self) -> int:
         return self.segments.flush()
 

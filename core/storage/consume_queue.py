@@ -106,6 +106,54 @@ class ConsumeQueue:
         for start in [s for s in self._arrays if s not in live]:
             del self._arrays[start]
 
+    # -- following another writer ----------------------------------------------------------
+    def follow(self) -> None:
+        """Turn this object into a read view of a queue written by another process: positions
+        restart at zero and ``refresh`` advances them over units it can trust."""
+        for seg in self.segments.segments:
+            seg.wrote = seg.flushed = 0
+        self.max_phys = -1
+        self._following = True
+
+    def refresh(self, limit_phys: int) -> None:
+        """Advance over units appended since the last look whose records end at or below
+        ``limit_phys`` (the writer's published dispatch position). A unit counts only if its
+        offset and size are sane and offsets keep increasing, so a unit caught half-copied is
+        simply seen on the next refresh."""
+        while True:
+            segs = self.segments.segments
+            seg = next((x for x in segs if x.wrote < x.size), None)
+            if seg is None:
+                if not self.segments.refresh():
+                    return
+                continue
+            start = seg.wrote // CQ_UNIT_SIZE
+            units = self.units_of(seg)[start:]
+            phys = units["phys_offset"].astype(np.int64)
+            size = units["size"].astype(np.int64)
+            filler = size == FILLER_SIZE
+            real = ~filler
+            ends = phys + size
+            ok = (phys >= 0) & (size > 0) & (~real | (ends <= limit_phys))
+            # offsets increase along the queue; fillers only ever precede the first real unit
+            prev_end = np.maximum.accumulate(np.where(real, ends, -1))
+            prev_end = np.concatenate(([self.max_phys], prev_end[:-1]))
+            prev_end = np.maximum(prev_end, self.max_phys)
+            ok &= np.where(real, phys >= prev_end, prev_end < 0)
+            bad = np.flatnonzero(~ok)
+            n = int(bad[0]) if len(bad) else len(units)
+            if n == 0:
+                return
+            if start == 0 and seg is segs[0] and filler[0] and self.min_logic_offset == 0:
+                head = np.flatnonzero(~filler[:n])
+                self.min_logic_offset = seg.start + (int(head[0]) if len(head) else n) * CQ_UNIT_SIZE
+            seg.wrote = (start + n) * CQ_UNIT_SIZE
+            reals = np.flatnonzero(real[:n])
+            if len(reals):
+                self.max_phys = int(ends[reals[-1]])
+            if seg.wrote < seg.size:
+                return
+
     # -- writing (dispatch only) -----------------------------------------------------------
     def put_units(self, first_queue_offset: int, units: np.ndarray) -> int:
         """Append ``units`` (CQ_DTYPE) meant for queue offsets ``first_queue_offset ...``.
@@ -228,3 +276,29 @@ class ConsumeQueue:
     def destroy(self) -> None:
         self._arrays.clear()
         self.segments.destroy()
+
+
+def load_consume_queues(root: str, file_bytes: int, *, read_only: bool,
+                        on_warning=None) -> dict[tuple[str, int], ConsumeQueue]:
+    """Every ``consumequeue/<topic>/<int queueId>`` under ``root``, loaded (not recovered).
+
+    ``file_bytes`` applies to writers; read-only queues take their size from the files.
+    """
+    base = os.path.join(root, CONSUME_QUEUE_DIR)
+    queues: dict[tuple[str, int], ConsumeQueue] = {}
+    if not os.path.isdir(base):
+        return queues
+    for topic in sorted(os.listdir(base)):
+        tdir = os.path.join(base, topic)
+        if not os.path.isdir(tdir):
+            continue
+        for qname in sorted(os.listdir(tdir)):
+            if not qname.isdigit() or not os.path.isdir(os.path.join(tdir, qname)):
+                continue
+            cq = ConsumeQueue(root, topic, int(qname), None if read_only else file_bytes,
+                              read_only=read_only, on_warning=on_warning)
+            cq.load()
+            if cq.segments.segment_bytes is None:
+                cq.segments.segment_bytes = file_bytes
+            queues[(topic, int(qname))] = cq
+    return queues

@@ -83,6 +83,13 @@ class IndexFile:
         slots, entries = L.counts_for_size(size, slots, entries)
         return cls(MappedFile(path, 0, size, read_only=read_only), slots, entries)
 
+    def reload_header(self) -> None:
+        """Re-read the header another process keeps writing (a follower's view)."""
+        (self._begin_ts, self._end_ts, self._begin_phys, self._end_phys,
+         self._hash_slot_count, self._index_count) = L.unpack_header(self._mm)
+        if self._index_count <= 0:
+            self._index_count = L.FIRST_INDEX
+
     # -- header ----------------------------------------------------------------------------
     @property
     def begin_timestamp(self) -> int:

@@ -73,6 +73,30 @@ class SegmentQueue:
         self.segments = segments
         return notes
 
+    def refresh(self) -> int:
+        """Map segments another process created after the last one known; returns how many.
+
+        A follower's view: new files are taken as they are, positions are the caller's business.
+        """
+        if not os.path.isdir(self.directory):
+            return 0
+        last = self.segments[-1].start if self.segments else -1
+        names = sorted(n for n in os.listdir(self.directory) if n.isdigit() and int(n) > last)
+        added = []
+        for name in names:
+            path = os.path.join(self.directory, name)
+            size = os.path.getsize(path)
+            if self.segment_bytes is None:
+                self.segment_bytes = size
+            if size != self.segment_bytes:
+                break  # still being created
+            seg = MappedFile(path, int(name), size, read_only=self.read_only)
+            seg.wrote = seg.flushed = 0  # nothing in it is trusted yet
+            added.append(seg)
+        if added:
+            self.segments = self.segments + added
+        return len(added)
+
     # -- positions -------------------------------------------------------------------------
     @property
     def min_offset(self) -> int:

@@ -21,6 +21,9 @@ def simulate_crash(store: MessageStore) -> None:
     store._closed = True
     if store.dispatch_thread is not None:
         store.dispatch_thread.stop()
+    if store.supervisor is not None:  # a dying store takes its worker with it
+        store.supervisor.kill()
+        store.positions.close()
     if store.flush_policy is not None and hasattr(store.flush_policy, "_stop"):
         store.flush_policy._stop.set()
     store._release_files()
@@ -59,6 +62,7 @@ else:
 
         overrides: dict = {"commit_log": {"segment_bytes": 4096},
                            "consume_queue": {"file_units": 8},
+                           "dispatch": {"mode": "thread"},
                            "plugins": {"load_entry_points": False}}
 
         def __init__(self) -> None:

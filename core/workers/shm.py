@@ -1,0 +1,70 @@
+"""Store positions shared between the store process and its workers.
+
+One small numpy ``int64`` array on ``multiprocessing.shared_memory``. Each slot has exactly one
+writer process (named below), so plain aligned 8-byte stores suffice; readers treat values as
+hints that only grow. Only the segment's *name* crosses the process boundary (pickling sends
+the name), and only the creating store unlinks it.
+
+    slot            writer          meaning
+    WRITTEN         store           end of appended commit-log bytes
+    FLUSHED         store           end of bytes forced to disk
+    CONFIRMED       store           end of bytes consumers may see (dispatch stops here)
+    DISPATCHED      dispatch        end of dispatched bytes: every record below has its units
+    DISPATCH_IDLE   dispatch        1 while the worker sleeps waiting for work
+    LOGICS_TS       dispatch        store time of the last consume-queue write (checkpoint)
+    INDEX_TS        dispatch        end time of the last full index file (checkpoint)
+    STOP            store           1: finish the current batch and exit (NOTE [ Shutdown ])
+    MIN_PHYS        store           first stored commit-log byte (after cleanup)
+    ABNORMAL        store           1 when the store opened after an unclean exit
+"""
+
+from __future__ import annotations
+
+from multiprocessing import shared_memory
+
+import numpy as np
+
+WRITTEN, FLUSHED, CONFIRMED, DISPATCHED, DISPATCH_IDLE, LOGICS_TS, INDEX_TS, STOP, MIN_PHYS, \
+    ABNORMAL = range(10)
+SLOTS = 16
+
+
+class SharedPositions:
+    def __init__(self, name: str | None = None) -> None:
+        if name is None:
+            self.shm = shared_memory.SharedMemory(create=True, size=SLOTS * 8)
+            self.owner = True
+        else:
+            # Spawned workers share the store's resource tracker, so attaching only repeats the
+            # store's registration: the segment is unlinked by the store's close(), or by the
+            # tracker if the store process is killed.
+            self.shm = shared_memory.SharedMemory(name=name)
+            self.owner = False
+        self.values = np.ndarray((SLOTS,), dtype=np.int64, buffer=self.shm.buf)
+        if self.owner:
+            self.values[:] = 0
+
+    @property
+    def name(self) -> str:
+        return self.shm.name
+
+    def __getitem__(self, slot: int) -> int:
+        return int(self.values[slot])
+
+    def __setitem__(self, slot: int, value: int) -> None:
+        self.values[slot] = value
+
+    def close(self) -> None:
+        """Detach; the owner also unlinks, so the segment is gone once every view closes."""
+        if self.values is None:
+            return
+        self.values = None
+        self.shm.close()
+        if self.owner:
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
+
+    def __reduce__(self):
+        return (SharedPositions, (self.shm.name,))

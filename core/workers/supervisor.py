@@ -1,0 +1,155 @@
+"""Starts, watches, restarts and stops the dispatch worker process.
+
+NOTE [ Shutdown ]
+The store and its dispatch worker share a SharedPositions segment (``workers.shm``) and two
+synchronisation objects: ``wake`` (an Event the store sets when new bytes are confirmed while
+the worker is idle) and ``progress`` (a Condition the worker notifies after every batch).
+
+  store process                                 dispatch worker
+  1. refuse new puts, let the last append end
+  2. final flush; publish CONFIRMED
+  3. wait <= DISPATCH_CATCH_UP_S for            ...dispatches up to CONFIRMED, notifies
+     DISPATCHED >= CONFIRMED (progress)
+  4. STOP = 1, tell the monitor not to
+     restart, set wake                    --->  sees STOP after its current batch, flushes
+                                                consume queues, closes dispatchers, exits 0
+  5. join <= STOP_TIMEOUT_S; then terminate,
+     then kill
+  6. unlink the shared segment (only after the worker is gone)
+  7. remove ``abort`` only if DISPATCHED == CONFIRMED and no worker failed unrecovered
+
+A worker also exits when its parent disappears (it polls ``os.getppid``), so a killed store
+leaves no orphan. A worker that dies on its own is noticed at once by the monitor thread (it
+waits on the process sentinel, no polling), logged, recorded for the store to raise on the next
+call that needs dispatch, and restarted; the new worker cuts what its predecessor may have half
+written past DISPATCHED and resumes there.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import threading
+from multiprocessing import connection, util
+
+from mqstore.workers import dispatch_worker, shm
+
+log = logging.getLogger("mqstore.workers")
+STOP_TIMEOUT_S = 5.0
+DISPATCH_CATCH_UP_S = 5.0
+
+
+class DispatchSupervisor:
+    def __init__(self, root: str, config, positions: shm.SharedPositions) -> None:
+        self.root = root
+        self.config = config
+        self.positions = positions
+        self.ctx = mp.get_context("spawn")
+        self.wake = self.ctx.Event()
+        self.progress = self.ctx.Condition()
+        self.process = None
+        self.restarts = 0
+        self.failures: list[str] = []
+        self._unreported: list[str] = []
+        self._stopping = False
+        self._stop_r, self._stop_w = self.ctx.Pipe(duplex=False)
+        self._monitor = None
+
+    def start(self) -> None:
+        self._spawn(restarted=False)
+        # A store left open at interpreter exit still stops its worker before multiprocessing
+        # tears daemon processes down (that teardown would kill it mid-batch).
+        util.Finalize(self, DispatchSupervisor._exit_stop, args=(self.positions, self.wake),
+                      exitpriority=10)
+        self._monitor = threading.Thread(target=self._watch, name="mqstore-supervisor",
+                                         daemon=True)
+        self._monitor.start()
+
+    def _spawn(self, restarted: bool) -> None:
+        proc = self.ctx.Process(
+            target=dispatch_worker.run, name="mqstore-dispatch", daemon=True,
+            args=(self.root, self.config, self.positions.name, self.wake, self.progress,
+                  os.getpid(), restarted))
+        proc.start()
+        self.process = proc  # only a started process is recorded (never join an unstarted one)
+
+    def _watch(self) -> None:
+        while True:
+            proc = self.process
+            ready = connection.wait([proc.sentinel, self._stop_r])
+            if self._stop_r in ready or self._stopping:
+                return
+            proc.join()
+            msg = (f"dispatch worker (pid {proc.pid}) exited with code {proc.exitcode}; "
+                   f"restarting it from commit-log offset {self.positions[shm.DISPATCHED]}")
+            log.error(msg)
+            self.failures.append(msg)
+            self._unreported.append(msg)
+            self.restarts += 1
+            self._spawn(restarted=True)
+            with self.progress:
+                self.progress.notify_all()
+
+    @staticmethod
+    def _exit_stop(positions, wake) -> None:
+        try:
+            positions[shm.STOP] = 1
+            wake.set()
+        except Exception:  # already closed
+            pass
+
+    def take_failure(self) -> str | None:
+        """The oldest worker failure not yet reported to a caller, if any."""
+        return self._unreported.pop(0) if self._unreported else None
+
+    def wake_if_idle(self) -> None:
+        if self.positions[shm.DISPATCH_IDLE]:
+            self.wake.set()
+
+    def wait_dispatched(self, target: int, timeout: float) -> bool:
+        import time
+        deadline = time.monotonic() + timeout
+        while self.positions[shm.DISPATCHED] < target:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.wake.set()
+            with self.progress:
+                self.progress.wait(min(left, 0.05))
+        return True
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    def kill(self) -> None:
+        """End the worker at once, as the death of the store process would (tests, crashes)."""
+        self._stopping = True
+        self._stop_w.send(b"stop")
+        if self.process is not None:
+            self.process.kill()
+            self.process.join(STOP_TIMEOUT_S)
+        if self._monitor is not None:
+            self._monitor.join(STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        """Steps 4-5 of NOTE [ Shutdown ]; bounded by STOP_TIMEOUT_S (plus 2 s to kill)."""
+        self._stopping = True
+        self._stop_w.send(b"stop")
+        self.positions[shm.STOP] = 1
+        self.wake.set()
+        if self._monitor is not None:
+            self._monitor.join(STOP_TIMEOUT_S)
+        proc = self.process
+        if proc is not None:
+            proc.join(STOP_TIMEOUT_S)
+            if proc.is_alive():
+                log.error("dispatch worker %d did not stop in %.0f s; terminating", proc.pid,
+                          STOP_TIMEOUT_S)
+                proc.terminate()
+                proc.join(1.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+        self._stop_r.close()
+        self._stop_w.close()
