@@ -202,8 +202,10 @@ class MessageStore(PutMixin, ReadMixin):
         for d in self.dispatchers:
             d.close()
         self.dispatch_role = "follower"
+        self._closed = False  # dispatchers may read messages while they load
         self.dispatchers = [d for d in (f(self) for _n, f in self.hooks.dispatchers.items())
                             if d is not None]
+        self._closed = True
         p = self.positions = shm.SharedPositions()
         p[shm.WRITTEN] = self.commit_log.max_offset
         p[shm.FLUSHED] = self.flushed_where

@@ -249,7 +249,7 @@ class PutMixin:
             values[shm.FLUSHED] = self.flushed_where
             values[shm.CONFIRMED] = self.confirm_offset()
             if values[shm.DISPATCH_IDLE]:
-                self.supervisor.wake.set()
+                self.supervisor.wake()
             return
         thread = self.dispatch_thread
         if thread is not None and not thread.wake.is_set():

@@ -24,6 +24,7 @@ from mqstore.storage.checkpoint import hold_worker_lock, read_meta
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
 from mqstore.workers import shm
+from mqstore.workers.pipes import poke, wait_and_drain
 
 log = logging.getLogger("mqstore.workers.dispatch")
 IDLE_WAIT_S = 0.05  # wait between checks for stop / parent death while idle
@@ -85,19 +86,20 @@ class WorkerHost:
             return None
 
 
-def run(root: str, config: StoreConfig, positions_name: str, wake, progress,
+def run(root: str, config: StoreConfig, positions_name: str, wake_r, progress_w,
         parent_pid: int, restarted: bool) -> None:
     """Worker entry point (``multiprocessing`` target)."""
     lock_fd = hold_worker_lock(root)
     positions = shm.SharedPositions(positions_name)
     try:
-        _run(root, config, positions, wake, progress, parent_pid, restarted)
+        os.set_blocking(progress_w.fileno(), False)
+        _run(root, config, positions, wake_r, progress_w, parent_pid, restarted)
     finally:
         positions.close()
         os.close(lock_fd)
 
 
-def _run(root, config, positions, wake, progress, parent_pid, restarted) -> None:
+def _run(root, config, positions, wake_r, progress_w, parent_pid, restarted) -> None:
     host = WorkerHost(root, config, positions, abnormal=restarted or bool(positions[shm.ABNORMAL]))
     dispatched = positions[shm.DISPATCHED]
     for cq in host.consume_queues.values():
@@ -139,23 +141,21 @@ def _run(root, config, positions, wake, progress, parent_pid, restarted) -> None
             if loop.run_once():
                 if loop.dispatched > positions[shm.DISPATCHED]:
                     positions[shm.DISPATCHED] = loop.dispatched
-                with progress:
-                    progress.notify_all()
+                poke(progress_w)
                 continue
             if loop.error:
                 raise RuntimeError(loop.error)
-            # Idle handshake: announce, clear, re-check, sleep. A producer publishes CONFIRMED
+            # Idle handshake: announce, drain, re-check, sleep. A producer publishes CONFIRMED
             # before it reads DISPATCH_IDLE, so either it sees the flag and wakes us, or we see
             # its new CONFIRMED here and do not sleep.
             positions[shm.DISPATCH_IDLE] = 1
-            wake.clear()
+            wait_and_drain(wake_r, 0)
             if positions[shm.CONFIRMED] <= loop.dispatched:
-                wake.wait(IDLE_WAIT_S)
+                wait_and_drain(wake_r, IDLE_WAIT_S)
             positions[shm.DISPATCH_IDLE] = 0
     finally:
         for cq in host.consume_queues.values():
             cq.flush()
         for d in dispatchers:
             d.close()
-        with progress:
-            progress.notify_all()
+        poke(progress_w)

@@ -2,16 +2,18 @@
 
 NOTE [ Shutdown ]
 The store and its dispatch worker share a SharedPositions segment (``workers.shm``) and two
-synchronisation objects: ``wake`` (an Event the store sets when new bytes are confirmed while
-the worker is idle) and ``progress`` (a Condition the worker notifies after every batch).
+one-way pipes: ``wake`` (the store writes a byte when new bytes are confirmed while the worker
+is idle) and ``progress`` (the worker writes a byte after every batch). Pipes, not locks: a
+process killed at any instant cannot leave a pipe held, so a SIGKILL never deadlocks the other
+side.
 
   store process                                 dispatch worker
   1. refuse new puts, let the last append end
   2. final flush; publish CONFIRMED
-  3. wait <= DISPATCH_CATCH_UP_S for            ...dispatches up to CONFIRMED, notifies
-     DISPATCHED >= CONFIRMED (progress)
+  3. wait <= DISPATCH_CATCH_UP_S for            ...dispatches up to CONFIRMED, writes
+     DISPATCHED >= CONFIRMED (progress)            a byte to progress
   4. STOP = 1, tell the monitor not to
-     restart, set wake                    --->  sees STOP after its current batch, flushes
+     restart, write to wake               --->  sees STOP after its current batch, flushes
                                                 consume queues, closes dispatchers, exits 0
   5. join <= STOP_TIMEOUT_S; then terminate,
      then kill
@@ -31,9 +33,11 @@ import logging
 import multiprocessing as mp
 import os
 import threading
+import time
 from multiprocessing import connection, util
 
 from mqstore.workers import dispatch_worker, shm
+from mqstore.workers.pipes import poke, wait_and_drain
 
 log = logging.getLogger("mqstore.workers")
 STOP_TIMEOUT_S = 5.0
@@ -46,8 +50,9 @@ class DispatchSupervisor:
         self.config = config
         self.positions = positions
         self.ctx = mp.get_context("spawn")
-        self.wake = self.ctx.Event()
-        self.progress = self.ctx.Condition()
+        self.wake_r, self.wake_w = self.ctx.Pipe(duplex=False)
+        self.progress_r, self.progress_w = self.ctx.Pipe(duplex=False)
+        os.set_blocking(self.wake_w.fileno(), False)
         self.process = None
         self.restarts = 0
         self.failures: list[str] = []
@@ -60,7 +65,7 @@ class DispatchSupervisor:
         self._spawn(restarted=False)
         # A store left open at interpreter exit still stops its worker before multiprocessing
         # tears daemon processes down (that teardown would kill it mid-batch).
-        util.Finalize(self, DispatchSupervisor._exit_stop, args=(self.positions, self.wake),
+        util.Finalize(self, DispatchSupervisor._exit_stop, args=(self.positions, self.wake_w),
                       exitpriority=10)
         self._monitor = threading.Thread(target=self._watch, name="mqstore-supervisor",
                                          daemon=True)
@@ -69,7 +74,7 @@ class DispatchSupervisor:
     def _spawn(self, restarted: bool) -> None:
         proc = self.ctx.Process(
             target=dispatch_worker.run, name="mqstore-dispatch", daemon=True,
-            args=(self.root, self.config, self.positions.name, self.wake, self.progress,
+            args=(self.root, self.config, self.positions.name, self.wake_r, self.progress_w,
                   os.getpid(), restarted))
         proc.start()
         self.process = proc  # only a started process is recorded (never join an unstarted one)
@@ -88,14 +93,12 @@ class DispatchSupervisor:
             self._unreported.append(msg)
             self.restarts += 1
             self._spawn(restarted=True)
-            with self.progress:
-                self.progress.notify_all()
 
     @staticmethod
-    def _exit_stop(positions, wake) -> None:
+    def _exit_stop(positions, wake_w) -> None:
         try:
             positions[shm.STOP] = 1
-            wake.set()
+            poke(wake_w)
         except Exception:  # already closed
             pass
 
@@ -103,20 +106,21 @@ class DispatchSupervisor:
         """The oldest worker failure not yet reported to a caller, if any."""
         return self._unreported.pop(0) if self._unreported else None
 
+    def wake(self) -> None:
+        poke(self.wake_w)
+
     def wake_if_idle(self) -> None:
         if self.positions[shm.DISPATCH_IDLE]:
-            self.wake.set()
+            poke(self.wake_w)
 
     def wait_dispatched(self, target: int, timeout: float) -> bool:
-        import time
         deadline = time.monotonic() + timeout
         while self.positions[shm.DISPATCHED] < target:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            self.wake.set()
-            with self.progress:
-                self.progress.wait(min(left, 0.05))
+            self.wake()
+            wait_and_drain(self.progress_r, min(left, 0.05))
         return True
 
     def alive(self) -> bool:
@@ -137,7 +141,7 @@ class DispatchSupervisor:
         self._stopping = True
         self._stop_w.send(b"stop")
         self.positions[shm.STOP] = 1
-        self.wake.set()
+        self.wake()
         if self._monitor is not None:
             self._monitor.join(STOP_TIMEOUT_S)
         proc = self.process
@@ -151,5 +155,6 @@ class DispatchSupervisor:
             if proc.is_alive():
                 proc.kill()
                 proc.join(1.0)
-        self._stop_r.close()
-        self._stop_w.close()
+        for conn in (self._stop_r, self._stop_w, self.wake_r, self.wake_w, self.progress_r,
+                     self.progress_w):
+            conn.close()

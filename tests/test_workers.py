@@ -1,0 +1,174 @@
+"""The dispatch worker process: lifecycle, crash and restart, cleanup, followers (issue 3)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import types
+from multiprocessing import shared_memory
+
+import pytest
+
+from mqstore import Message, MessageBatch, MessageStore, hookimpl
+from mqstore.errors import WorkerError
+from mqstore.workers.supervisor import DISPATCH_CATCH_UP_S, STOP_TIMEOUT_S
+
+WORKER = {"dispatch": {"mode": "process"}}
+
+
+def bodies(store, topic="T", queue_id=0):
+    out, offset = [], store.min_offset(topic, queue_id)
+    while True:
+        res = store.get("g", topic, queue_id, offset, 32)
+        if not res.messages:
+            return out
+        out += [m.body for m in res.messages]
+        offset = res.next_begin_offset
+
+
+def put_many(store, start, count, queue_id=0):
+    r = store.put_batch(MessageBatch(topic="T", bodies=[b"m%d" % i for i in range(start, start + count)],
+                                     queue_ids=queue_id, keys=[[f"k{i}"] for i in range(start, start + count)]))
+    assert r.status.name == "PUT_OK"
+    return r
+
+
+def test_dispatch_runs_in_another_process_and_close_leaves_nothing(make_store):
+    store = make_store(WORKER)
+    status = store.worker_status()
+    assert status["mode"] == "process" and status["alive"] and status["pid"] != os.getpid()
+    put_many(store, 0, 50)
+    store.wait_dispatched()
+    assert bodies(store) == [b"m%d" % i for i in range(50)]
+    assert [m.body for m in store.query_by_key("T", "k7")] == [b"m7"]
+    name, proc = store.positions.name, store.supervisor.process
+    began = time.monotonic()
+    store.close()
+    assert time.monotonic() - began < STOP_TIMEOUT_S + DISPATCH_CATCH_UP_S
+    assert not proc.is_alive() and proc.exitcode == 0
+    with pytest.raises(FileNotFoundError):
+        shared_memory.SharedMemory(name=name)
+
+
+def test_reopen_after_clean_close_is_clean(make_store, store_dir):
+    store = make_store(WORKER)
+    put_many(store, 0, 30)
+    store.close()
+    assert not (store_dir / "abort").exists()
+    again = make_store(WORKER)
+    assert not again.recovery_report.abnormal
+    assert again.recovery_report.redispatch_bytes == 0
+    assert bodies(again) == [b"m%d" % i for i in range(30)]
+
+
+def test_a_killed_worker_is_reported_restarted_and_loses_nothing(make_store):
+    store = make_store(WORKER)
+    put_many(store, 0, 100)
+    store.wait_dispatched()
+    victim = store.supervisor.process.pid
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while store.worker_status()["restarts"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    put_many(store, 100, 100)
+    with pytest.raises(WorkerError, match=rf"pid {victim}\) exited with code -9"):
+        store.wait_dispatched(timeout=10)
+    store.wait_dispatched(timeout=10)  # reported once; the new worker caught up
+    status = store.worker_status()
+    assert status["alive"] and status["pid"] != victim and status["restarts"] == 1
+    assert bodies(store) == [b"m%d" % i for i in range(200)]
+    assert [m.body for m in store.query_by_key("T", "k150")] == [b"m150"]
+    assert [m.body for m in store.query_by_key("T", "k50")] == [b"m50"]
+    name = store.positions.name
+    store.close()
+    with pytest.raises(FileNotFoundError):
+        shared_memory.SharedMemory(name=name)
+
+
+def test_a_worker_killed_mid_stream_resumes_without_gaps_or_duplicates(make_store):
+    store = make_store(WORKER)
+    for round_ in range(3):
+        put_many(store, round_ * 400, 400, queue_id=round_ % 2)
+        os.kill(store.supervisor.process.pid, signal.SIGKILL)
+        try:
+            store.wait_dispatched(timeout=15)
+        except WorkerError:
+            store.wait_dispatched(timeout=15)
+    got = sorted(bodies(store, queue_id=0) + bodies(store, queue_id=1), key=lambda b: int(b[1:]))
+    assert got == [b"m%d" % i for i in range(1200)]
+    assert store.max_offset("T", 0) == 800 and store.max_offset("T", 1) == 400
+
+
+def test_plugins_run_in_the_worker_process(make_store, tmp_path):
+    out = tmp_path / "pids"
+    mod = types.ModuleType("pid_recorder_plugin")
+    src = f'''
+import os
+from mqstore import hookimpl
+
+@hookimpl
+def after_dispatch(batch):
+    with open({str(out)!r}, "a") as f:
+        f.write(f"{{os.getpid()}}\\n")
+'''
+    plugin_dir = tmp_path / "plug"
+    plugin_dir.mkdir()
+    (plugin_dir / "pid_recorder_plugin.py").write_text(src)
+    sys.path.insert(0, str(plugin_dir))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")]))
+    try:
+        store = make_store({**WORKER, "plugins": {"modules": ["pid_recorder_plugin"]}})
+        put_many(store, 0, 5)
+        store.wait_dispatched()
+        worker = store.worker_status()["pid"]
+        store.close()
+        pids = {int(line) for line in out.read_text().split()}
+        assert pids == {worker}
+    finally:
+        sys.path.remove(str(plugin_dir))
+        os.environ["PYTHONPATH"] = os.environ["PYTHONPATH"].replace(str(plugin_dir), "").strip(os.pathsep)
+        sys.modules.pop("pid_recorder_plugin", None)
+
+
+def test_a_read_only_store_sees_queues_grow_while_written(make_store, store_dir):
+    writer = make_store(WORKER)
+    put_many(writer, 0, 10)
+    writer.wait_dispatched()
+    reader = MessageStore.open(store_dir, read_only=True)
+    try:
+        assert reader.max_offset("T", 0) == 10
+        put_many(writer, 10, 15)
+        writer.put(Message(topic="U", body=b"new topic", queue_id=3))
+        writer.wait_dispatched()
+        assert reader.max_offset("T", 0) == 25
+        assert bodies(reader) == [b"m%d" % i for i in range(25)]
+        assert reader.topics() == ["T", "U"] and reader.queue_ids("U") == [3]
+        assert [m.body for m in reader.get("g", "U", 3, 0, 32).messages] == [b"new topic"]
+        assert [m.body for m in reader.query_by_key("T", "k20")] == [b"m20"]
+    finally:
+        reader.close()
+
+
+def test_segments_rolled_while_the_worker_runs(make_store):
+    store = make_store({**WORKER, "commit_log": {"segment_bytes": 4096},
+                        "consume_queue": {"file_units": 16}})
+    put_many(store, 0, 300)
+    store.wait_dispatched()
+    assert len(store.commit_log.segments.segments) > 5
+    assert bodies(store) == [b"m%d" % i for i in range(300)]
+    removed = store.delete_expired_segments(force=True, max_segments=3)
+    assert removed
+    assert store.min_offset("T", 0) > 0
+    put_many(store, 300, 10)
+    store.wait_dispatched()
+    assert store.max_offset("T", 0) == 310
+
+
+def test_sync_flush_with_a_worker_shows_only_flushed_messages(make_store):
+    store = make_store({**WORKER, "flush": {"mode": "sync"}})
+    r = store.put(Message(topic="T", body=b"durable", queue_id=0))
+    assert store.flushed_offset >= r.phys_offset + r.size
+    store.wait_dispatched()
+    assert bodies(store) == [b"durable"]
