@@ -53,6 +53,11 @@ CFG = load_config(overrides={"commit_log": {"segment_bytes": SEGMENT_BYTES},
                              "plugins": {"load_entry_points": False}})
 
 
+def set_dispatch_mode(mode: str) -> None:
+    global CFG
+    CFG = CFG.replace(dispatch={"mode": mode})
+
+
 def make_messages(n: int, body_size: int) -> list[Message]:
     """N messages spread round-robin over 2 topics x 4 queues (built before timing)."""
     body = bytes(i % 251 for i in range(body_size))
@@ -205,13 +210,16 @@ def main() -> None:
                     "(default 200000 for 128 B, 100000 for 1 KiB)")
     ap.add_argument("--batch", type=int, default=1000, help="messages per put_batch call")
     ap.add_argument("--quick", action="store_true", help="smoke run: 20000 messages per size")
+    ap.add_argument("--dispatch", choices=("process", "thread"), default="process",
+                    help="where the dispatch loop runs (default: a worker process)")
     args = ap.parse_args()
     if args.batch < 1 or (args.count is not None and args.count < 1):
         ap.error("--count and --batch must be >= 1")
+    set_dispatch_mode(args.dispatch)
 
     print(f"mqstore put/get benchmark  python {platform.python_version()}  "
           f"{platform.machine()}  cpus={os.cpu_count()}  batch={args.batch}  "
-          f"segment={SEGMENT_BYTES >> 20} MiB  tmp={tempfile.gettempdir()}")
+          f"segment={SEGMENT_BYTES >> 20} MiB  dispatch={args.dispatch}  tmp={tempfile.gettempdir()}")
     head = f"{'size':>5}  {'phase':<9} {'msgs':>8} {'seconds':>8} {'msg/s':>10} {'MB/s':>8} {'x base':>7}"
     print(head)
     print("-" * len(head))

@@ -114,7 +114,8 @@ class PutMixin:
         refused = self._service_status()
         if refused is not None:
             return PutResult(refused[0], error=refused[1])
-        self.hooks.before_append([message])
+        if self.hooks.has_before_append:
+            self.hooks.before_append([message])
         try:
             p = appender.prepare(message, self._put_ctx)
         except appender.Rejected as rej:
@@ -245,9 +246,8 @@ class PutMixin:
         if positions is not None:
             # Publish before reading the idle flag: see the handshake in dispatch_worker.
             values = positions.values
-            values[shm.WRITTEN] = self.commit_log.max_offset
-            values[shm.FLUSHED] = self.flushed_where
-            values[shm.CONFIRMED] = self.confirm_offset()
+            values[shm.CONFIRMED] = (self.flushed_where if self._visible_after_flush
+                                     else self.commit_log.segments.max_offset)
             if values[shm.DISPATCH_IDLE]:
                 self.supervisor.wake()
             return

@@ -172,3 +172,50 @@ def test_sync_flush_with_a_worker_shows_only_flushed_messages(make_store):
     assert store.flushed_offset >= r.phys_offset + r.size
     store.wait_dispatched()
     assert bodies(store) == [b"durable"]
+
+
+def test_a_program_read_from_stdin_can_run_a_worker(tmp_path):
+    import subprocess
+    script = f'''
+from mqstore import Message, MessageStore, load_config
+cfg = load_config(overrides={{"dispatch": {{"mode": "process"}}, "plugins": {{"load_entry_points": False}}}})
+with MessageStore.open({str(tmp_path / "s")!r}, config=cfg) as s:
+    s.put(Message(topic="T", body=b"from stdin", queue_id=0))
+    s.wait_dispatched(timeout=30)
+    print(s.get("g", "T", 0, 0, 32).messages[0].body.decode(), s.worker_status()["restarts"])
+'''
+    out = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["from", "stdin", "0"]
+
+
+def test_a_worker_that_cannot_start_is_given_up_on(make_store, tmp_path, monkeypatch):
+    plugin_dir = tmp_path / "plug"
+    plugin_dir.mkdir()
+    (plugin_dir / "worker_breaker_plugin.py").write_text(f'''
+import os
+from mqstore import hookimpl
+
+@hookimpl
+def register_dispatchers(registry):
+    if os.getpid() != {os.getpid()}:
+        raise SystemExit(3)
+''')
+    monkeypatch.syspath_prepend(str(plugin_dir))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(plugin_dir),
+                                                                   os.environ.get("PYTHONPATH")])))
+    monkeypatch.setattr("mqstore.workers.supervisor.QUICK_FAILURE_S", 60.0)
+    monkeypatch.setattr("mqstore.workers.supervisor.MAX_QUICK_FAILURES", 2)
+    store = make_store({**WORKER, "plugins": {"modules": ["worker_breaker_plugin"]}})
+    store.put(Message(topic="T", body=b"x", queue_id=0))
+    deadline = time.monotonic() + 60
+    while not any("dispatch stopped" in f for f in store.worker_status()["failures"]):
+        assert time.monotonic() < deadline, store.worker_status()
+        time.sleep(0.05)
+    status = store.worker_status()
+    assert not status["alive"] and status["restarts"] == 2
+    assert all("exited with code 3" in f for f in status["failures"])
+    with pytest.raises(WorkerError, match="exited with code 3"):
+        store.wait_dispatched(timeout=1)
+    sys.modules.pop("worker_breaker_plugin", None)

@@ -6,8 +6,8 @@ hints that only grow. Only the segment's *name* crosses the process boundary (pi
 the name), and only the creating store unlinks it.
 
     slot            writer          meaning
-    WRITTEN         store           end of appended commit-log bytes
-    FLUSHED         store           end of bytes forced to disk
+    WRITTEN         store           end of appended commit-log bytes (at open)
+    FLUSHED         store           end of bytes forced to disk (at open)
     CONFIRMED       store           end of bytes consumers may see (dispatch stops here)
     DISPATCHED      dispatch        end of dispatched bytes: every record below has its units
     DISPATCH_IDLE   dispatch        1 while the worker sleeps waiting for work

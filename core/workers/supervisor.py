@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import sys
 import threading
 import time
 from multiprocessing import connection, util
@@ -42,6 +43,8 @@ from mqstore.workers.pipes import poke, wait_and_drain
 log = logging.getLogger("mqstore.workers")
 STOP_TIMEOUT_S = 5.0
 DISPATCH_CATCH_UP_S = 5.0
+QUICK_FAILURE_S = 2.0  # a worker dying this soon after starting did not get going
+MAX_QUICK_FAILURES = 5
 
 
 class DispatchSupervisor:
@@ -60,6 +63,8 @@ class DispatchSupervisor:
         self._stopping = False
         self._stop_r, self._stop_w = self.ctx.Pipe(duplex=False)
         self._monitor = None
+        self._started_at = 0.0
+        self._quick_failures = 0
 
     def start(self) -> None:
         self._spawn(restarted=False)
@@ -76,8 +81,21 @@ class DispatchSupervisor:
             target=dispatch_worker.run, name="mqstore-dispatch", daemon=True,
             args=(self.root, self.config, self.positions.name, self.wake_r, self.progress_w,
                   os.getpid(), restarted))
-        proc.start()
+        # spawn re-runs the parent's main script in the child; a program read from stdin or
+        # typed at a prompt has none, so the child must not look for it.
+        main = sys.modules.get("__main__")
+        path = getattr(main, "__file__", None)
+        hide = path is not None and getattr(main, "__spec__", None) is None \
+            and not os.path.exists(path)
+        if hide:
+            del main.__file__
+        try:
+            proc.start()
+        finally:
+            if hide:
+                main.__file__ = path
         self.process = proc  # only a started process is recorded (never join an unstarted one)
+        self._started_at = time.monotonic()
 
     def _watch(self) -> None:
         while True:
@@ -86,12 +104,25 @@ class DispatchSupervisor:
             if self._stop_r in ready or self._stopping:
                 return
             proc.join()
+            quick = time.monotonic() - self._started_at < QUICK_FAILURE_S
+            self._quick_failures = self._quick_failures + 1 if quick else 0
+            if self._quick_failures > MAX_QUICK_FAILURES:
+                msg = (f"dispatch worker (pid {proc.pid}) exited with code {proc.exitcode}, "
+                       f"the {self._quick_failures}th time in a row within "
+                       f"{QUICK_FAILURE_S:.0f} s of starting; dispatch stopped")
+                log.error(msg)
+                self.failures.append(msg)
+                self._unreported.append(msg)
+                return
             msg = (f"dispatch worker (pid {proc.pid}) exited with code {proc.exitcode}; "
                    f"restarting it from commit-log offset {self.positions[shm.DISPATCHED]}")
             log.error(msg)
             self.failures.append(msg)
             self._unreported.append(msg)
             self.restarts += 1
+            # A worker that cannot start is retried with growing pauses, not in a tight loop.
+            if self._stop_r.poll(min(5.0, 0.1 * 2 ** self._quick_failures) if quick else 0):
+                return
             self._spawn(restarted=True)
 
     @staticmethod
