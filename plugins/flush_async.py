@@ -53,9 +53,13 @@ class AsyncFlush:
     def after_append(self, end_offset: int, wait: bool) -> PutStatus:
         return PutStatus.PUT_OK
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Stop the pass thread without a final flush (what a crash leaves behind)."""
         self._stop.set()
         self._thread.join()
+
+    def stop(self) -> None:
+        self.halt()
         self.store.flush_commit_log(0)
 
 

@@ -24,8 +24,8 @@ def simulate_crash(store: MessageStore) -> None:
     if store.supervisor is not None:  # a dying store takes its worker with it
         store.supervisor.kill()
         store.positions.close()
-    if store.flush_policy is not None and hasattr(store.flush_policy, "_stop"):
-        store.flush_policy._stop.set()
+    if store.flush_policy is not None and hasattr(store.flush_policy, "halt"):
+        store.flush_policy.halt()
     store._release_files()
     if store._lock is not None:
         store._lock.release()
