@@ -123,6 +123,16 @@ def demo(config_path: str | None, root: str, count: int, fresh: bool) -> None:
         hi = store.offset_by_time("orders", 1, ts, "upper")
         click.echo(f"time search orders/1 @ {ts}: lower {lo}, upper {hi} "
                    f"(message at {mid_q} stored then)")
+        key = f"order-{start_index + count // 2}"
+        t0 = time.perf_counter()
+        hits = [m for topic in DEMO_TOPICS for m in store.query_by_key(topic, key)]
+        click.echo(f"key lookup {key!r}: {len(hits)} message(s) at "
+                   f"{[(m.topic, m.queue_id, m.queue_offset) for m in hits]} in "
+                   f"{(time.perf_counter() - t0) * 1e3:.2f} ms")
+        status = store.worker_status()
+        click.echo(f"dispatch: {status['mode']}"
+                   + (f" worker pid {status['pid']}, restarts {status['restarts']}"
+                      if status["mode"] == "process" else ""))
         click.echo("sample message:")
         click.echo(json.dumps({
             "topic": sample.topic, "queue_id": sample.queue_id, "queue_offset": sample.queue_offset,
