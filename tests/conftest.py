@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
+import tarfile
+from pathlib import Path
+
 import pytest
 
 from mqstore import MessageStore, load_config
+
+# A store written by RocketMQ 4.9.8 and its answers; CI clones main next to shared/.
+FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "rocketmq-4.9.8"
+if not FIXTURE.exists():
+    FIXTURE = Path(os.environ.get("MQSTORE_FIXTURES", "/work/shared/fixtures")) / "rocketmq-4.9.8"
 
 BORN_HOST = "127.0.0.1:50000"
 STORE_HOST = "127.0.0.1:10911"
@@ -61,3 +71,19 @@ def make_store(store_dir, manual_clock):
     yield factory
     for store in opened:
         store.close()
+
+
+@pytest.fixture(scope="session")
+def manifest():
+    """The RocketMQ fixture's MANIFEST.json: every message and RocketMQ's own answers."""
+    with open(FIXTURE / "MANIFEST.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def rocketmq_dir(tmp_path_factory):
+    """A fresh extraction of the RocketMQ store directory (mtimes kept), one per module."""
+    dest = tmp_path_factory.mktemp("rocketmq")
+    with tarfile.open(FIXTURE / "store.tar.gz") as tar:
+        tar.extractall(dest, filter="tar")
+    return dest / "store"

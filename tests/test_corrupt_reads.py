@@ -35,7 +35,7 @@ def test_inner_lengths_damaged_raise_a_named_error(make_store, store_dir):
     res = store.get("g", "T", 0, 0, 32)  # size, magic and position still agree
     assert len(res.messages) == 1
     msg = res.messages[0]
-    with pytest.raises(ValueError, match=f"record at 0: body length 10000 overruns"):
+    with pytest.raises(ValueError, match="record at 0: body length 10000 overruns"):
         msg.body
     assert store.message_at(r.phys_offset) is None
 

@@ -3,13 +3,10 @@ a property test against a plain oracle, and the six index files RocketMQ 4.9.8 w
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import struct
-import tarfile
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,9 +18,6 @@ from mqstore.format import index_layout as L
 from mqstore.hashing import java_string_hash, mmh3_string_hash
 from mqstore.storage.index_file import IndexFile
 
-FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "rocketmq-4.9.8"
-if not FIXTURE.exists():
-    FIXTURE = Path(os.environ.get("MQSTORE_FIXTURES", "/work/shared/fixtures")) / "rocketmq-4.9.8"
 
 LONG_MAX = (1 << 63) - 1
 S = 1_795_324_267_531
@@ -366,17 +360,8 @@ REAL_HEADERS = {
 
 
 @pytest.fixture(scope="module")
-def manifest():
-    with open(FIXTURE / "MANIFEST.json", encoding="utf-8") as f:
-        return json.load(f)
-
-
-@pytest.fixture(scope="module")
-def index_dir(tmp_path_factory):
-    dest = tmp_path_factory.mktemp("rocketmq-index")
-    with tarfile.open(FIXTURE / "store.tar.gz") as tar:
-        tar.extractall(dest, filter="tar")
-    return dest / "store" / "index"
+def index_dir(rocketmq_dir):
+    return rocketmq_dir / "index"
 
 
 @pytest.fixture(scope="module")

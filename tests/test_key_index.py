@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import tarfile
-from pathlib import Path
 
 import pytest
 
 from mqstore import Message, MessageStore, hookimpl
 from mqstore.testing import simulate_crash
 
-FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "rocketmq-4.9.8"
-if not FIXTURE.exists():
-    FIXTURE = Path(os.environ.get("MQSTORE_FIXTURES", "/work/shared/fixtures")) / "rocketmq-4.9.8"
 INT64_MAX = (1 << 63) - 1
 
 
@@ -250,17 +244,9 @@ def test_a_plugin_registers_another_index_builder(make_store):
 # -- the RocketMQ fixture ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def fixture_store(tmp_path_factory):
-    dest = tmp_path_factory.mktemp("rmq-index")
-    with tarfile.open(FIXTURE / "store.tar.gz") as tar:
-        tar.extractall(dest, filter="tar")
-    with MessageStore.open(dest / "store", read_only=True) as s:
+def fixture_store(rocketmq_dir):
+    with MessageStore.open(rocketmq_dir, read_only=True) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def manifest():
-    return json.loads((FIXTURE / "MANIFEST.json").read_text())
 
 
 def _oracle(manifest, topic, key, max_num, begin, end):

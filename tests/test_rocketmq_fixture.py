@@ -9,34 +9,10 @@ the real tag string, so those colliding messages are dropped from its answers.
 from __future__ import annotations
 
 import base64
-import json
-import os
-import tarfile
-from pathlib import Path
-
 import pytest
 
 from mqstore import GetStatus, MessageStore
 from mqstore.hashing import java_string_hash
-
-FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "rocketmq-4.9.8"
-if not FIXTURE.exists():  # CI clones main next to shared/
-    FIXTURE = Path(os.environ.get("MQSTORE_FIXTURES", "/work/shared/fixtures")) / "rocketmq-4.9.8"
-
-
-@pytest.fixture(scope="module")
-def manifest():
-    with open(FIXTURE / "MANIFEST.json", encoding="utf-8") as f:
-        return json.load(f)
-
-
-@pytest.fixture(scope="module")
-def rocketmq_dir(tmp_path_factory):
-    dest = tmp_path_factory.mktemp("rocketmq")
-    with tarfile.open(FIXTURE / "store.tar.gz") as tar:
-        tar.extractall(dest, filter="tar")
-    return dest / "store"
-
 
 @pytest.fixture(scope="module")
 def store(rocketmq_dir):

@@ -6,12 +6,11 @@ import os
 import signal
 import sys
 import time
-import types
 from multiprocessing import shared_memory
 
 import pytest
 
-from mqstore import Message, MessageBatch, MessageStore, hookimpl
+from mqstore import Message, MessageBatch, MessageStore
 from mqstore.errors import WorkerError
 from mqstore.workers.supervisor import DISPATCH_CATCH_UP_S, STOP_TIMEOUT_S
 
@@ -103,7 +102,6 @@ def test_a_worker_killed_mid_stream_resumes_without_gaps_or_duplicates(make_stor
 
 def test_plugins_run_in_the_worker_process(make_store, tmp_path):
     out = tmp_path / "pids"
-    mod = types.ModuleType("pid_recorder_plugin")
     src = f'''
 import os
 from mqstore import hookimpl
