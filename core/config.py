@@ -53,6 +53,7 @@ class CommitLogSection(_Section):
 
 class ConsumeQueueSection(_Section):
     file_units: int = Field(300_000, ge=1, le=1 << 30)
+    ext_file_bytes: int = Field(48 * 1024 * 1024, ge=4096, le=1 << 31)
 
 
 class FlushSection(_Section):

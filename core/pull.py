@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import struct
 
-from mqstore.format.cq_unit import CQ_UNIT_SIZE
+import numpy as np
+
+from mqstore.format.cq_ext import bitmap_matches
+from mqstore.format.cq_unit import CQ_UNIT_SIZE, EXT_ADDRESS_MAX
+from mqstore.filtering import MATCH_ALL
 from mqstore.format.record import MAGIC_V1, MAGIC_V2
 from mqstore.message import GetResult, GetStatus, StoredMessage
 
@@ -33,8 +37,43 @@ class PullLimits:
         self.correct = (lambda old, new: old) if slave_no_check else (lambda old, new: new)
 
 
+def _window_mask(units, flt, ext, bloom):
+    """Which units of a window may match: tag codes (extension addresses resolved first), and
+    for a registered SQL92 subscription its bloom bits. None: every unit may."""
+    codes = units["tags_code"]
+    is_ext = codes <= EXT_ADDRESS_MAX
+    if ext is None or not is_ext.any():
+        return flt.match_units(codes)
+    present, real, times, bitmaps = ext.resolve(codes[is_ext])
+    codes = codes.astype(np.int64)
+    codes[is_ext] = real
+    mask = flt.match_units(codes)
+    mask = np.ones(len(codes), dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    ext_ok = mask[is_ext]
+    if bloom is not None:
+        positions, registered_at = bloom
+        ext_ok &= bitmap_matches(bitmaps, positions) | (times <= registered_at)
+    ext_ok |= ~present  # an unreadable extension unit is left to the exact check
+    mask[is_ext] = ext_ok
+    return mask
+
+
+def _first_full(i: int, c: int, n: int, total: int, sizes, in_mem, max_msgs: int,
+                max_pull: int, limits: PullLimits) -> int:
+    """First unit in ``[i, c)`` at which a batch of ``n`` messages / ``total`` bytes counts
+    as full (RocketMQ's isTheBatchFull), or -1."""
+    if n + 1 > max_msgs:
+        return i
+    sz = total + sizes[i:c]
+    mem = in_mem[i:c]
+    full = (sz > max_pull) | np.where(mem, (sz > limits.mem_bytes) | (n >= limits.mem_count),
+                                      (sz > limits.disk_bytes) | (n >= limits.disk_count))
+    hit = np.flatnonzero(full)
+    return i + int(hit[0]) if len(hit) else -1
+
+
 def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
-                 max_total_bytes: int | None = None) -> GetResult:
+                 max_total_bytes: int | None = None, ext=None, bloom=None) -> GetResult:
     correct = limits.correct
     min_off = cq.min_offset if cq is not None else 0
     max_off = cq.max_offset if cq is not None else 0
@@ -64,8 +103,9 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
     begin_unit = first // CQ_UNIT_SIZE
     count = min(seg.wrote // CQ_UNIT_SIZE - begin_unit, max_off - offset, window_units)
     all_units = cq.units_of(seg)[begin_unit:begin_unit + count]
-    # Units are converted in chunks: a plain pull stops after max_msgs, long before the window.
-    chunk = max(max_msgs + 1, 64)
+    # Units are converted in growing chunks: a plain pull stops after max_msgs, long before
+    # the window; a filtered one may need the whole window.
+    chunk = max(max_msgs + 1, 64) if flt is MATCH_ALL else count
 
     mem_limit = limits.in_memory_bytes
     find_segment = commit_log.segments.find
@@ -77,16 +117,48 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
     seg_bytes = commit_log.segment_bytes
     nxt = offset
     done = False
-    for c0 in range(0, count, chunk):
+    c0 = 0
+    while c0 < count:
         units = all_units[c0:c0 + chunk]
+        c_start, c0, chunk = c0, c0 + len(units), chunk * 4  # a filtered scan widens fast
         positions = units["phys_offset"].tolist()
         sizes = units["size"].tolist()
-        mask = flt.match_units(units["tags_code"])
-        mask = mask.tolist() if mask is not None else None
-        for i in range(len(positions)):
-            pos = positions[i]
-            size = sizes[i]
-            if total and messages:  # the first message is always accepted
+        width = len(positions)
+        mask = _window_mask(units, flt, ext, bloom)
+        if mask is None:
+            candidates = range(width)
+        else:
+            # Only candidates are visited one by one; a run of rejected units is consumed at
+            # once, after checking (vectorized) whether the batch would have filled inside it.
+            candidates = np.flatnonzero(mask).tolist()
+            gap_sizes = units["size"].astype(np.int64)
+            gap_in_mem = (max_py - units["phys_offset"]) <= mem_limit
+            biggest = int(gap_sizes.max())  # below every byte limit: no gap unit can fill it
+            small_bytes = min(limits.mem_bytes, limits.disk_bytes, max_pull)
+            small_count = min(limits.mem_count, limits.disk_count)
+        i = 0
+        for c in (*candidates, width):
+            if c > i:
+                n = len(messages)
+                if n and (n + 1 > max_msgs or n >= small_count or total + biggest > small_bytes):
+                    stop = _first_full(i, c, n, total, gap_sizes, gap_in_mem,
+                                       max_msgs, max_pull, limits)
+                    if stop >= 0:
+                        if stop > i:
+                            max_phys_pulling = positions[stop - 1]
+                            nxt = offset + c_start + stop
+                        done = True
+                        break
+                max_phys_pulling = positions[c - 1]
+                nxt = offset + c_start + c
+                if not messages and max(positions[i:c]) >= next_phys_file_start:
+                    result.status = GetStatus.NO_MATCHED_MESSAGE
+            if c == width:
+                break
+            i = c + 1
+            pos = positions[c]
+            size = sizes[c]
+            if messages:  # the first message is always accepted
                 n = len(messages)
                 if n + 1 > max_msgs or total + size > max_pull:
                     done = True
@@ -99,12 +171,8 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
                     done = True
                     break
             max_phys_pulling = pos
-            nxt = offset + c0 + i + 1
+            nxt = offset + c_start + c + 1
             if pos < next_phys_file_start:
-                continue
-            if mask is not None and not mask[i]:
-                if not messages:
-                    result.status = GetStatus.NO_MATCHED_MESSAGE
                 continue
             if log_seg is None or not log_seg.start <= pos < log_seg.start + log_seg.wrote:
                 log_seg = find_segment(pos)

@@ -29,6 +29,8 @@ from mqstore.storage.checkpoint import (
     Checkpoint, StoreLock, abort_exists, create_abort, read_meta, remove_abort, write_meta,
 )
 from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
+from mqstore.storage.cq_ext import open_ext
+from mqstore.subscriptions import Subscriptions
 from mqstore.storage.commit_log import CommitLog
 from mqstore.store_put import (  # noqa: F401 - flags are part of the store's API
     DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,
@@ -82,6 +84,7 @@ class MessageStore(PutMixin, ReadMixin):
         self._last_append = (0, 0)  # (end offset, store time) of the newest record
         self._filters: OrderedDict = OrderedDict()
         self.consume_queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self.consume_queue_exts: dict = {}
         self.dispatch_thread = None
         self.flush_policy = None
         self.dispatchers = []
@@ -144,6 +147,7 @@ class MessageStore(PutMixin, ReadMixin):
         self.consume_queues.update(load_consume_queues(
             self.root, self._cq_file_bytes, read_only=ro, on_warning=log.warning))
         self.checkpoint = Checkpoint(self.root, read_only=ro)
+        self.subscriptions = Subscriptions(self.root)
         abnormal = abort_exists(self.root)
         self.recovery_report: RecoveryReport = recover(
             self.commit_log, list(self.consume_queues.values()), self.checkpoint,
@@ -289,6 +293,21 @@ class MessageStore(PutMixin, ReadMixin):
                 "restarts": sup.restarts, "failures": list(sup.failures),
                 "dispatched": self.positions[shm.DISPATCHED]}
 
+    def consume_queue_ext(self, topic: str, queue_id: int, create: bool = False):
+        """The consume-queue extension of a queue (filter bitmaps), loaded on first use."""
+        key = (topic, queue_id)
+        ext = self.consume_queue_exts.get(key)
+        if ext is None:
+            with self._cq_lock:
+                ext = self.consume_queue_exts.get(key)
+                if ext is None:
+                    ext = open_ext(self.root, topic, queue_id, self.config.consume_queue.ext_file_bytes,
+                                   read_only=self.read_only or self.dispatch_role == "follower",
+                                   create=create)
+                    if ext is not None:
+                        self.consume_queue_exts[key] = ext
+        return ext
+
     def consume_queue(self, topic: str, queue_id: int, create: bool = False) -> ConsumeQueue | None:
         key = (topic, queue_id)
         cq = self.consume_queues.get(key)
@@ -383,6 +402,8 @@ class MessageStore(PutMixin, ReadMixin):
         for dispatcher in getattr(self, "dispatchers", ()):
             dispatcher.close()
         self.dispatchers = []
+        for ext in getattr(self, "consume_queue_exts", {}).values():
+            ext.close()
         for part in ("checkpoint", "commit_log"):
             obj = getattr(self, part, None)
             if obj is not None:

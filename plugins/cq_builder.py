@@ -1,16 +1,21 @@
 """Consume-queue builder: the dispatcher that appends 20-byte units for each dispatched record.
 
 Prepared and rolled-back transaction records get no unit. Units of one queue that arrive in
-one batch are written with one copy per run of consecutive queue offsets.
+one batch are written with one copy per run of consecutive queue offsets. For topics with
+registered SQL92 subscriptions each new unit points into the queue's extension, where the
+subscriptions' bloom bitmap is kept (spec section 4).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from mqstore.format.cq_ext import BLOOM_BYTES, encode_unit, set_bits
 from mqstore.format.cq_unit import CQ_DTYPE
+from mqstore.format.properties import decode_properties
 from mqstore.format.record import SYSFLAG_TX_MASK, TX_COMMIT, TX_NOT
 from mqstore.hookspecs import hookimpl
+from mqstore.plugins.sql92 import compile_expression
 
 
 class ConsumeQueueBuilder:
@@ -32,6 +37,10 @@ class ConsumeQueueBuilder:
                 groups[key] = [i]
             else:
                 group.append(i)
+        subs = self.store.subscriptions
+        subs.reload()
+        subs_by_topic = {t: [(compile_expression(e["expression"]), subs.positions(e))
+                             for e in subs.for_topic(t)] for t in {k[0] for k in groups}}
         for (topic, queue_id), rows in groups.items():
             idx = np.asarray(rows)
             qoffs = batch.queue_offsets[idx]
@@ -40,10 +49,27 @@ class ConsumeQueueBuilder:
             units["size"] = batch.sizes[idx]
             units["tags_code"] = batch.tags_codes[idx]
             cq = self.store.consume_queue(topic, queue_id, create=True)
+            if subs_by_topic.get(topic):
+                self._attach_bitmaps(batch, rows, units, cq, topic, queue_id, subs_by_topic[topic])
             breaks = np.flatnonzero(np.diff(qoffs) != 1) + 1
             for run in np.split(np.arange(len(idx)), breaks):
                 cq.put_units(int(qoffs[run[0]]), units[run])
         self.store.checkpoint.logics_msg_timestamp = int(batch.store_timestamps[queued[-1]])
+
+    def _attach_bitmaps(self, batch, rows, units, cq, topic, queue_id, compiled) -> None:
+        """Evaluate the topic's SQL92 subscriptions once per new message and point its unit
+        at an extension unit holding the real tag code, store time and bloom bitmap."""
+        ext = self.store.consume_queue_ext(topic, queue_id, create=True)
+        fresh = units["phys_offset"].astype(np.int64) + units["size"] > cq.max_phys
+        for j in np.flatnonzero(fresh).tolist():
+            i = rows[j]
+            props = decode_properties(batch.properties[i].decode("utf-8", errors="replace"))
+            bitmap = bytearray(BLOOM_BYTES)
+            for expression, positions in compiled:
+                if expression.matches(props):
+                    set_bits(bitmap, positions)
+            units["tags_code"][j] = ext.append(encode_unit(
+                int(batch.tags_codes[i]), int(batch.store_timestamps[i]), bytes(bitmap)))
 
     def close(self) -> None:
         pass

@@ -23,6 +23,8 @@ from mqstore.recovery import RecoveryReport
 from mqstore.storage.checkpoint import hold_worker_lock, read_meta
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
+from mqstore.storage.cq_ext import open_ext
+from mqstore.subscriptions import Subscriptions
 from mqstore.workers import shm
 from mqstore.workers.pipes import poke, wait_and_drain
 
@@ -64,6 +66,8 @@ class WorkerHost:
         self._cq_bytes = round_file_bytes(config.consume_queue.file_units * CQ_UNIT_SIZE)
         self._cq_lock = threading.Lock()
         self.consume_queues = load_consume_queues(root, self._cq_bytes, read_only=False)
+        self.consume_queue_exts: dict = {}
+        self.subscriptions = Subscriptions(root)
 
     @staticmethod
     def clock() -> int:
@@ -75,6 +79,16 @@ class WorkerHost:
         if cq is None and create:
             cq = self.consume_queues[key] = ConsumeQueue(self.root, topic, queue_id, self._cq_bytes)
         return cq
+
+    def consume_queue_ext(self, topic: str, queue_id: int, create: bool = False):
+        key = (topic, queue_id)
+        ext = self.consume_queue_exts.get(key)
+        if ext is None:
+            ext = open_ext(self.root, topic, queue_id, self.config.consume_queue.ext_file_bytes,
+                           read_only=False, create=create)
+            if ext is not None:
+                self.consume_queue_exts[key] = ext
+        return ext
 
     def message_at(self, phys_offset: int):
         head = self.commit_log.read(phys_offset, 4)
@@ -156,6 +170,9 @@ def _run(root, config, positions, wake_r, progress_w, parent_pid, restarted) -> 
     finally:
         for cq in host.consume_queues.values():
             cq.flush()
+        for ext in host.consume_queue_exts.values():
+            ext.flush()
+            ext.close()
         for d in dispatchers:
             d.close()
         poke(progress_w)
