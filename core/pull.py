@@ -37,13 +37,17 @@ class PullLimits:
         self.correct = (lambda old, new: old) if slave_no_check else (lambda old, new: new)
 
 
-def _window_mask(units, flt, ext, bloom):
+def _window_mask(units, flt, ext_loader, bloom):
     """Which units of a window may match: tag codes (extension addresses resolved first), and
     for a registered SQL92 subscription its bloom bits. None: every unit may."""
     codes = units["tags_code"]
     is_ext = codes <= EXT_ADDRESS_MAX
-    if ext is None or not is_ext.any():
+    if not is_ext.any():
         return flt.match_units(codes)
+    ext = ext_loader() if ext_loader is not None else None
+    if ext is None:  # addresses without their extension: only the exact check can decide
+        mask = flt.match_units(np.where(is_ext, 0, codes))
+        return None if mask is None else np.asarray(mask, dtype=bool) | is_ext
     present, real, times, bitmaps = ext.resolve(codes[is_ext])
     codes = codes.astype(np.int64)
     codes[is_ext] = real
@@ -73,7 +77,7 @@ def _first_full(i: int, c: int, n: int, total: int, sizes, in_mem, max_msgs: int
 
 
 def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
-                 max_total_bytes: int | None = None, ext=None, bloom=None) -> GetResult:
+                 max_total_bytes: int | None = None, ext_loader=None, bloom=None) -> GetResult:
     correct = limits.correct
     min_off = cq.min_offset if cq is not None else 0
     max_off = cq.max_offset if cq is not None else 0
@@ -124,7 +128,7 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
         positions = units["phys_offset"].tolist()
         sizes = units["size"].tolist()
         width = len(positions)
-        mask = _window_mask(units, flt, ext, bloom)
+        mask = _window_mask(units, flt, ext_loader, bloom)
         if mask is None:
             candidates = range(width)
         else:

@@ -16,7 +16,6 @@ from mqstore.format.record import parse_offset_msg_id
 from mqstore.message import GetResult, StoredMessage
 from mqstore.pull import get_messages
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
-from mqstore.storage.cq_ext import CONSUME_QUEUE_EXT_DIR
 from mqstore.store_put import NOT_READABLE
 from mqstore.workers import shm
 from mqstore.time_search import LOWER, UPPER, offset_by_time, store_time_at
@@ -110,18 +109,15 @@ class ReadMixin:
         if isinstance(max_msgs, bool) or not isinstance(max_msgs, int) or max_msgs < 0:
             raise ValueError(f"max_msgs {max_msgs!r} must be an int >= 0")
         flt = MATCH_ALL if expression is None else self._compile_filter(expression, expression_type)
-        cq = self._queue(topic, queue_id)
-        ext = bloom = None
-        if cq is not None and (self.consume_queue_exts or self.subscriptions.entries or
-                               os.path.isdir(os.path.join(self.root, CONSUME_QUEUE_EXT_DIR))):
-            ext = self.consume_queue_ext(topic, queue_id)
-            if expression is not None and expression_type.upper() == "SQL92":
-                self.subscriptions.reload()
-                entry = self.subscriptions.lookup(group, topic)
-                if entry is not None and entry["expression"] == expression:
-                    bloom = (self.subscriptions.positions(entry), entry["registered_at"])
-        return get_messages(self, cq, int(offset), max_msgs, flt, self._limits,
-                            max_total_bytes, ext, bloom)
+        bloom = None
+        if expression is not None and expression_type.upper() == "SQL92":
+            self.subscriptions.reload()
+            entry = self.subscriptions.lookup(group, topic)
+            if entry is not None and entry["expression"] == expression:
+                bloom = (self.subscriptions.positions(entry), entry["registered_at"])
+        return get_messages(self, self._queue(topic, queue_id), int(offset), max_msgs, flt,
+                            self._limits, max_total_bytes,
+                            lambda: self.consume_queue_ext(topic, queue_id), bloom)
 
     # -- SQL92 subscriptions -----------------------------------------------------------------
     def register_subscription(self, group: str, topic: str, expression: str) -> None:

@@ -130,3 +130,18 @@ def test_bad_or_unknown_subscriptions(make_store, store_dir):
     store.register_subscription("G", "T", EXPR)
     assert store.unregister_subscription("G", "T") is True
     assert store.unregister_subscription("G", "T") is False
+
+
+def test_a_read_only_store_resolves_extension_units(make_store, store_dir, manual_clock):
+    from mqstore import MessageStore
+    store = make_store()
+    store.register_subscription("G", "T", EXPR)
+    manual_clock.advance(1)
+    put_range(store, 0, 20, tags="A")
+    store.wait_dispatched()
+    reader = MessageStore.open(store_dir, read_only=True)
+    try:
+        assert pull_all(reader, "G", EXPR) == (list(range(6, 20)), 0)
+        assert pull_all(reader, "X", "A", expression_type="TAG")[0] == list(range(20))
+    finally:
+        reader.close()
