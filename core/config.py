@@ -62,10 +62,15 @@ class FlushSection(_Section):
     least_pages: int = Field(4, ge=0)
     thorough_interval_ms: int = Field(10_000, ge=1)
     sync_timeout_ms: int = Field(5_000, ge=1)
+    worker: Literal["process", "thread"] = "process"
 
 
 class WriterSection(_Section):
     kind: str = Field("mmap", min_length=1)
+    transient_pool_buffers: int = Field(5, ge=1, le=512)
+    commit_interval_ms: int = Field(200, ge=1)
+    commit_least_pages: int = Field(4, ge=0)
+    commit_thorough_interval_ms: int = Field(200, ge=1)
 
 
 class DispatchSection(_Section):

@@ -123,7 +123,7 @@ class DispatchLoop:
             seg = self.commit_log.segments.find(pos)
             if seg is None:
                 break
-            limit = min(seg.wrote, end - seg.start)
+            limit = min(seg.committed, end - seg.start)
             at = pos - seg.start
             positions, wend = walk(seg.mm, at, limit, stop - seg.start)
             if positions:
@@ -140,7 +140,7 @@ class DispatchLoop:
             pos = seg.start + wend
             if wend >= stop - seg.start or wend >= limit:
                 break
-            kind, size, _head = scan_record(seg.mm, wend, seg.wrote, False, expected_phys=pos)
+            kind, size, _head = scan_record(seg.mm, wend, seg.committed, False, expected_phys=pos)
             if kind == SCAN_BLANK:
                 pos = seg.end
                 continue

@@ -26,6 +26,7 @@ log = logging.getLogger("mqstore.plugins")
 ENTRY_POINT_GROUP = "mqstore"
 DEFAULT_PLUGINS = (
     "mqstore.plugins.writer_mmap",
+    "mqstore.plugins.writer_transient",
     "mqstore.plugins.queue_select_round_robin",
     "mqstore.plugins.queue_select_random",
     "mqstore.plugins.queue_select_hash",

@@ -178,10 +178,10 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
             nxt = offset + c_start + c + 1
             if pos < next_phys_file_start:
                 continue
-            if log_seg is None or not log_seg.start <= pos < log_seg.start + log_seg.wrote:
+            if log_seg is None or not log_seg.start <= pos < log_seg.start + log_seg.committed:
                 log_seg = find_segment(pos)
             at = pos - log_seg.start if log_seg is not None else 0
-            if log_seg is None or at + size > log_seg.wrote or size <= 0:
+            if log_seg is None or at + size > log_seg.committed or size <= 0:
                 if not messages:
                     result.status = GetStatus.MESSAGE_WAS_REMOVING
                 next_phys_file_start = pos + seg_bytes - pos % seg_bytes

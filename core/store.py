@@ -38,6 +38,7 @@ from mqstore.store_put import (  # noqa: F401 - flags are part of the store's AP
 )
 from mqstore.store_read import ReadMixin
 from mqstore.workers import shm
+from mqstore.workers.flush_client import FlushClient
 from mqstore.workers.supervisor import DISPATCH_CATCH_UP_S, DispatchSupervisor
 
 log = logging.getLogger("mqstore.store")
@@ -89,9 +90,12 @@ class MessageStore(PutMixin, ReadMixin):
         self.flush_policy = None
         self.dispatchers = []
         self.dispatch_role = "writer"
-        self.positions = None  # shared with the dispatch worker (process mode)
-        self.supervisor = None
+        self.positions = None  # shared with the dispatch and flush loops (writable stores)
+        self.supervisor = None  # the dispatch worker's (process mode)
+        self.flush_client = None
+        self.writer = None
         self._visible_after_flush = False
+        self._staged_writes = False
         if read_only:
             if not os.path.isdir(self.root):
                 raise FileNotFoundError(f"store directory {self.root!r} does not exist")
@@ -103,6 +107,8 @@ class MessageStore(PutMixin, ReadMixin):
             self._load(config)
         except BaseException:
             # A failed open leaves the directory as it found it: no threads, no lock.
+            if self.flush_client is not None:
+                self.flush_client.stop()
             if self.dispatch_thread is not None:
                 self.dispatch_thread.stop()
             if self.supervisor is not None:
@@ -176,6 +182,7 @@ class MessageStore(PutMixin, ReadMixin):
             config, self.string_hash)
         self.flush_policy = self.hooks.flush_policies.get(config.flush.mode)(self)
         self._visible_after_flush = bool(getattr(self.flush_policy, "visible_after_flush", False))
+        self._staged_writes = getattr(self.writer, "pool", None) is not None
         resume = [d.resume_offset() for d in self.dispatchers if hasattr(d, "resume_offset")]
         start = max(min([self.recovery_report.redispatch_from, *resume]),
                     self.commit_log.min_offset)
@@ -193,11 +200,23 @@ class MessageStore(PutMixin, ReadMixin):
         for cq in self.consume_queues.values():
             cq.correct_min_offset(min_phys)
         create_abort(self.root)
+        p = self.positions = shm.SharedPositions()
+        end = self.commit_log.max_offset
+        p[shm.WRITTEN] = p[shm.COMMITTED] = p[shm.FLUSHED] = end
+        p[shm.CONFIRMED] = self.confirm_offset()
+        p[shm.DISPATCHED] = self.dispatch_loop.dispatched
+        p[shm.MIN_PHYS] = max(self.commit_log.min_offset, 0)
+        p[shm.ABNORMAL] = int(self.recovery_report.abnormal)
+        p[shm.LOGICS_TS] = self.checkpoint.logics_msg_timestamp
+        p[shm.INDEX_TS] = self.checkpoint.index_msg_timestamp
         if config.dispatch.mode == "process":
             self._start_dispatch_worker()
         else:
             self.dispatch_thread = DispatchThread(self.dispatch_loop, config.dispatch.interval_ms)
             self.dispatch_thread.start()
+        self.flush_client = FlushClient(self, p, getattr(self.writer, "pool", None))
+        self.flush_client.start()
+        self.writer.wake_committer = self.flush_client.wake
         self.flush_policy.start()
 
     def _start_dispatch_worker(self) -> None:
@@ -210,16 +229,7 @@ class MessageStore(PutMixin, ReadMixin):
         self.dispatchers = [d for d in (f(self) for _n, f in self.hooks.dispatchers.items())
                             if d is not None]
         self._closed = True
-        p = self.positions = shm.SharedPositions()
-        p[shm.WRITTEN] = self.commit_log.max_offset
-        p[shm.FLUSHED] = self.flushed_where
-        p[shm.CONFIRMED] = self.confirm_offset()
-        p[shm.DISPATCHED] = self.dispatch_loop.dispatched
-        p[shm.MIN_PHYS] = max(self.commit_log.min_offset, 0)
-        p[shm.ABNORMAL] = int(self.recovery_report.abnormal)
-        p[shm.LOGICS_TS] = self.checkpoint.logics_msg_timestamp
-        p[shm.INDEX_TS] = self.checkpoint.index_msg_timestamp
-        self.supervisor = DispatchSupervisor(self.root, self.config, p)
+        self.supervisor = DispatchSupervisor(self.root, self.config, self.positions)
         self.supervisor.start()
 
     # -- positions -------------------------------------------------------------------------
@@ -233,7 +243,7 @@ class MessageStore(PutMixin, ReadMixin):
     def flush_metadata(self) -> None:
         """Persist consume queues and the checkpoint (flush policies call this every second),
         so an abnormal recovery can start near the end instead of at the first segment."""
-        if self.positions is not None:  # the dispatch worker owns and flushes the queues
+        if self.supervisor is not None:  # the dispatch worker owns and flushes the queues
             self.checkpoint.logics_msg_timestamp = self.positions[shm.LOGICS_TS]
             self.checkpoint.index_msg_timestamp = self.positions[shm.INDEX_TS]
             self.checkpoint.flush()
@@ -279,7 +289,7 @@ class MessageStore(PutMixin, ReadMixin):
     def dispatch_behind_bytes(self) -> int:
         if self.read_only:
             return 0
-        if self.positions is not None:
+        if self.supervisor is not None:
             return max(0, self.confirm_offset() - self.positions[shm.DISPATCHED])
         return self.dispatch_loop.behind_bytes()
 
@@ -368,6 +378,7 @@ class MessageStore(PutMixin, ReadMixin):
                 with self._put_lock:
                     pass  # let an in-flight append finish
                 self.flush_policy.stop()
+                self.flush_client.stop()  # final commit and flush; the loop is gone after
                 if self.supervisor is not None:
                     self._stop_dispatch_worker()
                     lag = self.confirm_offset() - self.positions[shm.DISPATCHED]
@@ -382,7 +393,8 @@ class MessageStore(PutMixin, ReadMixin):
                     for cq in self.consume_queues.values():
                         cq.flush()
                 self.flush_metadata()
-                clean = not self.running_flags & UNWRITABLE and lag == 0 and healthy
+                clean = (not self.running_flags & UNWRITABLE and lag == 0 and healthy
+                         and self.flushed_where >= self._last_append[0])
         finally:
             self._release_files()
             if self.positions is not None:
@@ -404,6 +416,9 @@ class MessageStore(PutMixin, ReadMixin):
         self.dispatchers = []
         for ext in getattr(self, "consume_queue_exts", {}).values():
             ext.close()
+        writer_close = getattr(getattr(self, "writer", None), "close", None)
+        if writer_close is not None:  # after the flush loop is gone: it reads the pool
+            writer_close()
         for part in ("checkpoint", "commit_log"):
             obj = getattr(self, part, None)
             if obj is not None:

@@ -13,7 +13,9 @@ import numpy as np
 from mqstore import appender
 from mqstore.batch_columns import columns_from_batch, columns_from_prepared, encode_columns
 from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult, PutStatus
+from mqstore.errors import WorkerError
 from mqstore.storage.commit_log import BlockTooLargeError
+from mqstore.storage.transient_pool import PoolExhaustedError
 from mqstore.workers import shm
 
 # Running flags (spec 9)
@@ -56,25 +58,29 @@ def _rank_within_group(inverse: np.ndarray, groups: int) -> np.ndarray:
 
 class PutMixin:
     def flush_commit_log(self, least_pages: int = 0) -> int:
-        """Flush like RocketMQ's MappedFileQueue.flush; returns the flushed offset."""
-        end, store_ts = self._last_append
-        segs = self.commit_log.segments
-        seg = segs.find(self.flushed_where)
-        while seg is not None:
-            dirty_pages = seg.wrote // 4096 - seg.flushed // 4096
-            if seg.is_full() or (least_pages == 0 and seg.wrote > seg.flushed) or (
-                    least_pages > 0 and dirty_pages >= least_pages):
-                seg.flush()
-            self.flushed_where = max(self.flushed_where, seg.start + seg.flushed)
-            if not seg.is_full() or seg.flushed < seg.size:
-                break
-            seg = segs.find(seg.end)
-        if self.flushed_where >= end and store_ts:
-            self.checkpoint.physic_msg_timestamp = store_ts
-        if self._visible_after_flush:
-            self._wake_dispatch()
-        self.hooks.after_flush(self.flushed_where)
-        return self.flushed_where
+        """One flush pass now, as RocketMQ's MappedFileQueue.flush(least_pages), after
+        committing everything staged in the transient pool; returns the flushed offset."""
+        failure = self.flush_client.take_failure()
+        if failure is not None:
+            raise WorkerError(failure)
+        return self.flush_client.flush_now(least_pages)
+
+    def _apply_flush_progress(self, committed: int, flushed: int, failed: bool) -> None:
+        """What the flush loop reported: readable ends, pool buffers, flushed end, checkpoint."""
+        pool_writer = self.writer if getattr(self.writer, "pool", None) is not None else None
+        if pool_writer is not None:
+            for seg in self.commit_log.segments.segments[-(pool_writer.pool.buffers + 2):]:
+                if seg.staged:
+                    seg.set_committed(committed - seg.start)
+            pool_writer.buffers_returned(committed)
+        if flushed > self.flushed_where:
+            self.flushed_where = flushed
+            end, store_ts = self._last_append
+            if flushed >= end and store_ts:
+                self.checkpoint.physic_msg_timestamp = store_ts
+        if failed and not self.running_flags & NOT_WRITEABLE:
+            self.running_flags |= NOT_WRITEABLE  # as RocketMQ after a failed force
+        self._wake_dispatch()
 
     # -- service checks --------------------------------------------------------------------
     def _service_status(self) -> tuple[PutStatus, str] | None:
@@ -131,8 +137,8 @@ class PutMixin:
             try:
                 qoff = self._queue_offsets.get(key, 0) if p.queued else 0
                 try:
-                    seg = self.commit_log.reserve_locked(p.size)
-                except OSError as exc:
+                    seg = self.commit_log.reserve_locked(p.size, self.writer)
+                except (OSError, PoolExhaustedError) as exc:
                     return PutResult(PutStatus.CREATE_MAPPED_FILE_FAILED, error=str(exc))
                 phys = seg.start + seg.wrote
                 self.writer.write(seg, appender.encode_single(
@@ -142,8 +148,8 @@ class PutMixin:
                 self._last_append = (phys + p.size, now)
             finally:
                 self._begin_in_lock = 0
-        status = self.flush_policy.after_append(phys + p.size, p.wait)
         self._wake_dispatch()
+        status = self.flush_policy.after_append(phys + p.size, p.wait)
         result = PutResult(status, p.queue_id, qoff, phys, p.size,
                            f"{self._msg_id_prefix}{phys:016X}", now)
         if self.hooks.has_after_append:
@@ -214,8 +220,8 @@ class PutMixin:
                     stop = int(np.searchsorted(ends, base + seg_limit, side="right"))
                     block = int(ends[stop - 1]) - base
                     try:
-                        seg = self.commit_log.reserve_locked(block)
-                    except (OSError, BlockTooLargeError) as exc:
+                        seg = self.commit_log.reserve_locked(block, self.writer)
+                    except (OSError, BlockTooLargeError, PoolExhaustedError) as exc:
                         if start:  # earlier blocks are written: keep their offsets
                             self._advance_offsets(keys, inverse[:start])
                         return BatchPutResult.rejected(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
@@ -228,8 +234,8 @@ class PutMixin:
                 self._last_append = (int(phys[-1] + sizes[-1]), now)
             finally:
                 self._begin_in_lock = 0
-        status = self.flush_policy.after_append(int(phys[-1] + sizes[-1]), cols.wait)
         self._wake_dispatch()
+        status = self.flush_policy.after_append(int(phys[-1] + sizes[-1]), cols.wait)
         result = BatchPutResult(status, qids, qoffs, phys, sizes, now, self.store_host)
         self.hooks.after_append(result)
         return result
@@ -242,12 +248,21 @@ class PutMixin:
                 table[key] = table.get(key, 0) + count
 
     def _wake_dispatch(self) -> None:
+        """Publish the written and visible ends; wake the loops that act on them."""
         positions = self.positions
-        if positions is not None:
+        if positions is None:
+            return
+        values = positions.values
+        written = self._last_append[0]
+        if written > values[shm.WRITTEN]:
+            values[shm.WRITTEN] = written
+            if self._staged_writes:  # wakeCommitWhenPutMessage
+                self.flush_client.wake_if_idle()
+        confirmed = self.confirm_offset()
+        if confirmed > values[shm.CONFIRMED]:
+            values[shm.CONFIRMED] = confirmed
+        if self.supervisor is not None:
             # Publish before reading the idle flag: see the handshake in dispatch_worker.
-            values = positions.values
-            values[shm.CONFIRMED] = (self.flushed_where if self._visible_after_flush
-                                     else self.commit_log.segments.max_offset)
             if values[shm.DISPATCH_IDLE]:
                 self.supervisor.wake()
             return

@@ -35,7 +35,7 @@ class ReadMixin:
     # -- following a writer ----------------------------------------------------------------
     def _follow_limit(self) -> int | None:
         """How far consume-queue views may advance, or None when this process writes them."""
-        if self.positions is not None:
+        if self.supervisor is not None:
             return self.positions[shm.DISPATCHED]
         if self.read_only:
             return self.commit_log.follow_tail()

@@ -62,6 +62,7 @@ def make_store(store_dir, manual_clock):
             "plugins": {"load_entry_points": False},
             "index": {"max_hash_slots": 4096, "max_index_entries": 16384},
             "dispatch": {"mode": "thread"},
+            "flush": {"worker": "thread"},
         }
         cfg = load_config(overrides=base).replace(**(overrides or {}))
         store = MessageStore.open(root or store_dir, config=cfg, read_only=read_only, clock=clock)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from mqstore import GetStatus, Message, PutStatus
-from mqstore.storage.mapped_file import MappedFile
+from mqstore.workers import flush_worker
 
 
 def _msg(**kw):
@@ -39,17 +39,17 @@ def test_sync_wait_false_returns_before_the_flush(make_store, monkeypatch):
 
 def test_sync_flush_timeout_keeps_the_message(make_store, monkeypatch):
     store = make_store({"flush": {"mode": "sync", "sync_timeout_ms": 50, "interval_ms": 60_000}})
-    real_flush = MappedFile.flush
+    real_force = flush_worker.force
 
-    def slow_flush(self):
+    def slow_force(fd):
         time.sleep(0.2)
-        return real_flush(self)
+        real_force(fd)
 
-    monkeypatch.setattr(MappedFile, "flush", slow_flush)
+    monkeypatch.setattr(flush_worker, "force", slow_force)  # the loop runs on a thread here
     r = store.put(_msg())
     assert r.status is PutStatus.FLUSH_DISK_TIMEOUT
     assert r.status.stored
-    monkeypatch.setattr(MappedFile, "flush", real_flush)
+    monkeypatch.setattr(flush_worker, "force", real_force)
     store.flush_commit_log(0)
     store.wait_dispatched()
     got = store.get("g", "T", 0, 0).messages

@@ -45,8 +45,12 @@ class CommitLog:
         return self.segments.load()
 
     # -- writing (caller holds the put lock) -----------------------------------------------
-    def reserve_locked(self, nbytes: int) -> MappedFile:
-        """Segment whose write position can take ``nbytes`` now, rolling if needed."""
+    def reserve_locked(self, nbytes: int, writer=None) -> MappedFile:
+        """Segment whose write position can take ``nbytes`` now, rolling if needed.
+
+        ``writer`` (a commit-log writer plugin) writes the blank record and is asked first
+        whether it can take a new segment, so a refused roll changes nothing.
+        """
         limit = self.segments.segment_bytes - END_FILE_MIN_BLANK_BYTES
         if nbytes > limit:
             raise BlockTooLargeError(
@@ -54,13 +58,19 @@ class CommitLog:
                 f"{self.segments.segment_bytes} bytes (at most {limit} per block)"
             )
         seg = self.segments.last()
-        if seg is None or seg.is_full():
-            seg = self.segments.create_next()
-        if nbytes + END_FILE_MIN_BLANK_BYTES > seg.remaining:
-            seg.write(encode_blank(seg.remaining))
+        roll = seg is None or seg.is_full() or nbytes + END_FILE_MIN_BLANK_BYTES > seg.remaining
+        if not roll:
+            return seg
+        check = getattr(writer, "before_roll", None)
+        if check is not None:
+            check()
+        if seg is not None and not seg.is_full():
+            if writer is None:
+                seg.write(encode_blank(seg.remaining))
+            else:
+                writer.write(seg, encode_blank(seg.remaining))
             seg.wrote = seg.size
-            seg = self.segments.create_next()
-        return seg
+        return self.segments.create_next()
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, phys_offset: int, size: int) -> memoryview | None:
@@ -69,7 +79,7 @@ class CommitLog:
         if seg is None:
             return None
         at = phys_offset - seg.start
-        if at + size > seg.wrote or size <= 0:
+        if at + size > seg.committed or size <= 0:
             return None
         return seg.view[at:at + size]
 
@@ -85,7 +95,7 @@ class CommitLog:
             seg = self.segments.find(pos)
             if seg is None:
                 return
-            limit = min(seg.wrote, end - seg.start)
+            limit = min(seg.committed, end - seg.start)
             at = pos - seg.start
             if at >= limit:
                 return

@@ -1,8 +1,11 @@
 """One fixed-size segment file mapped into memory.
 
 A segment is created at its full size (sparse zeros, as RocketMQ's mapped files are) and named by
-the 20-digit offset of its first byte in its stream. It tracks two positions: ``wrote`` (bytes
-appended; the readable limit) and ``flushed`` (bytes known to be on disk).
+the 20-digit offset of its first byte in its stream. It tracks ``wrote`` (bytes appended),
+``committed`` (bytes in the file, the readable limit) and ``flushed`` (bytes known to be on
+disk). Appends copied straight into the map are committed at once; a segment fed from the
+transient pool is ``staged``: its appends go to a pool buffer and become readable only when
+the flush service has copied them into the file.
 
 Not thread-safe: the owning queue serialises appends; reads of ``[0, wrote)`` are safe at any time.
 """
@@ -20,7 +23,8 @@ def segment_name(start_offset: int) -> str:
 
 
 class MappedFile:
-    __slots__ = ("path", "start", "size", "read_only", "wrote", "flushed", "_fd", "mm", "view")
+    __slots__ = ("path", "start", "size", "read_only", "wrote", "flushed", "staged",
+                 "_committed", "_fd", "mm", "view")
 
     def __init__(self, path: str, start: int, size: int, *, read_only: bool = False,
                  create: bool = False) -> None:
@@ -45,6 +49,24 @@ class MappedFile:
         # A loaded segment starts out full; recovery moves the positions back.
         self.wrote = 0 if create else size
         self.flushed = self.wrote
+        self.staged = False
+        self._committed = 0
+
+    @property
+    def committed(self) -> int:
+        return self._committed if self.staged else self.wrote
+
+    def stage(self) -> None:
+        """From now on appends are committed by someone else (see ``set_committed``)."""
+        if not self.staged:
+            self._committed = self.wrote
+            self.staged = True
+
+    def set_committed(self, position: int) -> None:
+        if position > self._committed:
+            self._committed = min(position, self.wrote)
+        if self._committed >= self.size:
+            self.staged = False  # whole segment in the file: nothing is staged any more
 
     @property
     def end(self) -> int:

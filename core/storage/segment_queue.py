@@ -104,7 +104,20 @@ class SegmentQueue:
 
     @property
     def max_offset(self) -> int:
-        """End of readable data: last segment's start plus its write position (0 if empty)."""
+        """End of readable data: last segment's start plus its committed position (0 if empty)."""
+        segs = self.segments
+        if not segs:
+            return 0
+        end = segs[-1].start + segs[-1].committed
+        i = len(segs) - 2
+        while i >= 0 and segs[i].staged:  # commits go in order: an earlier gap ends the data
+            end = segs[i].start + segs[i].committed
+            i -= 1
+        return end
+
+    @property
+    def write_end(self) -> int:
+        """End of appended data, committed or still staged in the transient pool."""
         segs = self.segments
         return segs[-1].start + segs[-1].wrote if segs else 0
 

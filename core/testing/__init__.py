@@ -19,13 +19,13 @@ from mqstore.store import MessageStore
 def simulate_crash(store: MessageStore) -> None:
     """End ``store`` abruptly: threads stop, files close, ``abort`` stays behind."""
     store._closed = True
+    if store.flush_client is not None:  # no final commit or flush
+        store.flush_client.kill()
     if store.dispatch_thread is not None:
         store.dispatch_thread.stop()
     if store.supervisor is not None:  # a dying store takes its worker with it
         store.supervisor.kill()
         store.positions.close()
-    if store.flush_policy is not None and hasattr(store.flush_policy, "halt"):
-        store.flush_policy.halt()
     store._release_files()
     if store._lock is not None:
         store._lock.release()

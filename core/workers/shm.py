@@ -6,8 +6,8 @@ hints that only grow. Only the segment's *name* crosses the process boundary (pi
 the name), and only the creating store unlinks it.
 
     slot            writer          meaning
-    WRITTEN         store           end of appended commit-log bytes (at open)
-    FLUSHED         store           end of bytes forced to disk (at open)
+    WRITTEN         store           end of appended commit-log bytes
+    FLUSHED         flush           end of bytes forced to disk
     CONFIRMED       store           end of bytes consumers may see (dispatch stops here)
     DISPATCHED      dispatch        end of dispatched bytes: every record below has its units
     DISPATCH_IDLE   dispatch        1 while the worker sleeps waiting for work
@@ -16,6 +16,16 @@ the name), and only the creating store unlinks it.
     STOP            store           1: finish the current batch and exit (NOTE [ Shutdown ])
     MIN_PHYS        store           first stored commit-log byte (after cleanup)
     ABNORMAL        store           1 when the store opened after an unclean exit
+    COMMITTED       flush           end of bytes in the segment files (transient pool: copied
+                                    from the pool; mmap writer: equal to WRITTEN)
+    FLUSH_REQUEST   store           highest end offset a sync-flush put waits for
+    FLUSH_ASK       store           sequence number of an explicit flush pass asked for
+    FLUSH_ASK_LEAST store           least pages of that pass (0: everything)
+    FLUSH_DONE      flush           sequence number of the last explicit pass served
+    FLUSH_STOP      store           1: final commit and flush, then exit; 2: exit at once
+    FLUSH_IDLE      flush           1 while the flush loop sleeps
+    FLUSH_COUNT     flush           number of forced writes (fdatasync calls) so far
+    FLUSH_ERROR     flush           1 once forcing or committing failed with an OS error
 """
 
 from __future__ import annotations
@@ -25,8 +35,9 @@ from multiprocessing import shared_memory
 import numpy as np
 
 WRITTEN, FLUSHED, CONFIRMED, DISPATCHED, DISPATCH_IDLE, LOGICS_TS, INDEX_TS, STOP, MIN_PHYS, \
-    ABNORMAL = range(10)
-SLOTS = 16
+    ABNORMAL, COMMITTED, FLUSH_REQUEST, FLUSH_ASK, FLUSH_ASK_LEAST, FLUSH_DONE, FLUSH_STOP, \
+    FLUSH_IDLE, FLUSH_COUNT, FLUSH_ERROR = range(19)
+SLOTS = 32
 
 
 class SharedPositions:

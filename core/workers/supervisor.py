@@ -1,4 +1,4 @@
-"""Starts, watches, restarts and stops the dispatch worker process.
+"""Starts, watches, restarts and stops the worker processes (dispatch, flush).
 
 NOTE [ Shutdown ]
 The store and its dispatch worker share a SharedPositions segment (``workers.shm``) and two
@@ -47,11 +47,20 @@ QUICK_FAILURE_S = 2.0  # a worker dying this soon after starting did not get goi
 MAX_QUICK_FAILURES = 5
 
 
-class DispatchSupervisor:
-    def __init__(self, root: str, config, positions: shm.SharedPositions) -> None:
+class WorkerSupervisor:
+    """One worker process: ``target(root, config, positions_name, wake_r, progress_w,
+    parent_pid, restarted, *extra)``; ``stop_slot`` is the shared slot that asks it to stop."""
+
+    name = "worker"
+    stop_slot = shm.STOP
+
+    def __init__(self, root: str, config, positions: shm.SharedPositions, target=None,
+                 extra: tuple = ()) -> None:
         self.root = root
         self.config = config
         self.positions = positions
+        self.target = target
+        self.extra = extra
         self.ctx = mp.get_context("spawn")
         self.wake_r, self.wake_w = self.ctx.Pipe(duplex=False)
         self.progress_r, self.progress_w = self.ctx.Pipe(duplex=False)
@@ -70,17 +79,17 @@ class DispatchSupervisor:
         self._spawn(restarted=False)
         # A store left open at interpreter exit still stops its worker before multiprocessing
         # tears daemon processes down (that teardown would kill it mid-batch).
-        util.Finalize(self, DispatchSupervisor._exit_stop, args=(self.positions, self.wake_w),
-                      exitpriority=10)
+        util.Finalize(self, WorkerSupervisor._exit_stop,
+                      args=(self.positions, self.wake_w, self.stop_slot), exitpriority=10)
         self._monitor = threading.Thread(target=self._watch, name="mqstore-supervisor",
                                          daemon=True)
         self._monitor.start()
 
     def _spawn(self, restarted: bool) -> None:
         proc = self.ctx.Process(
-            target=dispatch_worker.run, name="mqstore-dispatch", daemon=True,
+            target=self.target, name=f"mqstore-{self.name}", daemon=True,
             args=(self.root, self.config, self.positions.name, self.wake_r, self.progress_w,
-                  os.getpid(), restarted))
+                  os.getpid(), restarted, *self.extra))
         # spawn re-runs the parent's main script in the child; a program read from stdin or
         # typed at a prompt has none, so the child must not look for it.
         main = sys.modules.get("__main__")
@@ -107,15 +116,15 @@ class DispatchSupervisor:
             quick = time.monotonic() - self._started_at < QUICK_FAILURE_S
             self._quick_failures = self._quick_failures + 1 if quick else 0
             if self._quick_failures > MAX_QUICK_FAILURES:
-                msg = (f"dispatch worker (pid {proc.pid}) exited with code {proc.exitcode}, "
+                msg = (f"{self.name} worker (pid {proc.pid}) exited with code {proc.exitcode}, "
                        f"the {self._quick_failures}th time in a row within "
-                       f"{QUICK_FAILURE_S:.0f} s of starting; dispatch stopped")
+                       f"{QUICK_FAILURE_S:.0f} s of starting; {self.name} stopped")
                 log.error(msg)
                 self.failures.append(msg)
                 self._unreported.append(msg)
                 return
-            msg = (f"dispatch worker (pid {proc.pid}) exited with code {proc.exitcode}; "
-                   f"restarting it from commit-log offset {self.positions[shm.DISPATCHED]}")
+            msg = (f"{self.name} worker (pid {proc.pid}) exited with code {proc.exitcode}; "
+                   f"restarting it from {self.resume_point()}")
             log.error(msg)
             self.failures.append(msg)
             self._unreported.append(msg)
@@ -125,10 +134,13 @@ class DispatchSupervisor:
                 return
             self._spawn(restarted=True)
 
+    def resume_point(self) -> str:
+        return "where it left off"
+
     @staticmethod
-    def _exit_stop(positions, wake_w) -> None:
+    def _exit_stop(positions, wake_w, slot) -> None:
         try:
-            positions[shm.STOP] = 1
+            positions[slot] = 1
             poke(wake_w)
         except Exception:  # already closed
             pass
@@ -171,7 +183,7 @@ class DispatchSupervisor:
         """Steps 4-5 of NOTE [ Shutdown ]; bounded by STOP_TIMEOUT_S (plus 2 s to kill)."""
         self._stopping = True
         self._stop_w.send(b"stop")
-        self.positions[shm.STOP] = 1
+        self.positions[self.stop_slot] = 1
         self.wake()
         if self._monitor is not None:
             self._monitor.join(STOP_TIMEOUT_S)
@@ -179,8 +191,8 @@ class DispatchSupervisor:
         if proc is not None:
             proc.join(STOP_TIMEOUT_S)
             if proc.is_alive():
-                log.error("dispatch worker %d did not stop in %.0f s; terminating", proc.pid,
-                          STOP_TIMEOUT_S)
+                log.error("%s worker %d did not stop in %.0f s; terminating", self.name,
+                          proc.pid, STOP_TIMEOUT_S)
                 proc.terminate()
                 proc.join(1.0)
             if proc.is_alive():
@@ -189,3 +201,14 @@ class DispatchSupervisor:
         for conn in (self._stop_r, self._stop_w, self.wake_r, self.wake_w, self.progress_r,
                      self.progress_w):
             conn.close()
+
+
+class DispatchSupervisor(WorkerSupervisor):
+    name = "dispatch"
+    stop_slot = shm.STOP
+
+    def __init__(self, root: str, config, positions: shm.SharedPositions) -> None:
+        super().__init__(root, config, positions, dispatch_worker.run)
+
+    def resume_point(self) -> str:
+        return f"commit-log offset {self.positions[shm.DISPATCHED]}"

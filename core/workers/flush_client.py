@@ -1,0 +1,196 @@
+"""The store's side of the flush loop: start it, ask it for flushes, follow what it reports.
+
+A listener thread sleeps on the loop's progress pipe; each byte means "positions moved". It
+applies COMMITTED and FLUSHED to the store (readable ends, pool buffers coming back, the
+checkpoint's ``physicMsgTimestamp``, what dispatch may see), then wakes every put waiting for
+a flush. Once a second it also persists the checkpoint and, in thread-dispatch mode, the
+consume queues.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import threading
+import time
+
+from mqstore.workers import flush_worker, shm
+from mqstore.workers.pipes import poke, wait_and_drain
+from mqstore.workers.supervisor import STOP_TIMEOUT_S, WorkerSupervisor
+
+log = logging.getLogger("mqstore.workers.flush")
+METADATA_INTERVAL_S = 1.0  # consume queues and checkpoint, as RocketMQ's 1 s checkpoint task
+ASK_TIMEOUT_S = 60.0
+
+
+class FlushSupervisor(WorkerSupervisor):
+    name = "flush"
+    stop_slot = shm.FLUSH_STOP
+
+    def resume_point(self) -> str:
+        return (f"committed offset {self.positions[shm.COMMITTED]}, flushed offset "
+                f"{self.positions[shm.FLUSHED]}")
+
+
+class FlushClient:
+    def __init__(self, store, positions: shm.SharedPositions, pool=None) -> None:
+        self.store = store
+        self.p = positions
+        self.pool = pool
+        self.mode = store.config.flush.worker
+        self.supervisor: FlushSupervisor | None = None
+        self._thread: threading.Thread | None = None
+        self._cond = threading.Condition()
+        self._sync_lock = threading.Lock()
+        self._ask_lock = threading.Lock()
+        self._stopping = False
+        self._listener: threading.Thread | None = None
+
+    # -- life --------------------------------------------------------------------------------
+    def start(self) -> None:
+        store = self.store
+        seg_bytes = store.commit_log.segment_bytes
+        pool_name = self.pool.name if self.pool is not None else None
+        if self.mode == "process":
+            sup = self.supervisor = FlushSupervisor(
+                store.root, store.config, self.p, flush_worker.run, (seg_bytes, pool_name))
+            self.wake_w, self.progress_r, self._progress_w = sup.wake_w, sup.progress_r, sup.progress_w
+            sup.start()
+        else:
+            ctx = mp.get_context("spawn")
+            wake_r, self.wake_w = ctx.Pipe(duplex=False)
+            self.progress_r, self._progress_w = ctx.Pipe(duplex=False)
+            os.set_blocking(self.wake_w.fileno(), False)
+            os.set_blocking(self._progress_w.fileno(), False)
+            self._pipes = (wake_r, self.wake_w, self.progress_r, self._progress_w)
+            hooks = store.hooks
+            service = flush_worker.FlushService(
+                store.commit_log.segments.directory, seg_bytes, self.p,
+                flush_worker.schedule_of(type(store.flush_policy), store.config),
+                flush_worker.commit_schedule(store.config), self.pool,
+                hooks.after_flush if hooks.has_after_flush else None)
+            self._service = service
+
+            def serve():
+                try:
+                    service.run(wake_r, self._progress_w)
+                finally:
+                    service.close()
+
+            self._thread = threading.Thread(target=serve, name="mqstore-flush", daemon=True)
+            self._thread.start()
+        self._listener = threading.Thread(target=self._listen, name="mqstore-flush-listener",
+                                          daemon=True)
+        self._listener.start()
+
+    def _listen(self) -> None:
+        next_metadata = time.monotonic() + METADATA_INTERVAL_S
+        while not self._stopping:
+            wait_and_drain(self.progress_r, max(0.0, next_metadata - time.monotonic()))
+            if self._stopping:
+                return
+            try:
+                self.sync()
+                now = time.monotonic()
+                if now >= next_metadata:
+                    next_metadata = now + METADATA_INTERVAL_S
+                    self.store.flush_metadata()
+            except Exception:  # a closing store; the next close() reports real trouble
+                log.exception("flush listener")
+
+    def _end(self, slot_value: int) -> None:
+        self._stopping = True
+        poke(self._progress_w)  # the listener first: the supervisor closes the pipes it reads
+        if self._listener is not None:
+            self._listener.join(STOP_TIMEOUT_S)
+        if self.supervisor is not None:
+            if slot_value == 1:
+                self.supervisor.stop()
+            else:
+                self.supervisor.kill()
+        elif self._thread is not None:
+            self.p[shm.FLUSH_STOP] = slot_value
+            poke(self.wake_w)
+            self._thread.join(STOP_TIMEOUT_S)
+            for conn in self._pipes:
+                conn.close()
+            self._thread = None
+        with self._cond:
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        """Final commit and flush of everything written, then the loop ends."""
+        if self._stopping:
+            return
+        self._end(1)
+        self.sync()
+
+    def kill(self) -> None:
+        """End the loop without a final flush, as the death of the store process would."""
+        if not self._stopping:
+            self._end(2)
+
+    # -- asking ------------------------------------------------------------------------------
+    def take_failure(self) -> str | None:
+        return self.supervisor.take_failure() if self.supervisor is not None else None
+
+    def wake(self) -> None:
+        poke(self.wake_w)
+
+    def wake_if_idle(self) -> None:
+        if self.p[shm.FLUSH_IDLE]:
+            poke(self.wake_w)
+
+    def wait_flushed(self, end: int, timeout_s: float) -> bool:
+        """Group commit: ask for ``end`` to be flushed and wait until it is (or time is up)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            if end > self.p[shm.FLUSH_REQUEST]:
+                self.p[shm.FLUSH_REQUEST] = end
+            poke(self.wake_w)
+            store = self.store
+            while store.flushed_where < end:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopping:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def flush_now(self, least_pages: int = 0) -> int:
+        """One explicit pass: commit everything, flush by ``least_pages``; the flushed end."""
+        if self._stopping:
+            return self.store.flushed_where
+        with self._ask_lock:
+            seq = self.p[shm.FLUSH_ASK] + 1
+            self.p[shm.FLUSH_ASK_LEAST] = least_pages
+            self.p[shm.FLUSH_ASK] = seq
+            poke(self.wake_w)
+            deadline = time.monotonic() + ASK_TIMEOUT_S
+            with self._cond:
+                while self.p[shm.FLUSH_DONE] < seq:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"the flush loop did not answer within {ASK_TIMEOUT_S} s")
+                    self._cond.wait(min(left, 0.05))
+        self.sync()
+        return self.store.flushed_where
+
+    # -- following ---------------------------------------------------------------------------
+    def sync(self) -> None:
+        with self._sync_lock:
+            self.store._apply_flush_progress(self.p[shm.COMMITTED], self.p[shm.FLUSHED],
+                                             bool(self.p[shm.FLUSH_ERROR]))
+        with self._cond:
+            self._cond.notify_all()
+
+    def status(self) -> dict:
+        sup = self.supervisor
+        out = {"mode": self.mode, "committed": self.p[shm.COMMITTED],
+               "flushed": self.p[shm.FLUSHED], "fsyncs": self.p[shm.FLUSH_COUNT]}
+        if sup is not None:
+            out.update(alive=sup.alive(), pid=sup.process.pid, restarts=sup.restarts,
+                       failures=list(sup.failures))
+        else:
+            out["alive"] = self._thread is not None and self._thread.is_alive()
+        return out

@@ -1,0 +1,244 @@
+"""The flush loop: commits transient-pool buffers into segment files and forces files to disk.
+
+It runs in its own worker process (``flush.worker: process``) or on a thread of the store
+process (``thread``); the code is the same, it talks to the store only through the shared
+positions and two pipes (see NOTE [ Shutdown ] in ``supervisor``). It opens the segment files
+itself: ``fdatasync`` on its own descriptor writes back the pages the store dirtied through its
+map, since both share the page cache.
+
+Decisions follow RocketMQ's services over absolute offsets:
+- commit (transient pool only, CommitRealTimeService): copy ``[committed, written)`` of a
+  segment when the segment is complete, or when at least ``writer.commit_least_pages`` pages
+  are pending, or every ``writer.commit_thorough_interval_ms``; a sync-flush request or an
+  explicit flush commits everything first.
+- flush (MappedFileQueue.flush): force the segment holding the flushed position when it is
+  complete, or when ``least_pages`` is 0 and it has unflushed bytes, or when at least
+  ``least_pages`` whole pages are unflushed. The flush policy's ``schedule(config)`` gives the
+  period, least pages and thorough period; sync-flush requests are served at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from mqstore.storage.mapped_file import segment_name
+from mqstore.storage.transient_pool import TransientPool
+from mqstore.workers import shm
+from mqstore.workers.pipes import poke, wait_and_drain
+
+log = logging.getLogger("mqstore.workers.flush")
+PAGE = 4096
+PARENT_CHECK_S = 0.5  # longest sleep, so a worker notices its store is gone
+
+
+def force(fd: int) -> None:
+    os.fdatasync(fd)
+
+
+class FlushService:
+    def __init__(self, directory: str, segment_bytes: int, positions: shm.SharedPositions,
+                 schedule: tuple[float, int, float], commit_schedule: tuple[float, int, float],
+                 pool: TransientPool | None = None, after_flush=None) -> None:
+        self.directory = directory
+        self.size = segment_bytes
+        self.p = positions
+        self.interval_s, self.least_pages, self.thorough_s = schedule
+        self.commit_s, self.commit_least, self.commit_thorough_s = commit_schedule
+        self.pool = pool
+        self.after_flush = after_flush
+        self._fds: dict[int, int] = {}
+        self.flushed = positions[shm.FLUSHED]
+        self.committed = positions[shm.COMMITTED]
+
+    # -- files -------------------------------------------------------------------------------
+    def _fd(self, start: int) -> int | None:
+        fd = self._fds.get(start)
+        if fd is None:
+            try:
+                fd = os.open(os.path.join(self.directory, segment_name(start)), os.O_RDWR)
+            except FileNotFoundError:  # removed by cleanup: nothing left to make durable
+                return None
+            self._fds[start] = fd
+        return fd
+
+    def _close_done(self) -> None:
+        done = min(self.flushed, self.committed)
+        for start in [s for s in self._fds if s + self.size <= done]:
+            os.close(self._fds.pop(start))
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    # -- commit ------------------------------------------------------------------------------
+    def commit(self, least_pages: int) -> bool:
+        """Copy staged bytes into the files by the rule above; True if anything moved."""
+        if self.pool is None:
+            written = self.p[shm.WRITTEN]
+            moved = written > self.committed
+            self.committed = max(self.committed, written)
+            self.p[shm.COMMITTED] = self.committed
+            return moved
+        written = self.p[shm.WRITTEN]
+        begin = c = self.committed
+        while c < written:
+            start = c - c % self.size
+            end = start + self.size
+            upto = min(written, end)
+            complete = written >= end
+            pages = (upto - start) // PAGE - (c - start) // PAGE
+            if not (complete or least_pages == 0 or pages >= least_pages):
+                break
+            buf = self.pool.buffer_of(start)
+            fd = self._fd(start)
+            if buf is None or fd is None:
+                raise RuntimeError(f"segment {start}: no pool buffer or file to commit "
+                                   f"[{c}, {upto}) from")
+            at, stop = c - start, upto - start
+            while at < stop:
+                at += os.pwrite(fd, buf[at:stop], at)
+            c = upto
+            if not complete:
+                break
+        self.committed = c
+        self.p[shm.COMMITTED] = c
+        return c > begin
+
+    # -- flush -------------------------------------------------------------------------------
+    def flush(self, least_pages: int) -> bool:
+        begin = f = self.flushed
+        limit = self.committed
+        while True:
+            start = f - f % self.size
+            end = start + self.size
+            upto = min(limit, end)
+            complete = limit >= end
+            pages = (upto - start) // PAGE - (f - start) // PAGE
+            if upto > f and (complete or least_pages == 0 or pages >= least_pages):
+                fd = self._fd(start)
+                if fd is not None:
+                    force(fd)
+                    self.p[shm.FLUSH_COUNT] = self.p[shm.FLUSH_COUNT] + 1
+                f = upto
+            if not complete or f < end:
+                break
+        if f > begin:
+            self.flushed = f
+            self.p[shm.FLUSHED] = f
+            self._close_done()
+            if self.after_flush is not None:
+                self.after_flush(f)
+            return True
+        return False
+
+    # -- loop --------------------------------------------------------------------------------
+    def _asked(self) -> bool:
+        p = self.p
+        return bool(p[shm.FLUSH_STOP] or p[shm.FLUSH_ASK] > p[shm.FLUSH_DONE]
+                    or p[shm.FLUSH_REQUEST] > self.flushed)
+
+    def run(self, wake_r, progress_w, parent_pid: int | None = None) -> None:
+        p = self.p
+        now = time.monotonic()
+        next_flush, next_thorough = now + self.interval_s, now + self.thorough_s
+        next_commit, next_commit_thorough = now + self.commit_s, now + self.commit_thorough_s
+        failed_at = 0.0
+        while True:
+            stop = p[shm.FLUSH_STOP]
+            if stop == 2:
+                return
+            if parent_pid is not None and os.getppid() != parent_pid:
+                log.error("store process %d is gone; flush worker exits", parent_pid)
+                return
+            now = time.monotonic()
+            moved = False
+            try:
+                if stop:
+                    moved = self.commit(0) | self.flush(0)
+                    poke(progress_w)
+                    return
+                ask = p[shm.FLUSH_ASK]
+                if ask > p[shm.FLUSH_DONE]:
+                    least = p[shm.FLUSH_ASK_LEAST]
+                    moved |= self.commit(0)
+                    moved |= self.flush(least)
+                    p[shm.FLUSH_DONE] = ask
+                    moved = True
+                if p[shm.FLUSH_REQUEST] > self.flushed:
+                    moved |= self.commit(0)
+                    moved |= self.flush(0)
+                least = self.commit_least
+                if now >= next_commit_thorough:
+                    least, next_commit_thorough = 0, now + self.commit_thorough_s
+                moved |= self.commit(least)  # a put's wake-up commits by the pages rule
+                next_commit = now + self.commit_s
+                if now >= next_flush:
+                    least = self.least_pages
+                    if now >= next_thorough:
+                        least, next_thorough = 0, now + self.thorough_s
+                    moved |= self.flush(least)
+                    next_flush = now + self.interval_s
+            except OSError as exc:
+                if not p[shm.FLUSH_ERROR]:
+                    log.error("commit-log flush failed: %s", exc)
+                p[shm.FLUSH_ERROR] = 1
+                moved = True
+                failed_at = now
+            if moved:
+                poke(progress_w)
+                if p[shm.FLUSH_REQUEST] > self.flushed and not failed_at:
+                    continue
+            # Idle handshake (as the dispatch worker's): announce, drain, re-check, sleep.
+            p[shm.FLUSH_IDLE] = 1
+            wait_and_drain(wake_r, 0)
+            if not self._asked():
+                due = min(next_flush, next_commit) - time.monotonic()
+                if failed_at:
+                    due, failed_at = max(due, 0.1), 0.0
+                wait_and_drain(wake_r, max(0.0, min(due, PARENT_CHECK_S)))
+            p[shm.FLUSH_IDLE] = 0
+
+
+def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: int,
+        restarted: bool, segment_bytes: int, pool_name: str | None) -> None:
+    """Worker entry point (``multiprocessing`` target)."""
+    from mqstore.plugins_manager import PluginHooks, make_plugin_manager
+
+    positions = shm.SharedPositions(positions_name)
+    pool = (TransientPool(config.writer.transient_pool_buffers, segment_bytes, pool_name)
+            if pool_name else None)
+    try:
+        os.set_blocking(progress_w.fileno(), False)
+        hooks = PluginHooks(make_plugin_manager(
+            modules=config.plugins.modules, disable=config.plugins.disable,
+            load_entry_points=config.plugins.load_entry_points))
+        service = FlushService(
+            os.path.join(root, "commitlog"), segment_bytes, positions,
+            schedule_of(hooks.flush_policies.get(config.flush.mode), config),
+            commit_schedule(config), pool,
+            hooks.after_flush if hooks.has_after_flush else None)
+        try:
+            service.run(wake_r, progress_w, parent_pid)
+        finally:
+            service.close()
+    finally:
+        if pool is not None:
+            pool.close()
+        positions.close()
+
+
+def schedule_of(policy_factory, config) -> tuple[float, int, float]:
+    """(period s, least pages, thorough period s) of the configured flush policy."""
+    schedule = getattr(policy_factory, "schedule", None)
+    if schedule is not None:
+        return schedule(config)
+    f = config.flush
+    return f.interval_ms / 1000.0, f.least_pages, f.thorough_interval_ms / 1000.0
+
+
+def commit_schedule(config) -> tuple[float, int, float]:
+    w = config.writer
+    return w.commit_interval_ms / 1000.0, w.commit_least_pages, w.commit_thorough_interval_ms / 1000.0
