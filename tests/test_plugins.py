@@ -332,7 +332,7 @@ def test_registered_writer_is_unused_unless_selected(make_store, add_plugin):
 
 
 @pytest.mark.parametrize("section, key, kind, builtins", [
-    ("writer", "kind", "writer", ["mmap"]),
+    ("writer", "kind", "writer", ["mmap", "transient_pool"]),
     ("queue_select", "selector", "queue selector", ["key_hash", "random", "round_robin"]),
 ])
 def test_unknown_strategy_name_fails_naming_it_and_the_registered_ones(
