@@ -67,7 +67,7 @@ class FlushSection(_Section):
 
 class WriterSection(_Section):
     kind: str = Field("mmap", min_length=1)
-    transient_pool_buffers: int = Field(5, ge=1, le=512)
+    transient_pool_buffers: int = Field(5, ge=2, le=512)
     commit_interval_ms: int = Field(200, ge=1)
     commit_least_pages: int = Field(4, ge=0)
     commit_thorough_interval_ms: int = Field(200, ge=1)

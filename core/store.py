@@ -216,7 +216,7 @@ class MessageStore(PutMixin, ReadMixin):
             self.dispatch_thread.start()
         self.flush_client = FlushClient(self, p, getattr(self.writer, "pool", None))
         self.flush_client.start()
-        self.writer.wake_committer = self.flush_client.wake
+        self.writer.wake_committer = self._wake_committer
         self.flush_policy.start()
 
     def _start_dispatch_worker(self) -> None:
@@ -259,12 +259,18 @@ class MessageStore(PutMixin, ReadMixin):
 
     # -- dispatch --------------------------------------------------------------------------
     def wait_dispatched(self, timeout: float = 5.0) -> None:
-        """Block until the consume queues cover every byte visible to consumers now.
+        """Block until the consume queues cover every byte visible to consumers now (with the
+        transient pool: every byte appended now, once the flush loop has committed it).
 
         Raises WorkerError once for each dispatch-worker failure (the worker was restarted),
         TimeoutError when dispatch does not get there in time."""
         if self.read_only or self._closed:
             return
+        if self._staged_writes and not self._visible_after_flush:
+            written = self.commit_log.segments.write_end
+            if not self.flush_client.wait_committed(written, timeout):
+                raise TimeoutError(f"the flush loop did not commit up to {written} within "
+                                   f"{timeout} s (committed: {self.commit_log.max_offset})")
         target = self.confirm_offset()
         if self.supervisor is not None:
             self._wake_dispatch()

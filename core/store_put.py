@@ -247,6 +247,14 @@ class PutMixin:
             if count:
                 table[key] = table.get(key, 0) + count
 
+    def _wake_committer(self) -> None:
+        """A writer waits for pool buffers under the put lock: publish what this append has
+        written so far (whole segments the committer may now finish), then wake it."""
+        written = self.commit_log.segments.write_end
+        if written > self.positions[shm.WRITTEN]:
+            self.positions[shm.WRITTEN] = written
+        self.flush_client.wake()
+
     def _wake_dispatch(self) -> None:
         """Publish the written and visible ends; wake the loops that act on them."""
         positions = self.positions

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 from mqstore.hookspecs import hookimpl
 from mqstore.storage.transient_pool import PoolExhaustedError, TransientPool
 
@@ -46,6 +48,13 @@ class TransientPoolWriter:
         end = pos + len(data)
         self._buf[pos:end] = data
         segment.wrote = end
+        return pos
+
+    def write_blank(self, segment, data) -> int:
+        """The end-of-segment blank; the rest of a reused buffer is zeroed so the commit copies
+        the same zeros a fresh (sparse) segment file has there."""
+        pos = self.write(segment, data)
+        np.frombuffer(self._buf, dtype=np.uint8)[pos + len(data):] = 0
         return pos
 
     def buffers_returned(self, committed: int) -> None:

@@ -1,4 +1,5 @@
-"""Writer process for the SIGKILL tests: ``python crash_writer.py <dir> <sync|async> <seed>``.
+"""Writer process for the SIGKILL tests:
+``python crash_writer.py <dir> <sync|async> <seed> [mmap|transient_pool]``.
 
 Opens a store with 64 KiB commit-log segments and puts messages with bodies derived from
 ``(index, seed)`` to several queues of topic ``T``, one at a time. After each acknowledged put
@@ -39,20 +40,23 @@ def index_of(body: bytes) -> int:
     return int(body[:8])
 
 
-def config_overrides(flush_mode: str) -> dict:
+def config_overrides(flush_mode: str, writer: str = "mmap") -> dict:
     return {
         "commit_log": {"segment_bytes": SEGMENT_BYTES},
         "store": {"hash": "java"},
         "flush": {"mode": flush_mode},
+        "writer": {"kind": writer},
         "plugins": {"load_entry_points": False},
     }
 
 
 def main(argv: list[str]) -> int:
     root, flush_mode, seed = argv[1], argv[2], int(argv[3])
+    writer = argv[4] if len(argv) > 4 else "mmap"
     from mqstore import Message, MessageStore, PutStatus, load_config
 
-    store = MessageStore.open(root, config=load_config(overrides=config_overrides(flush_mode)))
+    store = MessageStore.open(root, config=load_config(
+        overrides=config_overrides(flush_mode, writer)))
     out = sys.stdout
     for index in range(MAX_MESSAGES):
         result = store.put(Message(TOPIC, body_for(index, seed), tags=tags_for(index),

@@ -13,6 +13,7 @@ reads whatever acknowledgements were already in the pipe, and reopens the direct
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
 import signal
 import struct
@@ -35,7 +36,9 @@ SEG = crash_writer.SEGMENT_BYTES
 TOPIC = crash_writer.TOPIC
 BLANK_MAGIC = -875286124  # 0xCBD43194
 END_FILE_MIN_BLANK_BYTES = 8
-KILL_SEEDS = range(20)
+# Kill points per (flush mode, writer); MQSTORE_KILL_POINTS=300 makes a longer run.
+KILL_SEEDS = range(int(os.environ.get("MQSTORE_KILL_POINTS", "20")))
+WRITERS = ["mmap", "transient_pool"]
 MAX_KILL_AFTER = 600  # acknowledgements; about two and a half 64 KiB segments
 WATCHDOG_S = 60.0
 
@@ -43,10 +46,10 @@ WATCHDOG_S = 60.0
 class Writer:
     """The writer subprocess and the acknowledgements it printed."""
 
-    def __init__(self, root: Path, flush_mode: str, seed: int) -> None:
+    def __init__(self, root: Path, flush_mode: str, seed: int, writer: str = "mmap") -> None:
         self.seed = seed
         self.proc = subprocess.Popen(
-            [sys.executable, str(WRITER), str(root), flush_mode, str(seed)],
+            [sys.executable, str(WRITER), str(root), flush_mode, str(seed), writer],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         self.acked: list[tuple[int, int, int, int]] = []
@@ -82,9 +85,9 @@ class Writer:
         assert self.proc.returncode == -signal.SIGKILL
 
 
-def open_store(root: Path, flush_mode: str) -> MessageStore:
+def open_store(root: Path, flush_mode: str, writer: str = "mmap") -> MessageStore:
     return MessageStore.open(root, config=load_config(
-        overrides=crash_writer.config_overrides(flush_mode)))
+        overrides=crash_writer.config_overrides(flush_mode, writer)))
 
 
 def read_queue(store: MessageStore, queue_id: int) -> list:
@@ -113,9 +116,9 @@ def blank_follows(root: Path, end: int) -> bool:
     return magic == BLANK_MAGIC and size == SEG - (end - start)
 
 
-def check_recovered(root: Path, flush_mode: str, writer: Writer) -> None:
+def check_recovered(root: Path, flush_mode: str, writer: Writer, kind: str = "mmap") -> None:
     seed = writer.seed
-    store = open_store(root, flush_mode)
+    store = open_store(root, flush_mode, kind)
     try:
         report = store.recovery_report
         assert report.abnormal is True
@@ -176,15 +179,16 @@ def check_recovered(root: Path, flush_mode: str, writer: Writer) -> None:
 
 @pytest.mark.parametrize("seed", KILL_SEEDS)
 @pytest.mark.parametrize("flush_mode", ["sync", "async"])
-def test_sigkill_keeps_an_exact_prefix(tmp_path, flush_mode, seed):
+@pytest.mark.parametrize("kind", WRITERS)
+def test_sigkill_keeps_an_exact_prefix(tmp_path, kind, flush_mode, seed):
     root = tmp_path / "store"
     kill_after = random.Random(f"{flush_mode}:{seed}").randint(1, MAX_KILL_AFTER)
-    writer = Writer(root, flush_mode, seed)
+    writer = Writer(root, flush_mode, seed, kind)
     writer.read_acks(kill_after)
     writer.kill()
     assert (root / "abort").exists()
     assert len(writer.acked) >= kill_after
-    check_recovered(root, flush_mode, writer)
+    check_recovered(root, flush_mode, writer, kind)
 
 
 def test_running_writer_holds_the_lock_until_killed(tmp_path):

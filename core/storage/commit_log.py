@@ -68,7 +68,7 @@ class CommitLog:
             if writer is None:
                 seg.write(encode_blank(seg.remaining))
             else:
-                writer.write(seg, encode_blank(seg.remaining))
+                getattr(writer, "write_blank", writer.write)(seg, encode_blank(seg.remaining))
             seg.wrote = seg.size
         return self.segments.create_next()
 
