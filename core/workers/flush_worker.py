@@ -51,6 +51,7 @@ class FlushService:
         self._fds: dict[int, int] = {}
         self.flushed = positions[shm.FLUSHED]
         self.committed = positions[shm.COMMITTED]
+        self._seen_written = self.committed  # WRITTEN at the last commit decision
 
     # -- files -------------------------------------------------------------------------------
     def _fd(self, start: int) -> int | None:
@@ -82,7 +83,7 @@ class FlushService:
             self.committed = max(self.committed, written)
             self.p[shm.COMMITTED] = self.committed
             return moved
-        written = self.p[shm.WRITTEN]
+        written = self._seen_written = self.p[shm.WRITTEN]
         begin = c = self.committed
         while c < written:
             start = c - c % self.size
@@ -138,7 +139,8 @@ class FlushService:
     def _asked(self) -> bool:
         p = self.p
         return bool(p[shm.FLUSH_STOP] or p[shm.FLUSH_ASK] > p[shm.FLUSH_DONE]
-                    or p[shm.FLUSH_REQUEST] > self.flushed)
+                    or p[shm.FLUSH_REQUEST] > self.flushed
+                    or (self.pool is not None and p[shm.WRITTEN] > self._seen_written))
 
     def run(self, wake_r, progress_w, parent_pid: int | None = None) -> None:
         p = self.p
