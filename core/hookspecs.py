@@ -29,8 +29,10 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def register_writers(registry: "Registry") -> None:
     """Register commit-log writers: ``registry.add("mmap", factory)``.
 
-    ``factory(commit_log, config)`` returns an object with ``write(segment, data) -> int``.
-    The YAML key ``writer.kind`` picks one by name. Runs in: the store process.
+    ``factory(commit_log, config)`` returns an object with ``write(segment, data) -> int``
+    and optionally ``before_roll()``, ``write_blank(segment, data)``, ``pool`` and ``close()``
+    (see docs/plugin_hooks.md). The YAML key ``writer.kind`` picks one by name. Runs in: the
+    store process.
     """
 
 
@@ -66,8 +68,9 @@ def register_flush_policies(registry: "Registry") -> None:
     """Register flush policies: ``registry.add("async", factory)``.
 
     ``factory(store)`` returns an object with ``start()``, ``after_append(end_offset, wait)``
-    -> status name and ``stop()``. The YAML key ``flush.mode`` picks one. Runs in: the store
-    process (the flush loop's process once flushing moves to a worker).
+    -> PutStatus and ``stop()``; optionally ``visible_after_flush`` and a static
+    ``schedule(config)`` for the flush loop's passes. The YAML key ``flush.mode`` picks one.
+    Runs in: the store process (and the flush worker, which reads ``schedule``).
     """
 
 
@@ -114,7 +117,7 @@ def after_dispatch(batch: "DispatchBatch") -> None:
 def after_flush(flushed_offset: int) -> None:
     """Called after the commit log was forced to disk up to ``flushed_offset``.
 
-    Runs in: the thread that flushed (flush loop, or the putting thread for sync flush).
+    Runs in: the flush loop (the flush worker process, or its thread with flush.worker: thread).
     """
 
 

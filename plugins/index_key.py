@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 
 import numpy as np
 
 from mqstore.format import index_layout as L
-from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, find_property
+from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 from mqstore.format.record import SYSFLAG_TX_MASK, TX_ROLLBACK
 from mqstore.hashing import bytes_hasher
 from mqstore.hookspecs import hookimpl
@@ -32,6 +33,9 @@ log = logging.getLogger("mqstore.index")
 
 _UNIQ = PROPERTY_UNIQ_KEY.encode()
 _KEYS = PROPERTY_KEYS.encode()
+# Every non-empty KEYS / UNIQ_KEY value of encoded properties in one C-level scan ("name\x01
+# value" segments separated by \x02); the same answers as find_property.
+_KEY_PROPS = re.compile(b"(?:^|\x02)(" + _KEYS + b"|" + _UNIQ + b")\x01([^\x02]+)")
 INT64_MAX = (1 << 63) - 1
 
 
@@ -112,35 +116,53 @@ class KeyIndex:
 
     # -- dispatch --------------------------------------------------------------------------
     def dispatch(self, batch) -> None:
-        tx = (batch.sysflags & SYSFLAG_TX_MASK).tolist()
+        phys_all = batch.phys_offsets
+        todo = (phys_all >= self._next_phys) & (
+            (batch.sysflags & SYSFLAG_TX_MASK) != TX_ROLLBACK)
+        rows = np.flatnonzero(todo).tolist()
+        if not rows:
+            self._next_phys = max(self._next_phys, batch.end)
+            return
         props = batch.properties
         topics = batch.topics
-        times = batch.store_timestamps.tolist()
         hash_bytes = self._hash_bytes
         prefixes = self._topic_prefixes
-        hashes, phys_out, ts_out = [], [], []
-        for i, phys in enumerate(batch.phys_offsets.tolist()):
-            if phys < self._next_phys or tx[i] == TX_ROLLBACK:
+        find_keys = _KEY_PROPS.findall
+        hashes, keyed, counts = [], [], []
+        add = hashes.append
+        last_topic = prefix = None
+        for i in rows:
+            found = find_keys(props[i])
+            if not found:
                 continue
-            raw = props[i]
-            uniq = find_property(raw, _UNIQ)
-            keys = find_property(raw, _KEYS)
-            if uniq is None and keys is None:
-                continue
-            prefix = prefixes.get(topics[i])
-            if prefix is None:
-                prefix = prefixes[topics[i]] = topics[i].encode("utf-8") + b"#"
-            tokens = [uniq] if uniq is not None else []
+            topic = topics[i]
+            if topic is not last_topic:
+                prefix = prefixes.get(topic)
+                if prefix is None:
+                    prefix = prefixes[topic] = topic.encode("utf-8") + b"#"
+                last_topic = topic
+            uniq = keys = None
+            for name, value in found:  # the last non-empty one counts, as in decoding
+                if name == _UNIQ:
+                    uniq = value
+                else:
+                    keys = value
+            before = len(hashes)
+            if uniq is not None:
+                add(hash_bytes(prefix + uniq))
             if keys is not None:
-                tokens += [k for k in keys.split(b" ") if k]
-            for token in tokens:
-                h = hash_bytes(prefix + token)
-                hashes.append(0 if h == L.INT32_MIN else abs(h))
-                phys_out.append(phys)
-                ts_out.append(times[i])
+                for token in keys.split(b" "):
+                    if token:
+                        add(hash_bytes(prefix + token))
+            keyed.append(i)
+            counts.append(len(hashes) - before)
         if hashes:
-            self._put_many(np.array(hashes, dtype=np.int64), np.array(phys_out, dtype=np.int64),
-                           np.array(ts_out, dtype=np.int64))
+            h = np.array(hashes, dtype=np.int64)
+            h = np.where(h == L.INT32_MIN, 0, np.abs(h))
+            keyed_rows = np.array(keyed, dtype=np.int64)
+            reps = np.array(counts, dtype=np.int64)
+            self._put_many(h, np.repeat(phys_all[keyed_rows], reps),
+                           np.repeat(batch.store_timestamps[keyed_rows], reps))
         self._next_phys = max(self._next_phys, batch.end)
 
     def _put_many(self, hashes: np.ndarray, phys: np.ndarray, times: np.ndarray) -> None:

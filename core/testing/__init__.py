@@ -62,7 +62,7 @@ else:
 
         overrides: dict = {"commit_log": {"segment_bytes": 4096},
                            "consume_queue": {"file_units": 8},
-                           "dispatch": {"mode": "thread"},
+                           "dispatch": {"mode": "thread"}, "flush": {"worker": "thread"},
                            "plugins": {"load_entry_points": False}}
 
         def __init__(self) -> None:

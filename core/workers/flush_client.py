@@ -157,21 +157,13 @@ class FlushClient:
                 self._cond.wait(left)
         return True
 
-    def wait_committed(self, end: int, timeout_s: float) -> bool:
-        """Until the readable end reaches ``end`` (the transient pool's next commit)."""
-        deadline = time.monotonic() + timeout_s
-        log_ = self.store.commit_log
-        with self._cond:
-            while log_.max_offset < end:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stopping:
-                    return False
-                self.wake_if_idle()
-                self._cond.wait(min(left, 0.05))
-        return True
+    def commit_now(self) -> None:
+        """One explicit pass that commits everything staged in the pool and forces nothing."""
+        self.flush_now(-1)
 
     def flush_now(self, least_pages: int = 0) -> int:
-        """One explicit pass: commit everything, flush by ``least_pages``; the flushed end."""
+        """One explicit pass: commit everything, flush by ``least_pages`` (-1: not at all);
+        returns the flushed end."""
         if self._stopping:
             return self.store.flushed_where
         with self._ask_lock:

@@ -166,7 +166,8 @@ class FlushService:
                 if ask > p[shm.FLUSH_DONE]:
                     least = p[shm.FLUSH_ASK_LEAST]
                     moved |= self.commit(0)
-                    moved |= self.flush(least)
+                    if least >= 0:  # -1: commit only
+                        moved |= self.flush(least)
                     p[shm.FLUSH_DONE] = ask
                     moved = True
                 if p[shm.FLUSH_REQUEST] > self.flushed:
@@ -208,7 +209,9 @@ def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: 
         restarted: bool, segment_bytes: int, pool_name: str | None) -> None:
     """Worker entry point (``multiprocessing`` target)."""
     from mqstore.plugins_manager import PluginHooks, make_plugin_manager
+    from mqstore.storage.checkpoint import hold_worker_lock
 
+    lock_fd = hold_worker_lock(root)  # a store reopened after a crash waits for this process
     positions = shm.SharedPositions(positions_name)
     pool = (TransientPool(config.writer.transient_pool_buffers, segment_bytes, pool_name)
             if pool_name else None)
@@ -230,6 +233,7 @@ def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: 
         if pool is not None:
             pool.close()
         positions.close()
+        os.close(lock_fd)
 
 
 def schedule_of(policy_factory, config) -> tuple[float, int, float]:

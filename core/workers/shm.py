@@ -20,7 +20,7 @@ the name), and only the creating store unlinks it.
                                     from the pool; mmap writer: equal to WRITTEN)
     FLUSH_REQUEST   store           highest end offset a sync-flush put waits for
     FLUSH_ASK       store           sequence number of an explicit flush pass asked for
-    FLUSH_ASK_LEAST store           least pages of that pass (0: everything)
+    FLUSH_ASK_LEAST store           least pages of that pass (0: everything; -1: commit only)
     FLUSH_DONE      flush           sequence number of the last explicit pass served
     FLUSH_STOP      store           1: final commit and flush, then exit; 2: exit at once
     FLUSH_IDLE      flush           1 while the flush loop sleeps

@@ -5,11 +5,13 @@ The store and its dispatch worker share a SharedPositions segment (``workers.shm
 one-way pipes: ``wake`` (the store writes a byte when new bytes are confirmed while the worker
 is idle) and ``progress`` (the worker writes a byte after every batch). Pipes, not locks: a
 process killed at any instant cannot leave a pipe held, so a SIGKILL never deadlocks the other
-side.
+side. The flush worker follows the same pattern with its own pipes and slots (FLUSH_*,
+COMMITTED, FLUSHED).
 
   store process                                 dispatch worker
   1. refuse new puts, let the last append end
-  2. final flush; publish CONFIRMED
+  2. FLUSH_STOP = 1, poke the flush worker: it commits and flushes everything written and
+     exits (joined like step 5); publish CONFIRMED
   3. wait <= DISPATCH_CATCH_UP_S for            ...dispatches up to CONFIRMED, writes
      DISPATCHED >= CONFIRMED (progress)            a byte to progress
   4. STOP = 1, tell the monitor not to
@@ -17,7 +19,7 @@ side.
                                                 consume queues, closes dispatchers, exits 0
   5. join <= STOP_TIMEOUT_S; then terminate,
      then kill
-  6. unlink the shared segment (only after the worker is gone)
+  6. unlink the shared segments, positions and transient pool (only after the workers are gone)
   7. remove ``abort`` only if DISPATCHED == CONFIRMED and no worker failed unrecovered
 
 A worker also exits when its parent disappears (it polls ``os.getppid``), so a killed store
