@@ -28,6 +28,28 @@ BODY_AT = 88  # IPv4 born and store hosts: BODYLENGTH at 84, body bytes from 88
 END_FILE_MIN_BLANK_BYTES = 8
 
 
+WORKER_PROCESSES = {"dispatch": {"mode": "process"}, "flush": {"worker": "process"}}
+
+
+@pytest.fixture
+def make_store(request, make_store):
+    """The shared factory; ``parametrize("make_store", ["thread", "process"], indirect=True)``
+    runs a test with the dispatch and flush loops in worker processes as well."""
+    if getattr(request, "param", "thread") == "thread":
+        return make_store
+
+    def with_workers(overrides=None, **kw):
+        merged = {k: dict(v) for k, v in WORKER_PROCESSES.items()}
+        for section, values in (overrides or {}).items():
+            merged.setdefault(section, {}).update(values)
+        return make_store(merged, **kw)
+
+    return with_workers
+
+
+BOTH_MODES = pytest.mark.parametrize("make_store", ["thread", "process"], indirect=True)
+
+
 # -- helpers -----------------------------------------------------------------------------
 def put(store, queue_id, body, *, topic="T", tags=None, sysflag=0):
     result = store.put(Message(topic, body, tags=tags, queue_id=queue_id, sysflag=sysflag,
@@ -110,6 +132,7 @@ def put_random(store, rng, count, *, queues=4, max_body=300):
 
 
 # -- 53: clean shutdown ------------------------------------------------------------------
+@BOTH_MODES
 def test_clean_shutdown_removes_abort_and_restart_keeps_offsets(make_store, store_dir):
     store = make_store()
     assert (store_dir / "abort").exists()
@@ -136,6 +159,7 @@ def test_clean_shutdown_removes_abort_and_restart_keeps_offsets(make_store, stor
 
 
 # -- 54: torn last record ------------------------------------------------------------------
+@BOTH_MODES
 @pytest.mark.parametrize("damage", ["garbage", "zeros"])
 def test_torn_last_record_is_cut_and_writes_continue_there(make_store, store_dir, tmp_path,
                                                              damage):
@@ -176,6 +200,7 @@ def test_torn_last_record_is_cut_and_writes_continue_there(make_store, store_dir
 
 
 # -- 55: body CRC ----------------------------------------------------------------------------
+@BOTH_MODES
 @pytest.mark.parametrize("check_crc", [True, False])
 def test_flipped_body_byte_of_last_record(make_store, tmp_path, check_crc):
     seg = 1 << 20
@@ -208,6 +233,7 @@ def test_flipped_body_byte_of_last_record(make_store, tmp_path, check_crc):
 
 
 # -- 56: consume queues rebuilt --------------------------------------------------------------
+@BOTH_MODES
 @pytest.mark.parametrize("exit_kind", ["clean", "abnormal"])
 def test_deleted_consume_queue_dir_is_rebuilt(make_store, store_dir, tmp_path, exit_kind):
     store = make_store()
