@@ -133,6 +133,11 @@ def demo(config_path: str | None, root: str, count: int, fresh: bool) -> None:
         click.echo(f"dispatch: {status['mode']}"
                    + (f" worker pid {status['pid']}, restarts {status['restarts']}"
                       if status["mode"] == "process" else ""))
+        flush = store.flush_client.status()
+        click.echo(f"flush: {flush['mode']}"
+                   + (f" worker pid {flush['pid']}, restarts {flush['restarts']}"
+                      if flush["mode"] == "process" else "")
+                   + f", {flush['fsyncs']} fdatasync calls, flushed to {flush['flushed']}")
         click.echo("sample message:")
         click.echo(json.dumps({
             "topic": sample.topic, "queue_id": sample.queue_id, "queue_offset": sample.queue_offset,
