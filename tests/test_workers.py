@@ -109,7 +109,12 @@ from mqstore import hookimpl
 @hookimpl
 def after_dispatch(batch):
     with open({str(out)!r}, "a") as f:
-        f.write(f"{{os.getpid()}}\\n")
+        f.write(f"dispatch {{os.getpid()}}\\n")
+
+@hookimpl
+def after_flush(flushed_offset):
+    with open({str(out)!r}, "a") as f:
+        f.write(f"flush {{os.getpid()}}\\n")
 '''
     plugin_dir = tmp_path / "plug"
     plugin_dir.mkdir()
@@ -117,13 +122,17 @@ def after_dispatch(batch):
     sys.path.insert(0, str(plugin_dir))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")]))
     try:
-        store = make_store({**WORKER, "plugins": {"modules": ["pid_recorder_plugin"]}})
+        store = make_store({**WORKER, "flush": {"worker": "process"},
+                            "plugins": {"modules": ["pid_recorder_plugin"]}})
         put_many(store, 0, 5)
         store.wait_dispatched()
-        worker = store.worker_status()["pid"]
+        store.flush_commit_log()
+        dispatch_pid = store.worker_status()["pid"]
+        flush_pid = store.flush_client.status()["pid"]
         store.close()
-        pids = {int(line) for line in out.read_text().split()}
-        assert pids == {worker}
+        seen = {tuple(line.split()) for line in out.read_text().splitlines()}
+        assert seen == {("dispatch", str(dispatch_pid)), ("flush", str(flush_pid))}
+        assert len({dispatch_pid, flush_pid, os.getpid()}) == 3
     finally:
         sys.path.remove(str(plugin_dir))
         os.environ["PYTHONPATH"] = os.environ["PYTHONPATH"].replace(str(plugin_dir), "").strip(os.pathsep)
