@@ -154,26 +154,25 @@ def test_explicit_flush_honours_least_pages(make_store):
 
 
 def test_flush_worker_is_a_separate_process_and_leaves_nothing(tmp_path):
-    before = _shm_names()
     cfg = load_config(overrides={**_pool(), "plugins": {"load_entry_points": False},
                                  "flush": {"mode": "sync"}})
     store = MessageStore.open(tmp_path / "s", config=cfg)
     status = store.flush_client.status()
     assert status["mode"] == "process" and status["alive"] and status["pid"] != os.getpid()
     proc = store.flush_client.supervisor.process
-    pool_name = store.writer.pool.name
-    assert pool_name.lstrip("/") in _shm_names()
+    mine = {store.writer.pool.name.lstrip("/"), store.positions.name.lstrip("/")}
+    assert mine <= _shm_names()
     assert store.put(Message("T", b"a", queue_id=0)).status is PutStatus.PUT_OK
     store.close()
     assert not proc.is_alive()
-    assert _shm_names() - before == set()
+    assert not mine & _shm_names()
 
 
 def test_a_killed_flush_worker_is_restarted_and_sync_puts_continue(tmp_path):
-    before = _shm_names()
     cfg = load_config(overrides={"plugins": {"load_entry_points": False},
                                  "flush": {"mode": "sync"}, "commit_log": {"segment_bytes": SEG}})
     store = MessageStore.open(tmp_path / "s", config=cfg)
+    mine = {store.positions.name.lstrip("/")}
     try:
         first = store.put(Message("T", b"before", queue_id=0))
         victim = store.flush_client.supervisor.process.pid
@@ -196,7 +195,7 @@ def test_a_killed_flush_worker_is_restarted_and_sync_puts_continue(tmp_path):
     finally:
         store.close()
     assert not (Path(tmp_path) / "s" / "abort").exists()
-    assert _shm_names() - before == set()
+    assert not mine & _shm_names()
 
 
 def test_pool_is_attached_by_name_and_freed_by_its_owner():

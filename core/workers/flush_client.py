@@ -45,6 +45,7 @@ class FlushClient:
         self._sync_lock = threading.Lock()
         self._ask_lock = threading.Lock()
         self._stopping = False
+        self._killed = False
         self._listener: threading.Thread | None = None
 
     # -- life --------------------------------------------------------------------------------
@@ -129,6 +130,7 @@ class FlushClient:
     def kill(self) -> None:
         """End the loop without a final flush, as the death of the store process would."""
         if not self._stopping:
+            self._killed = True
             self._end(2)
 
     # -- asking ------------------------------------------------------------------------------
@@ -150,9 +152,9 @@ class FlushClient:
                 self.p[shm.FLUSH_REQUEST] = end
             poke(self.wake_w)
             store = self.store
-            while store.flushed_where < end:
+            while store.flushed_where < end:  # a closing store's final flush covers it
                 left = deadline - time.monotonic()
-                if left <= 0 or self._stopping:
+                if left <= 0 or self._killed:
                     return False
                 self._cond.wait(left)
         return True
