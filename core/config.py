@@ -79,6 +79,23 @@ class DispatchSection(_Section):
     batch_bytes: int = Field(4 * 1024 * 1024, ge=4096)
 
 
+class CleanupSection(_Section):
+    interval_ms: int = Field(10_000, ge=1)
+    delete_when: str = "04"
+    file_reserved_hours: float = Field(72, ge=0)
+    disk_max_used_ratio: int = Field(75, ge=10, le=95)
+    disk_forcibly_ratio: int = Field(85, ge=10, le=100)
+    disk_warning_ratio: int = Field(90, ge=10, le=100)
+    clean_forcibly: bool = True
+    max_segments_per_run: int = Field(10, ge=1)
+
+    @field_validator("delete_when")
+    @classmethod
+    def _hours(cls, value: str) -> str:
+        parse_hours(value)
+        return value
+
+
 class IndexSection(_Section):
     enabled: bool = True
     max_hash_slots: int = Field(5_000_000, ge=1, le=(1 << 31) - 1)
@@ -116,12 +133,24 @@ class StoreConfig(_Section):
     dispatch: DispatchSection = DispatchSection()
     get: GetSection = GetSection()
     index: IndexSection = IndexSection()
+    cleanup: CleanupSection = CleanupSection()
     queue_select: QueueSelectSection = QueueSelectSection()
     plugins: PluginsSection = PluginsSection()
 
     def replace(self, **overrides: Mapping[str, Any]) -> "StoreConfig":
         """A copy with ``{"section": {"key": value}}`` overrides applied and validated."""
         return _build(_deep_merge(self.model_dump(), overrides), "overrides")
+
+
+def parse_hours(text: str) -> frozenset[int]:
+    """RocketMQ's ``deleteWhen``: ``"04"`` or ``"01;04;13"``, local hours 0-23."""
+    hours = set()
+    for token in text.split(";"):
+        token = token.strip()
+        if not token.isdigit() or not 0 <= int(token) <= 23:
+            raise ValueError(f"hour {token!r} in {text!r} must be 0-23 (hours separated by ';')")
+        hours.add(int(token))
+    return frozenset(hours)
 
 
 def parse_delay_levels(text: str) -> list[int]:

@@ -370,6 +370,25 @@ class MessageStore(PutMixin, ReadMixin):
             self.hooks.after_cleanup(min_phys)
         return removed
 
+    def _run_cleanup(self, at_once: bool) -> None:
+        """Carry out the flush worker's cleanup decision (spec 10.10)."""
+        if self._closed:
+            return
+        cfg = self.config.cleanup
+        removed = self.delete_expired_segments(int(cfg.file_reserved_hours * 3_600_000),
+                                               force=at_once, max_segments=cfg.max_segments_per_run)
+        if removed:
+            log.info("cleanup removed %d file(s); commit log now starts at %d%s", len(removed),
+                     self.commit_log.min_offset, " (disk too full: oldest first)" if at_once else "")
+
+    def _apply_disk_state(self, full: bool) -> None:
+        if full and not self.running_flags & DISK_FULL:
+            log.error("disk of %s is over %d%% used: puts refused until cleanup frees space",
+                      self.root, self.config.cleanup.disk_warning_ratio)
+            self.running_flags |= DISK_FULL
+        elif not full and self.running_flags & DISK_FULL:
+            self.running_flags &= ~DISK_FULL
+
     # -- closing ---------------------------------------------------------------------------
     def close(self) -> None:
         if self._closed:
@@ -396,7 +415,7 @@ class MessageStore(PutMixin, ReadMixin):
                     for cq in self.consume_queues.values():
                         cq.flush()
                 self.flush_metadata()
-                clean = (not self.running_flags & UNWRITABLE and lag == 0 and healthy
+                clean = (not self.running_flags & (UNWRITABLE & ~DISK_FULL) and lag == 0 and healthy
                          and self.flushed_where >= self._last_append[0])
         finally:
             self._release_files()

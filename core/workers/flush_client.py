@@ -70,7 +70,7 @@ class FlushClient:
                 store.commit_log.segments.directory, seg_bytes, self.p,
                 flush_worker.schedule_of(type(store.flush_policy), store.config),
                 flush_worker.commit_schedule(store.config), self.pool,
-                hooks.after_flush if hooks.has_after_flush else None)
+                hooks.after_flush if hooks.has_after_flush else None, store.config.cleanup)
             self._service = service
 
             def serve():
@@ -185,9 +185,15 @@ class FlushClient:
 
     # -- following ---------------------------------------------------------------------------
     def sync(self) -> None:
+        p = self.p
         with self._sync_lock:
-            self.store._apply_flush_progress(self.p[shm.COMMITTED], self.p[shm.FLUSHED],
-                                             bool(self.p[shm.FLUSH_ERROR]))
+            self.store._apply_flush_progress(p[shm.COMMITTED], p[shm.FLUSHED],
+                                             bool(p[shm.FLUSH_ERROR]))
+            self.store._apply_disk_state(bool(p[shm.DISK_FULL_FLAG]))
+            ask = p[shm.CLEAN_ASK]
+            if ask > p[shm.CLEAN_DONE] and not self._stopping:
+                self.store._run_cleanup(bool(p[shm.CLEAN_AT_ONCE]))
+                p[shm.CLEAN_DONE] = ask
         with self._cond:
             self._cond.notify_all()
 

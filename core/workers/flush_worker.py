@@ -15,6 +15,9 @@ Decisions follow RocketMQ's services over absolute offsets:
   complete, or when ``least_pages`` is 0 and it has unflushed bytes, or when at least
   ``least_pages`` whole pages are unflushed. The flush policy's ``schedule(config)`` gives the
   period, least pages and thorough period; sync-flush requests are served at once.
+- cleanup (CleanCommitLogService's decision, ``mqstore.cleanup``): every
+  ``cleanup.interval_ms`` decide whether segments go and whether the disk is full; the store
+  process carries the deletion out.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import logging
 import os
 import time
 
+from mqstore import cleanup
 from mqstore.storage.mapped_file import segment_name
 from mqstore.storage.transient_pool import TransientPool
 from mqstore.workers import shm
@@ -40,8 +44,9 @@ def force(fd: int) -> None:
 class FlushService:
     def __init__(self, directory: str, segment_bytes: int, positions: shm.SharedPositions,
                  schedule: tuple[float, int, float], commit_schedule: tuple[float, int, float],
-                 pool: TransientPool | None = None, after_flush=None) -> None:
+                 pool: TransientPool | None = None, after_flush=None, cleanup_config=None) -> None:
         self.directory = directory
+        self.cleanup_config = cleanup_config
         self.size = segment_bytes
         self.p = positions
         self.interval_s, self.least_pages, self.thorough_s = schedule
@@ -135,6 +140,18 @@ class FlushService:
             return True
         return False
 
+    # -- cleanup decision ----------------------------------------------------------------------
+    def cleanup_pass(self) -> None:
+        """Decide whether old segments go (the store deletes them; see mqstore.cleanup)."""
+        p = self.p
+        decision = cleanup.decide(self.cleanup_config, time.localtime().tm_hour,
+                                  cleanup.disk_used_ratio(os.path.dirname(self.directory)))
+        if decision.disk_full is not None:
+            p[shm.DISK_FULL_FLAG] = int(decision.disk_full)
+        if decision.delete and p[shm.CLEAN_DONE] >= p[shm.CLEAN_ASK]:
+            p[shm.CLEAN_AT_ONCE] = int(decision.at_once)
+            p[shm.CLEAN_ASK] = p[shm.CLEAN_ASK] + 1
+
     # -- loop --------------------------------------------------------------------------------
     def _asked(self) -> bool:
         p = self.p
@@ -148,6 +165,9 @@ class FlushService:
         next_flush, next_thorough = now + self.interval_s, now + self.thorough_s
         next_commit, next_commit_thorough = now + self.commit_s, now + self.commit_thorough_s
         failed_at = 0.0
+        cleanup_s = (self.cleanup_config.interval_ms / 1000.0
+                     if self.cleanup_config is not None else float("inf"))
+        next_cleanup = now + cleanup_s
         while True:
             stop = p[shm.FLUSH_STOP]
             if stop == 2:
@@ -184,6 +204,10 @@ class FlushService:
                         least, next_thorough = 0, now + self.thorough_s
                     moved |= self.flush(least)
                     next_flush = now + self.interval_s
+                if now >= next_cleanup:
+                    next_cleanup = now + cleanup_s
+                    self.cleanup_pass()
+                    moved = True
             except OSError as exc:
                 if not p[shm.FLUSH_ERROR]:
                     log.error("commit-log flush failed: %s", exc)
@@ -198,7 +222,7 @@ class FlushService:
             p[shm.FLUSH_IDLE] = 1
             wait_and_drain(wake_r, 0)
             if not self._asked():
-                due = min(next_flush, next_commit) - time.monotonic()
+                due = min(next_flush, next_commit, next_cleanup) - time.monotonic()
                 if failed_at:
                     due, failed_at = max(due, 0.1), 0.0
                 wait_and_drain(wake_r, max(0.0, min(due, PARENT_CHECK_S)))
@@ -224,7 +248,7 @@ def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: 
             os.path.join(root, "commitlog"), segment_bytes, positions,
             schedule_of(hooks.flush_policies.get(config.flush.mode), config),
             commit_schedule(config), pool,
-            hooks.after_flush if hooks.has_after_flush else None)
+            hooks.after_flush if hooks.has_after_flush else None, config.cleanup)
         try:
             service.run(wake_r, progress_w, parent_pid)
         finally:

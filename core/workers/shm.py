@@ -26,6 +26,10 @@ the name), and only the creating store unlinks it.
     FLUSH_IDLE      flush           1 while the flush loop sleeps
     FLUSH_COUNT     flush           number of forced writes (fdatasync calls) so far
     FLUSH_ERROR     flush           1 once forcing or committing failed with an OS error
+    CLEAN_ASK       flush           sequence number of the last cleanup decision to delete
+    CLEAN_AT_ONCE   flush           1: that deletion takes the oldest segments whatever their age
+    CLEAN_DONE      store           sequence number of the last deletion carried out
+    DISK_FULL_FLAG  flush           1 while the disk is too full to take puts (DISK_FULL)
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import numpy as np
 
 WRITTEN, FLUSHED, CONFIRMED, DISPATCHED, DISPATCH_IDLE, LOGICS_TS, INDEX_TS, STOP, MIN_PHYS, \
     ABNORMAL, COMMITTED, FLUSH_REQUEST, FLUSH_ASK, FLUSH_ASK_LEAST, FLUSH_DONE, FLUSH_STOP, \
-    FLUSH_IDLE, FLUSH_COUNT, FLUSH_ERROR = range(19)
+    FLUSH_IDLE, FLUSH_COUNT, FLUSH_ERROR, CLEAN_ASK, CLEAN_AT_ONCE, CLEAN_DONE, \
+    DISK_FULL_FLAG = range(23)
 SLOTS = 32
 
 

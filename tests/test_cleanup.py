@@ -1,0 +1,109 @@
+"""The cleanup loop: which commit-log segments go and when the disk counts as full (spec 10.10)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mqstore import GetStatus, Message, PutStatus, load_config
+from mqstore import cleanup
+from mqstore.errors import ConfigError
+from mqstore.store_put import DISK_FULL
+
+SEG = 4096
+ALL_HOURS = ";".join(str(h) for h in range(24))
+
+
+def _cfg(**kw):
+    return load_config(overrides={"cleanup": kw}).cleanup
+
+
+@pytest.mark.parametrize("hour, used, expected", [
+    (4, 0.50, (True, False, False)),    # deleteWhen hour: expired segments go
+    (5, 0.50, (False, False, False)),   # another hour, disk fine: nothing
+    (5, 0.76, (True, False, False)),    # over diskMaxUsedSpaceRatio: expired ones go any hour
+    (5, 0.86, (True, True, None)),      # over the forcibly ratio: oldest go now, flag unchanged
+    (5, 0.91, (True, True, True)),      # over the warning ratio: DISK_FULL
+    (5, -1.0, (True, False, False)),    # unknown usage counts as over the limit
+])
+def test_decision_follows_rocketmq(hour, used, expected):
+    assert tuple(cleanup.decide(_cfg(), hour, used)) == expected
+
+
+def test_no_forcible_cleaning_when_disabled():
+    assert tuple(cleanup.decide(_cfg(clean_forcibly=False), 5, 0.95)) == (True, False, True)
+
+
+def test_hours_are_validated_naming_the_key():
+    assert _cfg(delete_when="01;04;13").delete_when == "01;04;13"
+    with pytest.raises(ConfigError, match=r"cleanup\.delete_when.*'25'"):
+        _cfg(delete_when="04;25")
+
+
+def _fill(store, segments: int) -> None:
+    i = 0
+    while len(store.commit_log.segments.segments) < segments:
+        assert store.put(Message("T", b"x" * 300, tags="a", queue_id=i % 2)).status is PutStatus.PUT_OK
+        i += 1
+    store.wait_dispatched()
+
+
+def _wait(predicate, timeout=10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_expired_segments_go_at_the_delete_hour(make_store):
+    store = make_store({"commit_log": {"segment_bytes": SEG},
+                        "cleanup": {"interval_ms": 30, "delete_when": ALL_HOURS,
+                                    "file_reserved_hours": 0}})
+    _fill(store, 5)
+    for q in (0, 1):  # both queues have messages in the newest segment
+        store.put(Message("T", b"newest", queue_id=q))
+    store.wait_dispatched()
+    last = store.commit_log.segments.segments[-1].start
+    assert _wait(lambda: store.min_phys_offset == last)
+    assert len(store.commit_log.segments.segments) == 1  # the newest always stays
+    for q in (0, 1):
+        low = store.min_offset("T", q)
+        assert low > 0
+        got = store.get("g", "T", q, low, 4)
+        assert got.status is GetStatus.FOUND and got.messages[0].phys_offset >= last
+
+
+def test_unexpired_segments_stay_while_the_disk_has_room(make_store, monkeypatch):
+    monkeypatch.setattr(cleanup, "disk_used_ratio", lambda path: 0.80)  # over 75 %, under 85 %
+    store = make_store({"commit_log": {"segment_bytes": SEG},
+                        "cleanup": {"interval_ms": 30, "file_reserved_hours": 72}})
+    _fill(store, 3)
+    time.sleep(0.3)
+    assert store.min_phys_offset == 0
+    assert store.put(Message("T", b"ok", queue_id=0)).status is PutStatus.PUT_OK
+
+
+def test_a_full_disk_refuses_puts_and_deletes_oldest_first(make_store, monkeypatch):
+    usage = {"now": 0.50}
+    monkeypatch.setattr(cleanup, "disk_used_ratio", lambda path: usage["now"])
+    store = make_store({"commit_log": {"segment_bytes": SEG},
+                        "cleanup": {"interval_ms": 30, "file_reserved_hours": 72,
+                                    "max_segments_per_run": 2}})
+    _fill(store, 6)
+    first_segments = [s.start for s in store.commit_log.segments.segments]
+    usage["now"] = 0.95
+    assert _wait(lambda: store.running_flags & DISK_FULL)
+    refused = store.put(Message("T", b"no room", queue_id=0))
+    assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE
+    assert "not writable" in refused.error
+    # Unexpired, yet deleted oldest first, at most 2 per run, never the newest.
+    assert _wait(lambda: store.min_phys_offset == first_segments[-1])
+    usage["now"] = 0.87  # below the warning ratio, above the forcibly one: still full
+    time.sleep(0.2)
+    assert store.running_flags & DISK_FULL
+    usage["now"] = 0.60
+    assert _wait(lambda: not store.running_flags & DISK_FULL)
+    assert store.put(Message("T", b"room again", queue_id=0)).status is PutStatus.PUT_OK
