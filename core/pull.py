@@ -114,6 +114,7 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
     mem_limit = limits.in_memory_bytes
     find_segment = commit_log.segments.find
     log_seg = None
+    log_start = log_end = 0
     messages = result.messages
     total = 0
     next_phys_file_start = -1
@@ -178,10 +179,12 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
             nxt = offset + c_start + c + 1
             if pos < next_phys_file_start:
                 continue
-            if log_seg is None or not log_seg.start <= pos < log_seg.start + log_seg.committed:
+            if log_seg is None or not log_start <= pos < log_end:
                 log_seg = find_segment(pos)
-            at = pos - log_seg.start if log_seg is not None else 0
-            if log_seg is None or at + size > log_seg.committed or size <= 0:
+                if log_seg is not None:  # one read of the readable end per segment per call
+                    log_start, log_end = log_seg.start, log_seg.start + log_seg.committed
+            at = pos - log_start if log_seg is not None else 0
+            if log_seg is None or pos + size > log_end or size <= 0:
                 if not messages:
                     result.status = GetStatus.MESSAGE_WAS_REMOVING
                 next_phys_file_start = pos + seg_bytes - pos % seg_bytes

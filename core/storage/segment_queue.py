@@ -85,12 +85,15 @@ class SegmentQueue:
         added = []
         for name in names:
             path = os.path.join(self.directory, name)
-            size = os.path.getsize(path)
-            if self.segment_bytes is None:
-                self.segment_bytes = size
-            if size != self.segment_bytes:
-                break  # still being created
-            seg = MappedFile(path, int(name), size, read_only=self.read_only)
+            try:
+                size = os.path.getsize(path)
+                if self.segment_bytes is None:
+                    self.segment_bytes = size
+                if size != self.segment_bytes:
+                    break  # still being created
+                seg = MappedFile(path, int(name), size, read_only=self.read_only)
+            except (FileNotFoundError, ValueError):
+                break  # removed or resized under us: look again next time
             seg.wrote = seg.flushed = 0  # nothing in it is trusted yet
             added.append(seg)
         if added:

@@ -30,6 +30,7 @@ from mqstore.workers.pipes import poke, wait_and_drain
 
 log = logging.getLogger("mqstore.workers.dispatch")
 IDLE_WAIT_S = 0.05  # wait between checks for stop / parent death while idle
+NAP_PERIOD_S = 0.05  # after its last work the worker naps dispatch.interval_ms at a time...
 FLUSH_INTERVAL_S = 1.0  # consume queues are forced to disk this often, as RocketMQ does
 
 
@@ -132,6 +133,8 @@ def _run(root, config, positions, wake_r, progress_w, parent_pid, restarted) -> 
                         batch_bytes=config.dispatch.batch_bytes, after_dispatch=hooks.after_dispatch)
     min_phys = positions[shm.MIN_PHYS]
     next_flush = time.monotonic() + FLUSH_INTERVAL_S
+    nap_s = config.dispatch.interval_ms / 1000.0
+    last_work = time.monotonic()
     try:
         while not positions[shm.STOP]:
             if os.getppid() != parent_pid:
@@ -156,9 +159,16 @@ def _run(root, config, positions, wake_r, progress_w, parent_pid, restarted) -> 
                 if loop.dispatched > positions[shm.DISPATCHED]:
                     positions[shm.DISPATCHED] = loop.dispatched
                 poke(progress_w)
+                last_work = time.monotonic()
                 continue
             if loop.error:
                 raise RuntimeError(loop.error)
+            # ...without announcing idleness, so a steady stream of puts costs producers no
+            # wake-up each (RocketMQ's reput thread naps 1 ms the same way); only a longer
+            # quiet spell goes to the sleep a put must interrupt.
+            if time.monotonic() - last_work < NAP_PERIOD_S:
+                time.sleep(nap_s)
+                continue
             # Idle handshake: announce, drain, re-check, sleep. A producer publishes CONFIRMED
             # before it reads DISPATCH_IDLE, so either it sees the flag and wakes us, or we see
             # its new CONFIRMED here and do not sleep.
