@@ -25,7 +25,9 @@ import numpy as np
 from mqstore.format import index_layout as L
 from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 from mqstore.format.record import SYSFLAG_TX_MASK, TX_ROLLBACK
-from mqstore.hashing import bytes_hasher
+from mqstore.format.murmur3 import hash_ranges
+from mqstore.format.property_keys import key_ranges
+from mqstore.hashing import HASH_MMH3, bytes_hasher
 from mqstore.hookspecs import hookimpl
 from mqstore.storage.index_file import INDEX_DIR, IndexFile
 
@@ -54,6 +56,7 @@ class KeyIndex:
         self.slots, self.entries = cfg.max_hash_slots, cfg.max_index_entries
         self._hash = store.string_hash
         self._hash_bytes = bytes_hasher(store.hash_kind)
+        self._vector_hash = store.hash_kind == HASH_MMH3  # Java's hash needs decoded strings
         self._topic_prefixes: dict[str, bytes] = {}
         self._lock = threading.Lock()  # guards the file list against concurrent lookups
         self.files: list[IndexFile] = []
@@ -125,6 +128,10 @@ class KeyIndex:
             return
         props = batch.properties
         topics = batch.topics
+        if self._vector_hash:
+            self._dispatch_columns(batch, rows)
+            self._next_phys = max(self._next_phys, batch.end)
+            return
         hash_bytes = self._hash_bytes
         prefixes = self._topic_prefixes
         find_keys = _KEY_PROPS.findall
@@ -164,6 +171,36 @@ class KeyIndex:
             self._put_many(h, np.repeat(phys_all[keyed_rows], reps),
                            np.repeat(batch.store_timestamps[keyed_rows], reps))
         self._next_phys = max(self._next_phys, batch.end)
+
+    def _dispatch_columns(self, batch, rows: list[int]) -> None:
+        """The same entries as the per-record walk, found and hashed with array passes (mmh3)."""
+        props, topics = batch.properties, batch.topics
+        keys = key_ranges([props[i] for i in rows])
+        if not len(keys.message):
+            return
+        row_topics = [topics[i] for i in rows]
+        names = set(row_topics)
+        if len(names) == 1:
+            hashes = hash_ranges(keys.data, keys.start, keys.length, self._prefix(names.pop()))
+        else:
+            ids: dict[str, int] = {}
+            topic_of_row = np.fromiter((ids.setdefault(t, len(ids)) for t in row_topics),
+                                       dtype=np.int64, count=len(row_topics))
+            topic_of_key = topic_of_row[keys.message]
+            hashes = np.empty(len(keys.message), dtype=np.int64)
+            for name, tid in ids.items():
+                sel = np.flatnonzero(topic_of_key == tid)
+                hashes[sel] = hash_ranges(keys.data, keys.start[sel], keys.length[sel],
+                                          self._prefix(name))
+        hashes = np.where(hashes == L.INT32_MIN, 0, np.abs(hashes))
+        src = np.asarray(rows, dtype=np.int64)[keys.message]
+        self._put_many(hashes, batch.phys_offsets[src], batch.store_timestamps[src])
+
+    def _prefix(self, topic: str) -> bytes:
+        prefix = self._topic_prefixes.get(topic)
+        if prefix is None:
+            prefix = self._topic_prefixes[topic] = topic.encode("utf-8") + b"#"
+        return prefix
 
     def _put_many(self, hashes: np.ndarray, phys: np.ndarray, times: np.ndarray) -> None:
         done = 0

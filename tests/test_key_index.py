@@ -280,3 +280,38 @@ def test_fixture_queries_match_rocketmq_minus_its_leaks(fixture_store, manifest)
             assert got == sorted(set(real)), case  # RocketMQ's answer, collisions removed
             checked += 1
     assert leaks > 0 and checked > 30
+
+
+def _mixed_batches():
+    out = []
+    for b in range(6):
+        out.append([Message(topic=("T", "Orders", "Audit")[i % 3], body=b"m%d" % i,
+                            keys=[f"k{b}-{i}", f"shared{i % 4}", f"键{i}"] if i % 5 else None,
+                            properties={"UNIQ_KEY": f"U{b:02d}{i:04d}"} if i % 2 else None,
+                            queue_id=i % 2) for i in range(150)])
+    return out
+
+
+def test_mmh3_stores_index_batches_like_the_per_record_walk(make_store, tmp_path):
+    """New (mmh3) stores find and hash keys with array passes; the files are the same bytes."""
+    from mqstore.plugins.index_key import KeyIndex
+
+    files = {}
+    for vector in (True, False):
+        store = make_store(hash_kind="mmh3", root=tmp_path / str(vector))
+        (index,) = [d for d in store.dispatchers if isinstance(d, KeyIndex)]
+        assert index._vector_hash is True
+        index._vector_hash = vector
+        for batch in _mixed_batches():
+            assert store.put_batch(batch).status.name == "PUT_OK"
+        store.wait_dispatched()
+        assert offsets(store.query_by_key("Orders", "shared1")) == sorted(
+            m.phys_offset for m in store.query_by_key("Orders", "shared1"))
+        hits = store.query_by_key("Audit", "k3-2", max_num=5)
+        assert [(m.topic, m.body) for m in hits] == [("Audit", b"m2")]
+        assert [m.body for m in store.query_by_key("Audit", "键2", max_num=50)] == [b"m2"] * 6
+        assert store.query_by_unique_key("T", "U030003").body == b"m3"
+        store.close()
+        index_dir = tmp_path / str(vector) / "index"
+        files[vector] = {n: (index_dir / n).read_bytes() for n in sorted(os.listdir(index_dir))}
+    assert files[True] == files[False] and files[True]
