@@ -9,6 +9,7 @@ queue three ways in the same run:
 * no bitmaps: another group with the same expression; every message is read and evaluated;
 * baseline: an unfiltered pull of every message, filtered in Python on its properties.
 
+Each is timed as the better of two passes (the first pass over the queue also maps its files).
 Target: the bitmap pull at least 10x the baseline.
 """
 
@@ -58,12 +59,16 @@ def main() -> None:
                                          queue_ids=0, properties=[{"k": str(i % 100)} for i in ids]))
         store.wait_dispatched(timeout=3600)
         print(f"wrote and dispatched {n:,} messages in {time.perf_counter() - t0:.1f} s")
-        rows = [
-            ("bitmaps", pull(store, "with-bitmaps", EXPR)),
-            ("no bitmaps", pull(store, "without-bitmaps", EXPR)),
-            ("baseline", pull(store, "everything", None,
-                              python_filter=lambda m: m.properties.get("k") == "7")),
-        ]
+        # Best of two passes each: the first pass over a queue also maps and faults in its
+        # consume-queue and extension files, which whichever method ran first would pay alone.
+        runs = {
+            "bitmaps": lambda: pull(store, "with-bitmaps", EXPR),
+            "no bitmaps": lambda: pull(store, "without-bitmaps", EXPR),
+            "baseline": lambda: pull(store, "everything", None,
+                                     python_filter=lambda m: m.properties.get("k") == "7"),
+        }
+        rows = [(name, min((run() for _ in range(2)), key=lambda r: r[1]))
+                for name, run in runs.items()]
         base = rows[-1][1][1]
         expected = sum(1 for i in range(n) if i % 100 == 7)
         for name, (found, secs) in rows:

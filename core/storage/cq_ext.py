@@ -92,8 +92,13 @@ class ConsumeQueueExt:
             at = offsets[rows] - start
             ok = at + UNIT_BYTES <= seg.size
             rows, at = rows[ok], at[ok]
-            # One gather of whole units, then typed views of its columns.
-            units = self._bytes(seg)[at[:, None] + _UNIT_RANGE]
+            span = int(at[-1] - at[0]) if len(at) else -1
+            if span == (len(at) - 1) * UNIT_BYTES and (np.diff(at) == UNIT_BYTES).all():
+                # Units of one queue are appended back to back: the window is one slice.
+                base = int(at[0])
+                units = self._bytes(seg)[base:base + len(at) * UNIT_BYTES].reshape(-1, UNIT_BYTES)
+            else:  # one gather of whole units, then typed views of its columns
+                units = self._bytes(seg)[at[:, None] + _UNIT_RANGE]
             unit_size = units[:, 0:2].copy().view(">i2").ravel()
             blen = units[:, 18:20].copy().view(">i2").ravel()
             good = (unit_size >= EXT_HEAD_SIZE) & (blen == BLOOM_BYTES)
