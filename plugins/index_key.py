@@ -175,10 +175,11 @@ class KeyIndex:
     def _dispatch_columns(self, batch, rows: list[int]) -> None:
         """The same entries as the per-record walk, found and hashed with array passes (mmh3)."""
         props, topics = batch.properties, batch.topics
-        keys = key_ranges([props[i] for i in rows])
+        every = len(rows) == len(props)  # the usual case: no rollback, nothing indexed twice
+        keys = key_ranges(props if every else [props[i] for i in rows])
         if not len(keys.message):
             return
-        row_topics = [topics[i] for i in rows]
+        row_topics = topics if every else [topics[i] for i in rows]
         names = set(row_topics)
         if len(names) == 1:
             hashes = hash_ranges(keys.data, keys.start, keys.length, self._prefix(names.pop()))

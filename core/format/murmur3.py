@@ -20,47 +20,69 @@ def _rotl(x: np.ndarray, r: int) -> np.ndarray:
     return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
 
 
-def hash_matrix(keys: np.ndarray) -> np.ndarray:
-    """Hashes of the rows of ``keys`` (n x L uint8, every key L bytes long) as int32."""
+def _blocks(h: np.ndarray, words: np.ndarray) -> np.ndarray:
+    for j in range(words.shape[1]):
+        k = _rotl(words[:, j] * _C1, 15) * _C2
+        h ^= k
+        h = _rotl(h, 13) * np.uint32(5) + _N
+    return h
+
+
+def _finish(h: np.ndarray, keys: np.ndarray, total_length: int) -> np.ndarray:
+    """Tail bytes (``keys`` holds whatever follows the whole blocks) and the final mix."""
+    tail = keys.shape[1]
+    if tail:
+        k = np.zeros(len(h), dtype=np.uint32)
+        for t in range(tail - 1, -1, -1):
+            k ^= keys[:, t].astype(np.uint32) << np.uint32(8 * t)
+        h ^= _rotl(k * _C1, 15) * _C2
+    h ^= np.uint32(total_length)
+    h ^= h >> np.uint32(16)
+    h *= _F1
+    h ^= h >> np.uint32(13)
+    h *= _F2
+    h ^= h >> np.uint32(16)
+    return h.view(np.int32)
+
+
+def hash_matrix(keys: np.ndarray, seed_state: int = 0, done: int = 0) -> np.ndarray:
+    """Hashes of the rows of ``keys`` (n x L uint8) as int32. ``seed_state`` and ``done``
+    resume a hash after ``done`` bytes (a multiple of 4) of a shared prefix."""
     n, length = keys.shape
-    h = np.zeros(n, dtype=np.uint32)
     blocks = length // 4
     with np.errstate(over="ignore"):
+        h = np.full(n, seed_state, dtype=np.uint32)
         if blocks:
-            words = np.ascontiguousarray(keys[:, :blocks * 4]).view("<u4")
-            for j in range(blocks):
-                k = words[:, j] * _C1
-                k = _rotl(k, 15) * _C2
-                h ^= k
-                h = _rotl(h, 13) * np.uint32(5) + _N
-        tail = length & 3
-        if tail:
-            k = np.zeros(n, dtype=np.uint32)
-            base = blocks * 4
-            for t in range(tail - 1, -1, -1):
-                k ^= keys[:, base + t].astype(np.uint32) << np.uint32(8 * t)
-            k = _rotl(k * _C1, 15) * _C2
-            h ^= k
-        h ^= np.uint32(length)
-        h ^= h >> np.uint32(16)
-        h *= _F1
-        h ^= h >> np.uint32(13)
-        h *= _F2
-        h ^= h >> np.uint32(16)
-    return h.view(np.int32)
+            h = _blocks(h, np.ascontiguousarray(keys[:, :blocks * 4]).view("<u4"))
+        return _finish(h, keys[:, blocks * 4:], done + length)
+
+
+def _prefix_state(prefix: bytes) -> tuple[int, bytes]:
+    """The hash state after the whole 4-byte blocks of ``prefix``, and its leftover bytes."""
+    whole = len(prefix) // 4 * 4
+    h = np.zeros(1, dtype=np.uint32)
+    with np.errstate(over="ignore"):
+        if whole:
+            h = _blocks(h, np.frombuffer(prefix[:whole], dtype="<u4").reshape(1, -1))
+    return int(h[0]), prefix[whole:]
 
 
 def hash_ranges(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                 prefix: bytes = b"") -> np.ndarray:
-    """``mmh3.hash(prefix + data[start:start + length])`` for every range, as int64."""
+    """``mmh3.hash(prefix + data[start:start + length])`` for every range, as int64.
+
+    The prefix's whole blocks are hashed once; only its last ``len % 4`` bytes are copied in
+    front of each key."""
     out = np.empty(len(starts), dtype=np.int64)
     if not len(starts):
         return out
-    pre = np.frombuffer(prefix, dtype=np.uint8)
+    state, rest = _prefix_state(prefix)
+    done = len(prefix) - len(rest)
+    pre = np.frombuffer(rest, dtype=np.uint8)
     for length in np.unique(lengths).tolist():
         rows = np.flatnonzero(lengths == length)
         body = data[starts[rows, None] + np.arange(length)]
         keys = np.concatenate([np.broadcast_to(pre, (len(rows), len(pre))), body], axis=1) \
             if len(pre) else body
-        out[rows] = hash_matrix(keys)
+        out[rows] = hash_matrix(keys, state, done)
     return out
