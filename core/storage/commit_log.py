@@ -131,8 +131,5 @@ class CommitLog:
             else:
                 return pos
 
-    def flush(self) -> int:
-        return self.segments.flush()
-
     def close(self) -> None:
         self.segments.close()
