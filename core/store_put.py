@@ -247,12 +247,18 @@ class PutMixin:
             if count:
                 table[key] = table.get(key, 0) + count
 
+    def _publish_written(self, written: int) -> bool:
+        """Move the shared WRITTEN end forward (it never goes back); True if it moved."""
+        values = self.positions.values
+        if written > values[shm.WRITTEN]:
+            values[shm.WRITTEN] = written
+            return True
+        return False
+
     def _wake_committer(self) -> None:
         """A writer waits for pool buffers under the put lock: publish what this append has
         written so far (whole segments the committer may now finish), then wake it."""
-        written = self.commit_log.segments.write_end
-        if written > self.positions[shm.WRITTEN]:
-            self.positions[shm.WRITTEN] = written
+        self._publish_written(self.commit_log.segments.write_end)
         self.flush_client.wake()
 
     def _wake_dispatch(self) -> None:
@@ -261,11 +267,8 @@ class PutMixin:
         if positions is None:
             return
         values = positions.values
-        written = self._last_append[0]
-        if written > values[shm.WRITTEN]:
-            values[shm.WRITTEN] = written
-            if self._staged_writes:  # wakeCommitWhenPutMessage
-                self.flush_client.wake_if_idle()
+        if self._publish_written(self._last_append[0]) and self._staged_writes:
+            self.flush_client.wake_if_idle()  # wakeCommitWhenPutMessage
         confirmed = self.confirm_offset()
         if confirmed > values[shm.CONFIRMED]:
             values[shm.CONFIRMED] = confirmed

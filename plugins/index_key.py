@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 
 import numpy as np
 
 from mqstore.format import index_layout as L
-from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 from mqstore.format.record import SYSFLAG_TX_MASK, TX_ROLLBACK
 from mqstore.format.murmur3 import hash_ranges
 from mqstore.format.property_keys import key_ranges
@@ -33,11 +31,6 @@ from mqstore.storage.index_file import INDEX_DIR, IndexFile
 
 log = logging.getLogger("mqstore.index")
 
-_UNIQ = PROPERTY_UNIQ_KEY.encode()
-_KEYS = PROPERTY_KEYS.encode()
-# Every non-empty KEYS / UNIQ_KEY value of encoded properties in one C-level scan ("name\x01
-# value" segments separated by \x02); the same answers as find_property.
-_KEY_PROPS = re.compile(b"(?:^|\x02)(" + _KEYS + b"|" + _UNIQ + b")\x01([^\x02]+)")
 INT64_MAX = (1 << 63) - 1
 
 
@@ -119,83 +112,48 @@ class KeyIndex:
 
     # -- dispatch --------------------------------------------------------------------------
     def dispatch(self, batch) -> None:
-        phys_all = batch.phys_offsets
-        todo = (phys_all >= self._next_phys) & (
+        todo = (batch.phys_offsets >= self._next_phys) & (
             (batch.sysflags & SYSFLAG_TX_MASK) != TX_ROLLBACK)
         rows = np.flatnonzero(todo).tolist()
-        if not rows:
-            self._next_phys = max(self._next_phys, batch.end)
-            return
-        props = batch.properties
-        topics = batch.topics
-        if self._vector_hash:
-            self._dispatch_columns(batch, rows)
-            self._next_phys = max(self._next_phys, batch.end)
-            return
-        hash_bytes = self._hash_bytes
-        prefixes = self._topic_prefixes
-        find_keys = _KEY_PROPS.findall
-        hashes, keyed, counts = [], [], []
-        add = hashes.append
-        last_topic = prefix = None
-        for i in rows:
-            found = find_keys(props[i])
-            if not found:
-                continue
-            topic = topics[i]
-            if topic is not last_topic:
-                prefix = prefixes.get(topic)
-                if prefix is None:
-                    prefix = prefixes[topic] = topic.encode("utf-8") + b"#"
-                last_topic = topic
-            uniq = keys = None
-            for name, value in found:  # the last non-empty one counts, as in decoding
-                if name == _UNIQ:
-                    uniq = value
-                else:
-                    keys = value
-            before = len(hashes)
-            if uniq is not None:
-                add(hash_bytes(prefix + uniq))
-            if keys is not None:
-                for token in keys.split(b" "):
-                    if token:
-                        add(hash_bytes(prefix + token))
-            keyed.append(i)
-            counts.append(len(hashes) - before)
-        if hashes:
-            h = np.array(hashes, dtype=np.int64)
-            h = np.where(h == L.INT32_MIN, 0, np.abs(h))
-            keyed_rows = np.array(keyed, dtype=np.int64)
-            reps = np.array(counts, dtype=np.int64)
-            self._put_many(h, np.repeat(phys_all[keyed_rows], reps),
-                           np.repeat(batch.store_timestamps[keyed_rows], reps))
+        if rows:
+            self._index_rows(batch, rows)
         self._next_phys = max(self._next_phys, batch.end)
 
-    def _dispatch_columns(self, batch, rows: list[int]) -> None:
-        """The same entries as the per-record walk, found and hashed with array passes (mmh3)."""
+    def _index_rows(self, batch, rows: list[int]) -> None:
+        """Entries for the keys of ``rows``: per record its UNIQ_KEY, then each KEYS token."""
         props, topics = batch.properties, batch.topics
         every = len(rows) == len(props)  # the usual case: no rollback, nothing indexed twice
         keys = key_ranges(props if every else [props[i] for i in rows])
         if not len(keys.message):
             return
         row_topics = topics if every else [topics[i] for i in rows]
-        names = set(row_topics)
-        if len(names) == 1:
-            hashes = hash_ranges(keys.data, keys.start, keys.length, self._prefix(names.pop()))
-        else:
-            ids: dict[str, int] = {}
-            topic_of_row = np.fromiter((ids.setdefault(t, len(ids)) for t in row_topics),
-                                       dtype=np.int64, count=len(row_topics))
-            topic_of_key = topic_of_row[keys.message]
-            hashes = np.empty(len(keys.message), dtype=np.int64)
-            for name, tid in ids.items():
-                sel = np.flatnonzero(topic_of_key == tid)
-                hashes[sel] = hash_ranges(keys.data, keys.start[sel], keys.length[sel],
-                                          self._prefix(name))
+        hashes = self._hash_keys(keys, row_topics)
         hashes = np.where(hashes == L.INT32_MIN, 0, np.abs(hashes))
         src = np.asarray(rows, dtype=np.int64)[keys.message]
         self._put_many(hashes, batch.phys_offsets[src], batch.store_timestamps[src])
+
+    def _hash_keys(self, keys, row_topics: list[str]) -> np.ndarray:
+        """The store hash of ``topic#key`` for every key found."""
+        if not self._vector_hash:  # Java's String.hashCode needs decoded text: key by key
+            raw = keys.data.tobytes()
+            hash_bytes, prefix = self._hash_bytes, self._prefix
+            return np.fromiter(
+                (hash_bytes(prefix(row_topics[m]) + raw[s:s + n]) for m, s, n in
+                 zip(keys.message.tolist(), keys.start.tolist(), keys.length.tolist())),
+                dtype=np.int64, count=len(keys.message))
+        names = set(row_topics)
+        if len(names) == 1:
+            return hash_ranges(keys.data, keys.start, keys.length, self._prefix(names.pop()))
+        ids: dict[str, int] = {}
+        topic_of_row = np.fromiter((ids.setdefault(t, len(ids)) for t in row_topics),
+                                   dtype=np.int64, count=len(row_topics))
+        topic_of_key = topic_of_row[keys.message]
+        hashes = np.empty(len(keys.message), dtype=np.int64)
+        for name, tid in ids.items():
+            sel = np.flatnonzero(topic_of_key == tid)
+            hashes[sel] = hash_ranges(keys.data, keys.start[sel], keys.length[sel],
+                                      self._prefix(name))
+        return hashes
 
     def _prefix(self, topic: str) -> bytes:
         prefix = self._topic_prefixes.get(topic)

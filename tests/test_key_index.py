@@ -292,8 +292,9 @@ def _mixed_batches():
     return out
 
 
-def test_mmh3_stores_index_batches_like_the_per_record_walk(make_store, tmp_path):
-    """New (mmh3) stores find and hash keys with array passes; the files are the same bytes."""
+def test_mmh3_stores_hash_batches_like_key_by_key(make_store, tmp_path):
+    """New (mmh3) stores hash a batch's keys with array passes; the files are the same bytes
+    as hashing each key on its own."""
     from mqstore.plugins.index_key import KeyIndex
 
     files = {}

@@ -15,9 +15,9 @@ service never sees a buffer change hands under it.
 
 from __future__ import annotations
 
-from multiprocessing import shared_memory
-
 import numpy as np
+
+from mqstore.storage.shared_segment import close_segment, open_segment
 
 HEADER_BYTES = 4096
 FREE = -1
@@ -33,14 +33,8 @@ class TransientPool:
             raise ValueError(f"a transient pool holds 1 to {HEADER_BYTES // 8} buffers, not {buffers}")
         self.buffers = buffers
         self.buffer_bytes = buffer_bytes
-        size = HEADER_BYTES + buffers * buffer_bytes
-        if name is None:
-            # tmpfs only backs the pages a writer touches, like RocketMQ's lazily used buffers.
-            self.shm = shared_memory.SharedMemory(create=True, size=size)
-            self.owner = True
-        else:
-            self.shm = shared_memory.SharedMemory(name=name)
-            self.owner = False
+        # tmpfs only backs the pages a writer touches, like RocketMQ's lazily used buffers.
+        self.shm, self.owner = open_segment(name, HEADER_BYTES + buffers * buffer_bytes)
         self.owners = np.ndarray((buffers,), dtype=np.int64, buffer=self.shm.buf)
         if self.owner:
             self.owners[:] = FREE
@@ -90,9 +84,4 @@ class TransientPool:
         for view in self._views:
             view.release()
         self._views = []
-        self.shm.close()
-        if self.owner:
-            try:
-                self.shm.unlink()
-            except FileNotFoundError:
-                pass
+        close_segment(self.shm, self.owner)

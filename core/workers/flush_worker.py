@@ -79,6 +79,18 @@ class FlushService:
             os.close(fd)
         self._fds.clear()
 
+    def _segment_step(self, pos: int, limit: int, least_pages: int):
+        """The segment holding ``pos``: ``(start, upto, complete, due)``, where bytes
+        ``[pos, upto)`` lie below ``limit`` and ``due`` is RocketMQ's rule for acting on them:
+        the segment is complete, or ``least_pages`` is 0, or that many whole pages are pending."""
+        start = pos - pos % self.size
+        end = start + self.size
+        upto = min(limit, end)
+        complete = limit >= end
+        pages = (upto - start) // PAGE - (pos - start) // PAGE
+        return start, upto, complete, upto > pos and (
+            complete or least_pages == 0 or pages >= least_pages)
+
     # -- commit ------------------------------------------------------------------------------
     def commit(self, least_pages: int) -> bool:
         """Copy staged bytes into the files by the rule above; True if anything moved."""
@@ -91,12 +103,8 @@ class FlushService:
         written = self._seen_written = self.p[shm.WRITTEN]
         begin = c = self.committed
         while c < written:
-            start = c - c % self.size
-            end = start + self.size
-            upto = min(written, end)
-            complete = written >= end
-            pages = (upto - start) // PAGE - (c - start) // PAGE
-            if not (complete or least_pages == 0 or pages >= least_pages):
+            start, upto, complete, due = self._segment_step(c, written, least_pages)
+            if not due:
                 break
             buf = self.pool.buffer_of(start)
             fd = self._fd(start)
@@ -116,20 +124,15 @@ class FlushService:
     # -- flush -------------------------------------------------------------------------------
     def flush(self, least_pages: int) -> bool:
         begin = f = self.flushed
-        limit = self.committed
         while True:
-            start = f - f % self.size
-            end = start + self.size
-            upto = min(limit, end)
-            complete = limit >= end
-            pages = (upto - start) // PAGE - (f - start) // PAGE
-            if upto > f and (complete or least_pages == 0 or pages >= least_pages):
+            start, upto, complete, due = self._segment_step(f, self.committed, least_pages)
+            if due:
                 fd = self._fd(start)
                 if fd is not None:
                     force(fd)
                     self.p[shm.FLUSH_COUNT] = self.p[shm.FLUSH_COUNT] + 1
                 f = upto
-            if not complete or f < end:
+            if not complete or f < start + self.size:
                 break
         if f > begin:
             self.flushed = f

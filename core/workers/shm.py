@@ -34,9 +34,9 @@ the name), and only the creating store unlinks it.
 
 from __future__ import annotations
 
-from multiprocessing import shared_memory
-
 import numpy as np
+
+from mqstore.storage.shared_segment import close_segment, open_segment
 
 WRITTEN, FLUSHED, CONFIRMED, DISPATCHED, DISPATCH_IDLE, LOGICS_TS, INDEX_TS, STOP, MIN_PHYS, \
     ABNORMAL, COMMITTED, FLUSH_REQUEST, FLUSH_ASK, FLUSH_ASK_LEAST, FLUSH_DONE, FLUSH_STOP, \
@@ -47,15 +47,7 @@ SLOTS = 32
 
 class SharedPositions:
     def __init__(self, name: str | None = None) -> None:
-        if name is None:
-            self.shm = shared_memory.SharedMemory(create=True, size=SLOTS * 8)
-            self.owner = True
-        else:
-            # Spawned workers share the store's resource tracker, so attaching only repeats the
-            # store's registration: the segment is unlinked by the store's close(), or by the
-            # tracker if the store process is killed.
-            self.shm = shared_memory.SharedMemory(name=name)
-            self.owner = False
+        self.shm, self.owner = open_segment(name, SLOTS * 8)
         self.values = np.ndarray((SLOTS,), dtype=np.int64, buffer=self.shm.buf)
         if self.owner:
             self.values[:] = 0
@@ -75,12 +67,7 @@ class SharedPositions:
         if self.values is None:
             return
         self.values = None
-        self.shm.close()
-        if self.owner:
-            try:
-                self.shm.unlink()
-            except FileNotFoundError:
-                pass
+        close_segment(self.shm, self.owner)
 
     def __reduce__(self):
         return (SharedPositions, (self.shm.name,))
