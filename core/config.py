@@ -71,6 +71,7 @@ class WriterSection(_Section):
     commit_interval_ms: int = Field(200, ge=1)
     commit_least_pages: int = Field(4, ge=0)
     commit_thorough_interval_ms: int = Field(200, ge=1)
+    fast_fail_no_buffer: bool = False
 
 
 class DispatchSection(_Section):

@@ -69,9 +69,12 @@ class PutMixin:
         """What the flush loop reported: readable ends, pool buffers, flushed end, checkpoint."""
         pool_writer = self.writer if getattr(self.writer, "pool", None) is not None else None
         if pool_writer is not None:
-            for seg in self.commit_log.segments.segments[-(pool_writer.pool.buffers + 2):]:
-                if seg.staged:
-                    seg.set_committed(committed - seg.start)
+            for seg in reversed(self.commit_log.segments.segments):
+                if not seg.staged:
+                    if seg.wrote:  # wholly committed, and so is everything before it
+                        break
+                    continue  # just opened, not written to yet
+                seg.set_committed(committed - seg.start)
             pool_writer.buffers_returned(committed)
         if flushed > self.flushed_where:
             self.flushed_where = flushed

@@ -2,14 +2,19 @@
 
 Appends are copied into a shared-memory buffer lent to the segment; the flush loop commits
 them into the segment file (see ``mqstore.workers.flush_worker``), and only committed bytes are
-readable or dispatched. A segment keeps its buffer until it is wholly committed. When a new
-segment needs a buffer and none is free, the put wakes the flush loop and waits up to
-``writer.commit_interval_ms`` for one to come back; after that it fails with
-CREATE_MAPPED_FILE_FAILED and writes nothing, never hangs.
+readable or dispatched. A segment keeps its buffer until it is wholly committed.
+
+When a new segment opens and every buffer still holds uncommitted bytes (producers outrun the
+commits), RocketMQ's default applies: that segment is written straight through its map, as by
+the mmap writer, and a warning says so; the pool takes over again at the next segment that
+finds a free buffer. With ``writer.fast_fail_no_buffer`` (fastFailIfNoBufferInStorePool) the
+put instead wakes the flush loop, waits up to ``writer.commit_interval_ms`` for a buffer, then
+fails with CREATE_MAPPED_FILE_FAILED and writes nothing; it never hangs.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
@@ -17,19 +22,25 @@ import numpy as np
 from mqstore.hookspecs import hookimpl
 from mqstore.storage.transient_pool import PoolExhaustedError, TransientPool
 
+log = logging.getLogger("mqstore.writer")
+
 
 class TransientPoolWriter:
     def __init__(self, commit_log, config) -> None:
         self.pool = TransientPool(config.writer.transient_pool_buffers, commit_log.segment_bytes)
+        self.pool.warm()
         self.wait_s = config.writer.commit_interval_ms / 1000.0
+        self.fast_fail = config.writer.fast_fail_no_buffer
+        self.direct_segments = 0  # segments written through their map for want of a buffer
         self.returned = threading.Condition()
         self.wake_committer = lambda: None  # set by the store once its flush loop runs
         self._seg = None
         self._buf = None
 
     def before_roll(self) -> None:
-        """Called under the put lock before a new segment opens: one buffer must be free."""
-        if self.pool.free_count():
+        """Called under the put lock before a new segment opens: with fast fail, one buffer
+        must be free (or come free within one commit interval)."""
+        if self.pool.free_count() or not self.fast_fail:
             return
         self.wake_committer()
         with self.returned:
@@ -41,19 +52,37 @@ class TransientPoolWriter:
 
     def write(self, segment, data) -> int:
         if segment is not self._seg:
-            self._buf = self.pool.lend(segment.start)
-            segment.stage()
             self._seg = segment
+            self._buf = self._borrow(segment)
+        if self._buf is None:
+            return segment.write(data)
         pos = segment.wrote
         end = pos + len(data)
         self._buf[pos:end] = data
         segment.wrote = end
         return pos
 
+    def _borrow(self, segment):
+        """The segment's buffer, lent now; None (write through the map) if the pool is dry.
+        Either way the segment is staged: its bytes become readable as the flush loop's
+        committed position passes them, so they never show before the segments ahead."""
+        segment.stage()
+        try:
+            return self.pool.lend(segment.start)
+        except PoolExhaustedError:
+            self.wake_committer()
+            self.direct_segments += 1
+            log.warning("transient pool dry: all %d buffers hold uncommitted segments; segment "
+                        "%d is written through its map (writer.transient_pool_buffers)",
+                        self.pool.buffers, segment.start)
+            return None
+
     def write_blank(self, segment, data) -> int:
         """The end-of-segment blank; the rest of a reused buffer is zeroed so the commit copies
         the same zeros a fresh (sparse) segment file has there."""
         pos = self.write(segment, data)
+        if self._buf is None:
+            return pos
         np.frombuffer(self._buf, dtype=np.uint8)[pos + len(data):] = 0
         return pos
 

@@ -115,8 +115,9 @@ def test_segments_roll_through_the_pool_and_buffers_come_back(make_store):
     assert store.writer.pool.free_count() >= 1
 
 
-def test_a_stalled_committer_runs_the_pool_dry_with_a_clear_status(make_store):
-    store = make_store({**_pool(transient_pool_buffers=2, commit_interval_ms=50),
+def test_with_fast_fail_a_dry_pool_refuses_the_put_with_a_clear_status(make_store):
+    store = make_store({**_pool(transient_pool_buffers=2, commit_interval_ms=50,
+                                fast_fail_no_buffer=True),
                         "flush": {"worker": "process"}})
     pid = store.flush_client.supervisor.process.pid
     os.kill(pid, signal.SIGSTOP)
@@ -141,6 +142,63 @@ def test_a_stalled_committer_runs_the_pool_dry_with_a_clear_status(make_store):
     assert int(after.queue_offsets[0]) == 7 * ok  # each batch of 20 gave queue 0 seven
     store.wait_dispatched()
     assert store.max_offset("T", 0) == int(after.queue_offsets[0]) + 1
+
+
+def test_a_dry_pool_writes_the_next_segment_through_its_map(tmp_path, make_store, caplog):
+    """RocketMQ's default (no fast fail): producers that outrun the commits are not refused;
+    the segment that finds no buffer is written like the mmap writer's, readable only once
+    everything before it is committed, and the files equal an mmap store's."""
+    batches = [_batch(20, size=1000, start=i * 20) for i in range(12)]  # about 4 segments
+    mm = make_store({"commit_log": {"segment_bytes": SEG}}, root=tmp_path / "mmap")
+    for b in batches:
+        assert mm.put_batch(b).status is PutStatus.PUT_OK
+    mm.close()
+    store = make_store({**_pool(transient_pool_buffers=2, commit_interval_ms=50),
+                        "flush": {"worker": "process"}}, root=tmp_path / "pool")
+    pid = store.flush_client.supervisor.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with caplog.at_level("WARNING", logger="mqstore.writer"):
+            results = [store.put_batch(b) for b in batches]
+        assert [r.status for r in results] == [PutStatus.PUT_OK] * len(batches)
+        assert store.writer.direct_segments >= 1
+        assert "transient pool dry" in caplog.text
+        assert store.max_phys_offset == 0  # nothing committed yet, the direct segment included
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    store.flush_commit_log()
+    assert store.max_phys_offset == store.commit_log.segments.write_end
+    store.wait_dispatched()
+    want = [b"%06d" % (b * 20 + i) for b in range(12) for i in range(0, 20, 3)]
+    assert store.max_offset("T", 0) == len(want)
+    got = [m.body[:6] for off in range(0, len(want), 16)
+           for m in store.get("g", "T", 0, off, 16).messages]
+    assert got == want
+    store.close()
+    names = sorted(os.listdir(tmp_path / "mmap" / "commitlog"))
+    assert len(names) >= 4
+    assert sorted(os.listdir(tmp_path / "pool" / "commitlog")) == names
+    for name in names:
+        assert ((tmp_path / "pool" / "commitlog" / name).read_bytes()
+                == (tmp_path / "mmap" / "commitlog" / name).read_bytes()), name
+
+
+def test_pool_buffers_are_mapped_when_the_pool_opens():
+    pool = TransientPool(2, 1 << 20)
+    other = TransientPool(2, 1 << 20, name=pool.name)
+    try:
+        for p in (pool, other):
+            rss_before = _rss_kib()
+            p.warm()
+            assert _rss_kib() - rss_before >= 2 * 1024 - 64  # both buffers now in the process
+    finally:
+        other.close()
+        pool.close()
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssShmem:"))
 
 
 def test_explicit_flush_honours_least_pages(make_store):

@@ -20,7 +20,9 @@ import numpy as np
 from mqstore.storage.shared_segment import close_segment, open_segment
 
 HEADER_BYTES = 4096
+PAGE = 4096
 FREE = -1
+MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23  # Linux 5.14+
 
 
 class PoolExhaustedError(RuntimeError):
@@ -44,6 +46,24 @@ class TransientPool:
     @property
     def name(self) -> str:
         return self.shm.name
+
+    def warm(self) -> None:
+        """Map every page of the buffers into this process now.
+
+        RocketMQ's pool allocates and locks its buffers when the store starts; here the
+        creating process populates them writable and an attaching one maps them, so neither
+        appends nor commits stop on page faults, and the cost is paid once at open. Kernels
+        without ``MADV_POPULATE_*`` get the same effect from reading one byte of every page
+        (a read fault on shared memory allocates the page and maps it writable).
+        """
+        advice = MADV_POPULATE_WRITE if self.owner else MADV_POPULATE_READ
+        mapping = getattr(self.shm, "_mmap", None)
+        try:
+            mapping.madvise(advice, HEADER_BYTES, self.buffers * self.buffer_bytes)
+            return
+        except (AttributeError, OSError, ValueError):
+            pass
+        np.frombuffer(self.shm.buf, dtype=np.uint8)[HEADER_BYTES::PAGE].max()
 
     def free_count(self) -> int:
         return int(np.count_nonzero(self.owners == FREE))

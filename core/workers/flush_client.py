@@ -9,6 +9,7 @@ consume queues.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import multiprocessing as mp
 import os
@@ -41,7 +42,9 @@ class FlushClient:
         self.mode = store.config.flush.worker
         self.supervisor: FlushSupervisor | None = None
         self._thread: threading.Thread | None = None
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
+        self._waiters_lock = threading.Lock()
+        self._waiters: list = []  # heap of (end offset, id, released-when-flushed lock)
         self._sync_lock = threading.Lock()
         self._ask_lock = threading.Lock()
         self._stopping = False
@@ -117,6 +120,7 @@ class FlushClient:
             for conn in self._pipes:
                 conn.close()
             self._thread = None
+        self._release_waiters(None if self._killed else self.store.flushed_where)
         with self._cond:
             self._cond.notify_all()
 
@@ -126,6 +130,7 @@ class FlushClient:
             return
         self._end(1)
         self.sync()
+        self._release_waiters(None)  # whatever the final flush did not cover times out now
 
     def kill(self) -> None:
         """End the loop without a final flush, as the death of the store process would."""
@@ -146,18 +151,34 @@ class FlushClient:
 
     def wait_flushed(self, end: int, timeout_s: float) -> bool:
         """Group commit: ask for ``end`` to be flushed and wait until it is (or time is up)."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            if end > self.p[shm.FLUSH_REQUEST]:
-                self.p[shm.FLUSH_REQUEST] = end
+        p = self.p
+        gate = threading.Lock()
+        gate.acquire()
+        with self._waiters_lock:
+            if self.store.flushed_where >= end:
+                return True
+            if self._killed:
+                return False
+            heapq.heappush(self._waiters, (end, id(gate), gate))
+            if end > p[shm.FLUSH_REQUEST]:
+                p[shm.FLUSH_REQUEST] = end
+        # Releasing the lock above orders the FLUSH_REQUEST store before this load; the loop
+        # re-reads FLUSH_REQUEST after announcing FLUSH_IDLE, so one side always sees the other.
+        if p[shm.FLUSH_IDLE]:
             poke(self.wake_w)
-            store = self.store
-            while store.flushed_where < end:  # a closing store's final flush covers it
-                left = deadline - time.monotonic()
-                if left <= 0 or self._killed:
-                    return False
-                self._cond.wait(left)
-        return True
+        if not gate.acquire(timeout=timeout_s):
+            with self._waiters_lock:  # timed out: leave the queue unless released meanwhile
+                if not gate.acquire(blocking=False):
+                    self._waiters.remove((end, id(gate), gate))
+                    heapq.heapify(self._waiters)
+        return self.store.flushed_where >= end
+
+    def _release_waiters(self, flushed: int | None) -> None:
+        """Wake the puts whose end is flushed (all of them when ``flushed`` is None)."""
+        waiters = self._waiters
+        with self._waiters_lock:
+            while waiters and (flushed is None or waiters[0][0] <= flushed):
+                heapq.heappop(waiters)[2].release()
 
     def commit_now(self) -> None:
         """One explicit pass that commits everything staged in the pool and forces nothing."""
@@ -189,6 +210,7 @@ class FlushClient:
         with self._sync_lock:
             self.store._apply_flush_progress(p[shm.COMMITTED], p[shm.FLUSHED],
                                              bool(p[shm.FLUSH_ERROR]))
+            self._release_waiters(self.store.flushed_where)
             self.store._apply_disk_state(bool(p[shm.DISK_FULL_FLAG]))
             ask = p[shm.CLEAN_ASK]
             if ask > p[shm.CLEAN_DONE] and not self._stopping:

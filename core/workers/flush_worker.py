@@ -10,7 +10,8 @@ Decisions follow RocketMQ's services over absolute offsets:
 - commit (transient pool only, CommitRealTimeService): copy ``[committed, written)`` of a
   segment when the segment is complete, or when at least ``writer.commit_least_pages`` pages
   are pending, or every ``writer.commit_thorough_interval_ms``; a sync-flush request or an
-  explicit flush commits everything first.
+  explicit flush commits everything first. A segment that opened while the pool was dry holds
+  no buffer: its bytes are in the file already and count as committed once reached.
 - flush (MappedFileQueue.flush): force the segment holding the flushed position when it is
   complete, or when ``least_pages`` is 0 and it has unflushed bytes, or when at least
   ``least_pages`` whole pages are unflushed. The flush policy's ``schedule(config)`` gives the
@@ -104,16 +105,17 @@ class FlushService:
         begin = c = self.committed
         while c < written:
             start, upto, complete, due = self._segment_step(c, written, least_pages)
-            if not due:
-                break
             buf = self.pool.buffer_of(start)
-            fd = self._fd(start)
-            if buf is None or fd is None:
-                raise RuntimeError(f"segment {start}: no pool buffer or file to commit "
-                                   f"[{c}, {upto}) from")
-            at, stop = c - start, upto - start
-            while at < stop:
-                at += os.pwrite(fd, buf[at:stop], at)
+            if buf is not None:
+                if not due:
+                    break
+                fd = self._fd(start)
+                if fd is None:
+                    raise RuntimeError(f"segment {start}: no file to commit [{c}, {upto}) into")
+                at, stop = c - start, upto - start
+                while at < stop:
+                    at += os.pwrite(fd, buf[at:stop], at)
+            # else the pool was dry when the segment opened: its bytes went through the map
             c = upto
             if not complete:
                 break
@@ -243,6 +245,8 @@ def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: 
     pool = (TransientPool(config.writer.transient_pool_buffers, segment_bytes, pool_name)
             if pool_name else None)
     try:
+        if pool is not None:
+            pool.warm()
         os.set_blocking(progress_w.fileno(), False)
         hooks = PluginHooks(make_plugin_manager(
             modules=config.plugins.modules, disable=config.plugins.disable,
