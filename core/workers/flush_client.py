@@ -2,21 +2,20 @@
 
 A listener thread sleeps on the loop's progress pipe; each byte means "positions moved". It
 applies COMMITTED and FLUSHED to the store (readable ends, pool buffers coming back, the
-checkpoint's ``physicMsgTimestamp``, what dispatch may see), then wakes every put waiting for
-a flush. Once a second it also persists the checkpoint and, in thread-dispatch mode, the
-consume queues.
+checkpoint's ``physicMsgTimestamp``, what dispatch may see) and carries out cleanup decisions.
+Once a second it also persists the checkpoint and, in thread-dispatch mode, the consume
+queues. Sync-flush puts are woken by the flush loop itself (``workers.sync_waiters``).
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import multiprocessing as mp
 import os
 import threading
 import time
 
-from mqstore.workers import flush_worker, shm
+from mqstore.workers import flush_worker, shm, sync_waiters
 from mqstore.workers.pipes import poke, wait_and_drain
 from mqstore.workers.supervisor import STOP_TIMEOUT_S, WorkerSupervisor
 
@@ -43,8 +42,8 @@ class FlushClient:
         self.supervisor: FlushSupervisor | None = None
         self._thread: threading.Thread | None = None
         self._cond = threading.Condition(threading.Lock())
-        self._waiters_lock = threading.Lock()
-        self._waiters: list = []  # heap of (end offset, id, released-when-flushed lock)
+        self._request_lock = threading.Lock()
+        self.waiters = sync_waiters.SyncWaiters(positions, mp.get_context("spawn"))
         self._sync_lock = threading.Lock()
         self._ask_lock = threading.Lock()
         self._stopping = False
@@ -58,7 +57,8 @@ class FlushClient:
         pool_name = self.pool.name if self.pool is not None else None
         if self.mode == "process":
             sup = self.supervisor = FlushSupervisor(
-                store.root, store.config, self.p, flush_worker.run, (seg_bytes, pool_name))
+                store.root, store.config, self.p, flush_worker.run,
+                (seg_bytes, pool_name, self.waiters.writers))
             self.wake_w, self.progress_r, self._progress_w = sup.wake_w, sup.progress_r, sup.progress_w
             sup.start()
         else:
@@ -73,7 +73,8 @@ class FlushClient:
                 store.commit_log.segments.directory, seg_bytes, self.p,
                 flush_worker.schedule_of(type(store.flush_policy), store.config),
                 flush_worker.commit_schedule(store.config), self.pool,
-                hooks.after_flush if hooks.has_after_flush else None, store.config.cleanup)
+                hooks.after_flush if hooks.has_after_flush else None, store.config.cleanup,
+                sync_waiters.Waker(self.p, [w.fileno() for w in self.waiters.writers]))
             self._service = service
 
             def serve():
@@ -120,7 +121,6 @@ class FlushClient:
             for conn in self._pipes:
                 conn.close()
             self._thread = None
-        self._release_waiters(None if self._killed else self.store.flushed_where)
         with self._cond:
             self._cond.notify_all()
 
@@ -130,13 +130,14 @@ class FlushClient:
             return
         self._end(1)
         self.sync()
-        self._release_waiters(None)  # whatever the final flush did not cover times out now
+        self.waiters.close()  # whatever the final flush did not cover answers at once
 
     def kill(self) -> None:
         """End the loop without a final flush, as the death of the store process would."""
         if not self._stopping:
             self._killed = True
             self._end(2)
+            self.waiters.close()  # waiting puts answer at once: nothing will flush them
 
     # -- asking ------------------------------------------------------------------------------
     def take_failure(self) -> str | None:
@@ -151,34 +152,21 @@ class FlushClient:
 
     def wait_flushed(self, end: int, timeout_s: float) -> bool:
         """Group commit: ask for ``end`` to be flushed and wait until it is (or time is up)."""
+        if not self.waiters.wait(end, timeout_s, lambda: self._request(end)):
+            return False
+        if self.store.flushed_where < end and not self._stopping:
+            self._apply_progress()  # the first put back after a force tells the store
+        return True
+
+    def _request(self, end: int) -> None:
         p = self.p
-        gate = threading.Lock()
-        gate.acquire()
-        with self._waiters_lock:
-            if self.store.flushed_where >= end:
-                return True
-            if self._killed:
-                return False
-            heapq.heappush(self._waiters, (end, id(gate), gate))
+        with self._request_lock:
             if end > p[shm.FLUSH_REQUEST]:
                 p[shm.FLUSH_REQUEST] = end
         # Releasing the lock above orders the FLUSH_REQUEST store before this load; the loop
         # re-reads FLUSH_REQUEST after announcing FLUSH_IDLE, so one side always sees the other.
         if p[shm.FLUSH_IDLE]:
             poke(self.wake_w)
-        if not gate.acquire(timeout=timeout_s):
-            with self._waiters_lock:  # timed out: leave the queue unless released meanwhile
-                if not gate.acquire(blocking=False):
-                    self._waiters.remove((end, id(gate), gate))
-                    heapq.heapify(self._waiters)
-        return self.store.flushed_where >= end
-
-    def _release_waiters(self, flushed: int | None) -> None:
-        """Wake the puts whose end is flushed (all of them when ``flushed`` is None)."""
-        waiters = self._waiters
-        with self._waiters_lock:
-            while waiters and (flushed is None or waiters[0][0] <= flushed):
-                heapq.heappop(waiters)[2].release()
 
     def commit_now(self) -> None:
         """One explicit pass that commits everything staged in the pool and forces nothing."""
@@ -206,18 +194,22 @@ class FlushClient:
 
     # -- following ---------------------------------------------------------------------------
     def sync(self) -> None:
+        self._apply_progress()
         p = self.p
         with self._sync_lock:
-            self.store._apply_flush_progress(p[shm.COMMITTED], p[shm.FLUSHED],
-                                             bool(p[shm.FLUSH_ERROR]))
-            self._release_waiters(self.store.flushed_where)
-            self.store._apply_disk_state(bool(p[shm.DISK_FULL_FLAG]))
             ask = p[shm.CLEAN_ASK]
             if ask > p[shm.CLEAN_DONE] and not self._stopping:
                 self.store._run_cleanup(bool(p[shm.CLEAN_AT_ONCE]))
                 p[shm.CLEAN_DONE] = ask
         with self._cond:
             self._cond.notify_all()
+
+    def _apply_progress(self) -> None:
+        p = self.p
+        with self._sync_lock:
+            self.store._apply_flush_progress(p[shm.COMMITTED], p[shm.FLUSHED],
+                                             bool(p[shm.FLUSH_ERROR]))
+            self.store._apply_disk_state(bool(p[shm.DISK_FULL_FLAG]))
 
     def status(self) -> dict:
         sup = self.supervisor

@@ -30,7 +30,7 @@ import time
 from mqstore import cleanup
 from mqstore.storage.mapped_file import segment_name
 from mqstore.storage.transient_pool import TransientPool
-from mqstore.workers import shm
+from mqstore.workers import shm, sync_waiters
 from mqstore.workers.pipes import poke, wait_and_drain
 
 log = logging.getLogger("mqstore.workers.flush")
@@ -45,7 +45,8 @@ def force(fd: int) -> None:
 class FlushService:
     def __init__(self, directory: str, segment_bytes: int, positions: shm.SharedPositions,
                  schedule: tuple[float, int, float], commit_schedule: tuple[float, int, float],
-                 pool: TransientPool | None = None, after_flush=None, cleanup_config=None) -> None:
+                 pool: TransientPool | None = None, after_flush=None, cleanup_config=None,
+                 waker=None) -> None:
         self.directory = directory
         self.cleanup_config = cleanup_config
         self.size = segment_bytes
@@ -54,6 +55,7 @@ class FlushService:
         self.commit_s, self.commit_least, self.commit_thorough_s = commit_schedule
         self.pool = pool
         self.after_flush = after_flush
+        self.waker = waker  # wakes the sync-flush puts a force covers (workers.sync_waiters)
         self._fds: dict[int, int] = {}
         self.flushed = positions[shm.FLUSHED]
         self.committed = positions[shm.COMMITTED]
@@ -139,6 +141,8 @@ class FlushService:
         if f > begin:
             self.flushed = f
             self.p[shm.FLUSHED] = f
+            if self.waker is not None:
+                self.waker.wake(f)
             self._close_done()
             if self.after_flush is not None:
                 self.after_flush(f)
@@ -235,7 +239,7 @@ class FlushService:
 
 
 def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: int,
-        restarted: bool, segment_bytes: int, pool_name: str | None) -> None:
+        restarted: bool, segment_bytes: int, pool_name: str | None, waiter_pipes) -> None:
     """Worker entry point (``multiprocessing`` target)."""
     from mqstore.plugins_manager import PluginHooks, make_plugin_manager
     from mqstore.storage.checkpoint import hold_worker_lock
@@ -248,6 +252,8 @@ def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: 
         if pool is not None:
             pool.warm()
         os.set_blocking(progress_w.fileno(), False)
+        for w in waiter_pipes:
+            os.set_blocking(w.fileno(), False)
         hooks = PluginHooks(make_plugin_manager(
             modules=config.plugins.modules, disable=config.plugins.disable,
             load_entry_points=config.plugins.load_entry_points))
@@ -255,7 +261,8 @@ def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: 
             os.path.join(root, "commitlog"), segment_bytes, positions,
             schedule_of(hooks.flush_policies.get(config.flush.mode), config),
             commit_schedule(config), pool,
-            hooks.after_flush if hooks.has_after_flush else None, config.cleanup)
+            hooks.after_flush if hooks.has_after_flush else None, config.cleanup,
+            sync_waiters.Waker(positions, [w.fileno() for w in waiter_pipes]))
         try:
             service.run(wake_r, progress_w, parent_pid)
         finally:

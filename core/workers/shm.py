@@ -30,6 +30,9 @@ the name), and only the creating store unlinks it.
     CLEAN_AT_ONCE   flush           1: that deletion takes the oldest segments whatever their age
     CLEAN_DONE      store           sequence number of the last deletion carried out
     DISK_FULL_FLAG  flush           1 while the disk is too full to take puts (DISK_FULL)
+
+After the SLOTS position slots come WAITER_SLOTS cells of sync-flush puts waiting for a flush
+(written by the store, read by the flush loop; see ``workers.sync_waiters``).
 """
 
 from __future__ import annotations
@@ -43,14 +46,17 @@ WRITTEN, FLUSHED, CONFIRMED, DISPATCHED, DISPATCH_IDLE, LOGICS_TS, INDEX_TS, STO
     FLUSH_IDLE, FLUSH_COUNT, FLUSH_ERROR, CLEAN_ASK, CLEAN_AT_ONCE, CLEAN_DONE, \
     DISK_FULL_FLAG = range(23)
 SLOTS = 32
+WAITER_SLOTS = 64
 
 
 class SharedPositions:
     def __init__(self, name: str | None = None) -> None:
-        self.shm, self.owner = open_segment(name, SLOTS * 8)
-        self.values = np.ndarray((SLOTS,), dtype=np.int64, buffer=self.shm.buf)
+        self.shm, self.owner = open_segment(name, (SLOTS + WAITER_SLOTS) * 8)
+        cells = np.ndarray((SLOTS + WAITER_SLOTS,), dtype=np.int64, buffer=self.shm.buf)
         if self.owner:
-            self.values[:] = 0
+            cells[:] = 0
+        self.values = cells[:SLOTS]
+        self.waiters = cells[SLOTS:]
 
     @property
     def name(self) -> str:
@@ -66,7 +72,7 @@ class SharedPositions:
         """Detach; the owner also unlinks, so the segment is gone once every view closes."""
         if self.values is None:
             return
-        self.values = None
+        self.values = self.waiters = None
         close_segment(self.shm, self.owner)
 
     def __reduce__(self):
