@@ -96,13 +96,12 @@ class FlushService:
 
     # -- commit ------------------------------------------------------------------------------
     def commit(self, least_pages: int) -> bool:
-        """Copy staged bytes into the files by the rule above; True if anything moved."""
-        if self.pool is None:
-            written = self.p[shm.WRITTEN]
-            moved = written > self.committed
-            self.committed = max(self.committed, written)
+        """Copy staged bytes into the files by the rule above; True if the store has pool
+        buffers or readable ends to update."""
+        if self.pool is None:  # the bytes are in the file already; only the flush follows
+            self.committed = max(self.committed, self.p[shm.WRITTEN])
             self.p[shm.COMMITTED] = self.committed
-            return moved
+            return False
         written = self._seen_written = self.p[shm.WRITTEN]
         begin = c = self.committed
         while c < written:
@@ -127,6 +126,8 @@ class FlushService:
 
     # -- flush -------------------------------------------------------------------------------
     def flush(self, least_pages: int) -> bool:
+        """Force by the rule above; True if the store has to learn the new flushed end (not
+        when sync-flush puts were woken: the first of them tells it)."""
         begin = f = self.flushed
         while True:
             start, upto, complete, due = self._segment_step(f, self.committed, least_pages)
@@ -141,12 +142,11 @@ class FlushService:
         if f > begin:
             self.flushed = f
             self.p[shm.FLUSHED] = f
-            if self.waker is not None:
-                self.waker.wake(f)
+            woken = self.waker.wake(f) if self.waker is not None else 0
             self._close_done()
             if self.after_flush is not None:
                 self.after_flush(f)
-            return True
+            return not woken
         return False
 
     # -- cleanup decision ----------------------------------------------------------------------
@@ -225,8 +225,8 @@ class FlushService:
                 failed_at = now
             if moved:
                 poke(progress_w)
-                if p[shm.FLUSH_REQUEST] > self.flushed and not failed_at:
-                    continue
+            if p[shm.FLUSH_REQUEST] > self.flushed and not failed_at:
+                continue
             # Idle handshake (as the dispatch worker's): announce, drain, re-check, sleep.
             p[shm.FLUSH_IDLE] = 1
             wait_and_drain(wake_r, 0)

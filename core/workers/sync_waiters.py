@@ -117,7 +117,8 @@ class Waker:
         self.fds = writer_fds
         self.woken = np.zeros(len(writer_fds), dtype=np.int64)
 
-    def wake(self, flushed: int) -> None:
+    def wake(self, flushed: int) -> int:
+        """Wake the puts ``flushed`` covers; returns how many."""
         fence()  # FLUSHED is stored: read the cells only after it is visible
         cells = self.cells.copy()  # one snapshot: a slot may change hands meanwhile
         due = np.flatnonzero((cells > 0) & (cells <= flushed) & (cells != self.woken))
@@ -127,3 +128,4 @@ class Waker:
                 os.write(self.fds[slot], b"\0")
             except BlockingIOError:  # a full pipe wakes its reader all the same
                 pass
+        return len(due)
