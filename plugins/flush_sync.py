@@ -1,9 +1,9 @@
 """Synchronous flush (``flush.mode: sync``): a put returns once its bytes are on disk.
 
-Group commit as RocketMQ's GroupCommitService: a put publishes the end offset it needs and
-wakes the flush loop (see ``mqstore.workers.flush_worker``); the loop forces everything
-written so far, so producers that arrive while the disk works are covered by the next force
-together. A put not covered within ``flush.sync_timeout_ms`` answers FLUSH_DISK_TIMEOUT (the
+Group commit as RocketMQ's GroupCommitService: a put publishes the end offset it needs, wakes
+the flush loop if it sleeps (see ``mqstore.workers.flush_worker``) and sleeps until the loop
+wakes it (``mqstore.workers.sync_waiters``); the loop forces everything written so far, so
+producers that arrive while the disk works are covered by the next force together. A put not covered within ``flush.sync_timeout_ms`` answers FLUSH_DISK_TIMEOUT (the
 message stays stored). ``WAIT=false`` returns at once; those bytes go with the next pass (at
 the latest after ``flush.interval_ms``). Consumers see only flushed bytes.
 """

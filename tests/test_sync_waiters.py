@@ -12,16 +12,19 @@ from multiprocessing import resource_tracker
 import pytest
 
 from mqstore import Message, MessageStore, PutStatus, load_config
-from mqstore.workers import shm
+from mqstore.workers import shm, sync_waiters
 from mqstore.workers.sync_waiters import SyncWaiters, Waker
 
 
 @pytest.fixture
-def pair():
+def pair(monkeypatch):
+    # Only real wake-ups end a wait within these tests' joins, not the periodic re-check.
+    monkeypatch.setattr(sync_waiters, "RECHECK_S", 30.0)
     positions = shm.SharedPositions()
     waiters = SyncWaiters(positions, mp.get_context("spawn"))
-    waker = Waker(positions, [w.fileno() for w in waiters.writers])
+    waker = Waker(positions, waiters.writers)
     yield positions, waiters, waker
+    waker.close()
     waiters.close()
     positions.close()
 
@@ -145,7 +148,10 @@ def test_cancel_sends_waiting_puts_back_at_once(pair):
     assert out["ok"] is False and out["at"] - began < 0.5
 
 
-def test_sync_puts_from_many_threads_are_all_durable_and_leave_no_descriptors(tmp_path):
+def test_sync_puts_from_many_threads_are_all_durable_and_leave_no_descriptors(tmp_path,
+                                                                            monkeypatch):
+    # The flush worker process must do the waking: the periodic re-check would take 30 s.
+    monkeypatch.setattr(sync_waiters, "RECHECK_S", 30.0)
     cfg = load_config(overrides={"flush": {"mode": "sync"}, "plugins": {"load_entry_points": False},
                                  "commit_log": {"segment_bytes": 1 << 20}})
     resource_tracker.ensure_running()  # its pipe lives as long as this process
@@ -160,10 +166,12 @@ def test_sync_puts_from_many_threads_are_all_durable_and_leave_no_descriptors(tm
                 results[i].append(store.put(Message("T", b"%d-%d" % (i, k), queue_id=i % 2)))
 
         threads = [threading.Thread(target=produce, args=(i,)) for i in range(8)]
+        began = time.monotonic()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        assert time.monotonic() - began < 20.0
         flat = [r for rs in results for r in rs]
         assert [r.status for r in flat] == [PutStatus.PUT_OK] * 200
         assert store.flushed_offset >= max(r.phys_offset + r.size for r in flat)

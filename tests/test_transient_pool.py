@@ -5,14 +5,17 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
 
 from mqstore import GetStatus, Message, MessageStore, PutStatus, load_config
+from mqstore.storage import transient_pool
 from mqstore.storage.transient_pool import TransientPool
 
 SEG = 64 * 1024
+DiskUsage = namedtuple("DiskUsage", "total used free")
 QUIET = {"commit_interval_ms": 60_000, "commit_thorough_interval_ms": 60_000,
          "commit_least_pages": 1_000}
 
@@ -274,3 +277,17 @@ def test_pool_is_attached_by_name_and_freed_by_its_owner():
     with pytest.raises(ValueError, match="1 to 512 buffers"):
         TransientPool(0, 8192)
 
+
+def test_a_pool_the_shared_memory_cannot_hold_is_refused_with_its_sizes(monkeypatch):
+    monkeypatch.setattr(transient_pool.shutil, "disk_usage",
+                        lambda path: DiskUsage(total=1 << 30, used=(1 << 30) - (1 << 20),
+                                               free=1 << 20))
+    pool = TransientPool(2, 1 << 20)
+    try:
+        with pytest.raises(transient_pool.PoolTooLargeError) as err:
+            pool.warm()
+        assert "2 x 1048576 bytes = 2097152 bytes" in str(err.value)
+        assert "1048576 bytes free in /dev/shm" in str(err.value)
+        assert "writer.transient_pool_buffers" in str(err.value)
+    finally:
+        pool.close()

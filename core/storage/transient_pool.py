@@ -15,6 +15,9 @@ service never sees a buffer change hands under it.
 
 from __future__ import annotations
 
+import errno
+import shutil
+
 import numpy as np
 
 from mqstore.storage.shared_segment import close_segment, open_segment
@@ -22,7 +25,12 @@ from mqstore.storage.shared_segment import close_segment, open_segment
 HEADER_BYTES = 4096
 PAGE = 4096
 FREE = -1
+SHM_DIR = "/dev/shm"
 MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23  # Linux 5.14+
+
+
+class PoolTooLargeError(OSError):
+    """The shared-memory file system cannot hold every buffer of the pool."""
 
 
 class PoolExhaustedError(RuntimeError):
@@ -35,7 +43,6 @@ class TransientPool:
             raise ValueError(f"a transient pool holds 1 to {HEADER_BYTES // 8} buffers, not {buffers}")
         self.buffers = buffers
         self.buffer_bytes = buffer_bytes
-        # tmpfs only backs the pages a writer touches, like RocketMQ's lazily used buffers.
         self.shm, self.owner = open_segment(name, HEADER_BYTES + buffers * buffer_bytes)
         self.owners = np.ndarray((buffers,), dtype=np.int64, buffer=self.shm.buf)
         if self.owner:
@@ -53,17 +60,39 @@ class TransientPool:
         RocketMQ's pool allocates and locks its buffers when the store starts; here the
         creating process populates them writable and an attaching one maps them, so neither
         appends nor commits stop on page faults, and the cost is paid once at open. Kernels
-        without ``MADV_POPULATE_*`` get the same effect from reading one byte of every page
-        (a read fault on shared memory allocates the page and maps it writable).
+        without ``MADV_POPULATE_*`` (before 5.14) get the same effect from reading one byte of
+        every page (a read fault on shared memory allocates the page and maps it writable).
+        A pool the shared-memory file system cannot hold is refused here with its sizes, not
+        left to fail with SIGBUS on some later append.
         """
+        size = self.buffers * self.buffer_bytes
+        if self.owner:
+            self._check_room(size)
         advice = MADV_POPULATE_WRITE if self.owner else MADV_POPULATE_READ
         mapping = getattr(self.shm, "_mmap", None)
         try:
-            mapping.madvise(advice, HEADER_BYTES, self.buffers * self.buffer_bytes)
+            mapping.madvise(advice, HEADER_BYTES, size)
             return
-        except (AttributeError, OSError, ValueError):
+        except AttributeError:
             pass
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise OSError(exc.errno, f"transient pool of {self.buffers} x {self.buffer_bytes} "
+                                         f"bytes could not be mapped ({exc.strerror}); "
+                                         f"{SHM_DIR} must hold {size} bytes "
+                                         f"(writer.transient_pool_buffers)") from None
         np.frombuffer(self.shm.buf, dtype=np.uint8)[HEADER_BYTES::PAGE].max()
+
+    def _check_room(self, size: int) -> None:
+        try:
+            free = shutil.disk_usage(SHM_DIR).free
+        except OSError:
+            return  # no such file system to ask: madvise reports what goes wrong
+        if free < size:
+            raise PoolTooLargeError(
+                f"transient pool of {self.buffers} x {self.buffer_bytes} bytes = {size} bytes "
+                f"does not fit the {free} bytes free in {SHM_DIR}; lower "
+                f"writer.transient_pool_buffers or commit_log.segment_bytes, or enlarge {SHM_DIR}")
 
     def free_count(self) -> int:
         return int(np.count_nonzero(self.owners == FREE))

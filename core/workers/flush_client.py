@@ -74,7 +74,7 @@ class FlushClient:
                 flush_worker.schedule_of(type(store.flush_policy), store.config),
                 flush_worker.commit_schedule(store.config), self.pool,
                 hooks.after_flush if hooks.has_after_flush else None, store.config.cleanup,
-                sync_waiters.Waker(self.p, [w.fileno() for w in self.waiters.writers]))
+                sync_waiters.Waker(self.p, self.waiters.writers))
             self._service = service
 
             def serve():
@@ -152,11 +152,10 @@ class FlushClient:
 
     def wait_flushed(self, end: int, timeout_s: float) -> bool:
         """Group commit: ask for ``end`` to be flushed and wait until it is (or time is up)."""
-        if not self.waiters.wait(end, timeout_s, lambda: self._request(end)):
-            return False
-        if self.store.flushed_where < end and not self._stopping:
+        done = self.waiters.wait(end, timeout_s, lambda: self._request(end))
+        if self.p[shm.FLUSHED] > self.store.flushed_where and not self._stopping:
             self._apply_progress()  # the first put back after a force tells the store
-        return True
+        return done
 
     def _request(self, end: int) -> None:
         p = self.p

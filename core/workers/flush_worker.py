@@ -81,6 +81,8 @@ class FlushService:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        if self.waker is not None:
+            self.waker.close()
 
     def _segment_step(self, pos: int, limit: int, least_pages: int):
         """The segment holding ``pos``: ``(start, upto, complete, due)``, where bytes
@@ -252,8 +254,6 @@ def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: 
         if pool is not None:
             pool.warm()
         os.set_blocking(progress_w.fileno(), False)
-        for w in waiter_pipes:
-            os.set_blocking(w.fileno(), False)
         hooks = PluginHooks(make_plugin_manager(
             modules=config.plugins.modules, disable=config.plugins.disable,
             load_entry_points=config.plugins.load_entry_points))
@@ -262,7 +262,7 @@ def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: 
             schedule_of(hooks.flush_policies.get(config.flush.mode), config),
             commit_schedule(config), pool,
             hooks.after_flush if hooks.has_after_flush else None, config.cleanup,
-            sync_waiters.Waker(positions, [w.fileno() for w in waiter_pipes]))
+            sync_waiters.Waker(positions, waiter_pipes))
         try:
             service.run(wake_r, progress_w, parent_pid)
         finally:

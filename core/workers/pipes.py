@@ -22,10 +22,12 @@ def poke(conn) -> None:
 def wait_and_drain(conn, timeout: float) -> None:
     """Sleep until a byte arrives or ``timeout`` passes, then empty the pipe.
 
-    One ``select`` on one descriptor and one read: this runs once per sync-flush round trip,
-    so it avoids building a selector or flipping the descriptor's blocking mode each time. A
-    readable pipe never blocks ``read``; the bytes it holds are far fewer than one read takes.
+    One ``poll`` on one descriptor and one read (``poll``, unlike ``select``, takes descriptors
+    past 1024, which a store with many mapped files reaches). A readable pipe never blocks
+    ``read``; the bytes it holds are far fewer than one read takes.
     """
     fd = conn.fileno()
-    if select.select((fd,), (), (), max(timeout, 0.0))[0]:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if poller.poll(1000.0 * max(timeout, 0.0)):
         os.read(fd, 65536)

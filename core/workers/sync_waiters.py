@@ -13,12 +13,14 @@ own memory, the end it last woke each slot for, so it never wakes a slot twice f
 stale byte (left by a put that timed out just before its wake-up came) only makes the next
 user of the slot look at the flushed end once more. Store-load order: the put publishes its
 cell under a lock and reads FLUSHED after releasing it; the loop stores FLUSHED and passes a
-lock before it reads the cells, so one of the two always sees the other. A put also re-reads
-FLUSHED every RECHECK_S, which bounds the cost of any lost wake-up.
+lock before it reads the cells. On x86 a lock round trip is a full barrier, so one of the two
+always sees the other; wherever it is not, a put still re-reads FLUSHED every RECHECK_S, which
+bounds the cost of any lost wake-up.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import threading
@@ -28,6 +30,7 @@ import numpy as np
 
 from mqstore.workers import shm
 
+log = logging.getLogger("mqstore.workers.flush")
 RECHECK_S = 0.01
 OVERFLOW_POLL_S = 0.001
 _fence = threading.Lock()
@@ -49,7 +52,11 @@ class SyncWaiters:
         pipes = [ctx.Pipe(duplex=False) for _ in range(len(self.cells))]
         self.readers = [r for r, _ in pipes]
         self.writers = [w for _, w in pipes]  # the flush loop's ends (passed to its process)
-        self._read_fds = [r.fileno() for r in self.readers]
+        self._polls = []
+        for r in self.readers:
+            poller = select.poll()  # poll, unlike select, takes descriptors past 1024
+            poller.register(r.fileno(), select.POLLIN)
+            self._polls.append(poller)
         for w in self.writers:
             os.set_blocking(w.fileno(), False)
         self._free = list(range(len(self.cells)))
@@ -73,15 +80,15 @@ class SyncWaiters:
         try:
             ask()
             deadline = time.monotonic() + timeout_s
-            fd = self._read_fds[slot] if slot is not None else None
+            poller = self._polls[slot] if slot is not None else None
             while p[shm.FLUSHED] < end and not self.cancelled:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                if fd is None:
+                if poller is None:
                     time.sleep(min(left, OVERFLOW_POLL_S))
-                elif select.select((fd,), (), (), min(left, RECHECK_S))[0]:
-                    os.read(fd, 64)
+                elif poller.poll(1000.0 * min(left, RECHECK_S)):
+                    os.read(self.readers[slot].fileno(), 64)
             return p[shm.FLUSHED] >= end
         finally:
             with self._lock:
@@ -100,22 +107,31 @@ class SyncWaiters:
                 pass
 
     def close(self, timeout_s: float = 1.0) -> None:
-        """Close the pipes once no put sleeps on them (bounded by ``timeout_s``)."""
+        """Close the pipes once no put sleeps on them; if one still does after ``timeout_s``,
+        leave them open rather than pull a descriptor from under it."""
         self.cancel()
         deadline = time.monotonic() + timeout_s
         while self._inside and time.monotonic() < deadline:
             time.sleep(OVERFLOW_POLL_S)
+        if self._inside:
+            log.warning("%d sync-flush puts still waiting at close; their pipes stay open",
+                        self._inside)
+            return
         for conn in self.readers + self.writers:
             conn.close()
 
 
 class Waker:
-    """The flush loop's side: after each force, wake the slots the flushed end covers."""
+    """The flush loop's side: after each force, wake the slots the flushed end covers. It
+    holds its own duplicates of the pipes' write ends, closed by ``close``, so the store
+    closing its ends never leaves this side writing to a descriptor number reused since."""
 
-    def __init__(self, positions: shm.SharedPositions, writer_fds: list[int]) -> None:
+    def __init__(self, positions: shm.SharedPositions, writers) -> None:
         self.cells = positions.waiters
-        self.fds = writer_fds
-        self.woken = np.zeros(len(writer_fds), dtype=np.int64)
+        self.fds = [os.dup(w.fileno()) for w in writers]
+        for fd in self.fds:
+            os.set_blocking(fd, False)
+        self.woken = np.zeros(len(self.fds), dtype=np.int64)
 
     def wake(self, flushed: int) -> int:
         """Wake the puts ``flushed`` covers; returns how many."""
@@ -128,4 +144,11 @@ class Waker:
                 os.write(self.fds[slot], b"\0")
             except BlockingIOError:  # a full pipe wakes its reader all the same
                 pass
+            except OSError:  # the store is gone; its puts re-read FLUSHED anyway
+                pass
         return len(due)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
