@@ -28,7 +28,11 @@ log = logging.getLogger("mqstore.writer")
 class TransientPoolWriter:
     def __init__(self, commit_log, config) -> None:
         self.pool = TransientPool(config.writer.transient_pool_buffers, commit_log.segment_bytes)
-        self.pool.warm()
+        try:
+            self.pool.warm()
+        except BaseException:
+            self.pool.close()  # the store does not open: leave no shared memory behind
+            raise
         self.wait_s = config.writer.commit_interval_ms / 1000.0
         self.fast_fail = config.writer.fast_fail_no_buffer
         self.direct_segments = 0  # segments written through their map for want of a buffer

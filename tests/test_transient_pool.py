@@ -291,3 +291,17 @@ def test_a_pool_the_shared_memory_cannot_hold_is_refused_with_its_sizes(monkeypa
         assert "writer.transient_pool_buffers" in str(err.value)
     finally:
         pool.close()
+
+
+def test_a_store_whose_pool_does_not_fit_fails_to_open_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(transient_pool.shutil, "disk_usage",
+                        lambda path: DiskUsage(total=1 << 30, used=1 << 30, free=0))
+    before = _shm_names()
+    cfg = load_config(overrides={**_pool(), "plugins": {"load_entry_points": False}})
+    with pytest.raises(transient_pool.PoolTooLargeError, match="transient_pool_buffers"):
+        MessageStore.open(tmp_path / "s", config=cfg)
+    assert _shm_names() <= before
+    cfg = load_config(overrides={"commit_log": {"segment_bytes": SEG},
+                                 "plugins": {"load_entry_points": False}})
+    with MessageStore.open(tmp_path / "s", config=cfg) as store:  # not locked, not damaged
+        assert store.put(Message("T", b"after", queue_id=0)).status is PutStatus.PUT_OK
