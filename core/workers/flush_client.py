@@ -47,7 +47,6 @@ class FlushClient:
         self._sync_lock = threading.Lock()
         self._ask_lock = threading.Lock()
         self._stopping = False
-        self._killed = False
         self._listener: threading.Thread | None = None
 
     # -- life --------------------------------------------------------------------------------
@@ -135,7 +134,6 @@ class FlushClient:
     def kill(self) -> None:
         """End the loop without a final flush, as the death of the store process would."""
         if not self._stopping:
-            self._killed = True
             self._end(2)
             self.waiters.close()  # waiting puts answer at once: nothing will flush them
 
