@@ -11,11 +11,16 @@ import zlib
 import click
 
 from mqstore.config import load_config
+from mqstore.errors import ConfigError
 from mqstore.message import GetStatus, Message, PutStatus
 from mqstore.store import MessageStore
 
 DEMO_TOPICS = {"orders": 8, "audit-log": 4, "metrics": 4}
 DEMO_TAGS = ("created", "paid", "shipped", "cancelled")
+# Written into every directory the demo creates or empties; only such a directory is emptied
+# again without --force.
+DEMO_MARKER = ".mqstore-demo"
+DEMO_MARKER_TEXT = "This directory was made by `mqstore demo`; the next demo run empties it.\n"
 
 
 def _demo_messages(count: int, start: int):
@@ -25,6 +30,46 @@ def _demo_messages(count: int, start: int):
         topic, queue_id = topics[i % len(topics)]
         yield Message(topic=topic, body=bodies[i % 16] + str(i).encode(), queue_id=queue_id,
                       tags=DEMO_TAGS[(i // 16) % 4], keys=[f"order-{i}"], properties={"seq": str(i)})
+
+
+def _mark(root: str) -> None:
+    with open(os.path.join(root, DEMO_MARKER), "w", encoding="utf-8") as f:
+        f.write(DEMO_MARKER_TEXT)
+
+
+def _empty(root: str) -> None:
+    """Delete what ``root`` holds, keeping ``root`` itself (it may be a symlink or a mount)."""
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if entry.name == DEMO_MARKER:
+                continue  # kept: a run interrupted while emptying is still recognised
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+
+
+def _prepare_root(root: str, fresh: bool, force: bool) -> None:
+    """Make ``root`` ready for a demo run, deleting only what an earlier demo run made unless
+    ``force`` says otherwise."""
+    if not os.path.exists(root):
+        os.makedirs(root)
+        _mark(root)
+        return
+    names = os.listdir(root)
+    if not names:
+        _mark(root)
+        return
+    if not fresh:
+        return  # appending: a directory the demo did not make stays unmarked, so never emptied
+    if DEMO_MARKER not in names and not force:
+        raise click.BadParameter(
+            f"{root!r} exists, is not empty and was not made by 'mqstore demo' (it has no "
+            f"{DEMO_MARKER} file), so the demo will not delete it. Choose another --root, pass "
+            f"--keep to append to the store in it, or --force to delete everything in it.",
+            param_hint="'--root'")
+    _empty(root)
+    _mark(root)
 
 
 def _rate(n: int, seconds: float) -> str:
@@ -44,12 +89,23 @@ def main() -> None:
 @click.option("--count", type=click.IntRange(1000, 10_000_000), default=200_000,
               show_default=True, help="Messages written by put_batch.")
 @click.option("--fresh/--keep", default=True, show_default=True,
-              help="Start from an empty directory, or append to what is there.")
-def demo(config_path: str | None, root: str, count: int, fresh: bool) -> None:
-    """Write a realistic load over several topics and queues, then read it all back."""
-    cfg = load_config(config_path)
-    if fresh and os.path.isdir(root):
-        shutil.rmtree(root)
+              help="Start from an empty directory, or append to what is there. --fresh empties "
+                   "only a directory an earlier demo run made (see --force).")
+@click.option("--force", is_flag=True, default=False,
+              help="With --fresh, also delete everything in a non-empty --root that no demo "
+                   "run made.")
+def demo(config_path: str | None, root: str, count: int, fresh: bool, force: bool) -> None:
+    """Write a realistic load over several topics and queues, then read it all back.
+
+    The store directory is created if missing. An existing one is emptied first (--fresh) only
+    if an earlier demo run made it or --force is given; otherwise the demo stops and touches
+    nothing.
+    """
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--config'") from None
+    _prepare_root(root, fresh, force)
     click.echo(f"store {os.path.abspath(root)}  (config {config_path or 'defaults'}, "
                f"flush {cfg.flush.mode}, writer {cfg.writer.kind})")
     with MessageStore.open(root, config=cfg) as store:

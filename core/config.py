@@ -1,7 +1,10 @@
 """Store configuration: one frozen section per part of the store, loaded from YAML.
 
 Every key, its unit and its default is listed in ``config/mqstore.yaml``. Loading rejects
-unknown keys, wrong types and out-of-range values with the dotted key in the message.
+unknown keys, wrong types and out-of-range values with the dotted key in the message, and
+names that no plugin registers: ``writer.kind``, ``queue_select.selector``, ``flush.mode`` and
+``plugins.disable`` are checked against the plugins this very config loads, so a typo fails
+here rather than when a store opens.
 """
 
 from __future__ import annotations
@@ -10,14 +13,23 @@ import copy
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mqstore.errors import ConfigError
+from mqstore.errors import ConfigError, PluginError
 from mqstore.format.hosts import parse_host
+from mqstore.plugins_manager import PluginHooks, make_plugin_manager, plugin_names
 
 GiB = 1 << 30
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 _DELAY_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+JAVA_INT_MAX = (1 << 31) - 1
+
+
+class PluginConfigError(ConfigError, PluginError):
+    """A config value names a plugin, or a strategy, that the configured plugins do not provide.
+
+    Also a PluginError: callers that caught the store's open-time lookup error keep working.
+    """
 
 
 class _Section(BaseModel):
@@ -83,7 +95,9 @@ class DispatchSection(_Section):
 class CleanupSection(_Section):
     interval_ms: int = Field(10_000, ge=1)
     delete_when: str = "04"
-    file_reserved_hours: float = Field(72, ge=0)
+    # RocketMQ's fileReservedTime is a Java int; the bound also keeps out .inf, which the
+    # cleanup pass could not turn into milliseconds.
+    file_reserved_hours: float = Field(72, ge=0, le=JAVA_INT_MAX)
     disk_max_used_ratio: int = Field(75, ge=10, le=95)
     disk_forcibly_ratio: int = Field(85, ge=10, le=100)
     disk_warning_ratio: int = Field(90, ge=10, le=100)
@@ -95,6 +109,19 @@ class CleanupSection(_Section):
     def _hours(cls, value: str) -> str:
         parse_hours(value)
         return value
+
+    @model_validator(mode="after")
+    def _ratios_ordered(self) -> "CleanupSection":
+        # decide() tests the warning ratio, then the forcibly one, then max used; a ratio above
+        # the one tested before it is never reached, so its setting would be silently ignored.
+        order = ("disk_max_used_ratio", "disk_forcibly_ratio", "disk_warning_ratio")
+        for low, high in zip(order, order[1:]):
+            if getattr(self, low) > getattr(self, high):
+                raise ValueError(
+                    f"cleanup.{low} ({getattr(self, low)}) must not exceed cleanup.{high} "
+                    f"({getattr(self, high)}); RocketMQ requires disk_max_used_ratio <= "
+                    f"disk_forcibly_ratio <= disk_warning_ratio")
+        return self
 
 
 class IndexSection(_Section):
@@ -148,7 +175,8 @@ def parse_hours(text: str) -> frozenset[int]:
     hours = set()
     for token in text.split(";"):
         token = token.strip()
-        if not token.isdigit() or not 0 <= int(token) <= 23:
+        # isdigit alone admits digits like '²' that int() then refuses.
+        if not (token.isascii() and token.isdigit()) or not 0 <= int(token) <= 23:
             raise ValueError(f"hour {token!r} in {text!r} must be 0-23 (hours separated by ';')")
         hours.add(int(token))
     return frozenset(hours)
@@ -159,7 +187,8 @@ def parse_delay_levels(text: str) -> list[int]:
     levels = []
     for token in text.split():
         unit = _DELAY_UNITS_MS.get(token[-1:])
-        if unit is None or not token[:-1].isdigit():
+        digits = token[:-1]
+        if unit is None or not (digits.isascii() and digits.isdigit()):
             raise ValueError(f"delay level {token!r} must be digits followed by s, m, h or d")
         levels.append(int(token[:-1]) * unit)
     if not levels:
@@ -187,16 +216,43 @@ def _build(data: Any, source: str) -> StoreConfig:
             k: tuple(v) if isinstance(v, list) else v for k, v in data["plugins"].items()
         }
     try:
-        return StoreConfig.model_validate(data)
+        config = StoreConfig.model_validate(data)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
             key = ".".join(str(p) for p in err["loc"]) or "(top level)"
             if err["type"] == "extra_forbidden":
                 problems.append(f"{key}: unknown key")
+            elif err["type"] == "value_error" and len(err["loc"]) == 1:
+                # A rule across keys of a section: its message names the keys and values.
+                problems.append(err["msg"].removeprefix("Value error, "))
             else:
                 problems.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
         raise ConfigError(f"invalid configuration in {source}: " + "; ".join(problems)) from None
+    problems = _plugin_problems(config)
+    if problems:
+        raise PluginConfigError(f"invalid configuration in {source}: " + "; ".join(problems))
+    return config
+
+
+def _plugin_problems(config: StoreConfig) -> list[str]:
+    """Check the names the config picks against the plugins it loads, built the way the store
+    builds them (same modules, disable list, entry points and environment)."""
+    p = config.plugins
+    known = plugin_names(p.modules)
+    problems = [f"plugins.disable: no plugin is named {name!r} (known: {', '.join(known)})"
+                for name in dict.fromkeys(p.disable) if name not in known]
+    try:
+        hooks = PluginHooks(make_plugin_manager(modules=p.modules, disable=p.disable,
+                                                load_entry_points=p.load_entry_points))
+    except PluginError as exc:
+        return [*problems, f"plugins: {exc}"]
+    for registry in hooks.selected:
+        section, key = registry.setting.split(".")
+        name = getattr(getattr(config, section), key)
+        if name not in registry:
+            problems.append(registry.unknown_message(name))
+    return problems
 
 
 def load_config(path: str | None = None, overrides: Mapping[str, Any] | None = None

@@ -53,6 +53,15 @@ def _register(pm: pluggy.PluginManager, plugin, name: str) -> None:
         raise PluginError(f"plugin {name!r} cannot be registered: {exc}") from None
 
 
+def plugin_names(modules: Sequence[str] = ()) -> list[str]:
+    """Every name ``plugins.disable`` may block: the built-in modules, ``modules`` and the
+    installed entry points, whether or not entry points are loaded (a disable list should not
+    break when ``load_entry_points`` or ``MQSTORE_LOAD_PLUGINS`` changes)."""
+    names = dict.fromkeys((*DEFAULT_PLUGINS, *modules))
+    names.update(dict.fromkeys(ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)))
+    return list(names)
+
+
 def make_plugin_manager(*, modules: Sequence[str] = (), disable: Sequence[str] = (),
                         load_entry_points: bool = True) -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -98,11 +107,13 @@ class PluginHooks:
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self.pm = pm
-        self.writers = self._collect("writer", pm.hook.register_writers)
-        self.queue_selectors = self._collect("queue selector", pm.hook.register_queue_selectors)
+        self.writers = self._collect("writer", pm.hook.register_writers, setting="writer.kind")
+        self.queue_selectors = self._collect("queue selector", pm.hook.register_queue_selectors,
+                                             setting="queue_select.selector")
         self.filters = self._collect("filter", pm.hook.register_filters, key=str.upper)
         self.dispatchers = self._collect("dispatcher", pm.hook.register_dispatchers)
-        self.flush_policies = self._collect("flush policy", pm.hook.register_flush_policies)
+        self.flush_policies = self._collect("flush policy", pm.hook.register_flush_policies,
+                                            setting="flush.mode")
         # Cached so hot paths skip hooks nobody implements.
         self.has_before_append = bool(pm.hook.before_append.get_hookimpls())
         self.has_after_append = bool(pm.hook.after_append.get_hookimpls())
@@ -110,9 +121,14 @@ class PluginHooks:
         self.has_after_flush = bool(pm.hook.after_flush.get_hookimpls())
         self.has_after_cleanup = bool(pm.hook.after_cleanup.get_hookimpls())
 
+    @property
+    def selected(self) -> tuple[Registry, ...]:
+        """The registries a config key picks one strategy from (``Registry.setting``)."""
+        return self.writers, self.queue_selectors, self.flush_policies
+
     @staticmethod
-    def _collect(kind: str, hook, key=lambda n: n) -> Registry:
-        registry = Registry(kind, key=key)
+    def _collect(kind: str, hook, key=lambda n: n, setting: str | None = None) -> Registry:
+        registry = Registry(kind, key=key, setting=setting)
         for impl in reversed(hook.get_hookimpls()):  # pluggy's call order
             registry.current_plugin = impl.plugin_name
             impl.function(registry=registry)

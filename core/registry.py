@@ -8,10 +8,16 @@ from mqstore.errors import PluginError
 
 
 class Registry:
-    """Maps names to factories for one kind of strategy (writers, filters, ...)."""
+    """Maps names to factories for one kind of strategy (writers, filters, ...).
 
-    def __init__(self, kind: str, *, key: Callable[[str], str] = lambda n: n) -> None:
+    ``setting`` is the dotted config key that picks one by name (``"writer.kind"``), if any;
+    lookup errors start with it so the user knows which line of the config to fix.
+    """
+
+    def __init__(self, kind: str, *, key: Callable[[str], str] = lambda n: n,
+                 setting: str | None = None) -> None:
         self.kind = kind
+        self.setting = setting
         self._key = key
         self._factories: dict[str, Callable[..., Any]] = {}
         self._owners: dict[str, str] = {}
@@ -33,9 +39,12 @@ class Registry:
         try:
             return self._factories[self._key(name)]
         except KeyError:
-            raise PluginError(
-                f"unknown {self.kind} {name!r}; registered: {', '.join(sorted(self._factories)) or 'none'}"
-            ) from None
+            raise PluginError(self.unknown_message(name)) from None
+
+    def unknown_message(self, name: str) -> str:
+        where = f"{self.setting}: " if self.setting else ""
+        known = ", ".join(sorted(self._factories)) or "none"
+        return f"{where}unknown {self.kind} {name!r}; registered: {known}"
 
     def owner(self, name: str) -> str:
         return self._owners[self._key(name)]
