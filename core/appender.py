@@ -3,6 +3,13 @@
 ``prepare`` checks one message and computes everything that does not depend on where it lands;
 ``encode_single`` fills in queue offset, physical offset and store time under the put lock.
 Batches are encoded column-wise by :mod:`mqstore.batch_columns`.
+
+A put answers in one of two ways, as RocketMQ does. A bad argument (a wrong type, a topic
+outside the character rule, a negative queue id, a separator inside a property) raises
+ValueError or TypeError naming the value. A well-formed message the store will not hold (no
+body, too large, a topic too long for the record version) is refused with a status and a
+reason, and nothing is written. Every argument of every message is checked before any refusal,
+so the answer does not depend on the order of checks nor on how a batch was handed over.
 """
 
 from __future__ import annotations
@@ -10,15 +17,15 @@ from __future__ import annotations
 import gc
 import re
 import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from mqstore.format.hosts import Host, parse_host
 from mqstore.format.properties import (
     KEY_SEPARATOR, MAX_PROPERTIES_BYTES, PROPERTY_DELAY, PROPERTY_INNER_NUM, PROPERTY_KEYS,
-    PROPERTY_TAGS, PROPERTY_WAIT, check_property, encode_properties,
+    PROPERTY_TAGS, PROPERTY_WAIT, check_keys, check_property, check_tags, encode_properties,
 )
 from mqstore.format.record import (
     HEADER_STRUCTS, MAGIC_V1, MAGIC_V2, MAX_TOPIC_BYTES, MAX_V1_TOPIC_BYTES, SYSFLAG_BORNHOST_V6,
@@ -28,11 +35,20 @@ from mqstore.format.record import (
 from mqstore.hashing import crc32
 from mqstore.message import Message, PutStatus
 
-TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")  # used with fullmatch: "$" allows a final "\n"
 RETRY_PREFIX = "%RETRY%"
+AUTO_V2_SETTING = "commit_log.auto_v2_on_long_topic"
+INT32_MIN = -(1 << 31)
 INT32_MAX = 0x7FFFFFFF
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
 _SHORT = struct.Struct(">h")
 MAX_RECORD_OVERHEAD = 64 * 1024  # a record may exceed the body limit by this much
+
+BODY_IS_NONE = "message body is None"
+INNER_NUM_WITHOUT_BATCH = "INNER_NUM property without the INNER_BATCH sysflag"
+TX_IN_BATCH = "a batch may not hold transaction messages"
+DELAY_IN_BATCH = "a batch may not hold delayed messages (DELAY > 0)"
 
 
 class Rejected(Exception):
@@ -50,9 +66,9 @@ _valid_topics: set[str] = set()
 
 def check_topic(topic: object) -> str:
     """RocketMQ's character rule; it also keeps every path inside the store directory."""
-    if topic in _valid_topics:
-        return topic  # type: ignore[return-value]
-    if not isinstance(topic, str) or not TOPIC_PATTERN.match(topic):
+    if type(topic) is str and topic in _valid_topics:
+        return topic
+    if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
         raise ValueError(f"topic {topic!r} must match {TOPIC_PATTERN.pattern} (letters, digits, %|_-)")
     if len(_valid_topics) < 100_000:
         _valid_topics.add(topic)
@@ -66,10 +82,102 @@ def check_queue_id(queue_id: object) -> int:
     return int(queue_id)
 
 
+def check_body(body: object) -> bytes | None:
+    """The body as bytes; None is kept, since a missing body is refused rather than raised."""
+    if type(body) is bytes or body is None:
+        return body
+    if isinstance(body, (bytearray, memoryview)):
+        return bytes(body)
+    raise ValueError(f"body must be bytes, got {type(body).__name__}")
+
+
 def _int_field(name: str, value: object, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
         raise ValueError(f"{name} {value!r} must be an int in [{lo}, {hi}]")
     return int(value)
+
+
+def topic_refusal(topic: str, auto_v2: bool) -> str | None:
+    """Why a checked topic cannot be stored, or None.
+
+    A V1 record gives the topic length one signed byte. Only %RETRY% topics may be longer, and
+    only in V2 records (a short length), which the store writes only when auto_v2 is on: a V1
+    record with a longer topic could not be read back.
+    """
+    size = len(topic)  # ASCII by the character rule
+    if size <= MAX_V1_TOPIC_BYTES:
+        return None
+    if size > MAX_TOPIC_BYTES or not topic.startswith(RETRY_PREFIX):
+        return (f"topic {topic[:32]!r}... is {size} bytes; the limit is {MAX_V1_TOPIC_BYTES} "
+                f"({MAX_TOPIC_BYTES} for {RETRY_PREFIX} topics)")
+    if not auto_v2:
+        return (f"topic {topic[:32]!r}... is {size} bytes; a V1 record holds at most "
+                f"{MAX_V1_TOPIC_BYTES}, and V2 records are off ({AUTO_V2_SETTING}: false)")
+    return None
+
+
+def body_too_large(size: int, limit: int) -> str:
+    return f"body of {size} bytes exceeds commit_log.max_message_bytes ({limit})"
+
+
+def properties_too_large(size: int) -> str:
+    return f"properties are {size} bytes; the limit is {MAX_PROPERTIES_BYTES}"
+
+
+def record_limit(ctx: "PutContext") -> int:
+    # the size field is a signed int whatever the configured body limit
+    return min(ctx.max_message_bytes + MAX_RECORD_OVERHEAD, INT32_MAX)
+
+
+def record_too_large(size: int, ctx: "PutContext") -> str:
+    return f"record of {size} bytes is too large (the limit is {record_limit(ctx)})"
+
+
+def message_properties(tags: object, keys: object, properties: object) -> dict[str, str]:
+    """TAGS, KEYS and the user's properties of one message, every string checked.
+
+    All of them share one encoded block, so each is held to the block's rules; otherwise a
+    separator inside a key or tag could forge other properties.
+    """
+    props: dict[str, str] = {}
+    if tags is not None:
+        props[PROPERTY_TAGS] = check_tags(tags)
+    if keys is not None:
+        tokens = check_keys(keys)
+        if tokens:
+            props[PROPERTY_KEYS] = KEY_SEPARATOR.join(tokens)
+    if properties is not None:
+        if not isinstance(properties, Mapping):
+            raise ValueError(f"properties {properties!r} must be a mapping of names to values")
+        for name, value in properties.items():
+            check_property(name, value)
+            if name in props:
+                raise ValueError(f"property {name!r} is set both as a field and in properties")
+            props[name] = value
+    return props
+
+
+def properties_block(props: Mapping[str, str]) -> bytes:
+    return encode_properties(props).encode("utf-8") if props else b""
+
+
+def encode_tail(topic: str, v2: bool, block: bytes) -> bytes:
+    """TOPICLENGTH+TOPIC+PROPERTIESLENGTH+PROPERTIES of an accepted message."""
+    return b"".join((topic_field(topic.encode("ascii"), v2), _SHORT.pack(len(block)), block))
+
+
+def is_delayed(props: Mapping[str, str]) -> bool:
+    text = props.get(PROPERTY_DELAY)
+    if text is None:
+        return False
+    text = text.strip()
+    # isdecimal, not isdigit: int() cannot parse digits such as "\u00b2"
+    return text.isdecimal() and int(text) > 0
+
+
+def waits(props: Mapping[str, str]) -> bool:
+    text = props.get(PROPERTY_WAIT)
+    return text is None or text.lower() == "true"
 
 
 @dataclass(slots=True)
@@ -100,114 +208,114 @@ class PutContext:
     store_v6: bool
 
 
-# Tails (topic + properties fields) of messages that carry at most a tag, by (topic, tags):
-# most traffic repeats a handful of these, so encoding and checking them once is enough.
-_simple_tails: dict[tuple[str, str | None], tuple[bytes, dict[str, str]]] = {}
+# Tails of accepted messages that carry at most a tag, keyed by all their bytes depend on:
+# topic, tag and record version. Most traffic repeats a handful of these, so checking and
+# encoding each once is enough; stores with different settings in one process share it safely.
+_simple_tails: dict[tuple[str, str | None, bool], tuple[bytes, dict[str, str]]] = {}
+_SIMPLE_TAILS_MAX = 4096
 
 
-def _encode_tail(msg: Message, topic: str, topic_len: int, auto_v2: bool
-                 ) -> tuple[dict[str, str], bytes]:
-    props: dict[str, str] = {}
-    tags = msg.tags
-    if tags is not None:
-        check_property(PROPERTY_TAGS, tags)
-        props[PROPERTY_TAGS] = tags
-    if msg.keys:
-        keys = msg.keys.split(KEY_SEPARATOR) if isinstance(msg.keys, str) else list(msg.keys)
-        for key in keys:
-            if not isinstance(key, str) or not key or KEY_SEPARATOR in key:
-                raise ValueError(f"key {key!r} must be a non-empty string without spaces")
-        props[PROPERTY_KEYS] = KEY_SEPARATOR.join(keys)
-    if msg.properties:
-        for name, value in msg.properties.items():
-            check_property(name, value)
-            if name in props:
-                raise ValueError(f"property {name!r} is set both as a field and in properties")
-            props[name] = value
-    props_bytes = encode_properties(props).encode("utf-8") if props else b""
-    if len(props_bytes) > MAX_PROPERTIES_BYTES:
-        raise Rejected(PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                       f"properties are {len(props_bytes)} bytes; the limit is {MAX_PROPERTIES_BYTES}")
-    v2 = auto_v2 and topic_len > MAX_V1_TOPIC_BYTES
-    topic_bytes = topic.encode("ascii")
-    return props, b"".join((topic_field(topic_bytes, v2), _SHORT.pack(len(props_bytes)), props_bytes))
+def tail_for(topic: str, v2: bool, tags: object, keys: object, properties: object
+             ) -> tuple[bytes, dict[str, str]]:
+    """Checked tail and properties of a message whose topic was checked and accepted."""
+    simple = keys is None and properties is None and (tags is None or type(tags) is str)
+    if simple:
+        cached = _simple_tails.get((topic, tags, v2))
+        if cached is not None:
+            return cached
+    props = message_properties(tags, keys, properties)
+    return finish_tail(topic, v2, props, (topic, tags, v2) if simple else None), props
+
+
+def finish_tail(topic: str, v2: bool, props: dict[str, str], cache_key: tuple | None) -> bytes:
+    """The tail of checked properties, refused when their block outgrows its length field."""
+    block = properties_block(props)
+    if len(block) > MAX_PROPERTIES_BYTES:
+        raise Rejected(PutStatus.PROPERTIES_SIZE_EXCEEDED, properties_too_large(len(block)))
+    tail = encode_tail(topic, v2, block)
+    if cache_key is not None and len(_simple_tails) < _SIMPLE_TAILS_MAX:
+        _simple_tails[cache_key] = (tail, props)
+    return tail
+
+
+def _check_sysflag(sysflag: object) -> int:
+    sysflag = _int_field("sysflag", sysflag, 0, INT32_MAX)
+    if sysflag & ~SYSFLAG_USER_BITS:
+        raise ValueError(f"sysflag {sysflag:#x} sets bits the store owns (allowed: {SYSFLAG_USER_BITS:#x})")
+    return sysflag
 
 
 def prepare(msg: Message, ctx: PutContext) -> Prepared:
     if type(msg) is not Message:
         raise TypeError(f"expected a mqstore.Message, got {type(msg).__name__}")
+    # Arguments: each raises. Fields at their int 0 default skip the range check.
     topic = check_topic(msg.topic)
-    topic_len = len(topic)  # ASCII by the topic rule
-    if topic_len > MAX_V1_TOPIC_BYTES and (
-        topic_len > MAX_TOPIC_BYTES or not topic.startswith(RETRY_PREFIX)
-    ):
-        raise Rejected(PutStatus.MESSAGE_ILLEGAL,
-                       f"topic {topic[:32]!r}... is {topic_len} bytes; the limit is "
-                       f"{MAX_V1_TOPIC_BYTES} ({MAX_TOPIC_BYTES} for {RETRY_PREFIX} topics)")
     queue_id = msg.queue_id
     if queue_id is not None:
         queue_id = check_queue_id(queue_id)
     body = msg.body
     if type(body) is not bytes:
-        if body is None:
-            raise Rejected(PutStatus.MESSAGE_ILLEGAL, "message body is None")
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise ValueError(f"body must be bytes, got {type(body).__name__}")
-        body = bytes(body)
-    if len(body) > ctx.max_message_bytes:
-        raise Rejected(PutStatus.MESSAGE_ILLEGAL,
-                       f"body of {len(body)} bytes exceeds commit_log.max_message_bytes "
-                       f"({ctx.max_message_bytes})")
-    tags = msg.tags
-    simple = not msg.keys and not msg.properties and (tags is None or type(tags) is str)
-    cached = _simple_tails.get((topic, tags)) if simple else None
-    if cached is not None:
-        tail, props = cached
-    else:
-        props, tail = _encode_tail(msg, topic, topic_len, ctx.auto_v2)
-        if simple and len(_simple_tails) < 4096:
-            _simple_tails[(topic, tags)] = (tail, props)
+        body = check_body(body)
     sysflag = msg.sysflag
-    if sysflag:
-        sysflag = _int_field("sysflag", sysflag, 0, INT32_MAX)
-        if sysflag & ~SYSFLAG_USER_BITS:
-            raise ValueError(f"sysflag {sysflag:#x} sets bits the store owns (allowed: {SYSFLAG_USER_BITS:#x})")
-    if PROPERTY_INNER_NUM in props and not sysflag & SYSFLAG_INNER_BATCH:
-        raise Rejected(PutStatus.MESSAGE_ILLEGAL, "INNER_NUM property without the INNER_BATCH sysflag")
+    if type(sysflag) is not int or sysflag:
+        sysflag = _check_sysflag(sysflag)
+    flag = msg.flag
+    if type(flag) is not int or flag:
+        flag = _int_field("flag", flag, INT32_MIN, INT32_MAX)
+    born_ts = msg.born_timestamp
+    if born_ts is not None:
+        born_ts = _int_field("born_timestamp", born_ts, INT64_MIN, INT64_MAX)
+    reconsume = msg.reconsume_times
+    if type(reconsume) is not int or reconsume:
+        reconsume = _int_field("reconsume_times", reconsume, INT32_MIN, INT32_MAX)
+    prepared = msg.prepared_tx_offset
+    if type(prepared) is not int or prepared:
+        prepared = _int_field("prepared_tx_offset", prepared, INT64_MIN, INT64_MAX)
     if msg.born_host is None:
         born_host = ctx.store_host
         born_v6 = ctx.store_v6
     else:
         born_host = parse_host(msg.born_host)
         born_v6 = len(born_host.address) == 16
+    long_topic = len(topic) > MAX_V1_TOPIC_BYTES
+    v2 = long_topic and ctx.auto_v2
+    tags = msg.tags
+    cache_key = cached = None
+    if msg.keys is None and msg.properties is None and (tags is None or type(tags) is str):
+        cache_key = (topic, tags, v2)
+        cached = _simple_tails.get(cache_key)
+    if cached is None:
+        props = message_properties(tags, msg.keys, msg.properties)
+    else:
+        tail, props = cached
+
+    # Refusals: the message is well formed but the store will not hold it.
+    reason = topic_refusal(topic, ctx.auto_v2) if long_topic else None
+    if reason is None:
+        if body is None:
+            reason = BODY_IS_NONE
+        elif len(body) > ctx.max_message_bytes:
+            reason = body_too_large(len(body), ctx.max_message_bytes)
+    if reason is not None:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL, reason)
+    if cached is None:
+        tail = finish_tail(topic, v2, props, cache_key)
+    if PROPERTY_INNER_NUM in props and not sysflag & SYSFLAG_INNER_BATCH:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL, INNER_NUM_WITHOUT_BATCH)
     if born_v6:
         sysflag |= SYSFLAG_BORNHOST_V6
     if ctx.store_v6:
         sysflag |= SYSFLAG_STOREHOST_V6
-    v2 = ctx.auto_v2 and topic_len > MAX_V1_TOPIC_BYTES
     size = HEADER_STRUCTS[(sysflag >> 4) & 3].size + len(body) + len(tail)
-    if size > ctx.max_message_bytes + MAX_RECORD_OVERHEAD:
-        raise Rejected(PutStatus.MESSAGE_ILLEGAL, f"record of {size} bytes is too large")
+    if size > ctx.max_message_bytes + MAX_RECORD_OVERHEAD or size > INT32_MAX:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL, record_too_large(size, ctx))
     tx = sysflag & SYSFLAG_TX_MASK
     if props:
         wait_text = props.get(PROPERTY_WAIT)
-        delay_text = props.get(PROPERTY_DELAY)
         wait = wait_text is None or wait_text.lower() == "true"
-        delay = delay_text is not None and delay_text.strip().isdigit() and int(delay_text) > 0
+        delay = PROPERTY_DELAY in props and is_delayed(props)
     else:
         wait, delay = True, False
-    flag = msg.flag
-    if flag:
-        flag = _int_field("flag", flag, -(1 << 31), INT32_MAX)
-    born_ts = msg.born_timestamp
-    if born_ts is not None:
-        born_ts = _int_field("born_timestamp", born_ts, -(1 << 63), (1 << 63) - 1)
-    reconsume = msg.reconsume_times
-    if reconsume:
-        reconsume = _int_field("reconsume_times", reconsume, -(1 << 31), INT32_MAX)
-    prepared = msg.prepared_tx_offset
-    if prepared:
-        prepared = _int_field("prepared_tx_offset", prepared, -(1 << 63), (1 << 63) - 1)
     return Prepared(
         topic, queue_id, body, crc32(body), tail, MAGIC_V2 if v2 else MAGIC_V1, sysflag, flag,
         born_ts, born_host, reconsume, prepared, tx == TX_NOT or tx == TX_COMMIT, wait, delay,
@@ -215,8 +323,18 @@ def prepare(msg: Message, ctx: PutContext) -> Prepared:
     )
 
 
+def at_message(index: int, exc: Exception) -> Exception:
+    """The same complaint about message ``index`` of a batch (as ValueError or TypeError)."""
+    # not type(exc): subclasses such as UnicodeError take other constructor arguments
+    return (ValueError if isinstance(exc, ValueError) else TypeError)(f"message {index}: {exc}")
+
+
 def prepare_batch(messages: Sequence[Message], ctx: PutContext) -> list[Prepared]:
-    """``prepare`` every message of a batch; transactions and delays are refused in batches."""
+    """``prepare`` every message of a batch; transactions and delays are refused in batches.
+
+    A bad argument anywhere raises, even after a refused message; otherwise the first refused
+    message refuses the batch.
+    """
     # A batch allocates a few small objects per message. With the cyclic GC on, every few
     # hundred allocations trigger a scan whose cost grows with all live objects (a producer's
     # own message list included), which costs more than the encoding itself.
@@ -224,21 +342,25 @@ def prepare_batch(messages: Sequence[Message], ctx: PutContext) -> list[Prepared
     gc.disable()
     try:
         items = []
+        refused: Rejected | None = None
         for i, msg in enumerate(messages):
             try:
                 p = prepare(msg, ctx)
                 if not p.queued or p.sysflag & SYSFLAG_TX_MASK:
-                    raise Rejected(PutStatus.MESSAGE_ILLEGAL,
-                                   "a batch may not hold transaction messages")
+                    raise Rejected(PutStatus.MESSAGE_ILLEGAL, TX_IN_BATCH)
                 if p.delay:
-                    raise Rejected(PutStatus.MESSAGE_ILLEGAL,
-                                   "a batch may not hold delayed messages (DELAY > 0)")
+                    raise Rejected(PutStatus.MESSAGE_ILLEGAL, DELAY_IN_BATCH)
             except Rejected as rej:
-                rej.index = i
-                raise
+                if refused is None:
+                    rej.index = i
+                    refused = rej
+                continue
             except (ValueError, TypeError) as exc:
-                raise type(exc)(f"message {i}: {exc}") from None
-            items.append(p)
+                raise at_message(i, exc) from None
+            if refused is None:
+                items.append(p)
+        if refused is not None:
+            raise refused
         return items
     finally:
         if gc_was_enabled:

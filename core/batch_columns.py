@@ -4,25 +4,32 @@ A batch arrives as a list of ``Message`` objects (each prepared and checked on i
 ``MessageBatch`` of columns, where scalars apply to every message and only bodies are per
 message in the common case. Either way it becomes one ``Columns`` object, and records are
 encoded from it with one numpy header array per block plus a single join.
+
+A ``MessageBatch`` is checked column by column, once per distinct value where it can be. That
+only decides whether the batch is clean: when a check fails, its messages are spelled out and
+prepared one by one, so it raises or is refused exactly as the equivalent Message list would be.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from mqstore.appender import (
-    INT32_MAX, Prepared, PutContext, Rejected, _encode_tail, _int_field, check_queue_id,
-    check_topic,
+    BODY_IS_NONE, DELAY_IN_BATCH, INNER_NUM_WITHOUT_BATCH, INT32_MAX, INT32_MIN, INT64_MAX,
+    INT64_MIN, MAX_RECORD_OVERHEAD, Prepared, PutContext, Rejected, _int_field, at_message,
+    body_too_large, check_body, check_queue_id, check_topic, finish_tail, is_delayed,
+    message_properties, prepare_batch, record_too_large, tail_for, topic_refusal, waits,
 )
 from mqstore.format.hosts import Host, parse_host
-from mqstore.format.properties import PROPERTY_DELAY, PROPERTY_INNER_NUM, PROPERTY_WAIT
+from mqstore.format.properties import PROPERTY_DELAY, PROPERTY_INNER_NUM
 from mqstore.format.record import (
-    HEADER_STRUCTS, MAGIC_V1, MAGIC_V2, MAX_TOPIC_BYTES, MAX_V1_TOPIC_BYTES,
-    SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6, header_dtype,
+    HEADER_STRUCTS, MAGIC_V1, MAGIC_V2, MAX_V1_TOPIC_BYTES, SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6, header_dtype,
 )
 from mqstore.message import Message, MessageBatch, PutStatus
 
@@ -66,115 +73,184 @@ def columns_from_prepared(items: Sequence[Prepared], messages: Sequence[Message]
 
 
 def _per_message(value, n: int, what: str) -> list | None:
-    """None for a scalar (shared) value, else the per-message list (checked for length)."""
-    if value is None or isinstance(value, (str, dict)) or not isinstance(value, Sequence):
+    """None for a value shared by every message, else the per-message list (checked for length)."""
+    if value is None or isinstance(value, (str, bytes, bytearray, Mapping)) \
+            or not isinstance(value, Sequence):
         return None
     if len(value) != n:
         raise ValueError(f"{what} has {len(value)} entries for {n} bodies")
     return list(value)
 
 
+class _Shape:
+    """A MessageBatch's columns as shared values or per-message lists.
+
+    Errors here concern the batch's own form (lengths, column kinds); they have no equivalent
+    in a Message list, so they raise before any message is looked at.
+    """
+
+    def __init__(self, batch: MessageBatch) -> None:
+        bodies = batch.bodies
+        if isinstance(bodies, (bytes, bytearray, str)) or not isinstance(bodies, Sequence):
+            raise ValueError(f"MessageBatch.bodies must be a sequence of bodies, "
+                             f"got {type(bodies).__name__}")
+        self.n = n = len(bodies)
+        if not n:
+            raise ValueError("MessageBatch.bodies is empty")
+        self.batch = batch
+        self.bodies = bodies
+        self.topics = _per_message(batch.topic, n, "topic") or [batch.topic] * n
+        self.tags = _per_message(batch.tags, n, "tags")
+        self.properties = _per_message(batch.properties, n, "properties")
+        self.keys = None if batch.keys is None else _per_message(batch.keys, n, "keys")
+        if batch.keys is not None and self.keys is None:
+            raise ValueError("MessageBatch.keys must hold one key list (or None) per body")
+        queue_ids = batch.queue_ids
+        if isinstance(queue_ids, np.ndarray) and queue_ids.ndim:
+            if queue_ids.shape != (n,):
+                raise ValueError(f"MessageBatch.queue_ids has shape {queue_ids.shape} "
+                                 f"for {n} bodies")
+        elif not isinstance(queue_ids, np.ndarray):
+            per_message = _per_message(queue_ids, n, "queue_ids")
+            queue_ids = queue_ids if per_message is None else per_message
+        self.queue_ids = queue_ids
+        self.shared_tail = self.tags is None and self.properties is None and self.keys is None
+
+    def _queue_id(self, i: int):
+        q = self.queue_ids
+        return q[i] if isinstance(q, (list, np.ndarray)) and np.ndim(q) else q
+
+    def messages(self) -> list[Message]:
+        """The batch as the Message list it stands for."""
+        b = self.batch
+        return [
+            Message(topic=self.topics[i], body=self.bodies[i],
+                    tags=b.tags if self.tags is None else self.tags[i],
+                    keys=None if self.keys is None else self.keys[i],
+                    properties=b.properties if self.properties is None else self.properties[i],
+                    queue_id=self._queue_id(i), flag=b.flag, born_timestamp=b.born_timestamp,
+                    born_host=b.born_host)
+            for i in range(self.n)
+        ]
+
+
 def columns_from_batch(batch: MessageBatch, ctx: PutContext) -> Columns:
-    bodies = batch.bodies
-    n = len(bodies)
-    if not n:
-        raise ValueError("MessageBatch.bodies is empty")
-    kinds = set(map(type, bodies))
-    if kinds != {bytes}:
-        if type(None) in kinds:
-            i = next(i for i, b in enumerate(bodies) if b is None)
-            raise Rejected(PutStatus.MESSAGE_ILLEGAL, "message body is None", i)
-        bad = next(b for b in bodies if type(b) is not bytes)
-        raise ValueError(f"MessageBatch.bodies must hold bytes, got {type(bad).__name__}")
-    lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+    shape = _Shape(batch)
+    try:
+        return _columns(shape, ctx)
+    except (Rejected, ValueError, TypeError) as exc:
+        found = exc
+    # Out of the except block, so the answer does not carry the columnar complaint along.
+    prepare_batch(shape.messages(), ctx)
+    raise found  # a complaint the message list does not share would be a checking gap
+
+
+def _bodies(shape: _Shape, ctx: PutContext) -> tuple[list[bytes], np.ndarray]:
+    bodies = shape.bodies
+    if set(map(type, bodies)) != {bytes}:
+        bodies = [check_body(b) for b in bodies]
+        if None in bodies:
+            raise Rejected(PutStatus.MESSAGE_ILLEGAL, BODY_IS_NONE, bodies.index(None))
+    lens = np.fromiter(map(len, bodies), dtype=np.int64, count=shape.n)
     too_big = np.flatnonzero(lens > ctx.max_message_bytes)
     if len(too_big):
         i = int(too_big[0])
         raise Rejected(PutStatus.MESSAGE_ILLEGAL,
-                       f"body of {int(lens[i])} bytes exceeds commit_log.max_message_bytes "
-                       f"({ctx.max_message_bytes})", i)
+                       body_too_large(int(lens[i]), ctx.max_message_bytes), i)
+    return list(bodies), lens
 
-    topics = _per_message(batch.topic, n, "topic") or [batch.topic] * n
-    for t in set(topics):
+
+def _check_topics(topics: list[str], ctx: PutContext) -> dict[str, bool]:
+    """Each distinct topic checked once; whether it takes a V2 record."""
+    v2 = {}
+    for t in dict.fromkeys(topics):
         check_topic(t)
-        if len(t) > MAX_V1_TOPIC_BYTES and (len(t) > MAX_TOPIC_BYTES or not t.startswith("%RETRY%")):
-            i = topics.index(t)
-            raise Rejected(PutStatus.MESSAGE_ILLEGAL, f"topic of {len(t)} bytes is too long", i)
-    tags = _per_message(batch.tags, n, "tags")
-    props = _per_message(batch.properties, n, "properties")
-    keys = None if batch.keys is None else _per_message(batch.keys, n, "keys")
-    if batch.keys is not None and keys is None:
-        raise ValueError("MessageBatch.keys must hold one key list (or None) per body")
+        if len(t) > MAX_V1_TOPIC_BYTES:
+            reason = topic_refusal(t, ctx.auto_v2)
+            if reason is not None:
+                raise Rejected(PutStatus.MESSAGE_ILLEGAL, reason, topics.index(t))
+        v2[t] = ctx.auto_v2 and len(t) > MAX_V1_TOPIC_BYTES
+    return v2
 
-    shared = tags is None and props is None and keys is None
-    tails: list[bytes] = []
-    props_seen: list[dict] = []
-    for i in range(n) if not shared else ():
-        probe = Message(topic=topics[i], body=b"", tags=tags[i] if tags else batch.tags,
-                        keys=keys[i] if keys else None,
-                        properties=props[i] if props else batch.properties)
-        try:
-            p, tail = _encode_tail(probe, topics[i], len(topics[i]), ctx.auto_v2)
-        except Rejected as rej:
-            rej.index = i
-            raise
+
+def _tails(shape: _Shape, v2: dict[str, bool]) -> tuple[list[bytes], list[dict]]:
+    """Each message's tail, and the distinct property sets they carry."""
+    b, topics = shape.batch, shape.topics
+    if shape.shared_tail:
+        props = message_properties(b.tags, None, b.properties)  # checked once for the batch
+        by_topic = {t: finish_tail(t, v2[t], props, None) for t in v2}
+        return [by_topic[t] for t in topics], [props]
+    tags, keys, properties = shape.tags, shape.keys, shape.properties
+    tails, seen = [], []
+    for i, t in enumerate(topics):
+        tail, props = tail_for(t, v2[t], b.tags if tags is None else tags[i],
+                               None if keys is None else keys[i],
+                               b.properties if properties is None else properties[i])
         tails.append(tail)
-        props_seen.append(p)
-    if shared:
-        by_topic = {}
-        for t in set(topics):
-            probe = Message(topic=t, body=b"", tags=batch.tags, properties=batch.properties)
-            try:
-                by_topic[t] = _encode_tail(probe, t, len(t), ctx.auto_v2)
-            except Rejected as rej:
-                rej.index = topics.index(t)
-                raise
-        tails = [by_topic[t][1] for t in topics]
-        props_seen = [by_topic[t][0] for t in set(topics)]
-    wait = False
-    for i, p in enumerate(props_seen):
-        delay = p.get(PROPERTY_DELAY)
-        if delay is not None and delay.strip().isdigit() and int(delay) > 0:
-            raise Rejected(PutStatus.MESSAGE_ILLEGAL,
-                           "a batch may not hold delayed messages (DELAY > 0)", i if not shared else 0)
-        if PROPERTY_INNER_NUM in p:
-            raise Rejected(PutStatus.MESSAGE_ILLEGAL,
-                           "INNER_NUM property without the INNER_BATCH sysflag", i if not shared else 0)
-        w = p.get(PROPERTY_WAIT)
-        wait = wait or w is None or w.lower() == "true"
+        seen.append(props)
+    return tails, seen
 
-    born_host = ctx.store_host if batch.born_host is None else parse_host(batch.born_host)
+
+def _queue_ids(shape: _Shape) -> np.ndarray | None:
+    q = shape.queue_ids
+    if q is None:
+        return None
+    if not isinstance(q, (list, np.ndarray)) or not np.ndim(q):
+        return np.full(shape.n, check_queue_id(q), dtype=np.int64)
+    # numpy would turn True into 1 and 2**70 into an object array: only plain ints go fast
+    arr = np.asarray(q) if isinstance(q, np.ndarray) or _all_ints(q) else None
+    if arr is None or arr.dtype.kind not in "iu" or ((arr < 0) | (arr > INT32_MAX)).any():
+        return np.array([_queue_id_at(i, v) for i, v in enumerate(q)], dtype=np.int64)
+    return arr.astype(np.int64)
+
+
+def _all_ints(values: list) -> bool:
+    return all(t is int or issubclass(t, np.integer) for t in set(map(type, values)))
+
+
+def _queue_id_at(i: int, value) -> int:
+    try:
+        return check_queue_id(value)
+    except ValueError as exc:
+        raise at_message(i, exc) from None
+
+
+def _columns(shape: _Shape, ctx: PutContext) -> Columns:
+    b, n, topics = shape.batch, shape.n, shape.topics
+    bodies, lens = _bodies(shape, ctx)
+    v2 = _check_topics(topics, ctx)
+    tails, props_seen = _tails(shape, v2)
+    wait = False
+    for i, p in enumerate(props_seen):  # one shared set stands for message 0
+        if PROPERTY_INNER_NUM in p:
+            raise Rejected(PutStatus.MESSAGE_ILLEGAL, INNER_NUM_WITHOUT_BATCH, i)
+        if PROPERTY_DELAY in p and is_delayed(p):
+            raise Rejected(PutStatus.MESSAGE_ILLEGAL, DELAY_IN_BATCH, i)
+        wait = wait or waits(p)
+
+    born_host = ctx.store_host if b.born_host is None else parse_host(b.born_host)
     sysflag = (SYSFLAG_BORNHOST_V6 if born_host.is_v6 else 0) | (
         SYSFLAG_STOREHOST_V6 if ctx.store_v6 else 0)
-    v2 = [ctx.auto_v2 and len(t) > MAX_V1_TOPIC_BYTES for t in set(topics)]
-    magics = MAGIC_V1 if not any(v2) else [
-        MAGIC_V2 if ctx.auto_v2 and len(t) > MAX_V1_TOPIC_BYTES else MAGIC_V1 for t in topics]
+    magics = MAGIC_V1 if not any(v2.values()) else [
+        MAGIC_V2 if v2[t] else MAGIC_V1 for t in topics]
     tail_lens = np.fromiter(map(len, tails), dtype=np.int64, count=n)
     sizes = HEADER_STRUCTS[(sysflag >> 4) & 3].size + lens + tail_lens
+    biggest = int(sizes.max())
+    if biggest > ctx.max_message_bytes + MAX_RECORD_OVERHEAD or biggest > INT32_MAX:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL, record_too_large(biggest, ctx),
+                       int(np.argmax(sizes)))
 
-    queue_ids = batch.queue_ids
-    if queue_ids is not None:
-        if isinstance(queue_ids, (int, np.integer)) and not isinstance(queue_ids, bool):
-            queue_ids = np.full(n, check_queue_id(queue_ids), dtype=np.int64)
-        else:
-            queue_ids = np.asarray(queue_ids)
-            if queue_ids.shape != (n,) or queue_ids.dtype.kind not in "iu":
-                raise ValueError(f"MessageBatch.queue_ids must be one int or {n} ints")
-            queue_ids = queue_ids.astype(np.int64)
-            bad = np.flatnonzero((queue_ids < 0) | (queue_ids > INT32_MAX))
-            if len(bad):
-                raise ValueError(f"queue_id {int(queue_ids[bad[0]])} (message {int(bad[0])}) "
-                                 f"must be an int in [0, {INT32_MAX}]")
-    flag = _int_field("flag", batch.flag, -(1 << 31), INT32_MAX)
-    born_ts = batch.born_timestamp
+    queue_ids = _queue_ids(shape)
+    flag = _int_field("flag", b.flag, INT32_MIN, INT32_MAX)
+    born_ts = b.born_timestamp
     if born_ts is not None:
-        born_ts = _int_field("born_timestamp", born_ts, -(1 << 63), (1 << 63) - 1)
+        born_ts = _int_field("born_timestamp", born_ts, INT64_MIN, INT64_MAX)
     crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & 0x7FFFFFFF
     return Columns(
-        n=n, topics=topics, queue_ids=queue_ids, bodies=list(bodies), tails=tails, sizes=sizes,
+        n=n, topics=topics, queue_ids=queue_ids, bodies=bodies, tails=tails, sizes=sizes,
         body_crcs=crcs, magics=magics, sysflags=sysflag, flags=flag, born_timestamps=born_ts,
         born_hosts=born_host, reconsume_times=0, prepared_tx_offsets=0, wait=wait,
-        select_inputs=_SelectInputs(topics, keys),
+        select_inputs=_SelectInputs(topics, shape.keys),
     )
 
 

@@ -57,9 +57,12 @@ class GetStatus(enum.Enum):
 class Message:
     """A message to put. ``tags``/``keys`` become the TAGS/KEYS properties.
 
-    ``queue_id=None`` lets the configured queue selector choose; ``shard_key`` (not stored)
-    is what the key-hash selector hashes. ``born_timestamp=None`` means "now" and
-    ``born_host=None`` the store's own host.
+    Tags, keys, and property names and values share one encoded block, so each must be a
+    non-empty string without ``\\x01`` or ``\\x02``; a key also holds no space, since spaces
+    separate keys (a string ``keys`` is split on them). ``queue_id=None`` lets the configured
+    queue selector choose; ``shard_key`` (not stored) is what the key-hash selector hashes.
+    ``born_timestamp=None`` means "now" and ``born_host=None`` (``"ip:port"``, port 0..65535)
+    the store's own host.
     """
 
     topic: str
@@ -84,7 +87,8 @@ class MessageBatch:
     ``bodies`` holds one body per message. ``topic``, ``queue_ids``, ``tags`` and
     ``properties`` take either one value for every message or a sequence with one per
     message; ``keys`` is a sequence of key lists (or None) per message. ``queue_ids=None`` lets
-    the configured queue selector choose. The other fields apply to every message.
+    the configured queue selector choose for the whole batch. The other fields apply to every
+    message. A batch is checked and refused exactly as the list of the Messages it stands for.
     """
 
     topic: str | Sequence[str]

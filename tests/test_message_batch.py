@@ -76,7 +76,7 @@ def test_rejected_batches_write_nothing(make_store, columns, status, index):
 
 
 @pytest.mark.parametrize("columns, needle", [
-    (dict(topic="T", bodies=["text"]), "must hold bytes"),
+    (dict(topic="T", bodies=["text"]), "message 0: body must be bytes, got str"),
     (dict(topic="a/b", bodies=[b"1"]), "'a/b'"),
     (dict(topic="T", bodies=[b"1", b"2"], tags=["a"]), "tags has 1 entries for 2 bodies"),
     (dict(topic="T", bodies=[b"1"], queue_ids=[-1]), "queue_id -1"),

@@ -9,7 +9,7 @@ it may hold more ``\\x01``). Anything else is dropped silently; a last segment w
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
@@ -25,17 +25,70 @@ PROPERTY_INNER_NUM = "INNER_NUM"
 KEY_SEPARATOR = " "
 
 
+def check_text(what: str, text: str) -> None:
+    """A string bound for the properties block: a separator inside it would end its segment
+    early and let the rest read as other properties; a lone surrogate has no UTF-8 form."""
+    if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
+        raise ValueError(f"{what} {text!r} contains a reserved separator (\\x01 or \\x02)")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"{what} {text!r} cannot be stored as UTF-8 ({exc.reason} at index {exc.start})"
+            ) from None
+
+
 def check_property(name: object, value: object) -> None:
     """Reject what RocketMQ's client rejects, plus anything that would corrupt the encoding."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"property name {name!r} must be a non-empty string")
     if not isinstance(value, str) or not value:
         raise ValueError(f"property {name!r} value {value!r} must be a non-empty string")
-    for text, what in ((name, "name"), (value, "value")):
-        if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
-            raise ValueError(
-                f"property {what} {text!r} contains a reserved separator (\\x01 or \\x02)"
-            )
+    check_text("property name", name)
+    check_text(f"property {name!r} value", value)
+
+
+def _plain(text: object) -> bool:
+    """True for a non-empty ASCII string without separators: the common case, checked fast."""
+    return (type(text) is str and text != "" and text.isascii()
+            and NAME_VALUE_SEPARATOR not in text and PROPERTY_SEPARATOR not in text)
+
+
+def check_tags(tags: object) -> str:
+    if _plain(tags):
+        return tags  # type: ignore[return-value]
+    if not isinstance(tags, str) or not tags:
+        raise ValueError(f"tags {tags!r} must be a non-empty string")
+    check_text("tags", tags)
+    return tags
+
+
+def check_keys(keys: object) -> Sequence[str]:
+    """KEYS tokens of one message: a string (split on spaces) or a collection of strings.
+
+    Tokens are joined with spaces on disk, so a token may hold no space; empty input means no
+    keys.
+    """
+    if type(keys) is list or type(keys) is tuple:
+        tokens = keys
+    elif isinstance(keys, str):
+        tokens = keys.split(KEY_SEPARATOR) if keys else []
+    elif isinstance(keys, Collection) and not isinstance(keys, (bytes, bytearray, Mapping)):
+        tokens = list(keys)
+    else:
+        raise ValueError(f"keys {keys!r} must be a string or a collection of strings")
+    for key in tokens:
+        if not _plain(key) or KEY_SEPARATOR in key:
+            _check_key(key)
+    return tokens
+
+
+def _check_key(key: object) -> None:
+    if not isinstance(key, str) or not key or KEY_SEPARATOR in key:
+        raise ValueError(f"key {key!r} must be a non-empty string without spaces "
+                         f"(KEYS tokens are separated by spaces)")
+    check_text("key", key)
 
 
 def encode_properties(properties: Mapping[str, str]) -> str:
