@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -100,6 +101,11 @@ class DispatchLoop:
         self.batch_bytes = batch_bytes
         self.after_dispatch = after_dispatch
         self.error: str | None = None
+        # Why the current batch keeps failing (a dispatcher raised, its files cannot grow)
+        # and how many attempts in a row; the batch is retried, dispatchers being idempotent.
+        self.failing: str | None = None
+        self.failures = 0
+        self.last_exception: Exception | None = None
         self.progress = threading.Condition()
         self._u8 = None
         self._topic_names: dict[bytes, str] = {}
@@ -153,16 +159,36 @@ class DispatchLoop:
             break
         if parts:
             batch = DispatchBatch.concat(begin, pos, parts)
-            for dispatcher in self.dispatchers:
-                dispatcher.dispatch(batch)
-            if self.after_dispatch is not None:
-                self.after_dispatch(batch)
+            try:
+                for dispatcher in self.dispatchers:
+                    dispatcher.dispatch(batch)
+                if self.after_dispatch is not None:
+                    self.after_dispatch(batch)
+            except Exception as exc:
+                self._failed(begin, exc)
+                return 0
+        if self.failing is not None:
+            log.warning("dispatch at commit-log offset %d goes on after %d failed attempts",
+                        begin, self.failures)
+            self.failing, self.failures = None, 0
         moved = pos - begin
         if moved:
             with self.progress:
                 self.dispatched = pos
                 self.progress.notify_all()
         return moved
+
+    def _failed(self, begin: int, exc: Exception) -> None:
+        self.last_exception = exc
+        self.failures += 1
+        self.failing = (f"dispatch of the records at commit-log offset {begin} failed "
+                        f"{self.failures} time(s): {type(exc).__name__}: {exc}")
+        if self.failures == 1 or self.failures % 100 == 0:
+            log.error("%s; retrying", self.failing, exc_info=self.failures == 1)
+
+    def retry_pause_s(self) -> float:
+        """Pause before retrying a failed batch: 10 ms, doubling to 1 s."""
+        return min(1.0, 0.01 * 2 ** min(self.failures, 7))
 
     def _bytes_of(self, seg) -> np.ndarray:
         cached = self._u8
@@ -192,8 +218,12 @@ class DispatchLoop:
         return cols
 
     def run_until(self, offset: int) -> None:
+        """Dispatch inline up to ``offset``; a failing dispatcher's exception is raised."""
         while self.dispatched < offset and self.run_once():
             pass
+        if self.dispatched < offset and self.last_exception is not None \
+                and self.failing is not None:
+            raise self.last_exception
 
     def wait(self, offset: int, timeout: float) -> bool:
         with self.progress:
@@ -205,7 +235,9 @@ class DispatchThread:
     """Runs a DispatchLoop every ``interval_ms`` until stopped; a put may wake it early."""
 
     def __init__(self, loop: DispatchLoop, interval_ms: int) -> None:
-        self.loop = loop
+        # Held weakly: the loop's dispatchers hold the store, and a running thread must not
+        # keep a store its program dropped from being collected (and closed).
+        self._loop = weakref.ref(loop)
         self.interval_s = interval_ms / 1000.0
         self.wake = threading.Event()
         self._stop = threading.Event()
@@ -215,18 +247,30 @@ class DispatchThread:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def loop(self) -> DispatchLoop | None:
+        return self._loop()
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                if not self.loop.run_once():
-                    self.wake.wait(self.interval_s)
-                    self.wake.clear()
+                loop = self._loop()
+                if loop is None:
+                    return
+                if loop.run_once():
+                    continue
+                pause = loop.retry_pause_s() if loop.failing is not None else self.interval_s
+                del loop
+                self.wake.wait(pause)
+                self.wake.clear()
         except BaseException as exc:  # surfaced by the store on the next call that needs it
             self.exception = exc
-            self.loop.error = f"dispatch loop died: {exc!r}"
+            loop = self._loop()
+            if loop is not None:
+                loop.error = f"dispatch loop died: {exc!r}"
+                with loop.progress:
+                    loop.progress.notify_all()
             log.exception("dispatch loop died")
-            with self.loop.progress:
-                self.loop.progress.notify_all()
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()

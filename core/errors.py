@@ -29,3 +29,12 @@ class PluginError(MQStoreError):
 
 class WorkerError(MQStoreError):
     """A worker process died; the store restarted it. Raised once per failure."""
+
+
+class DiskFullError(MQStoreError, OSError):
+    """The file system has no room for a file the store must create or grow."""
+
+
+class CorruptRecordError(MQStoreError, ValueError):
+    """Bytes read from disk do not decode; the message names the field, the bad value and the
+    offset. A ValueError, so callers that skip unreadable records keep working."""

@@ -7,10 +7,14 @@ lock.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import multiprocessing.util  # noqa: F401 - registers its exit handler before ours (see below)
 import os
 import threading
 import time
+import warnings
+import weakref
 from collections import OrderedDict
 from typing import Callable
 
@@ -31,6 +35,7 @@ from mqstore.storage.checkpoint import (
 from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
 from mqstore.storage.cq_ext import open_ext
 from mqstore.subscriptions import Subscriptions
+from mqstore.uninterrupted import shield
 from mqstore.storage.commit_log import CommitLog
 from mqstore.store_put import (  # noqa: F401 - flags are part of the store's API
     DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,
@@ -45,6 +50,23 @@ log = logging.getLogger("mqstore.store")
 
 COMMIT_LOG_DIR = "commitlog"
 DEFAULT_PHYSICAL_MEMORY = 24 << 30  # RocketMQ's fallback when total RAM is unknown
+
+# Stores still open at interpreter exit are closed before multiprocessing's own exit handler
+# terminates their workers (atexit runs handlers last registered first, and importing
+# multiprocessing.util registers that one).
+_open_stores: "weakref.WeakSet[MessageStore]" = weakref.WeakSet()
+
+
+def _close_open_stores() -> None:
+    for store in list(_open_stores):
+        try:
+            store.close()
+        except Exception:
+            log.exception("closing store %s at exit failed", store.root)
+
+
+atexit.register(_close_open_stores)
+
 
 def _physical_memory() -> int:
     try:
@@ -121,6 +143,9 @@ class MessageStore(PutMixin, ReadMixin):
                 self._lock = None
             raise
         self._closed = False
+        _open_stores.add(self)
+        if not read_only:
+            shield.install()  # NOTE [ Uninterrupted puts ]
 
     def _load(self, config: StoreConfig) -> None:
         ro = self.read_only
@@ -255,6 +280,7 @@ class MessageStore(PutMixin, ReadMixin):
 
     @property
     def flushed_offset(self) -> int:
+        self._check_open()
         return self.flushed_where
 
     # -- dispatch --------------------------------------------------------------------------
@@ -264,7 +290,8 @@ class MessageStore(PutMixin, ReadMixin):
 
         Raises WorkerError once for each dispatch-worker failure (the worker was restarted),
         TimeoutError when dispatch does not get there in time."""
-        if self.read_only or self._closed:
+        self._check_open()
+        if self.read_only:
             return
         if self._staged_writes and not self._visible_after_flush:
             self.flush_client.commit_now()
@@ -286,10 +313,13 @@ class MessageStore(PutMixin, ReadMixin):
             if self.dispatch_loop.error:
                 raise RuntimeError(self.dispatch_loop.error)
             reached = self.dispatch_loop.dispatched
+        stuck = self._loops_failing()
         raise TimeoutError(
-            f"dispatch reached commit-log offset {reached}, not {target}, within {timeout} s")
+            f"dispatch reached commit-log offset {reached}, not {target}, within {timeout} s"
+            + (f": {stuck}" if stuck else ""))
 
     def dispatch_behind_bytes(self) -> int:
+        self._check_open()
         if self.read_only:
             return 0
         if self.supervisor is not None:
@@ -298,13 +328,15 @@ class MessageStore(PutMixin, ReadMixin):
 
     def worker_status(self) -> dict:
         """The dispatch worker as the supervisor sees it (process mode)."""
+        self._check_open()
         sup = self.supervisor
         if sup is None:
             return {"mode": self.config.dispatch.mode, "alive": self.dispatch_thread is not None
-                    and self.dispatch_thread.is_alive()}
+                    and self.dispatch_thread.is_alive(), "failing": self._loops_failing()}
         return {"mode": "process", "alive": sup.alive(), "pid": sup.process.pid,
                 "restarts": sup.restarts, "failures": list(sup.failures),
-                "dispatched": self.positions[shm.DISPATCHED]}
+                "dispatched": self.positions[shm.DISPATCHED], "failing": self._loops_failing(),
+                "gave_up": sup.gave_up is not None}
 
     def consume_queue_ext(self, topic: str, queue_id: int, create: bool = False):
         """The consume-queue extension of a queue (filter bitmaps), loaded on first use."""
@@ -393,7 +425,8 @@ class MessageStore(PutMixin, ReadMixin):
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True  # puts now answer SERVICE_NOT_AVAILABLE
+        self._closed = True  # every call now raises StoreClosedError
+        _open_stores.discard(self)
         clean = False
         try:
             if not self.read_only:
@@ -404,7 +437,7 @@ class MessageStore(PutMixin, ReadMixin):
                 if self.supervisor is not None:
                     self._stop_dispatch_worker()
                     lag = self.confirm_offset() - self.positions[shm.DISPATCHED]
-                    healthy = True
+                    healthy = self._loops_failing() is None
                 else:
                     try:
                         self.dispatch_loop.wait(self.confirm_offset(), DISPATCH_CATCH_UP_S)
@@ -423,6 +456,8 @@ class MessageStore(PutMixin, ReadMixin):
                 self.positions.close()
             if clean:
                 remove_abort(self.root)
+            if not self.read_only:
+                shield.uninstall()
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
@@ -447,6 +482,18 @@ class MessageStore(PutMixin, ReadMixin):
                 obj.close()
         for cq in getattr(self, "consume_queues", {}).values():
             cq.close()
+
+    def __del__(self) -> None:
+        # A store its program dropped without closing is closed as a file would be: its
+        # lock, workers and shared memory must not outlive it.
+        if getattr(self, "_closed", True):
+            return
+        warnings.warn(f"store {self.root!r} was never closed; closing it now", ResourceWarning,
+                      source=self)
+        try:
+            self.close()
+        except Exception:
+            log.exception("closing the dropped store %s failed", self.root)
 
     def __enter__(self) -> "MessageStore":
         return self

@@ -15,7 +15,9 @@ from mqstore.batch_columns import columns_from_batch, columns_from_prepared, enc
 from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult, PutStatus
 from mqstore.errors import WorkerError
 from mqstore.storage.commit_log import BlockTooLargeError
+from mqstore.format.record import END_FILE_MIN_BLANK_BYTES
 from mqstore.storage.transient_pool import PoolExhaustedError
+from mqstore.uninterrupted import shield
 from mqstore.workers import shm
 
 # Running flags (spec 9)
@@ -46,6 +48,19 @@ def _queue_keys(topics: list[str], queue_ids: np.ndarray) -> tuple[list, np.ndar
     return list(index), inverse
 
 
+def _blocks(ends: np.ndarray, limit: int) -> list[tuple[int, int]]:
+    """Split a batch (record ends ``ends``) into runs of whole records of at most ``limit``
+    bytes each: one run per commit-log segment it will occupy."""
+    blocks = []
+    start, n = 0, len(ends)
+    while start < n:
+        base = int(ends[start - 1]) if start else 0
+        stop = int(np.searchsorted(ends, base + limit, side="right"))
+        blocks.append((start, stop))
+        start = stop
+    return blocks
+
+
 def _rank_within_group(inverse: np.ndarray, groups: int) -> np.ndarray:
     """For each message, how many earlier messages of the batch share its queue."""
     order = np.argsort(inverse, kind="stable")
@@ -60,6 +75,9 @@ class PutMixin:
     def flush_commit_log(self, least_pages: int = 0) -> int:
         """One flush pass now, as RocketMQ's MappedFileQueue.flush(least_pages), after
         committing everything staged in the transient pool; returns the flushed offset."""
+        self._check_open()
+        if self.read_only:
+            raise PermissionError(f"store {self.root!r} is open read-only")
         failure = self.flush_client.take_failure()
         if failure is not None:
             raise WorkerError(failure)
@@ -87,16 +105,16 @@ class PutMixin:
 
     # -- service checks --------------------------------------------------------------------
     def _service_status(self) -> tuple[PutStatus, str] | None:
-        if self._closed:
-            return PutStatus.SERVICE_NOT_AVAILABLE, "store is closed"
+        self._check_open()
         if self.read_only:
             return PutStatus.SERVICE_NOT_AVAILABLE, "store is open read-only"
         if self.config.store.role == "slave":
             return PutStatus.SERVICE_NOT_AVAILABLE, "store role is slave"
         if self.running_flags & UNWRITABLE:
             return PutStatus.SERVICE_NOT_AVAILABLE, f"store is not writable (flags {self.running_flags:#x})"
-        if self.dispatch_thread is not None and self.dispatch_thread.exception is not None:
-            return PutStatus.SERVICE_NOT_AVAILABLE, self.dispatch_loop.error
+        stuck = self._loops_failing()
+        if stuck is not None:  # what is appended now would never become readable
+            return PutStatus.SERVICE_NOT_AVAILABLE, stuck
         begin = self._begin_in_lock
         if begin:
             held = self.clock() - begin
@@ -104,8 +122,27 @@ class PutMixin:
                 return PutStatus.OS_PAGE_CACHE_BUSY, f"put lock held for {held} ms"
         return None
 
+    def _loops_failing(self) -> str | None:
+        """Why the dispatch or flush loop cannot do its work now, or None."""
+        sup = self.supervisor
+        if sup is not None:
+            if sup.gave_up is not None:
+                return sup.gave_up
+            if self.positions[shm.DISPATCH_FAILS]:
+                return self.positions.note(shm.DISPATCH_NOTE)
+        elif self.dispatch_thread is not None:
+            if self.dispatch_thread.exception is not None:
+                return self.dispatch_loop.error
+            if self.dispatch_loop.failing is not None:
+                return self.dispatch_loop.failing
+        flush_sup = self.flush_client.supervisor if self.flush_client is not None else None
+        if flush_sup is not None and flush_sup.gave_up is not None:
+            return flush_sup.gave_up
+        return None
+
     def lock_held_ms(self) -> int:
         """How long the current append has held the put lock (0 when free)."""
+        self._check_open()
         begin = self._begin_in_lock
         return max(0, self.clock() - begin) if begin else 0
 
@@ -134,24 +171,33 @@ class PutMixin:
         if p.queue_id is None:
             p.queue_id = appender.check_queue_id(
                 self.selector.select(message, self.config.queue_select.queues_per_topic))
+        too_big = self._check_fits_segment(p.size)
+        if too_big is not None:
+            self.hooks.after_append(BatchPutResult.rejected(PutStatus.MESSAGE_ILLEGAL, too_big, 0))
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, error=too_big)
         key = (p.topic, p.queue_id)
-        with self._put_lock:
-            now = self._begin_in_lock = self._now_locked()
-            try:
-                qoff = self._queue_offsets.get(key, 0) if p.queued else 0
+        shield.enter()  # NOTE [ Uninterrupted puts ]
+        try:
+            with self._put_lock:
+                now = self._begin_in_lock = self._now_locked()
                 try:
-                    seg = self.commit_log.reserve_locked(p.size, self.writer)
-                except (OSError, PoolExhaustedError) as exc:
-                    return PutResult(PutStatus.CREATE_MAPPED_FILE_FAILED, error=str(exc))
-                phys = seg.start + seg.wrote
-                self.writer.write(seg, appender.encode_single(
-                    p, self.store_host, p.queue_id, qoff, phys, now))
-                if p.queued:
-                    self._queue_offsets[key] = qoff + 1
-                self._last_append = (phys + p.size, now)
-            finally:
-                self._begin_in_lock = 0
-        self._wake_dispatch()
+                    qoff = self._queue_offsets.get(key, 0) if p.queued else 0
+                    try:
+                        seg = self.commit_log.reserve_locked(p.size, self.writer)
+                    except (OSError, PoolExhaustedError) as exc:
+                        return PutResult(PutStatus.CREATE_MAPPED_FILE_FAILED, error=str(exc))
+                    phys = seg.start + seg.wrote
+                    record = appender.encode_single(p, self.store_host, p.queue_id, qoff, phys, now)
+                    # From here on only copies and assignments: nothing can fail half way.
+                    self.writer.write(seg, record)
+                    if p.queued:
+                        self._queue_offsets[key] = qoff + 1
+                    self._last_append = (phys + p.size, now)
+                finally:
+                    self._begin_in_lock = 0
+            self._wake_dispatch()
+        finally:
+            shield.leave()
         status = self.flush_policy.after_append(phys + p.size, p.wait)
         result = PutResult(status, p.queue_id, qoff, phys, p.size,
                            f"{self._msg_id_prefix}{phys:016X}", now)
@@ -160,6 +206,13 @@ class PutMixin:
                 status, np.array([p.queue_id]), np.array([qoff]), np.array([phys]),
                 np.array([p.size]), now, self.store_host))
         return result
+
+    def _check_fits_segment(self, size: int) -> str | None:
+        limit = self.commit_log.segment_bytes - END_FILE_MIN_BLANK_BYTES
+        if size > limit:
+            return (f"record of {size} bytes does not fit a commit-log segment of "
+                    f"{self.commit_log.segment_bytes} bytes (at most {limit} per record)")
+        return None
 
     def put_batch(self, messages: Sequence[Message] | MessageBatch) -> BatchPutResult:
         """Append many messages (any topics/queues) under one lock.
@@ -199,56 +252,62 @@ class PutMixin:
                 dtype=np.int64, count=n)
         sizes = cols.sizes
         qids = cols.queue_ids
-        seg_limit = self.commit_log.segment_bytes - 8
-        if int(sizes.max()) > seg_limit:
-            i = int(np.argmax(sizes))
-            result = BatchPutResult.rejected(
-                PutStatus.MESSAGE_ILLEGAL,
-                f"message {i}: record of {int(sizes[i])} bytes does not fit a commit-log segment",
-                i)
+        biggest = int(np.argmax(sizes))
+        too_big = self._check_fits_segment(int(sizes[biggest]))
+        if too_big is not None:
+            result = BatchPutResult.rejected(PutStatus.MESSAGE_ILLEGAL,
+                                             f"message {biggest}: {too_big}", biggest)
             self.hooks.after_append(result)
             return result
         ends = np.cumsum(sizes)
+        blocks = _blocks(ends, self.commit_log.segment_bytes - END_FILE_MIN_BLANK_BYTES)
         phys = np.empty(n, dtype=np.int64)
         keys, inverse = _queue_keys(cols.topics, qids)
-        with self._put_lock:
-            now = self._begin_in_lock = self._now_locked()
-            try:
-                table = self._queue_offsets
-                bases = np.array([table.get(k, 0) for k in keys], dtype=np.int64)
-                qoffs = bases[inverse] + _rank_within_group(inverse, len(keys))
-                start = 0
-                while start < n:
-                    base = int(ends[start - 1]) if start else 0
-                    stop = int(np.searchsorted(ends, base + seg_limit, side="right"))
-                    block = int(ends[stop - 1]) - base
+        counts = np.bincount(inverse, minlength=len(keys))
+        shield.enter()  # NOTE [ Uninterrupted puts ]
+        try:
+            with self._put_lock:
+                now = self._begin_in_lock = self._now_locked()
+                try:
+                    table = self._queue_offsets
+                    bases = np.array([table.get(k, 0) for k in keys], dtype=np.int64)
+                    qoffs = bases[inverse] + _rank_within_group(inverse, len(keys))
+                    advanced = dict(zip(keys, (bases + counts).tolist()))
                     try:
-                        seg = self.commit_log.reserve_locked(block, self.writer)
+                        segs = self.commit_log.reserve_blocks_locked(
+                            [int(ends[stop - 1] - (ends[start - 1] if start else 0))
+                             for start, stop in blocks], self.writer)
                     except (OSError, BlockTooLargeError, PoolExhaustedError) as exc:
-                        if start:  # earlier blocks are written: keep their offsets
-                            self._advance_offsets(keys, inverse[:start])
-                        return BatchPutResult.rejected(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
-                    first_phys = seg.start + seg.wrote
-                    phys[start:stop] = first_phys + (ends[start:stop] - sizes[start:stop] - base)
-                    self.writer.write(seg, encode_columns(
-                        cols, start, stop, self.store_host, qids, qoffs, phys, now))
-                    start = stop
-                self._advance_offsets(keys, inverse)
-                self._last_append = (int(phys[-1] + sizes[-1]), now)
-            finally:
-                self._begin_in_lock = 0
-        self._wake_dispatch()
+                        return BatchPutResult.rejected(PutStatus.CREATE_MAPPED_FILE_FAILED,
+                                                       str(exc))
+                    try:
+                        records = []
+                        for (start, stop), seg in zip(blocks, segs):
+                            base = int(ends[start - 1]) if start else 0
+                            phys[start:stop] = (seg.start + seg.wrote
+                                                + (ends[start:stop] - sizes[start:stop] - base))
+                            records.append(encode_columns(
+                                cols, start, stop, self.store_host, qids, qoffs, phys, now))
+                    except BaseException:
+                        self.commit_log.abandon_locked(segs, self.writer)
+                        raise
+                    # From here on only copies and assignments: nothing can fail half way.
+                    last = len(segs) - 1
+                    for i, (seg, record) in enumerate(zip(segs, records)):
+                        self.writer.write(seg, record)
+                        if i < last:
+                            self.commit_log.close_segment_locked(seg, self.writer)
+                    table.update(advanced)
+                    self._last_append = (int(phys[-1] + sizes[-1]), now)
+                finally:
+                    self._begin_in_lock = 0
+            self._wake_dispatch()
+        finally:
+            shield.leave()
         status = self.flush_policy.after_append(int(phys[-1] + sizes[-1]), cols.wait)
         result = BatchPutResult(status, qids, qoffs, phys, sizes, now, self.store_host)
         self.hooks.after_append(result)
         return result
-
-    def _advance_offsets(self, keys: list, inverse: np.ndarray) -> None:
-        counts = np.bincount(inverse, minlength=len(keys)).tolist()
-        table = self._queue_offsets
-        for key, count in zip(keys, counts):
-            if count:
-                table[key] = table.get(key, 0) + count
 
     def _publish_written(self, written: int) -> bool:
         """Move the shared WRITTEN end forward (it never goes back); True if it moved."""
@@ -261,7 +320,7 @@ class PutMixin:
     def _wake_committer(self) -> None:
         """A writer waits for pool buffers under the put lock: publish what this append has
         written so far (whole segments the committer may now finish), then wake it."""
-        self._publish_written(self.commit_log.segments.write_end)
+        self._publish_written(self.commit_log.segments.contiguous_end())
         self.flush_client.wake()
 
     def _wake_dispatch(self) -> None:

@@ -96,9 +96,10 @@ class ReadMixin:
             max_total_bytes: int | None = None) -> GetResult | None:
         """Pull up to ``max_msgs`` messages of ``topic``/``queue_id`` from queue ``offset``.
 
-        Returns None when the store is closed (RocketMQ's null result).
+        Returns None when the store is not readable (RocketMQ's null result).
         """
-        if self._closed or self.running_flags & NOT_READABLE:
+        self._check_open()
+        if self.running_flags & NOT_READABLE:
             return None
         if not isinstance(group, str):
             raise ValueError(f"group {group!r} must be a string")
@@ -157,6 +158,7 @@ class ReadMixin:
         return msg if msg is not None and msg.phys_offset == phys_offset else None
 
     def message_by_id(self, msg_id: str) -> StoredMessage | None:
+        self._check_open()
         host, offset = parse_offset_msg_id(msg_id)
         msg = self.message_at(offset)
         return msg if msg is not None and msg.record.store_host == host else None
@@ -172,14 +174,17 @@ class ReadMixin:
                               int(timestamp_ms), boundary)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
+        self._check_open()
         cq = self._queue(topic, queue_id)
         return cq.min_offset if cq is not None else 0
 
     def max_offset(self, topic: str, queue_id: int) -> int:
+        self._check_open()
         cq = self._queue(topic, queue_id)
         return cq.max_offset if cq is not None else 0
 
     def earliest_message_time(self, topic: str, queue_id: int) -> int:
+        self._check_open()
         cq = self._queue(topic, queue_id)
         if cq is None or cq.max_offset == cq.min_offset:
             return -1
@@ -188,19 +193,23 @@ class ReadMixin:
         return store_time_at(self.commit_log, int(unit["phys_offset"]))
 
     def topics(self) -> list[str]:
+        self._check_open()
         self._discover_queues()
         return sorted({t for t, _q in self.consume_queues})
 
     def queue_ids(self, topic: str) -> list[int]:
+        self._check_open()
         self._discover_queues()
         return sorted(q for t, q in self.consume_queues if t == topic)
 
     @property
     def min_phys_offset(self) -> int:
+        self._check_open()
         return self.commit_log.min_offset
 
     @property
     def max_phys_offset(self) -> int:
+        self._check_open()
         return self.commit_log.max_offset
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from mqstore import GetStatus, Message, PutStatus
-from mqstore.errors import PluginError
+from mqstore.errors import PluginError, StoreClosedError
 from mqstore.hashing import java_string_hash
 
 GROUP = "G"
@@ -150,12 +150,47 @@ def test_max_msgs_zero_still_returns_the_first_message(make_store):
     assert r.next_begin_offset == 2
 
 
-def test_get_on_a_closed_store_returns_none(make_store):
+CLOSED_CALLS = {
+    "put": lambda s: s.put(Message("T", b"x")),
+    "put_batch": lambda s: s.put_batch([Message("T", b"x")]),
+    "get": lambda s: s.get(GROUP, "T", 0, 0, 32),
+    "message_at": lambda s: s.message_at(0),
+    "message_by_id": lambda s: s.message_by_id("7F00000100002A9F0000000000000000"),
+    "max_offset": lambda s: s.max_offset("T", 0),
+    "min_offset": lambda s: s.min_offset("T", 0),
+    "offset_by_time": lambda s: s.offset_by_time("T", 0, 0),
+    "earliest_message_time": lambda s: s.earliest_message_time("T", 0),
+    "topics": lambda s: s.topics(),
+    "queue_ids": lambda s: s.queue_ids("T"),
+    "query_by_key": lambda s: s.query_by_key("T", "k"),
+    "query_by_unique_key": lambda s: s.query_by_unique_key("T", "k"),
+    "wait_dispatched": lambda s: s.wait_dispatched(),
+    "worker_status": lambda s: s.worker_status(),
+    "flush_commit_log": lambda s: s.flush_commit_log(),
+    "dispatch_behind_bytes": lambda s: s.dispatch_behind_bytes(),
+    "delete_expired_segments": lambda s: s.delete_expired_segments(),
+    "register_subscription": lambda s: s.register_subscription(GROUP, "T", "a = 1"),
+    "unregister_subscription": lambda s: s.unregister_subscription(GROUP, "T"),
+    "min_phys_offset": lambda s: s.min_phys_offset,
+    "max_phys_offset": lambda s: s.max_phys_offset,
+    "flushed_offset": lambda s: s.flushed_offset,
+}
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+@pytest.mark.parametrize("name", sorted(CLOSED_CALLS))
+def test_every_call_on_a_closed_store_raises_store_closed_error(make_store, store_dir, name,
+                                                                read_only):
     store = make_store()
     put_n(store, 1)
     store.wait_dispatched()
+    if read_only:
+        store.close()
+        store = make_store(read_only=True)
     store.close()
-    assert store.get(GROUP, "T", 0, 0, 32) is None
+    with pytest.raises(StoreClosedError, match=f"store '{store_dir}' is closed"):
+        CLOSED_CALLS[name](store)
+    store.close()  # a second close is harmless
 
 
 # -- behaviours 28-29: tag filter --------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 
 import mqstore.store
 from mqstore import GetStatus, Message, PutStatus
+from mqstore.errors import StoreClosedError
 from mqstore.format.properties import decode_properties
 
 BORN = "127.0.0.1:50000"
@@ -264,14 +265,14 @@ def test_09_disk_full_flag_refuses_puts(store):
     assert (again.status, again.queue_offset, again.phys_offset) == (PutStatus.PUT_OK, 1, first.size)
 
 
-def test_10_closed_store_refuses_put_and_get_returns_none(store):
+def test_10_closed_store_refuses_put_and_get_with_one_error(store):
     first = store.put(msg(tags="TagA"))
     store.wait_dispatched()
     store.close()
-    r = store.put(msg())
-    assert r.status is PutStatus.SERVICE_NOT_AVAILABLE
-    assert store.put_batch([msg()]).status is PutStatus.SERVICE_NOT_AVAILABLE
-    assert store.get("g", "T", 0, 0, 32) is None
+    for call in (lambda: store.put(msg()), lambda: store.put_batch([msg()]),
+                 lambda: store.get("g", "T", 0, 0, 32)):
+        with pytest.raises(StoreClosedError, match="is closed"):
+            call()
     raw = cl_file(store)
     assert raw[:107] == VECTOR_107
     assert raw[first.size:first.size + 1024] == bytes(1024)

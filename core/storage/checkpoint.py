@@ -26,6 +26,7 @@ import threading
 import time
 
 from mqstore.errors import StoreCorruptError, StoreLockedError
+from mqstore.storage.mapped_file import reserve_file
 
 CHECKPOINT_FILE = "checkpoint"
 ABORT_FILE = "abort"
@@ -55,9 +56,16 @@ class Checkpoint:
              self.master_flushed_offset, self.confirm_phy_offset) = _FIELDS.unpack(head)
         if not read_only:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            if os.fstat(self._fd).st_size != CHECKPOINT_BYTES:
-                os.ftruncate(self._fd, CHECKPOINT_BYTES)
-            self._mm = mmap.mmap(self._fd, CHECKPOINT_BYTES)
+            try:
+                if os.fstat(self._fd).st_size != CHECKPOINT_BYTES:
+                    os.ftruncate(self._fd, CHECKPOINT_BYTES)
+                # Its page must exist before the map is written (a hole on a full disk is SIGBUS).
+                reserve_file(self._fd, CHECKPOINT_BYTES, self.path)
+                self._mm = mmap.mmap(self._fd, CHECKPOINT_BYTES)
+            except BaseException:
+                os.close(self._fd)
+                self._fd = -1
+                raise
 
     def min_timestamp(self) -> int:
         """Oldest time recovery must rescan from: min(physic, logics) minus 3 s, at least 0."""

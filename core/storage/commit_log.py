@@ -23,6 +23,12 @@ class BlockTooLargeError(ValueError):
     pass
 
 
+def _before_roll(writer) -> None:
+    check = getattr(writer, "before_roll", None)
+    if check is not None:
+        check()
+
+
 class CommitLog:
     def __init__(self, directory: str, segment_bytes: int | None, *, read_only: bool = False,
                  on_warning=None) -> None:
@@ -58,19 +64,51 @@ class CommitLog:
                 f"{self.segments.segment_bytes} bytes (at most {limit} per block)"
             )
         seg = self.segments.last()
+        if seg is not None and not seg.is_full():
+            # A loaded segment's holes get their blocks before anything (the blank included)
+            # is written into it, by the map or by the transient pool's commit.
+            seg.reserve()
         roll = seg is None or seg.is_full() or nbytes + END_FILE_MIN_BLANK_BYTES > seg.remaining
         if not roll:
             return seg
-        check = getattr(writer, "before_roll", None)
-        if check is not None:
-            check()
+        _before_roll(writer)
         if seg is not None and not seg.is_full():
-            if writer is None:
-                seg.write(encode_blank(seg.remaining))
-            else:
-                getattr(writer, "write_blank", writer.write)(seg, encode_blank(seg.remaining))
-            seg.wrote = seg.size
+            self.close_segment_locked(seg, writer)
         return self.segments.create_next()
+
+    def reserve_blocks_locked(self, sizes: list[int], writer=None) -> list[MappedFile]:
+        """Segments for consecutive blocks, each of which fills at most one fresh segment: the
+        first block where ``reserve_locked`` puts it, every later one at the start of a segment
+        created now. Nothing is written into them yet (the caller writes each block, then
+        closes its segment with ``close_segment_locked`` before the next). If a segment
+        cannot be created, those created here are closed again and the error is raised, so
+        a refused batch leaves a log every reader can walk."""
+        segs = [self.reserve_locked(sizes[0], writer)]
+        try:
+            for _size in sizes[1:]:
+                _before_roll(writer)
+                segs.append(self.segments.create_next())
+        except BaseException:
+            self.abandon_locked(segs, writer)
+            raise
+        return segs
+
+    def abandon_locked(self, segs: list[MappedFile], writer=None) -> None:
+        """Close every segment of ``segs`` that holds nothing and is not the log's last with a
+        blank at its start: readers then step over it as over any closed segment."""
+        last = self.segments.last()
+        for seg in segs:
+            if seg.wrote == 0 and seg is not last:
+                self.close_segment_locked(seg, writer)
+
+    def close_segment_locked(self, seg: MappedFile, writer=None) -> None:
+        """End ``seg`` with a blank record over its remaining bytes."""
+        blank = encode_blank(seg.remaining)
+        if writer is None:
+            seg.write(blank)
+        else:
+            getattr(writer, "write_blank", writer.write)(seg, blank)
+        seg.wrote = seg.size
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, phys_offset: int, size: int) -> memoryview | None:

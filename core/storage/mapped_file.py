@@ -1,7 +1,10 @@
 """One fixed-size segment file mapped into memory.
 
-A segment is created at its full size (sparse zeros, as RocketMQ's mapped files are) and named by
-the 20-digit offset of its first byte in its stream. It tracks ``wrote`` (bytes appended),
+A segment is created at its full size and named by the 20-digit offset of its first byte in its
+stream. Unlike RocketMQ's sparse files, its blocks are reserved on the file system before
+anything is written into the map (``reserve``): a store write into a hole of a full file system
+would otherwise kill the process with SIGBUS instead of failing with ENOSPC. Files created here
+are reserved at creation; files loaded for writing are reserved before their first write. It tracks ``wrote`` (bytes appended),
 ``committed`` (bytes in the file, the readable limit) and ``flushed`` (bytes known to be on
 disk). Appends copied straight into the map are committed at once; a segment fed from the
 transient pool is ``staged``: its appends go to a pool buffer and become readable only when
@@ -12,8 +15,11 @@ Not thread-safe: the owning queue serialises appends; reads of ``[0, wrote)`` ar
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+
+from mqstore.errors import DiskFullError
 
 NAME_DIGITS = 20
 
@@ -24,7 +30,7 @@ def segment_name(start_offset: int) -> str:
 
 class MappedFile:
     __slots__ = ("path", "start", "size", "read_only", "wrote", "flushed", "staged",
-                 "_committed", "_fd", "mm", "view")
+                 "reserved", "_committed", "_fd", "mm", "view")
 
     def __init__(self, path: str, start: int, size: int, *, read_only: bool = False,
                  create: bool = False) -> None:
@@ -36,14 +42,17 @@ class MappedFile:
         if create:
             flags |= os.O_CREAT | os.O_EXCL
         self._fd = os.open(path, flags, 0o644)
+        self.reserved = False
         try:
             if create:
-                os.ftruncate(self._fd, size)
+                self.reserve()
             self.mm = mmap.mmap(
                 self._fd, size, access=mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
             )
         except BaseException:
             os.close(self._fd)
+            if create:  # a file that could not be reserved is not left behind half made
+                _unlink_quietly(path)
             raise
         self.view = memoryview(self.mm)
         # A loaded segment starts out full; recovery moves the positions back.
@@ -51,6 +60,14 @@ class MappedFile:
         self.flushed = self.wrote
         self.staged = False
         self._committed = 0
+
+    def reserve(self) -> None:
+        """Allocate every block of the file now; raises DiskFullError when the file system
+        cannot hold it (nothing is written, the file keeps its contents)."""
+        if self.reserved:
+            return
+        reserve_file(self._fd, self.size, self.path)
+        self.reserved = True
 
     @property
     def committed(self) -> int:
@@ -81,6 +98,8 @@ class MappedFile:
 
     def write(self, data, at: int | None = None) -> int:
         """Copy ``data`` at ``at`` (default: the write position); returns the file position."""
+        if not self.reserved:
+            self.reserve()
         pos = self.wrote if at is None else at
         end = pos + len(data)
         self.mm[pos:end] = data
@@ -102,6 +121,8 @@ class MappedFile:
         return self.flushed
 
     def zero(self, begin: int, end: int) -> None:
+        if not self.reserved:
+            self.reserve()
         self.mm[begin:end] = bytes(end - begin)
 
     def close(self) -> None:
@@ -118,10 +139,28 @@ class MappedFile:
 
     def destroy(self) -> None:
         self.close()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        _unlink_quietly(self.path)
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path!r}, start={self.start}, wrote={self.wrote})"
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def reserve_file(fd: int, size: int, path: str) -> None:
+    """Allocate the blocks of ``[0, size)`` of ``fd``; DiskFullError when they do not fit."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(
+                f"no space to reserve {size} bytes for {path}: {os.strerror(exc.errno)}"
+            ) from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        # The file system cannot reserve at all: writes proceed as RocketMQ's do.

@@ -124,6 +124,14 @@ class SegmentQueue:
         segs = self.segments
         return segs[-1].start + segs[-1].wrote if segs else 0
 
+    def contiguous_end(self) -> int:
+        """End of the appended bytes with no unwritten gap before them (a batch may create
+        several segments before it writes into the first of them)."""
+        for seg in self.segments:
+            if seg.wrote < seg.size:
+                return seg.start + seg.wrote
+        return self.segments[-1].end if self.segments else 0
+
     @property
     def flushed_offset(self) -> int:
         segs = self.segments

@@ -9,11 +9,20 @@ from __future__ import annotations
 
 from multiprocessing import shared_memory
 
+from mqstore.storage.mapped_file import reserve_file
+
 
 def open_segment(name: str | None, size: int) -> tuple[shared_memory.SharedMemory, bool]:
     """A new segment of ``size`` bytes when ``name`` is None (owned), else the named one."""
     if name is None:
-        return shared_memory.SharedMemory(create=True, size=size), True
+        shm = shared_memory.SharedMemory(create=True, size=size)
+        try:
+            # Pages of a full /dev/shm are SIGBUS on first touch; refuse now instead.
+            reserve_file(shm._fd, size, f"/dev/shm{shm._name}")
+        except BaseException:
+            close_segment(shm, True)
+            raise
+        return shm, True
     return shared_memory.SharedMemory(name=name), False
 
 

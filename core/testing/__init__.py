@@ -25,6 +25,7 @@ def simulate_crash(store: MessageStore) -> None:
         store.dispatch_thread.stop()
     if store.supervisor is not None:  # a dying store takes its worker with it
         store.supervisor.kill()
+    if store.positions is not None:
         store.positions.close()
     store._release_files()
     if store._lock is not None:

@@ -25,6 +25,7 @@ from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
 from mqstore.storage.cq_ext import open_ext
 from mqstore.subscriptions import Subscriptions
+from mqstore.uninterrupted import terminate_requested, worker_signals
 from mqstore.workers import shm
 from mqstore.workers.pipes import poke, wait_and_drain
 
@@ -104,6 +105,7 @@ class WorkerHost:
 def run(root: str, config: StoreConfig, positions_name: str, wake_r, progress_w,
         parent_pid: int, restarted: bool) -> None:
     """Worker entry point (``multiprocessing`` target)."""
+    worker_signals()
     lock_fd = hold_worker_lock(root)
     positions = shm.SharedPositions(positions_name)
     try:
@@ -136,7 +138,7 @@ def _run(root, config, positions, wake_r, progress_w, parent_pid, restarted) -> 
     nap_s = config.dispatch.interval_ms / 1000.0
     last_work = time.monotonic()
     try:
-        while not positions[shm.STOP]:
+        while not positions[shm.STOP] and not terminate_requested():
             if os.getppid() != parent_pid:
                 log.error("store process %d is gone; dispatch worker exits", parent_pid)
                 return
@@ -158,11 +160,20 @@ def _run(root, config, positions, wake_r, progress_w, parent_pid, restarted) -> 
             if loop.run_once():
                 if loop.dispatched > positions[shm.DISPATCHED]:
                     positions[shm.DISPATCHED] = loop.dispatched
+                if positions[shm.DISPATCH_FAILS]:
+                    positions[shm.DISPATCH_FAILS] = 0
                 poke(progress_w)
                 last_work = time.monotonic()
                 continue
             if loop.error:
                 raise RuntimeError(loop.error)
+            if loop.failing is not None:
+                # The store refuses puts while this is set (they would never become readable).
+                positions.set_note(shm.DISPATCH_NOTE, loop.failing)
+                positions[shm.DISPATCH_FAILS] = loop.failures
+                poke(progress_w)
+                wait_and_drain(wake_r, loop.retry_pause_s())
+                continue
             # ...without announcing idleness, so a steady stream of puts costs producers no
             # wake-up each (RocketMQ's reput thread naps 1 ms the same way); only a longer
             # quiet spell goes to the sleep a put must interrupt.

@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
+import weakref
 
 from mqstore.workers import flush_worker, shm, sync_waiters
 from mqstore.workers.pipes import poke, wait_and_drain
@@ -35,7 +36,9 @@ class FlushSupervisor(WorkerSupervisor):
 
 class FlushClient:
     def __init__(self, store, positions: shm.SharedPositions, pool=None) -> None:
-        self.store = store
+        # Weakly, as the listener thread holds this object: a store its program dropped
+        # must stay collectable (it closes itself then).
+        self.store = weakref.proxy(store)
         self.p = positions
         self.pool = pool
         self.mode = store.config.flush.worker
@@ -100,6 +103,8 @@ class FlushClient:
                 if now >= next_metadata:
                     next_metadata = now + METADATA_INTERVAL_S
                     self.store.flush_metadata()
+            except ReferenceError:  # the store was collected; it closed this client
+                return
             except Exception:  # a closing store; the next close() reports real trouble
                 log.exception("flush listener")
 

@@ -30,6 +30,7 @@ import time
 from mqstore import cleanup
 from mqstore.storage.mapped_file import segment_name
 from mqstore.storage.transient_pool import TransientPool
+from mqstore.uninterrupted import terminate_requested, worker_signals
 from mqstore.workers import shm, sync_waiters
 from mqstore.workers.pipes import poke, wait_and_drain
 
@@ -183,8 +184,14 @@ class FlushService:
             stop = p[shm.FLUSH_STOP]
             if stop == 2:
                 return
-            if parent_pid is not None and os.getppid() != parent_pid:
-                log.error("store process %d is gone; flush worker exits", parent_pid)
+            if (parent_pid is not None and os.getppid() != parent_pid) or terminate_requested():
+                # Whatever the store acknowledged is complete below WRITTEN: make it durable
+                # (from the transient pool too) before leaving, as a stop would.
+                log.error("store process %d is gone or asked to terminate; the flush worker "
+                          "commits and flushes what was written, then exits", parent_pid)
+                self.commit(0)
+                self.flush(0)
+                poke(progress_w)
                 return
             now = time.monotonic()
             moved = False
@@ -246,6 +253,7 @@ def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: 
     from mqstore.plugins_manager import PluginHooks, make_plugin_manager
     from mqstore.storage.checkpoint import hold_worker_lock
 
+    worker_signals()
     lock_fd = hold_worker_lock(root)  # a store reopened after a crash waits for this process
     positions = shm.SharedPositions(positions_name)
     pool = (TransientPool(config.writer.transient_pool_buffers, segment_bytes, pool_name)

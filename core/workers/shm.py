@@ -30,9 +30,12 @@ the name), and only the creating store unlinks it.
     CLEAN_AT_ONCE   flush           1: that deletion takes the oldest segments whatever their age
     CLEAN_DONE      store           sequence number of the last deletion carried out
     DISK_FULL_FLAG  flush           1 while the disk is too full to take puts (DISK_FULL)
+    DISPATCH_FAILS  dispatch        consecutive failed attempts at the current batch (0: fine)
 
 After the SLOTS position slots come WAITER_SLOTS cells of sync-flush puts waiting for a flush
-(written by the store, read by the flush loop; see ``workers.sync_waiters``).
+(written by the store, read by the flush loop; see ``workers.sync_waiters``), then NOTE_BYTES
+of UTF-8 text per writer process saying why its loop fails (read only to explain a refusal, so
+a torn read costs nothing but a garbled message).
 """
 
 from __future__ import annotations
@@ -44,19 +47,24 @@ from mqstore.storage.shared_segment import close_segment, open_segment
 WRITTEN, FLUSHED, CONFIRMED, DISPATCHED, DISPATCH_IDLE, LOGICS_TS, INDEX_TS, STOP, MIN_PHYS, \
     ABNORMAL, COMMITTED, FLUSH_REQUEST, FLUSH_ASK, FLUSH_ASK_LEAST, FLUSH_DONE, FLUSH_STOP, \
     FLUSH_IDLE, FLUSH_COUNT, FLUSH_ERROR, CLEAN_ASK, CLEAN_AT_ONCE, CLEAN_DONE, \
-    DISK_FULL_FLAG = range(23)
+    DISK_FULL_FLAG, DISPATCH_FAILS = range(24)
 SLOTS = 32
 WAITER_SLOTS = 32
+NOTE_BYTES = 512
+DISPATCH_NOTE, FLUSH_NOTE = range(2)
+_NOTES = 2
 
 
 class SharedPositions:
     def __init__(self, name: str | None = None) -> None:
-        self.shm, self.owner = open_segment(name, (SLOTS + WAITER_SLOTS) * 8)
+        cells_bytes = (SLOTS + WAITER_SLOTS) * 8
+        self.shm, self.owner = open_segment(name, cells_bytes + _NOTES * NOTE_BYTES)
         cells = np.ndarray((SLOTS + WAITER_SLOTS,), dtype=np.int64, buffer=self.shm.buf)
         if self.owner:
             cells[:] = 0
         self.values = cells[:SLOTS]
         self.waiters = cells[SLOTS:]
+        self._notes = self.shm.buf[cells_bytes:cells_bytes + _NOTES * NOTE_BYTES]
 
     @property
     def name(self) -> str:
@@ -68,10 +76,21 @@ class SharedPositions:
     def __setitem__(self, slot: int, value: int) -> None:
         self.values[slot] = value
 
+    def set_note(self, which: int, text: str) -> None:
+        raw = text.encode("utf-8", errors="replace")[:NOTE_BYTES - 1]
+        at = which * NOTE_BYTES
+        self._notes[at:at + len(raw) + 1] = raw + b"\0"
+
+    def note(self, which: int) -> str:
+        at = which * NOTE_BYTES
+        raw = bytes(self._notes[at:at + NOTE_BYTES])
+        return raw.split(b"\0", 1)[0].decode("utf-8", errors="replace")
+
     def close(self) -> None:
         """Detach; the owner also unlinks, so the segment is gone once every view closes."""
         if self.values is None:
             return
+        self._notes.release()
         self.values = self.waiters = None
         close_segment(self.shm, self.owner)
 

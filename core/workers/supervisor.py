@@ -31,6 +31,7 @@ written past DISPATCHED and resumes there.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -39,6 +40,7 @@ import threading
 import time
 from multiprocessing import connection, util
 
+from mqstore.uninterrupted import interrupts_blocked
 from mqstore.workers import dispatch_worker, shm
 from mqstore.workers.pipes import poke, wait_and_drain
 
@@ -47,6 +49,37 @@ STOP_TIMEOUT_S = 5.0
 DISPATCH_CATCH_UP_S = 5.0
 QUICK_FAILURE_S = 2.0  # a worker dying this soon after starting did not get going
 MAX_QUICK_FAILURES = 5
+
+
+_NO_VALUE = object()
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """Start a spawned worker without the user's ``__main__``.
+
+    spawn re-imports the parent's main module in the child (by path, or by name under
+    ``python -m``) so that pickled references to it resolve. Workers run only mqstore's own
+    functions, and re-running a user's script there would run the script's top level again:
+    a script without ``if __name__ == "__main__":`` would open the store once more in every
+    worker. With neither ``__file__`` nor ``__spec__`` visible, spawn leaves main alone.
+    """
+    main = sys.modules.get("__main__")
+    saved = {name: main.__dict__.get(name, _NO_VALUE) for name in ("__file__", "__spec__")} \
+        if main is not None else {}
+    for name in saved:
+        if name == "__spec__":
+            main.__spec__ = None
+        else:
+            main.__dict__.pop(name, None)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is _NO_VALUE:
+                main.__dict__.pop(name, None)
+            else:
+                main.__dict__[name] = value
 
 
 class WorkerSupervisor:
@@ -76,6 +109,7 @@ class WorkerSupervisor:
         self._monitor = None
         self._started_at = 0.0
         self._quick_failures = 0
+        self.gave_up: str | None = None  # why the worker is not restarted any more
 
     def start(self) -> None:
         self._spawn(restarted=False)
@@ -92,19 +126,8 @@ class WorkerSupervisor:
             target=self.target, name=f"mqstore-{self.name}", daemon=True,
             args=(self.root, self.config, self.positions.name, self.wake_r, self.progress_w,
                   os.getpid(), restarted, *self.extra))
-        # spawn re-runs the parent's main script in the child; a program read from stdin or
-        # typed at a prompt has none, so the child must not look for it.
-        main = sys.modules.get("__main__")
-        path = getattr(main, "__file__", None)
-        hide = path is not None and getattr(main, "__spec__", None) is None \
-            and not os.path.exists(path)
-        if hide:
-            del main.__file__
-        try:
+        with _main_module_hidden(), interrupts_blocked():
             proc.start()
-        finally:
-            if hide:
-                main.__file__ = path
         self.process = proc  # only a started process is recorded (never join an unstarted one)
         self._started_at = time.monotonic()
 
@@ -124,6 +147,7 @@ class WorkerSupervisor:
                 log.error(msg)
                 self.failures.append(msg)
                 self._unreported.append(msg)
+                self.gave_up = msg
                 return
             msg = (f"{self.name} worker (pid {proc.pid}) exited with code {proc.exitcode}; "
                    f"restarting it from {self.resume_point()}")

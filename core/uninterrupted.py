@@ -1,0 +1,136 @@
+"""Sections of the main thread that a signal handler cannot split.
+
+NOTE [ Uninterrupted puts ]
+Python runs signal handlers in the main thread, between any two bytecodes. A Ctrl-C landing
+after a put copied its records into the log and before it advanced the queue-offset table (or
+published the new end to the workers) would leave the two disagreeing: the next put would
+reuse the same queue offsets. A put is all-or-nothing whatever arrives, so while the main
+thread is inside a put's critical section, signals that have a Python handler are recorded
+instead of handled, and the original handler runs when the section ends: the
+KeyboardInterrupt (or whatever a program's own handler raises) then arrives after the put is
+complete and visible. Everything fallible in a put (validation, encoding, reserving segments)
+happens before its first byte is written, so inside the section only copies and assignments
+remain, and a signal is the only thing that could have split them.
+
+The store wraps the handlers present when it opens (SIGINT's default KeyboardInterrupt and any
+handler a program set for SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 or SIGALRM) and restores
+them when its last open store closes, unless the program replaced them since. Only a store
+opened in the main thread can wrap them (Python allows signal.signal nowhere else). Handlers
+never run in other threads, so their sections need no deferral.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+SHIELDED = tuple(getattr(signal, name) for name in (
+    "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
+    if hasattr(signal, name))
+
+
+class _Shield:
+    def __init__(self) -> None:
+        self.main_ident = threading.main_thread().ident
+        self.depth = 0  # main-thread sections entered and not yet left
+        self.pending: list[tuple[int, object]] = []
+        self.originals: dict[int, object] = {}
+        self.users = 0
+        self._guard = threading.Lock()
+
+    # -- installing ------------------------------------------------------------------------
+    def install(self) -> None:
+        """Wrap the Python-level handlers (one more open store uses them)."""
+        if threading.get_ident() != self.main_ident:
+            return
+        with self._guard:
+            self.users += 1
+            if self.users > 1:
+                return
+            for signum in SHIELDED:
+                current = signal.getsignal(signum)
+                if callable(current) and current is not self._handle:
+                    self.originals[signum] = current
+                    signal.signal(signum, self._handle)
+
+    def uninstall(self) -> None:
+        if threading.get_ident() != self.main_ident:
+            return
+        with self._guard:
+            if self.users == 0:
+                return
+            self.users -= 1
+            if self.users:
+                return
+            for signum, original in self.originals.items():
+                if signal.getsignal(signum) is self._handle:
+                    signal.signal(signum, original)
+            self.originals.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self.depth:
+            self.pending.append((signum, frame))
+            return
+        self._dispatch(signum, frame)
+
+    def _dispatch(self, signum, frame) -> None:
+        original = self.originals.get(signum)
+        if callable(original):
+            original(signum, frame)
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
+
+    # -- sections --------------------------------------------------------------------------
+    def enter(self) -> None:
+        if threading.get_ident() == self.main_ident:
+            self.depth += 1
+
+    def leave(self) -> None:
+        """End a section; a signal that arrived inside it is handled now (and may raise)."""
+        if threading.get_ident() != self.main_ident:
+            return
+        self.depth -= 1
+        if self.depth == 0 and self.pending:
+            pending, self.pending = self.pending, []
+            for signum, frame in pending:
+                self._dispatch(signum, frame)
+
+
+shield = _Shield()
+
+
+# -- worker processes ------------------------------------------------------------------------
+# A terminal sends Ctrl-C to its whole foreground process group, workers included. Workers
+# leave SIGINT to the store process: it decides whether to close (and stop them in order) or
+# to carry on. They are started with SIGINT blocked, so that one arriving while the child
+# interpreter boots stays pending, and ignore it (dropping anything pending) before
+# unblocking it. SIGTERM asks a worker to finish its current work and exit, as a stop does.
+
+_terminate_requested = False
+
+
+@contextlib.contextmanager
+def interrupts_blocked():
+    """Block SIGINT in the calling thread (children started meanwhile inherit the mask)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def worker_signals() -> None:
+    """Called first thing in a worker process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGTERM, _request_terminate)
+
+
+def _request_terminate(_signum, _frame) -> None:
+    global _terminate_requested
+    _terminate_requested = True
+
+
+def terminate_requested() -> bool:
+    return _terminate_requested
