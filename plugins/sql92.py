@@ -6,7 +6,8 @@ ENDSWITH``) are case-insensitive; property names (``[a-zA-Z_$][a-zA-Z0-9_$]*``) 
 exactly as written. ``0`` or ``[1-9][0-9]*`` with an optional ``L`` is a Java Integer when it fits
 in 32 bits, else a Long (beyond 64 bits is an error). ``5.``, ``5.5``, ``.5``, ``5E3`` are
 Doubles; a Double above Double.MAX_VALUE or below Double.MIN_VALUE is an error, so ``0.0`` is
-rejected. Strings are ``'...'`` with ``''`` for a quote. Operators: ``= <> > >= < <= ( ) , + -``.
+rejected. Strings are ``'...'`` with ``''`` for a quote; an unterminated one is reported at its
+opening quote. Operators: ``= <> > >= < <= ( ) , + -``.
 A ``--`` comment may also end the input (RocketMQ's lexer wants a line break after it).
 
 Grammar, lowest precedence first: OR, AND, ``= <> IS [NOT] NULL``, ``> >= < <= [NOT] CONTAINS|
@@ -33,24 +34,38 @@ non-string value, NOT forms included. AND/OR short-circuit left to right. Unary 
 numbers and gives None otherwise; a bare property in a boolean position is None when missing
 and False otherwise (even ``"true"``).
 
+Limits (:class:`FilterLimitError`, a compile error): MAX_EXPRESSION_CHARS and MAX_NESTING_DEPTH.
+AND/OR chains, however parenthesised, are flattened and runs of NOT fold, so they count as one
+level: 10,000 ANDs or NOTs compile and evaluate, far from Python's recursion limit.
+
 ``compile_expression`` keeps the last 100 expressions, failures included. A compiled
 ``Sql92Expression`` offers ``evaluate`` (three-valued, may raise EvaluationError), ``matches``
-and ``evaluate_many`` (never raise), and the mqstore filter methods.
+and ``evaluate_many`` (a failed conversion is no match, a bug raises), and the filter methods.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import threading
-from collections import OrderedDict
+import unicodedata
+from collections import OrderedDict, deque
+from collections.abc import Mapping
 
 from lark import Lark, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from mqstore.errors import MQStoreError
 
+log = logging.getLogger("mqstore.sql92")
+
 CACHE_SIZE = 100
+# A selector is a few hundred characters, a generated IN list tens of KB; 256 KiB compiles in
+# under a second (about 10 us a token; two if all parentheses) and 100 fit in the cache.
+MAX_EXPRESSION_CHARS = 1 << 18
+# One Python frame per level: far below the recursion limit (1000) from any caller's stack.
+MAX_NESTING_DEPTH = 200
 INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
 LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
 DOUBLE_MAX, DOUBLE_MIN = 1.7976931348623157e308, 5e-324  # Double.MAX_VALUE, Double.MIN_VALUE
@@ -79,29 +94,50 @@ start: or_expr
     | ID -> prop
     | "(" or_expr ")"
 
-FLOAT.2: /(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?|[0-9]+e[+-]?[0-9]+/i
-DECIMAL.1: /0|[1-9][0-9]*[lL]?/
-STRING: /'(?:''|[^'])*'/
+FLOAT.2: /(?:[0-9]++\.[0-9]*+|\.[0-9]++)(?:e[+-]?[0-9]++)?|[0-9]++e[+-]?[0-9]++/i
+DECIMAL.1: /0|[1-9][0-9]*+[lL]?/
+STRING: /'[^']*+(?:''[^']*+)*+'/
 ID: /[a-zA-Z_$][a-zA-Z0-9_$]*/
 EQ_OP.1: "=" | "<>"
 ORDER_OP: ">=" | "<=" | ">" | "<"
 SIGN: "+" | "-"
 LINE_COMMENT: /--[^\n\r]*/
-BLOCK_COMMENT: /\/\*[^*]*\*+(?:[^*\/][^*]*\*+)*\//
+BLOCK_COMMENT: /\/\*[^*]*+\*++(?:[^*\/][^*]*+\*++)*+\//
 %ignore /[ \t\n\r\f]+/
 %ignore LINE_COMMENT
 %ignore BLOCK_COMMENT
 """ + "".join(f"{k}.3: /{k.lower()}(?![a-z0-9_$])/i\n" for k in KEYWORDS)
 
 
+def _clip(text, width: int = 60):
+    """Text for a message: expressions, sub-expressions and values can be huge."""
+    short = not isinstance(text, str) or len(text) <= width
+    return text if short else f"{text[:width]}... ({len(text)} characters)"
+
+
 class FilterSyntaxError(MQStoreError, ValueError):
     """A SQL92 expression does not compile; ``line``/``column`` are 1-based, ``offset`` 0-based."""
 
     def __init__(self, reason: str, expression=None, line=None, column=None, offset=None):
-        self.reason, self.expression = reason, expression
+        self.reason = reason
         self.line, self.column, self.offset = line, column, offset
-        where = f" at line {line}, column {column}" if line is not None else ""
-        super().__init__(f"invalid SQL92 expression {expression!r}{where}: {reason}")
+        self.locate(expression)
+
+    def locate(self, expression) -> "FilterSyntaxError":
+        """Name the whole expression in the message (errors are raised before it is known)."""
+        self.expression = expression
+        where = f" at line {self.line}, column {self.column}" if self.line is not None else ""
+        self.args = (f"invalid SQL92 expression {_clip(expression, 200)!r}{where}: "
+                     f"{self.reason}",)
+        return self
+
+
+class FilterLimitError(FilterSyntaxError):
+    """An expression is refused for its size: ``rule`` names the limit, ``limit`` its value."""
+
+    def __init__(self, *args, rule: str | None = None, limit: int | None = None):
+        self.rule, self.limit = rule, limit
+        super().__init__(*args)
 
 
 class EvaluationError(ValueError):
@@ -115,20 +151,29 @@ class Long(int):
 
 
 # -- Java conversions ----------------------------------------------------------------------
-_INT_RE = re.compile(r"[+-]?\d+")  # Character.digit accepts any (BMP) Unicode decimal digit
+_INT_RE = re.compile(r"[+-]?\d++")  # Character.digit accepts any (BMP) Unicode decimal digit
 _JAVA_TRIM = "".join(map(chr, range(33)))  # String.trim() strips every char <= U+0020
+# Possessive quantifiers: backtracking took seconds on a value of a few thousand digits + "x".
 _DOUBLE_RE = re.compile(
     r"(?P<sign>[+-]?)(?:(?P<special>NaN|Infinity)"
-    r"|(?:(?P<dec>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
-    r"|(?P<hex>0[xX](?:[0-9a-fA-F]+\.?|[0-9a-fA-F]*\.[0-9a-fA-F]+)[pP][+-]?[0-9]+))[fFdD]?)")
+    r"|(?:(?P<dec>(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?)"
+    r"|(?P<hex>0[xX](?:[0-9a-fA-F]++(?:\.[0-9a-fA-F]*+)?|\.[0-9a-fA-F]++)[pP][+-]?[0-9]++))"
+    r"[fFdD]?)")
+_LONG_DIGITS = 19  # len(str(LONG_MAX))
 
 
 def _parse_integral(s: str, lo: int, hi: int, kind: str) -> int:
+    if type(s) is not str:
+        raise EvaluationError(f"{s!r} is not a string")
     if _INT_RE.fullmatch(s) is None or (not s.isascii() and max(s) > "\uffff"):
-        raise EvaluationError(f"{s!r} is not an {kind}")
-    value = int(s)
+        raise EvaluationError(f"{_clip(s)!r} is not an {kind}")
+    try:
+        value = int(s)
+    except ValueError:  # over 4300 digits: Python refuses, Java reads past leading zeros
+        head, sign = s[:-_LONG_DIGITS].lstrip("+-"), "-" if s[0] == "-" else ""
+        value = hi + 1 if any(map(unicodedata.digit, head)) else int(sign + s[-_LONG_DIGITS:])
     if not lo <= value <= hi:
-        raise EvaluationError(f"{s!r} is out of {kind} range")
+        raise EvaluationError(f"{_clip(s)!r} is out of {kind} range")
     return value
 
 
@@ -144,9 +189,11 @@ def parse_long(s: str) -> Long:
 
 def parse_double(s: str) -> float:
     """``Double.valueOf(String)``: trims, accepts NaN, Infinity, f/d suffixes and hex floats."""
+    if type(s) is not str:
+        raise EvaluationError(f"{s!r} is not a string")
     m = _DOUBLE_RE.fullmatch(s.strip(_JAVA_TRIM))
     if m is None:
-        raise EvaluationError(f"{s!r} is not a double")
+        raise EvaluationError(f"{_clip(s)!r} is not a double")
     sign, special, dec, hexa = m.group("sign", "special", "dec", "hex")
     if special:
         return math.nan if special == "NaN" else float(sign + "inf")
@@ -207,13 +254,22 @@ _ORDER = {  # compare() + 1 -> truth
 
 
 class _Node:
-    """A compiled sub-expression: its kind, closure (props -> value) and source position."""
+    """A compiled sub-expression: its kind, closure (props -> value) and source position.
+    ``depth`` counts closures stacked up to this one; ``op``/``operands`` let a parent fold
+    with it: an AND/OR chain's deque of closures, or the operand of "NOT" and "NOT NOT"."""
 
-    __slots__ = ("kind", "fn", "value", "text", "line", "column", "start_pos")
+    __slots__ = ("kind", "fn", "value", "text", "line", "column", "start_pos", "depth", "op",
+                 "operands")
 
-    def __init__(self, kind, fn, at, text, value=None):
+    def __init__(self, kind, fn, at, text, value=None, below=0, op=None, operands=None):
+        if below >= MAX_NESTING_DEPTH:
+            raise FilterLimitError(
+                f"operators nest deeper than the nesting depth limit of {MAX_NESTING_DEPTH} (a "
+                f"chain of AND or OR, or a run of NOT, counts as one level)", None, at.line,
+                at.column, at.start_pos, rule="nesting depth", limit=MAX_NESTING_DEPTH)
         self.kind, self.fn, self.value, self.text = kind, fn, value, text
         self.line, self.column, self.start_pos = at.line, at.column, at.start_pos
+        self.depth, self.op, self.operands = below + 1, op, operands
 
 
 def _error(reason: str, at) -> FilterSyntaxError:
@@ -238,41 +294,59 @@ def _boolean(node: _Node, where: str) -> _Node:
                      node)
     get = node.fn
     return _Node(BOOL, lambda p: v if (v := get(p)) is None or type(v) is bool else False,
-                 node, node.text)
+                 node, node.text, below=node.depth)
 
 
 def _not(node: _Node, at) -> _Node:
-    f = node.fn
-    return _Node(BOOL, lambda p: None if (v := f(p)) is None else not v, at, f"NOT {node.text}")
+    """NOT, folding runs: NOT NOT x is x on True, False and None, so it reuses x's closure."""
+    text = f"NOT {_clip(node.text)}"
+    if node.op == "NOT":
+        x = node.operands
+        return _Node(BOOL, x.fn, at, text, below=x.depth, op="NOT NOT", operands=x)
+    x = node.operands if node.op == "NOT NOT" else node
+    f = x.fn
+    return _Node(BOOL, lambda p: None if (v := f(p)) is None else not v, at, text,
+                 below=x.depth, op="NOT", operands=x)
 
 
 def _logic(left: _Node, right: _Node, decisive: bool) -> _Node:
-    """AND (decisive False) or OR (decisive True), short-circuiting left to right."""
-    lf, rf = left.fn, right.fn
+    """AND (decisive False) or OR (decisive True), short-circuiting left to right. Associative
+    with the same evaluation order however bracketed, so a chain is one node over a flat deque;
+    the longer side's deque grows in place (its node is used once), O(n log n) in all."""
+    op = "OR" if decisive else "AND"
+    (lparts, lbelow), (rparts, rbelow) = ((n.operands, n.depth - 1) if n.op == op
+                                          else (deque((n.fn,)), n.depth) for n in (left, right))
+    if len(lparts) >= len(rparts):
+        lparts.extend(rparts)
+        parts = lparts
+    else:
+        rparts.extendleft(reversed(lparts))
+        parts = rparts
 
     def fn(p):
-        lv = lf(p)
-        if lv is decisive:
-            return decisive
-        rv = rf(p)
-        if rv is decisive:
-            return decisive
-        return None if lv is None or rv is None else not decisive
-    return _Node(BOOL, fn, left, "OR" if decisive else "AND")
+        unknown = False
+        for f in parts:
+            v = f(p)
+            if v is decisive:
+                return decisive
+            unknown = unknown or v is None
+        return None if unknown else not decisive
+    return _Node(BOOL, fn, left, op, below=max(lbelow, rbelow), op=op, operands=parts)
 
 
 def _equal(left: _Node, right: _Node) -> _Node:
     lf, rf = left.fn, right.fn
     if left.kind == PROP and right.kind == CONST and type(right.value) is str:
         c = right.value
-        return _Node(BOOL, lambda p: None if (v := lf(p)) is None else v == c, left, "=")
+        return _Node(BOOL, lambda p: None if (v := lf(p)) is None else v == c, left, "=",
+                     below=max(left.depth, right.depth))
 
     def fn(p):
         lv, rv = lf(p), rf(p)
         if lv is None:
             return True if rv is None else None
         return False if rv is None else compare(lv, rv) == 0
-    return _Node(BOOL, fn, left, "=")
+    return _Node(BOOL, fn, left, "=", below=max(left.depth, right.depth))
 
 
 def _ordering(left: _Node, right: _Node, op: str) -> _Node:
@@ -289,7 +363,7 @@ def _ordering(left: _Node, right: _Node, op: str) -> _Node:
                 return None
             x = conv(v)
             return truth[(x > c) - (x < c) + 1]
-        return _Node(BOOL, fn, left, op)
+        return _Node(BOOL, fn, left, op, below=max(left.depth, right.depth))
 
     def fn(p):
         lv = lf(p)
@@ -301,7 +375,7 @@ def _ordering(left: _Node, right: _Node, op: str) -> _Node:
         if type(lv) is str and type(rv) is str:
             return truth[compare_doubles(parse_double(lv), parse_double(rv)) + 1]
         return truth[compare(lv, rv) + 1]
-    return _Node(BOOL, fn, left, op)
+    return _Node(BOOL, fn, left, op, below=max(left.depth, right.depth))
 
 
 @v_args(inline=True)
@@ -315,17 +389,17 @@ class _Compiler(Transformer):
         return _const(tok, _unquote(tok))
 
     def decimal_lit(self, tok):
-        value = int(tok.rstrip("lL"))
+        value = int(tok.rstrip("lL")[:_LONG_DIGITS + 1])  # more digits are past a long anyway
         if value > LONG_MAX:
-            raise _error(f"{tok} does not fit in a long", tok)
+            raise _error(f"{_clip(tok)} does not fit in a long", tok)
         return _const(tok, value if value <= INT_MAX else Long(value))
 
     def float_lit(self, tok):
         value = float(tok)
         if value > DOUBLE_MAX:
-            raise _error(f"{tok} is greater than Double.MAX_VALUE", tok)
+            raise _error(f"{_clip(tok)} is greater than Double.MAX_VALUE", tok)
         if value < DOUBLE_MIN:
-            raise _error(f"{tok} is less than Double.MIN_VALUE (4.9E-324)", tok)
+            raise _error(f"{_clip(tok)} is less than Double.MIN_VALUE (4.9E-324)", tok)
         return _const(tok, value)
 
     def keyword_lit(self, tok):
@@ -348,7 +422,7 @@ class _Compiler(Transformer):
             if t is Long:
                 return Long(-v if v != LONG_MIN else v)
             return -v if t is float else None
-        return _Node(VALUE, fn, op, f"-{node.text}")
+        return _Node(VALUE, fn, op, f"-{_clip(node.text)}", below=node.depth)
 
     def not_(self, op, node):
         return _not(_boolean(node, "after NOT"), op)
@@ -368,7 +442,8 @@ class _Compiler(Transformer):
 
     def is_null(self, left, *toks):
         f, negate = left.fn, len(toks) == 3
-        return _Node(BOOL, lambda p: (f(p) is None) is not negate, left, "IS NULL")
+        return _Node(BOOL, lambda p: (f(p) is None) is not negate, left, "IS NULL",
+                     below=left.depth)
 
     def order(self, left, op, right):
         return _ordering(left, right, str(op))
@@ -381,7 +456,7 @@ class _Compiler(Transformer):
         test = {"CONTAINS": str.__contains__, "STARTSWITH": str.startswith,
                 "ENDSWITH": str.endswith}[kw]
         return _Node(BOOL, lambda p: type(v := f(p)) is str and test(v, search) is not negate,
-                     left, kw)
+                     left, kw, below=left.depth)
 
     def between(self, value, *toks):
         kw, low, high = toks[-4], toks[-3], toks[-1]
@@ -407,7 +482,7 @@ class _Compiler(Transformer):
         values = frozenset(_unquote(t) for t in toks if t.type == "STRING")
         f = left.fn
         return _Node(BOOL, lambda p: None if type(v := f(p)) is not str
-                     else (v in values) is not negate, left, "IN")
+                     else (v in values) is not negate, left, "IN", below=left.depth)
 
 
 _PARSER = Lark(GRAMMAR, parser="lalr", lexer="basic", transformer=_Compiler())
@@ -428,17 +503,20 @@ class Sql92Expression:
         return self._fn(props)
 
     def matches(self, props) -> bool:
-        """True only when the result is exactly TRUE; never raises (an error is no match)."""
+        """True only for TRUE. A failed conversion or a non-mapping is no match; any other
+        exception is a bug, raised rather than taken for a non-match."""
+        if type(props) is not dict and not isinstance(props, Mapping):
+            return False
         try:
             return self._fn(props) is True
-        except Exception:
+        except EvaluationError:
             return False
 
     def evaluate_many(self, props_list) -> list[bool]:
         fn = self._fn
         try:
             return [fn(p) is True for p in props_list]
-        except Exception:
+        except (EvaluationError, AttributeError):  # redone: matches() raises what is a bug
             return [self.matches(p) for p in props_list]
 
     def match_units(self, tags_codes):
@@ -447,7 +525,9 @@ class Sql92Expression:
     def match_message(self, message) -> bool:
         try:
             props = message.properties
-        except Exception:
+        except ValueError as exc:  # a damaged record: its properties cannot be read
+            log.warning("SQL92 filter %r: a message's properties cannot be read (%s); "
+                        "it does not match", _clip(self.expression), exc)
             return False
         return self.matches(props)
 
@@ -466,17 +546,26 @@ def _syntax_error(text: str, exc: UnexpectedInput) -> FilterSyntaxError:
                              text, line, column, len(text))
 
 
+def _check_length(expression: str) -> None:
+    """Refuse an over-long expression before any work, and before it can become a cache key."""
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise FilterLimitError(f"expression is {len(expression)} characters long, over the "
+                               f"expression length limit of {MAX_EXPRESSION_CHARS}", expression,
+                               rule="expression length", limit=MAX_EXPRESSION_CHARS)
+
+
 def compile_uncached(expression: str) -> Sql92Expression:
-    """Parse and compile ``expression``; raises FilterSyntaxError."""
+    """Parse and compile ``expression``; raises FilterSyntaxError or FilterLimitError."""
     if not isinstance(expression, str):
         raise FilterSyntaxError(f"expression must be a string, not {type(expression).__name__}",
                                 expression)
+    _check_length(expression)
     try:
         return Sql92Expression(expression, _PARSER.parse(expression).fn)
     except UnexpectedInput as exc:
         raise _syntax_error(expression, exc) from None
     except FilterSyntaxError as exc:
-        raise FilterSyntaxError(exc.reason, expression, exc.line, exc.column, exc.offset) from None
+        raise exc.locate(expression) from None
 
 
 _cache: OrderedDict = OrderedDict()
@@ -487,6 +576,7 @@ def compile_expression(expression: str) -> Sql92Expression:
     """``compile_uncached`` behind an LRU of CACHE_SIZE entries that also remembers failures."""
     if not isinstance(expression, str):
         return compile_uncached(expression)
+    _check_length(expression)
     with _cache_lock:
         hit = _cache.get(expression)
         if hit is not None:

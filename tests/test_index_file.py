@@ -344,7 +344,8 @@ def test_select_survives_a_chain_cycle(tmp_path, opened):
     (tmp_path / "i").write_bytes(bytes(raw))
     f = IndexFile.load(str(tmp_path / "i"), slots=4, read_only=True)
     opened.append(f)
-    assert f.select(1, 100, 0, LONG_MAX) == [(20, S), (10, S), (0, S), (20, S)]
+    # Chains only lead to earlier entries: the walk stops at the link back up to entry 3.
+    assert f.select(1, 100, 0, LONG_MAX) == [(20, S), (10, S), (0, S)]
     assert "entry 1: prevIndex 3" in f.verify()
 
 

@@ -82,7 +82,13 @@ def pack_header(header: IndexHeader) -> bytes:
 
 
 def unpack_header(buf, offset: int = 0) -> IndexHeader:
-    """The header exactly as stored (``index_count`` is not yet forced to at least 1)."""
+    """The header exactly as stored (``index_count`` is not yet forced to at least 1).
+
+    Raises ValueError when fewer than 40 bytes follow ``offset``.
+    """
+    if not 0 <= offset <= len(buf) - HEADER_SIZE:
+        raise ValueError(f"index header at {offset} needs {HEADER_SIZE} bytes, the buffer "
+                         f"holds {len(buf)}")
     return IndexHeader(*HEADER_STRUCT.unpack_from(buf, offset))
 
 

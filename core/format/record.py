@@ -39,6 +39,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mqstore.errors import CorruptRecordError
 from mqstore.format.hosts import Host
 from mqstore.hashing import crc32
 
@@ -193,7 +194,9 @@ def scan_record(buf, pos: int, limit: int, check_crc: bool, expected_phys: int |
     (``check_crc``), or its stored physical offset is not where it lies (``expected_phys``):
     stale bytes past a torn tail.
     """
-    remaining = limit - pos
+    if pos < 0:
+        return SCAN_BAD, f"position {pos} is before the start of the data", None
+    remaining = min(limit, len(buf)) - pos
     if remaining <= 4:
         return SCAN_BAD, "cut off before the size field", None
     if remaining < 8:
@@ -243,29 +246,35 @@ class RecordLayout(NamedTuple):
 def unpack_record(buf, pos: int = 0, limit: int | None = None) -> RecordLayout:
     """Parse and check the record at ``pos``: known magic, lengths that add up to TOTALSIZE.
 
-    The body CRC is not checked (recovery does that). Raises ValueError naming the problem.
+    ``limit`` (the end of readable data) is capped at the buffer's end. The body CRC is not
+    checked (recovery does that). Raises CorruptRecordError (a ValueError) naming the problem
+    and the record's position; ValueError for a ``pos`` outside the buffer.
     """
-    if limit is None:
-        limit = len(buf)
+    size = len(buf)
+    limit = size if limit is None else min(limit, size)
+    if not 0 <= pos <= size:
+        raise ValueError(f"record position {pos} is outside the {size}-byte buffer")
     if limit - pos < 91:
-        raise ValueError(f"record at {pos}: only {limit - pos} bytes readable")
+        raise CorruptRecordError(f"record at {pos}: only {limit - pos} bytes readable, "
+                                 f"a record needs at least 91")
     sysflag = _SYSFLAG_AT.unpack_from(buf, pos + POS_SYSFLAG)[0]
     hs = HEADER_STRUCTS[(sysflag >> 4) & 3]
     if limit - pos < hs.size + 3:
-        raise ValueError(f"record at {pos}: only {limit - pos} bytes readable, the header "
-                         f"alone needs {hs.size + 3}")
+        raise CorruptRecordError(f"record at {pos}: only {limit - pos} bytes readable, the "
+                                 f"header alone needs {hs.size + 3}")
     f = hs.unpack_from(buf, pos)
     total, magic = f[0], f[1]
     if magic != MAGIC_V1 and magic != MAGIC_V2:
-        raise ValueError(f"record at {pos}: unknown magic {magic & 0xFFFFFFFF:#010x}")
+        raise CorruptRecordError(f"record at {pos}: unknown magic {magic & 0xFFFFFFFF:#010x}")
     end = pos + total
     if total < hs.size + 3 or end > limit:
-        raise ValueError(f"record at {pos}: size {total} does not fit {limit - pos} bytes")
+        raise CorruptRecordError(f"record at {pos}: size {total} does not fit {limit - pos} "
+                                 f"bytes")
     body_at = pos + hs.size
     at = body_at + f[16]
     v1 = magic == MAGIC_V1
     if f[16] < 0 or at + (3 if v1 else 4) > end:
-        raise ValueError(f"record at {pos}: body length {f[16]} overruns the record")
+        raise CorruptRecordError(f"record at {pos}: body length {f[16]} overruns the record")
     if v1:
         topic_len = buf[at]
         topic_at = at + 1
@@ -273,11 +282,14 @@ def unpack_record(buf, pos: int = 0, limit: int | None = None) -> RecordLayout:
         topic_len = _SHORT.unpack_from(buf, at)[0]
         topic_at = at + 2
     props_at = topic_at + topic_len + 2
-    if topic_len > (127 if magic == MAGIC_V1 else 32767) or props_at > end:
-        raise ValueError(f"record at {pos}: topic length {topic_len} overruns the record")
+    top = 127 if v1 else 32767
+    if not 0 <= topic_len <= top or props_at > end:
+        raise CorruptRecordError(f"record at {pos}: topic length {topic_len} at {at} is outside "
+                                 f"[0, {top}] or overruns the record")
     props_len = _SHORT.unpack_from(buf, props_at - 2)[0]
     if props_len < 0 or props_at + props_len != end:
-        raise ValueError(f"record at {pos}: lengths do not add up to TOTALSIZE {total}")
+        raise CorruptRecordError(f"record at {pos}: properties length {props_len} at "
+                                 f"{props_at - 2}: lengths do not add up to TOTALSIZE {total}")
     return RecordLayout(f, body_at, topic_at, topic_len, props_at, props_len)
 
 
@@ -305,15 +317,22 @@ class DecodedRecord:
 
 
 def decode_record(buf, pos: int = 0) -> DecodedRecord:
-    """Decode the record at ``pos``; raises ValueError when it is not a well-formed record."""
+    """Decode the record at ``pos``; raises CorruptRecordError (a ValueError) when it is not a
+    well-formed record."""
     lay = unpack_record(buf, pos)
     f = lay.fields
+    raw_topic = bytes(buf[lay.topic_at:lay.topic_at + lay.topic_len])
+    try:
+        topic = raw_topic.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptRecordError(f"record at {pos}: topic {raw_topic[:80]!r} at {lay.topic_at} "
+                                 f"is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     return DecodedRecord(
         size=f[0], magic=f[1], body_crc=f[2], queue_id=f[3], flag=f[4], queue_offset=f[5],
         phys_offset=f[6], sysflag=f[7], born_timestamp=f[8], born_host=Host(f[9], f[10]),
         store_timestamp=f[11], store_host=Host(f[12], f[13]), reconsume_times=f[14],
         prepared_tx_offset=f[15], body=bytes(buf[lay.body_at:lay.body_at + f[16]]),
-        topic=bytes(buf[lay.topic_at:lay.topic_at + lay.topic_len]).decode("utf-8"),
+        topic=topic,
         properties_text=bytes(buf[lay.props_at:lay.props_at + lay.props_len]).decode(
             "utf-8", errors="replace"),
     )
@@ -341,11 +360,22 @@ def encode_record(
     return b"".join((header, body, tail))
 
 
-def decompress_body(body: bytes, sysflag: int) -> bytes:
-    """Uncompressed body of a COMPRESSED record (zlib is RocketMQ's default and 0x300)."""
+def decompress_body(body: bytes, sysflag: int, offset: int | None = None) -> bytes:
+    """Uncompressed body of a COMPRESSED record (zlib is RocketMQ's default and 0x300).
+
+    Raises ValueError for an unsupported compression type and CorruptRecordError (a
+    ValueError) for a body that does not inflate; ``offset``, the record's commit-log offset
+    when the caller knows it, is named in the message.
+    """
     if not sysflag & SYSFLAG_COMPRESSED:
         return body
+    where = f"record at {offset}: " if offset is not None else ""
     kind = sysflag & SYSFLAG_COMPRESSION_MASK
-    if kind in (0, 0x300):
+    if kind not in (0, 0x300):
+        raise ValueError(f"{where}compression type {kind:#x} (sysflag {sysflag:#x}) is not "
+                         f"supported")
+    try:
         return zlib.decompress(body)
-    raise ValueError(f"compression type {kind:#x} (sysflag {sysflag:#x}) is not supported")
+    except zlib.error as exc:
+        raise CorruptRecordError(f"{where}compressed body of {len(body)} bytes (sysflag "
+                                 f"{sysflag:#x}) is not a zlib stream: {exc}") from None

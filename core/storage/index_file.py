@@ -15,8 +15,10 @@ Header fields are written through to the map as they change, as RocketMQ does, e
 the whole header). Nothing is forced to disk before ``flush()``/``close()``.
 
 Follows RocketMQ 5.x ``IndexFile`` (unchanged since 4.9.8) with two deliberate additions:
-``select`` stops after ``index_count`` steps (a corrupt chain with a cycle would loop forever in
-Java), and ``verify()`` checks a loaded file without raising.
+``select`` only follows a chain to strictly earlier entries, never past the header's
+``indexCount`` or the file's capacity, so a corrupt file (a cycle, a forward link, a huge count)
+costs at most one step per entry; it logs a warning naming the file and returns what it found
+(a cycle would loop forever in Java). And ``verify()`` checks a loaded file without raising.
 
 Quirk kept on purpose: the first entry after a rollover is timed from the previous file's end,
 so it can read later than the entries after it; a walk stops at the first entry older than
@@ -27,6 +29,7 @@ Single writer; not thread-safe.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -37,12 +40,15 @@ from mqstore.storage.mapped_file import MappedFile
 
 INDEX_DIR = "index"
 
+log = logging.getLogger("mqstore.index")
+
 
 class IndexFile:
     """``stored_header`` is the header as found on disk when the file was opened."""
 
     __slots__ = ("path", "slots", "entries", "read_only", "_mf", "_mm", "_begin_ts", "_end_ts",
-                 "_begin_phys", "_end_phys", "_hash_slot_count", "_index_count", "stored_header")
+                 "_begin_phys", "_end_phys", "_hash_slot_count", "_index_count", "stored_header",
+                 "_reported")
 
     def __init__(self, mapped: MappedFile, slots: int, entries: int) -> None:
         self.path = mapped.path
@@ -51,6 +57,7 @@ class IndexFile:
         self.read_only = mapped.read_only
         self._mf = mapped
         self._mm = mapped.mm
+        self._reported = False
         self.stored_header = L.unpack_header(self._mm)
         (self._begin_ts, self._end_ts, self._begin_phys, self._end_phys,
          self._hash_slot_count, self._index_count) = self.stored_header
@@ -64,7 +71,8 @@ class IndexFile:
         """A new zero-filled file. The previous file's end offset and time, when > 0, become
         this file's begin and end values (RocketMQ measures the first put from them)."""
         L.counts_for_size(L.file_size(slots, entries), slots, entries)
-        f = cls(MappedFile(path, 0, L.file_size(slots, entries), create=True), slots, entries)
+        f = cls(MappedFile(path, 0, L.file_size(slots, entries), create=True, whole=False),
+                slots, entries)
         if prev_end_phys_offset > 0:
             f._put_long(L.BEGIN_PHYS_OFFSET_AT, prev_end_phys_offset)
             f._put_long(L.END_PHYS_OFFSET_AT, prev_end_phys_offset)
@@ -81,7 +89,7 @@ class IndexFile:
         """Map an existing file; missing counts come from its size (``counts_for_size``)."""
         size = os.path.getsize(path)
         slots, entries = L.counts_for_size(size, slots, entries)
-        return cls(MappedFile(path, 0, size, read_only=read_only), slots, entries)
+        return cls(MappedFile(path, 0, size, read_only=read_only, whole=False), slots, entries)
 
     def reload_header(self) -> None:
         """Re-read the header another process keeps writing (a follower's view)."""
@@ -134,10 +142,14 @@ class IndexFile:
 
     # -- raw access ------------------------------------------------------------------------
     def slot_value(self, slot: int) -> int:
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} is outside [0, {self.slots}) of {self.path}")
         return L.INT_STRUCT.unpack_from(self._mm, L.slot_position(slot))[0]
 
     def read_entry(self, index: int) -> tuple[int, int, int, int]:
         """``(key_hash, phys_offset, time_diff_seconds, prev_index)`` of entry ``index``."""
+        if not 0 <= index < self.entries:
+            raise ValueError(f"entry {index} is outside [0, {self.entries}) of {self.path}")
         return L.ENTRY_STRUCT.unpack_from(self._mm, L.entry_position(self.slots, index))
 
     def _put_long(self, at: int, value: int) -> None:
@@ -161,8 +173,11 @@ class IndexFile:
         if slot_value <= L.INVALID_INDEX or slot_value > count:
             slot_value = L.INVALID_INDEX
         time_diff = L.time_diff_seconds(store_ts, self._begin_ts)
-        L.ENTRY_STRUCT.pack_into(self._mm, L.entry_position(self.slots, count),
-                                 key_hash, phys_offset, time_diff, slot_value)
+        at = L.entry_position(self.slots, count)
+        self._mf.reserve_span(at, at + L.ENTRY_SIZE)  # sparse file: blocks before the write
+        self._mf.reserve_span(L.slot_position(slot), L.slot_position(slot) + L.SLOT_SIZE)
+        self._mf.reserve_span(0, L.HEADER_SIZE)
+        L.ENTRY_STRUCT.pack_into(self._mm, at, key_hash, phys_offset, time_diff, slot_value)
         self._put_int(L.slot_position(slot), count)
         if count <= L.FIRST_INDEX:
             self._begin_phys = phys_offset
@@ -222,6 +237,10 @@ class IndexFile:
         entries["time_diff"] = diff
         entries["prev_index"] = prev
         at = L.entry_position(self.slots, count)
+        # Blocks first (sparse file): a full disk raises here, before anything changed.
+        self._mf.reserve_span(at, at + k * L.ENTRY_SIZE)
+        self._mf.reserve_pages(L.HEADER_SIZE + slots * L.SLOT_SIZE)
+        self._mf.reserve_span(0, L.HEADER_SIZE)
         self._mm[at:at + k * L.ENTRY_SIZE] = entries.tobytes()
         last = np.ones(k, dtype=bool)
         last[:-1] = ss[1:] != ss[:-1]
@@ -247,25 +266,38 @@ class IndexFile:
         newest first, at most ``max_num`` (RocketMQ ``selectPhyOffset``)."""
         found: list[tuple[int, int]] = []
         count = self._index_count
-        if key_hash < 0 or max_num <= 0:
+        if key_hash < 0 or max_num <= 0 or count <= L.FIRST_INDEX:
             return found
+        # RocketMQ accepts a slot up to indexCount itself (a follower's header may lag the
+        # entry it points to); a count past the capacity is corrupt and must not steer reads.
         index = self.slot_value(L.slot_of(key_hash, self.slots))
-        if index <= L.INVALID_INDEX or index > count or count <= L.FIRST_INDEX:
+        if index <= L.INVALID_INDEX or index > min(count, self.entries - 1):
             return found
-        for _ in range(count):
-            if len(found) >= max_num:
-                break
+        while len(found) < max_num:
             hash_read, phys, time_diff, prev = self.read_entry(index)
             if time_diff < 0:
+                self._report_chain(index, f"time diff {time_diff} is negative")
                 break
             time_read = L.entry_time_ms(self._begin_ts, time_diff)
             if hash_read == key_hash and begin_ms <= time_read <= end_ms:
                 found.append((phys, time_read))
-            if (prev <= L.INVALID_INDEX or prev > count or prev == index
-                    or time_read < begin_ms):
+            if prev < L.INVALID_INDEX or prev >= index:
+                # Entries only ever link to earlier ones; anything else (a cycle, a forward or
+                # negative link) is damage, and stopping here bounds the walk by ``index``.
+                self._report_chain(index, f"prevIndex {prev} is not in [0, {index})")
+                break
+            if prev == L.INVALID_INDEX or time_read < begin_ms:
                 break
             index = prev
         return found
+
+    def _report_chain(self, index: int, problem: str) -> None:
+        """Warn once per file: every lookup that meets the damage would repeat it."""
+        if not self._reported:
+            self._reported = True
+            log.warning("index file %s is corrupt: entry %d: %s; lookups stop there and may "
+                        "miss older entries of that slot (verify() reports the damage)",
+                        self.path, index, problem)
 
     # -- checks ----------------------------------------------------------------------------
     def check_header(self) -> str | None:
