@@ -1,25 +1,48 @@
 """Recovery at open: make the commit log, consume queues and positions agree again.
 
-Follows RocketMQ 5.x (spec 10.11) with two changes: the re-dispatch point is never later than
-what the consume queues are missing (so a deleted ``consumequeue/`` is rebuilt in full), and
-what was cut is returned as a :class:`RecoveryReport` instead of only logged.
+Follows RocketMQ 5.x (spec 10.11) with these changes, all in the direction of losing nothing:
+
+- The re-dispatch point is never later than what a consume queue is missing: a queue its own
+  check cut short, a queue the store knows of whose directory is gone, a deleted
+  ``consumequeue/`` altogether.
+- Damaged bytes followed by intact records are quarantined, not cut. The walk re-synchronises
+  on the next intact record (``format.quarantine.find_record``); the damaged region is copied
+  to ``quarantine/<offset>`` and rewritten as a blank (to its segment's end) or a quarantine
+  record, so every reader walks over it; segment files missing between others are recreated
+  closed. Records after the region keep their offsets.
+- Only a torn tail is cut: the bytes after the last intact record that lie past the durable
+  end. The checkpoint's confirmPhyOffset holds the flushed offset (every byte below it was on
+  disk); after a clean close every byte was. A damaged tail below that end is quarantined.
+- What was cut, quarantined or rebuilt is returned as a :class:`RecoveryReport`.
 
 Steps: recover each consume queue (cut after its last valid unit); pick the commit-log segment
-to validate from (normal exit: the newest whose first record is already dispatched; abnormal
-exit: the newest whose first record is older than the checkpoint's minimum time); walk records
-from there (CRC checked when ``check_crc``) to the first invalid one; cut the log there, zero the
-torn bytes, drop consume-queue units that point past the cut.
+to validate from (normal exit: the newest whose first record is already dispatched to every
+queue that needs it; abnormal exit: also no later than the checkpoint's minimum time); walk and
+mend the records from there; cut the torn tail; drop consume-queue units past the end.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from mqstore.format.record import SCAN_BLANK, SCAN_OK, scan_record
+from mqstore.format.quarantine import (
+    MIN_QUARANTINE_BYTES, QUARANTINE_DIR, blank_closes, filler_for, find_record,
+)
+from mqstore.format.record import SCAN_BLANK, SCAN_OK, encode_blank, scan_record
 
 ZERO_PROBE_BYTES = 64 * 1024
+NO_END = 1 << 62
+
+
+@dataclass
+class Quarantined:
+    offset: int  # commit-log offset of the damaged region
+    length: int
+    reason: str  # why its first record failed
+    saved_to: str | None = None  # a copy of the original bytes (writable opens)
 
 
 @dataclass
@@ -35,11 +58,22 @@ class RecoveryReport:
     redispatch_seconds: float = 0.0
     consume_queue_units_dropped: dict[str, int] = field(default_factory=dict)
     deleted_files: list[str] = field(default_factory=list)
+    quarantined: list[Quarantined] = field(default_factory=list)
+    recreated_segments: list[str] = field(default_factory=list)
+    queues_rebuilt: dict[str, str] = field(default_factory=dict)  # queue -> why
     notes: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
-        return not (self.truncated_bytes or self.consume_queue_units_dropped)
+        return not (self.truncated_bytes or self.consume_queue_units_dropped
+                    or self.quarantined or self.recreated_segments or self.queues_rebuilt)
+
+
+@dataclass
+class _Region:
+    begin: int
+    end: int
+    reason: str
 
 
 def _first_record(seg):
@@ -63,7 +97,8 @@ def _pick_start(segments, abnormal: bool, dispatch_from: int, min_timestamp: int
 
 
 def _nonzero_extent(seg, begin: int) -> int:
-    """End of the non-zero bytes that follow ``begin`` in ``seg`` (probing in 64 KiB steps)."""
+    """End of the non-zero bytes that follow ``begin`` in ``seg`` (probing in 64 KiB steps:
+    a 64 KiB run of zeros ends the data)."""
     end = begin
     at = begin
     while at < seg.size:
@@ -77,15 +112,158 @@ def _nonzero_extent(seg, begin: int) -> int:
     return end
 
 
+# -- walking -----------------------------------------------------------------------------------
+def _intact_at_start(seg) -> bool:
+    kind, _size, _head = scan_record(seg.mm, 0, seg.size, True, expected_phys=seg.start)
+    return kind == SCAN_OK or (kind == SCAN_BLANK and blank_closes(seg.mm, 0, seg.size))
+
+
+def _resync(segq, seg, at: int) -> int | None:
+    """Commit-log offset of the first intact record after a bad one at ``seg``/``at``."""
+    segs = segq.segments
+    last = segs[-1]
+    limit = _nonzero_extent(seg, at) if seg is last else seg.size
+    found = find_record(seg.mm, at + 1, limit, seg.start, seg.size)
+    if found is not None:
+        return seg.start + found
+    for later in segs[segs.index(seg) + 1:]:
+        if _intact_at_start(later):
+            return later.start
+        limit = _nonzero_extent(later, 0) if later is last else later.size
+        found = find_record(later.mm, 1, limit, later.start, later.size)
+        if found is not None:
+            return later.start + found
+    return None
+
+
+def _next_start(segq, pos: int) -> int | None:
+    return next((s.start for s in segq.segments if s.start > pos), None)
+
+
+def _walk(segq, pos: int, check_crc: bool, report: RecoveryReport,
+          stop: int = NO_END) -> tuple[int, list[_Region], int]:
+    """Walk records from ``pos`` to the last intact one (or ``stop``), re-synchronising after
+    damage; returns where it ended, the damaged regions passed and the records checked."""
+    regions: list[_Region] = []
+    checked = 0
+    while pos < stop:
+        seg = segq.find(pos)
+        if seg is None:  # a segment file is missing (or cut short) before later ones
+            nxt = _next_start(segq, pos)
+            if nxt is None:
+                return pos, regions, checked
+            regions.append(_Region(pos, nxt, "segment file missing"))
+            pos = nxt
+            continue
+        at = pos - seg.start
+        kind, size, head = scan_record(seg.mm, at, seg.size, check_crc, expected_phys=pos)
+        if kind == SCAN_OK:
+            checked += 1
+            pos += size
+            continue
+        if kind == SCAN_BLANK and size == seg.size - at:
+            pos = seg.end
+            continue
+        reason = size if kind != SCAN_BLANK else f"blank record of {size} bytes at {pos} " \
+            f"does not close its segment"
+        nxt = _resync(segq, seg, at)
+        if nxt is None:
+            report.stop_reason = reason
+            return pos, regions, checked
+        regions.append(_Region(pos, nxt, reason))
+        pos = nxt
+    return pos, regions, checked
+
+
+def mend_range(commit_log, begin: int, end: int, *, check_crc: bool, read_only: bool,
+               report: RecoveryReport) -> None:
+    """Walk and mend ``[begin, end)`` too: bytes below where recovery started that dispatch
+    will read again (a dispatcher asks to resume earlier)."""
+    segq = commit_log.segments
+    _pos, regions, _checked = _walk(segq, begin, check_crc, report, stop=end)
+    root = os.path.dirname(segq.directory)
+    for region in regions:
+        _mend(segq, region, root, report, read_only)
+
+
+# -- mending -------------------------------------------------------------------------------------
+def _widen(segq, region: _Region) -> None:
+    """A quarantine record needs MIN_QUARANTINE_BYTES: when the region's last part does not
+    run to its segment's end (where a blank of any length fits) and is shorter, it takes in
+    the records after it (saved and reported with it)."""
+    while True:
+        seg = segq.find(region.end)
+        if seg is None or region.end == seg.start:
+            return
+        if region.end - max(region.begin, seg.start) >= MIN_QUARANTINE_BYTES:
+            return
+        kind, size, _head = scan_record(seg.mm, region.end - seg.start, seg.size, False)
+        region.end = region.end + size if kind == SCAN_OK else seg.end
+
+
+def _store_time_near(segq, pos: int) -> int:
+    seg = segq.find(pos)
+    if seg is not None:
+        kind, _size, head = scan_record(seg.mm, pos - seg.start, seg.size, False,
+                                        expected_phys=pos)
+        if kind == SCAN_OK:
+            return head.store_timestamp
+    return 0
+
+
+def _mend(segq, region: _Region, root: str, report: RecoveryReport, read_only: bool) -> None:
+    """Quarantine ``region``: keep a copy, then rewrite it segment by segment."""
+    _widen(segq, region)
+    entry = Quarantined(region.begin, region.end - region.begin, region.reason)
+    report.quarantined.append(entry)
+    if read_only:
+        return
+    ts = _store_time_near(segq, region.end)
+    qdir = os.path.join(root, QUARANTINE_DIR)
+    os.makedirs(qdir, exist_ok=True)
+    entry.saved_to = os.path.join(qdir, f"{region.begin:020d}")
+    with open(entry.saved_to, "wb") as saved:
+        pos = region.begin
+        while pos < region.end:
+            seg = segq.find(pos)
+            if seg is None:  # recreate the missing file closed: readers step to the next
+                start = pos - pos % segq.segment_bytes
+                seg = segq.insert_closed(start, encode_blank)
+                report.recreated_segments.append(seg.path)
+                pos = seg.end
+                continue
+            at, stop = pos - seg.start, min(region.end, seg.end) - seg.start
+            saved.write(seg.mm[at:stop])
+            seg.overwrite(at, filler_for(stop - at, ts, pos, stop == seg.size))
+            pos = seg.start + stop
+        saved.flush()
+        os.fsync(saved.fileno())
+
+
+def _durable_end(checkpoint, abnormal: bool) -> int:
+    """Every byte below this offset was on disk before the store went down."""
+    if not abnormal:
+        return NO_END  # a clean close flushed everything
+    return max(0, checkpoint.confirm_phy_offset)
+
+
+# -- recover -------------------------------------------------------------------------------------
 def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc: bool,
-            read_only: bool) -> RecoveryReport:
+            read_only: bool, rebuild_from: int = NO_END) -> RecoveryReport:
+    """``rebuild_from``: a commit-log offset the caller knows consume queues are missing
+    units from (queues the store knew of that are gone); dispatch starts no later."""
     report = RecoveryReport(abnormal=abnormal)
     for cq in consume_queues:
         dropped = cq.recover()
         if dropped:
-            report.consume_queue_units_dropped[f"{cq.topic}/{cq.queue_id}"] = dropped
+            key = f"{cq.topic}/{cq.queue_id}"
+            report.consume_queue_units_dropped[key] = dropped
+            # Its units from the cut on come back from the commit log.
+            rebuild_from = min(rebuild_from, max(cq.max_phys, 0))
     dispatch_from = max((cq.max_phys for cq in consume_queues), default=-1)
-    segs = commit_log.segments.segments
+    dispatch_from = min(dispatch_from, rebuild_from)
+    segq = commit_log.segments
+    segs = segq.segments
     if not segs:
         for cq in consume_queues:
             if cq.max_offset:
@@ -97,33 +275,41 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
         return report
 
     start = _pick_start(segs, abnormal, dispatch_from, checkpoint.min_timestamp())
-    pos = report.scan_from = segs[start].start
-    end = segs[-1].end
-    for at, kind, head, reason in commit_log.records(pos, end, check_crc=check_crc):
-        if kind == SCAN_OK:
-            report.records_checked += 1
-            pos = at + head.size
-        elif kind == SCAN_BLANK:
-            pos = commit_log.segments.find(at).end
-        else:
-            pos = at
-            report.stop_reason = reason
-            break
-    report.commit_log_end = pos
+    report.scan_from = segs[start].start
+    root = os.path.dirname(segq.directory)
+    pos, regions, report.records_checked = _walk(segq, report.scan_from, check_crc, report)
+    for region in regions:
+        _mend(segq, region, root, report, read_only)
 
-    # Bytes past the end: the torn tail of the stop segment plus any later segment's data.
-    stop_seg = commit_log.segments.find(pos)
+    # After the last intact record: bit rot below the durable end, a torn tail above it.
+    durable = _durable_end(checkpoint, abnormal)
+    stop_seg = segq.find(pos)
     if stop_seg is not None:
-        extent = _nonzero_extent(stop_seg, pos - stop_seg.start)
-        report.truncated_bytes += max(0, extent - (pos - stop_seg.start))
-        if not read_only and extent > pos - stop_seg.start:
-            stop_seg.zero(pos - stop_seg.start, extent)
+        extent = stop_seg.start + _nonzero_extent(stop_seg, pos - stop_seg.start)
+        rotted = min(extent, durable)
+        if rotted > pos:
+            region = _Region(pos, rotted, report.stop_reason or "damaged bytes")
+            if region.end - region.begin < MIN_QUARANTINE_BYTES:  # zeros follow: room to grow
+                region.end = min(region.begin + MIN_QUARANTINE_BYTES, stop_seg.end)
+            if stop_seg.end - region.end < 8:  # no room left for the blank that closes it
+                region.end = stop_seg.end
+            _mend(segq, region, root, report, read_only)
+            pos = region.end
+            report.stop_reason = None
+            stop_seg = segq.find(pos)
+    if stop_seg is not None:
+        at = pos - stop_seg.start
+        extent = _nonzero_extent(stop_seg, at)
+        report.truncated_bytes += max(0, extent - at)
+        if not read_only and extent > at:
+            stop_seg.zero(at, extent)
     for seg in segs:
         if seg.start > pos:
             report.truncated_bytes += _nonzero_extent(seg, 0)
     if report.truncated_bytes == 0:
         report.stop_reason = None
-    report.deleted_files += commit_log.segments.truncate_to(pos)
+    report.commit_log_end = pos
+    report.deleted_files += segq.truncate_to(pos)
 
     for cq in consume_queues:
         if cq.max_phys > pos:

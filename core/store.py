@@ -28,7 +28,7 @@ from mqstore.format.record import offset_msg_id
 from mqstore.hashing import HASH_JAVA, string_hasher
 from mqstore.plugins_manager import PluginHooks, make_plugin_manager
 from mqstore.pull import PullLimits
-from mqstore.recovery import RecoveryReport, recover
+from mqstore.recovery import RecoveryReport, mend_range, recover
 from mqstore.storage.checkpoint import (
     Checkpoint, StoreLock, abort_exists, create_abort, read_meta, remove_abort, write_meta,
 )
@@ -186,6 +186,12 @@ class MessageStore(PutMixin, ReadMixin):
         self.recovery_report.notes[:0] = notes
         if not self.commit_log.segments.segments:
             self.consume_queues.clear()
+        if not ro:
+            # What recovery kept or mended is on disk before anything new is acknowledged.
+            for seg in self.commit_log.segments.segments:
+                if seg.end > self.recovery_report.scan_from:
+                    seg.force()
+            self.checkpoint.confirm_phy_offset = self.commit_log.max_offset
         self.flushed_where = self.commit_log.max_offset
         self._last_append = (self.commit_log.max_offset, self.checkpoint.physic_msg_timestamp)
         self._last_store_ts = self.checkpoint.physic_msg_timestamp
@@ -211,6 +217,10 @@ class MessageStore(PutMixin, ReadMixin):
         resume = [d.resume_offset() for d in self.dispatchers if hasattr(d, "resume_offset")]
         start = max(min([self.recovery_report.redispatch_from, *resume]),
                     self.commit_log.min_offset)
+        if start < self.recovery_report.scan_from:
+            mend_range(self.commit_log, start, self.recovery_report.scan_from,
+                       check_crc=config.commit_log.check_crc_on_recover, read_only=False,
+                       report=self.recovery_report)
         self.dispatch_loop = DispatchLoop(
             self.commit_log, self.dispatchers, TagsCoder(self.string_hash, self.delay_levels_ms),
             self.confirm_offset, start,

@@ -96,6 +96,8 @@ class PutMixin:
             pool_writer.buffers_returned(committed)
         if flushed > self.flushed_where:
             self.flushed_where = flushed
+            # Recovery treats damage below this offset as bit rot, not a torn tail.
+            self.checkpoint.confirm_phy_offset = flushed
             end, store_ts = self._last_append
             if flushed >= end and store_ts:
                 self.checkpoint.physic_msg_timestamp = store_ts

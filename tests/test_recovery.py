@@ -99,6 +99,18 @@ def read_queue(store, queue_id, topic="T"):
     return messages
 
 
+def read_all(store, queue_id, topic="T"):
+    """Every message a consumer gets from the queue, stepping over what cannot be served."""
+    messages, offset = [], store.min_offset(topic, queue_id)
+    while offset < store.max_offset(topic, queue_id):
+        got = store.get("g", topic, queue_id, offset, 32)
+        assert got.status in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE), got.status
+        assert got.next_begin_offset > offset
+        messages += got.messages
+        offset = got.next_begin_offset
+    return messages
+
+
 def queue_snapshot(store, topic="T"):
     return {q: (store.min_offset(topic, q), store.max_offset(topic, q),
                 [(m.queue_offset, m.phys_offset, m.body) for m in read_queue(store, q, topic)])
@@ -288,22 +300,31 @@ def test_deleting_every_commit_log_segment_destroys_the_queues(make_store, store
 
 
 # -- 58: segment lengths ----------------------------------------------------------------------
-def test_commit_log_file_of_wrong_length_refuses_the_open(make_store, store_dir):
+def test_short_commit_log_file_is_extended_and_the_records_after_it_kept(make_store, store_dir):
     overrides = {"commit_log": {"segment_bytes": 1024}}
     store = make_store(overrides)
-    for i in range(20):
-        put(store, 0, b"y" * 60)
+    results = [put(store, 0, b"y" * 60) for _ in range(20)]
     store.close()
     first = store_dir / "commitlog" / f"{0:020d}"
-    assert len(list((store_dir / "commitlog").iterdir())) > 1
-    os.truncate(first, 1000)
+    os.truncate(first, 500)
 
-    with pytest.raises(StoreCorruptError, match=re.escape(first.name)):
-        make_store(overrides)
-    # The failed open let go of the directory.
-    os.truncate(first, 1024)
     store = make_store(overrides)
+    report = store.recovery_report
+    assert any(first.name in note and "extended with zeros" in note for note in report.notes)
+    assert os.path.getsize(first) == 1024
+    lost = [r for r in results if r.phys_offset + r.size > 500 and r.phys_offset < 1024]
+    kept = [r for r in results if r not in lost]
+    assert len(lost) == 3 and len(kept) == 17
+    assert [(q.offset, q.length) for q in report.quarantined] == [(lost[0].phys_offset,
+                                                                   1024 - lost[0].phys_offset)]
+    assert not report.clean
+    for r in kept:
+        assert store.message_at(r.phys_offset).body == b"y" * 60
+    store.wait_dispatched()
+    pulled = [m.queue_offset for m in read_all(store, 0)]
+    assert pulled == [r.queue_offset for r in kept]
     assert store.max_offset("T", 0) == 20
+    assert put(store, 0, b"after").queue_offset == 20
 
 
 def test_zero_length_last_commit_log_file_is_deleted(make_store, store_dir):

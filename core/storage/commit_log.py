@@ -9,11 +9,8 @@ Appends happen under the store's put lock (single writer); reads only touch ``[m
 
 from __future__ import annotations
 
-from typing import Iterator
-
 from mqstore.format.record import (
-    END_FILE_MIN_BLANK_BYTES, SCAN_BAD, SCAN_BLANK, SCAN_OK, RecordHead, encode_blank,
-    scan_record,
+    END_FILE_MIN_BLANK_BYTES, SCAN_BLANK, SCAN_OK, encode_blank, scan_record,
 )
 from mqstore.storage.mapped_file import MappedFile
 from mqstore.storage.segment_queue import SegmentQueue
@@ -120,33 +117,6 @@ class CommitLog:
         if at + size > seg.committed or size <= 0:
             return None
         return seg.view[at:at + size]
-
-    def records(self, begin: int, end: int, *, check_crc: bool = False
-                ) -> Iterator[tuple[int, int, RecordHead | None, str | None]]:
-        """Walk ``[begin, end)`` yielding ``(offset, kind, head, reason)``.
-
-        Blank records move to the next segment; the walk stops after the first bad record
-        (yielded with its reason) or at ``end``.
-        """
-        pos = begin
-        while pos < end:
-            seg = self.segments.find(pos)
-            if seg is None:
-                return
-            limit = min(seg.committed, end - seg.start)
-            at = pos - seg.start
-            if at >= limit:
-                return
-            kind, size, head = scan_record(seg.mm, at, limit, check_crc, expected_phys=pos)
-            if kind == SCAN_OK:
-                yield pos, SCAN_OK, head, None
-                pos += size
-            elif kind == SCAN_BLANK:
-                yield pos, SCAN_BLANK, None, None
-                pos = seg.end
-            else:
-                yield pos, SCAN_BAD, None, size
-                return
 
     def follow_tail(self) -> int:
         """A reader's view of a log another process appends to: map new segments and move the

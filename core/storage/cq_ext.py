@@ -26,7 +26,8 @@ class ConsumeQueueExt:
     def __init__(self, root: str, topic: str, queue_id: int, file_bytes: int | None, *,
                  read_only: bool = False) -> None:
         self.directory = os.path.join(root, CONSUME_QUEUE_EXT_DIR, topic, str(queue_id))
-        self.segments = SegmentQueue(self.directory, file_bytes, read_only=read_only)
+        self.segments = SegmentQueue(self.directory, file_bytes, read_only=read_only,
+                                     whole=False)
         self._u8: dict[int, np.ndarray] = {}
 
     def load(self) -> None:

@@ -1,10 +1,14 @@
 """One fixed-size segment file mapped into memory.
 
 A segment is created at its full size and named by the 20-digit offset of its first byte in its
-stream. Unlike RocketMQ's sparse files, its blocks are reserved on the file system before
-anything is written into the map (``reserve``): a store write into a hole of a full file system
-would otherwise kill the process with SIGBUS instead of failing with ENOSPC. Files created here
-are reserved at creation; files loaded for writing are reserved before their first write. It tracks ``wrote`` (bytes appended),
+stream. Blocks are reserved on the file system before anything is written into the map over
+them: a write into a hole of a full file system would kill the process with SIGBUS instead of
+failing with ENOSPC. A ``whole`` file (commit-log segments) reserves all of its blocks when it
+is created, or before its first write when loaded; others (consume queues, index files) stay
+sparse as RocketMQ's are and reserve ahead of their appends (``RESERVE_AHEAD_BYTES`` at a
+time) and page by page where they write elsewhere (``reserve_span``).
+
+It tracks ``wrote`` (bytes appended),
 ``committed`` (bytes in the file, the readable limit) and ``flushed`` (bytes known to be on
 disk). Appends copied straight into the map are committed at once; a segment fed from the
 transient pool is ``staged``: its appends go to a pool buffer and become readable only when
@@ -19,9 +23,13 @@ import errno
 import mmap
 import os
 
+import numpy as np
+
 from mqstore.errors import DiskFullError
 
 NAME_DIGITS = 20
+PAGE = 4096
+RESERVE_AHEAD_BYTES = 1 << 20
 
 
 def segment_name(start_offset: int) -> str:
@@ -29,23 +37,30 @@ def segment_name(start_offset: int) -> str:
 
 
 class MappedFile:
-    __slots__ = ("path", "start", "size", "read_only", "wrote", "flushed", "staged",
-                 "reserved", "_committed", "_fd", "mm", "view")
+    __slots__ = ("path", "start", "size", "read_only", "wrote", "flushed", "staged", "whole",
+                 "reserved_to", "_pages", "_committed", "_fd", "mm", "view")
 
     def __init__(self, path: str, start: int, size: int, *, read_only: bool = False,
-                 create: bool = False) -> None:
+                 create: bool = False, whole: bool = True) -> None:
         self.path = path
         self.start = start
         self.size = size
         self.read_only = read_only
+        self.whole = whole
         flags = os.O_RDONLY if read_only else os.O_RDWR
         if create:
             flags |= os.O_CREAT | os.O_EXCL
         self._fd = os.open(path, flags, 0o644)
-        self.reserved = False
+        self.reserved_to = 0  # blocks of [0, reserved_to) exist
+        self._pages = None  # pages reserved beyond it (scattered writes), as a bool array
         try:
             if create:
-                self.reserve()
+                if whole:
+                    self.reserve()
+                else:  # sparse, as RocketMQ's; the first page (headers live there) reserved
+                    os.ftruncate(self._fd, size)
+                    reserve_file(self._fd, min(size, PAGE), path)
+                    self.reserved_to = min(size, PAGE)
             self.mm = mmap.mmap(
                 self._fd, size, access=mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
             )
@@ -64,10 +79,43 @@ class MappedFile:
     def reserve(self) -> None:
         """Allocate every block of the file now; raises DiskFullError when the file system
         cannot hold it (nothing is written, the file keeps its contents)."""
-        if self.reserved:
+        self._reserve_prefix(self.size)
+
+    def _reserve_prefix(self, end: int) -> None:
+        if end <= self.reserved_to:
             return
-        reserve_file(self._fd, self.size, self.path)
-        self.reserved = True
+        target = self.size if self.whole else min(
+            self.size, -(-(end + RESERVE_AHEAD_BYTES) // PAGE) * PAGE)
+        reserve_file(self._fd, target, self.path, begin=self.reserved_to)
+        self.reserved_to = target
+
+    def reserve_span(self, begin: int, end: int) -> None:
+        """Blocks for a write into ``[begin, end)`` anywhere in the file."""
+        if end <= self.reserved_to:
+            return
+        if begin <= self.reserved_to or self.whole:
+            self._reserve_prefix(end)
+            return
+        if self._pages is None:
+            self._pages = np.zeros(-(-self.size // PAGE), dtype=bool)
+        first, last = begin // PAGE, -(-end // PAGE)
+        if self._pages[first:last].all():
+            return
+        reserve_file(self._fd, min(self.size, last * PAGE), self.path, begin=first * PAGE)
+        self._pages[first:last] = True
+
+    def reserve_pages(self, offsets) -> None:
+        """Blocks for small writes at ``offsets`` (a numpy array of file positions)."""
+        pages = np.unique(np.asarray(offsets, dtype=np.int64) // PAGE)
+        pages = pages[pages * PAGE >= self.reserved_to]
+        if not len(pages):
+            return
+        if self._pages is None:
+            self._pages = np.zeros(-(-self.size // PAGE), dtype=bool)
+        for page in pages[~self._pages[pages]].tolist():
+            reserve_file(self._fd, min(self.size, (page + 1) * PAGE), self.path,
+                         begin=page * PAGE)
+            self._pages[page] = True
 
     @property
     def committed(self) -> int:
@@ -98,10 +146,10 @@ class MappedFile:
 
     def write(self, data, at: int | None = None) -> int:
         """Copy ``data`` at ``at`` (default: the write position); returns the file position."""
-        if not self.reserved:
-            self.reserve()
         pos = self.wrote if at is None else at
         end = pos + len(data)
+        if end > self.reserved_to:
+            self.reserve_span(pos, end)
         self.mm[pos:end] = data
         if end > self.wrote:
             self.wrote = end
@@ -120,9 +168,18 @@ class MappedFile:
             self.flushed = wrote
         return self.flushed
 
+    def force(self) -> None:
+        """fdatasync the whole file, whatever the positions say."""
+        if not self.read_only and self._fd >= 0:
+            os.fdatasync(self._fd)
+
+    def overwrite(self, at: int, data) -> None:
+        """Replace bytes in place (recovery mending damaged records); positions stay."""
+        self.reserve_span(at, at + len(data))
+        self.mm[at:at + len(data)] = data
+
     def zero(self, begin: int, end: int) -> None:
-        if not self.reserved:
-            self.reserve()
+        self.reserve_span(begin, end)
         self.mm[begin:end] = bytes(end - begin)
 
     def close(self) -> None:
@@ -152,14 +209,15 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
-def reserve_file(fd: int, size: int, path: str) -> None:
-    """Allocate the blocks of ``[0, size)`` of ``fd``; DiskFullError when they do not fit."""
+def reserve_file(fd: int, size: int, path: str, begin: int = 0) -> None:
+    """Allocate the blocks of ``[begin, size)`` of ``fd`` (the file grows to ``size`` if it is
+    shorter); DiskFullError when they do not fit."""
     try:
-        os.posix_fallocate(fd, 0, size)
+        os.posix_fallocate(fd, begin, size - begin)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(
-                f"no space to reserve {size} bytes for {path}: {os.strerror(exc.errno)}"
+                f"no space to reserve {size - begin} bytes for {path}: {os.strerror(exc.errno)}"
             ) from None
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise

@@ -2,8 +2,8 @@
 
 Used by the commit log (``commitlog/``) and by every consume queue. Files are named by their
 start offset (20 digits) so ``ls`` sorts them; each next segment starts where the previous one
-ends. Loading follows RocketMQ: sub-directories and non-numeric names are skipped, an empty
-*last* file is deleted, and any other file of the wrong length refuses the load.
+ends. Loading follows RocketMQ (sub-directories and non-numeric names are skipped, an empty
+*last* file is deleted) but repairs what RocketMQ refuses: see ``load``.
 
 Single writer; readers may look up segments concurrently (the list is replaced, never mutated
 in place, so a reader always sees a consistent snapshot).
@@ -12,25 +12,56 @@ in place, so a reader always sees a consistent snapshot).
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Callable
 
-from mqstore.errors import StoreCorruptError
 from mqstore.storage.mapped_file import MappedFile, segment_name
+
+
+def _infer_size(starts: list[int], sizes: list[int], known: int | None) -> int:
+    if known:
+        return known
+    gaps = [b - a for a, b in zip(starts, starts[1:]) if b > a]
+    if gaps:
+        return min(gaps)
+    counts = Counter(sizes)
+    return max(counts, key=lambda n: (counts[n], n))
+
+
+def _extend(path: str, size: int) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
 
 
 class SegmentQueue:
     def __init__(self, directory: str, segment_bytes: int | None, *, read_only: bool = False,
-                 on_warning: Callable[[str], None] | None = None) -> None:
-        """``segment_bytes=None`` (read-only opens) takes the size from the files on disk."""
+                 on_warning: Callable[[str], None] | None = None,
+                 known_bytes: int | None = None, whole: bool = True) -> None:
+        """``segment_bytes``: the size of new files when the directory has none yet (None: take
+        it from the first file that appears). ``known_bytes``: the size this stream is known
+        to have been written with (recorded by the store); it wins over what the files say.
+        ``whole``: files reserve all their blocks at once (see ``MappedFile``)."""
         self.directory = directory
         self.segment_bytes = segment_bytes
+        self.known_bytes = known_bytes
+        self.whole = whole
         self.read_only = read_only
         self.segments: list[MappedFile] = []
         self._warn = on_warning or (lambda _msg: None)
 
     # -- loading ---------------------------------------------------------------------------
     def load(self) -> list[str]:
-        """Map the existing segments; returns notes about files it removed."""
+        """Map the existing segments; returns notes about what it found wrong and did.
+
+        The segment size is the recorded one, else the distance between consecutive file
+        names, else the size most files have; a configured size never overrides it. A file
+        shorter than that is extended with zeros (read-only: mapped as it is, the rest counts
+        as missing), a longer one is mapped to the segment size. Files whose start is not a
+        multiple of the size are left alone and reported.
+        """
         notes: list[str] = []
         if not os.path.isdir(self.directory):
             return notes
@@ -46,26 +77,46 @@ class SegmentQueue:
                 notes.append(f"deleted empty last segment {path}")
             names.pop()
             sizes.pop()
-        if self.segment_bytes is None and names:
-            self.segment_bytes = sizes[0]
+        if not names:
+            if self.known_bytes:
+                self.segment_bytes = self.known_bytes
+            return notes
+        size = _infer_size([int(n) for n in names], sizes, self.known_bytes)
+        if self.segment_bytes is not None and self.segment_bytes != size:
+            notes.append(f"{self.directory} was written with {size}-byte segments; they keep "
+                         f"that size (the configured {self.segment_bytes} applies to new stores)")
+        self.segment_bytes = size
         segments: list[MappedFile] = []
         try:
-            for name, size in zip(names, sizes):
+            for name, file_size in zip(names, sizes):
                 path = os.path.join(self.directory, name)
-                if size != self.segment_bytes:
-                    raise StoreCorruptError(
-                        f"segment {path} is {size} bytes; every segment of this queue must be "
-                        f"{self.segment_bytes} bytes (the configured segment size)"
-                    )
                 start = int(name)
-                if start % self.segment_bytes:
-                    raise StoreCorruptError(
-                        f"segment {path} starts at {start}, not a multiple of the segment size "
-                        f"{self.segment_bytes}"
-                    )
+                if start % size:
+                    notes.append(f"segment {path} starts at {start}, not a multiple of the "
+                                 f"segment size {size}: left out")
+                    continue
+                mapped = size
+                if file_size < size:
+                    if self.read_only:
+                        mapped = file_size
+                        notes.append(f"segment {path} is {file_size} bytes, not {size}: the "
+                                     f"rest is missing")
+                    else:
+                        _extend(path, size)
+                        notes.append(f"segment {path} was {file_size} bytes, not {size}: "
+                                     f"extended with zeros (the missing bytes are lost)")
+                elif file_size > size:
+                    notes.append(f"segment {path} is {file_size} bytes, longer than the "
+                                 f"segment size {size}: its first {size} bytes are used")
+                if segments and start < segments[-1].end:
+                    notes.append(f"segment {path} overlaps the one before: left out")
+                    continue
+                if mapped == 0:
+                    continue
                 if segments and start != segments[-1].end:
                     self._warn(f"gap before segment {path}: previous ends at {segments[-1].end}")
-                segments.append(MappedFile(path, start, size, read_only=self.read_only))
+                segments.append(MappedFile(path, start, mapped, read_only=self.read_only,
+                                           whole=self.whole))
         except BaseException:
             for seg in segments:
                 seg.close()
@@ -87,11 +138,11 @@ class SegmentQueue:
             path = os.path.join(self.directory, name)
             try:
                 size = os.path.getsize(path)
-                if self.segment_bytes is None:
+                if self.segment_bytes is None and size > 0:
                     self.segment_bytes = size
                 if size != self.segment_bytes:
                     break  # still being created
-                seg = MappedFile(path, int(name), size, read_only=self.read_only)
+                seg = MappedFile(path, int(name), size, read_only=self.read_only, whole=self.whole)
             except (FileNotFoundError, ValueError):
                 break  # removed or resized under us: look again next time
             seg.wrote = seg.flushed = 0  # nothing in it is trusted yet
@@ -159,6 +210,18 @@ class SegmentQueue:
         return None
 
     # -- changes ---------------------------------------------------------------------------
+    def insert_closed(self, start: int, filler) -> MappedFile:
+        """Recreate the missing segment at ``start`` (between existing ones) holding only
+        ``filler(size)`` at offset 0 (a blank record), so readers step over it."""
+        size = self.segment_bytes
+        seg = MappedFile(os.path.join(self.directory, segment_name(start)), start, size,
+                         create=True, whole=self.whole)
+        seg.write(filler(size))
+        seg.wrote = seg.flushed = size
+        seg.flush()
+        self.segments = sorted(self.segments + [seg], key=lambda m: m.start)
+        return seg
+
     def create_next(self, start: int | None = None) -> MappedFile:
         """Create the segment after the last one (or the one containing ``start``)."""
         size = self.segment_bytes
@@ -168,7 +231,7 @@ class SegmentQueue:
             begin = (start or 0) - (start or 0) % size
         os.makedirs(self.directory, exist_ok=True)
         seg = MappedFile(os.path.join(self.directory, segment_name(begin)), begin, size,
-                         create=True)
+                         create=True, whole=self.whole)
         self.segments = self.segments + [seg]
         return seg
 
