@@ -20,7 +20,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from mqstore.errors import CorruptRecordError
 from mqstore.format.properties import PROPERTY_DELAY, PROPERTY_TAGS, find_property
+from mqstore.format.quarantine import find_record
 from mqstore.format.record import SCAN_BAD, SCAN_BLANK, scan_record
 from mqstore.format.record_columns import heads, walk
 
@@ -106,6 +108,7 @@ class DispatchLoop:
         self.failing: str | None = None
         self.failures = 0
         self.last_exception: Exception | None = None
+        self.skipped: list[tuple[int, int, str]] = []  # damaged ranges passed over, and why
         self.progress = threading.Condition()
         self._u8 = None
         self._topic_names: dict[bytes, str] = {}
@@ -151,9 +154,20 @@ class DispatchLoop:
                 pos = seg.end
                 continue
             if kind == SCAN_BAD:
-                self.error = f"dispatch stopped at commit-log offset {pos}: {size}"
-                log.error(self.error)
-            elif wend + size <= limit:  # valid, visible, yet not walkable: never wait on it
+                # Damage below the visible end (recovery mends what it saw at open; this
+                # appeared since): step over it to the next intact record, as recovery will.
+                nxt = find_record(seg.mm, wend + 1, limit, seg.start, seg.size)
+                if nxt is not None or seg.end <= end:
+                    resume = seg.start + nxt if nxt is not None else seg.end
+                    self.skipped.append((pos, resume, size))
+                    log.error("dispatch passes over damaged commit-log bytes [%d, %d): %s",
+                              pos, resume, size)
+                    pos = resume
+                    continue
+                self._failed(pos, CorruptRecordError(
+                    f"commit-log offset {pos}: {size}; no intact record follows yet"))
+                return 0
+            if wend + size <= limit:  # valid, visible, yet not walkable: never wait on it
                 self.error = f"dispatch cannot read the record at commit-log offset {pos}"
                 log.error(self.error)
             break

@@ -256,7 +256,7 @@ class StoredMessage:
         return self.properties.get(PROPERTY_UNIQ_KEY)
 
     def decompressed_body(self) -> bytes:
-        return decompress_body(self.body, self.sysflag)
+        return decompress_body(self.body, self.sysflag, offset=self.phys_offset)
 
     @property
     def raw(self) -> bytes:
@@ -282,6 +282,9 @@ class GetResult:
     messages: list[StoredMessage] = field(default_factory=list)
     suggest_pulling_from_slave: bool = False
     filtered_count: int = 0
+    # Queue offsets passed over because what they point at cannot be served (damaged, or lost
+    # to damage): (queue offset, commit-log offset, why). The next offset moves past them.
+    corrupt: list[tuple[int, int, str]] = field(default_factory=list)
 
     @property
     def buffer_total_size(self) -> int:

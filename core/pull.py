@@ -2,24 +2,26 @@
 
 One call reads at most one consume-queue file and at most ``max(max_filter_bytes,
 max_msgs*20)`` bytes of units. Tag codes of the whole window are matched at once; only the
-candidates are read from the commit log and checked exactly.
+candidates are read from the commit log and checked exactly. Nothing is served unchecked
+(``format.verify``): a unit whose record is damaged, belongs elsewhere, or was lost is passed
+over and reported in ``GetResult.corrupt``, as the next offset moves past it.
 """
 
 from __future__ import annotations
 
-import struct
+import logging
 
 import numpy as np
 
-from mqstore.format.cq_ext import bitmap_matches
-from mqstore.format.cq_unit import CQ_UNIT_SIZE, EXT_ADDRESS_MAX
+from mqstore.errors import CorruptRecordError
 from mqstore.filtering import MATCH_ALL
-from mqstore.format.record import MAGIC_V1, MAGIC_V2
+from mqstore.format.cq_ext import bitmap_matches
+from mqstore.format.cq_unit import CQ_UNIT_SIZE, EXT_ADDRESS_MAX, FILLER_SIZE
+from mqstore.format.verify import check_queue_identity, verify_record
 from mqstore.message import GetResult, GetStatus, StoredMessage
 
+log = logging.getLogger("mqstore.pull")
 MAX_PULL_BYTES = 128 * 1024 * 1024
-_HEAD = struct.Struct(">ii20xq")  # TOTALSIZE, MAGICCODE, PHYSICALOFFSET
-_MAGICS = (MAGIC_V1, MAGIC_V2)
 
 
 class PullLimits:
@@ -92,6 +94,7 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
 
     commit_log = store.commit_log
     max_py = commit_log.max_offset
+    topic, queue_id = cq.topic.encode(), cq.queue_id
     max_pull = MAX_PULL_BYTES if max_total_bytes is None else min(max(max_total_bytes, 100), MAX_PULL_BYTES)
     window_units = -(-max(limits.window_bytes, max_msgs * CQ_UNIT_SIZE) // CQ_UNIT_SIZE)
     result = GetResult(GetStatus.NO_MATCHED_MESSAGE, offset, min_off, max_off)
@@ -163,6 +166,13 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
             i = c + 1
             pos = positions[c]
             size = sizes[c]
+            if size == FILLER_SIZE or pos < 0 or size <= 0:
+                # A placeholder for an offset whose message was lost, or a damaged unit.
+                max_phys_pulling = max(max_phys_pulling, pos)
+                nxt = offset + c_start + c + 1
+                _pass_over(result, nxt - 1, pos, "no message is stored at this offset"
+                           if size == FILLER_SIZE else f"damaged unit (size {size})")
+                continue
             if messages:  # the first message is always accepted
                 n = len(messages)
                 if n + 1 > max_msgs or total + size > max_pull:
@@ -184,16 +194,20 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
                 if log_seg is not None:  # one read of the readable end per segment per call
                     log_start, log_end = log_seg.start, log_seg.start + log_seg.committed
             at = pos - log_start if log_seg is not None else 0
-            if log_seg is None or pos + size > log_end or size <= 0:
+            if log_seg is None or pos + size > log_end:
                 if not messages:
                     result.status = GetStatus.MESSAGE_WAS_REMOVING
                 next_phys_file_start = pos + seg_bytes - pos % seg_bytes
                 continue
             raw = log_seg.mm[at:at + size]
-            rec_size, magic, rec_phys = _HEAD.unpack_from(raw)
-            msg = StoredMessage(raw) if (rec_size == size and rec_phys == pos
-                                         and magic in _MAGICS) else None
-            if msg is None or not flt.match_message(msg):
+            try:
+                lay = verify_record(raw, pos, size)
+                check_queue_identity(raw, lay, topic, queue_id, nxt - 1, pos)
+            except CorruptRecordError as exc:
+                _pass_over(result, nxt - 1, pos, str(exc))
+                continue
+            msg = StoredMessage(raw, lay)
+            if not flt.match_message(msg):
                 if not messages:
                     result.status = GetStatus.NO_MATCHED_MESSAGE
                 result.filtered_count += 1
@@ -206,3 +220,10 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
     result.next_begin_offset = nxt
     result.suggest_pulling_from_slave = max_py - max_phys_pulling > mem_limit
     return result
+
+
+def _pass_over(result: GetResult, queue_offset: int, phys_offset: int, why: str) -> None:
+    if not result.messages:
+        result.status = GetStatus.NO_MATCHED_MESSAGE
+    result.corrupt.append((queue_offset, phys_offset, why))
+    log.warning("pull passes over queue offset %d: %s", queue_offset, why)

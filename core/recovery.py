@@ -248,18 +248,37 @@ def _durable_end(checkpoint, abnormal: bool) -> int:
 
 
 # -- recover -------------------------------------------------------------------------------------
-def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc: bool,
-            read_only: bool, rebuild_from: int = NO_END) -> RecoveryReport:
-    """``rebuild_from``: a commit-log offset the caller knows consume queues are missing
-    units from (queues the store knew of that are gone); dispatch starts no later."""
-    report = RecoveryReport(abnormal=abnormal)
+def _rebuild_point(consume_queues, known_queues: dict, report: RecoveryReport) -> int:
+    """The commit-log offset from which dispatch must run again so that no queue misses a
+    unit: queues their own check cut short, and queues the manifest lists that are gone or
+    hold fewer units than it records."""
+    rebuild_from = NO_END
+    by_key = {(cq.topic, cq.queue_id): cq for cq in consume_queues}
     for cq in consume_queues:
         dropped = cq.recover()
         if dropped:
-            key = f"{cq.topic}/{cq.queue_id}"
-            report.consume_queue_units_dropped[key] = dropped
-            # Its units from the cut on come back from the commit log.
+            report.consume_queue_units_dropped[f"{cq.topic}/{cq.queue_id}"] = dropped
             rebuild_from = min(rebuild_from, max(cq.max_phys, 0))
+    for (topic, queue_id), (first_phys, max_offset) in known_queues.items():
+        cq = by_key.get((topic, queue_id))
+        if cq is None:
+            why = "its directory is missing"
+            point = first_phys
+        elif cq.max_offset < max_offset:
+            why = f"it holds {cq.max_offset} units, {max_offset} were written"
+            point = cq.max_phys if cq.max_phys >= 0 else first_phys
+        else:
+            continue
+        report.queues_rebuilt[f"{topic}/{queue_id}"] = why
+        rebuild_from = min(rebuild_from, max(point, 0))
+    return rebuild_from
+
+
+def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc: bool,
+            read_only: bool, known_queues: dict | None = None) -> RecoveryReport:
+    """``known_queues``: the queue manifest (``storage.queue_manifest``), if any."""
+    report = RecoveryReport(abnormal=abnormal)
+    rebuild_from = _rebuild_point(consume_queues, known_queues or {}, report)
     dispatch_from = max((cq.max_phys for cq in consume_queues), default=-1)
     dispatch_from = min(dispatch_from, rebuild_from)
     segq = commit_log.segments

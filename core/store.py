@@ -25,15 +25,17 @@ from mqstore.dispatch import DispatchLoop, DispatchThread, TagsCoder
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.format.hosts import parse_host
 from mqstore.format.record import offset_msg_id
-from mqstore.hashing import HASH_JAVA, string_hasher
+from mqstore.hashing import string_hasher
 from mqstore.plugins_manager import PluginHooks, make_plugin_manager
 from mqstore.pull import PullLimits
 from mqstore.recovery import RecoveryReport, mend_range, recover
 from mqstore.storage.checkpoint import (
-    Checkpoint, StoreLock, abort_exists, create_abort, read_meta, remove_abort, write_meta,
+    Checkpoint, StoreLock, abort_exists, create_abort, remove_abort,
 )
 from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
+from mqstore.storage.queue_manifest import ManifestKeeper, read_manifest
 from mqstore.storage.cq_ext import open_ext
+from mqstore.store_meta import load_meta, settle_meta
 from mqstore.subscriptions import Subscriptions
 from mqstore.uninterrupted import shield
 from mqstore.storage.commit_log import CommitLog
@@ -150,14 +152,7 @@ class MessageStore(PutMixin, ReadMixin):
     def _load(self, config: StoreConfig) -> None:
         ro = self.read_only
         cl_dir = os.path.join(self.root, COMMIT_LOG_DIR)
-        meta = read_meta(self.root)
-        if meta is None:
-            existing = os.path.isdir(cl_dir) and any(n.isdigit() for n in os.listdir(cl_dir))
-            meta = {"format": 1, "hash": HASH_JAVA if existing or ro else config.store.hash}
-            if not ro:
-                write_meta(self.root, meta)
-        self.hash_kind = meta.get("hash", HASH_JAVA)
-        self.string_hash = string_hasher(self.hash_kind)
+        meta, meta_problem = load_meta(self.root)
         self.store_host = parse_host(config.store.store_host)
         self._put_ctx = appender.PutContext(self.store_host, config.commit_log.max_message_bytes,
                                             config.commit_log.auto_v2_on_long_topic,
@@ -169,20 +164,33 @@ class MessageStore(PutMixin, ReadMixin):
             modules=config.plugins.modules, disable=config.plugins.disable,
             load_entry_points=config.plugins.load_entry_points))
 
+        # Sizes the store was written with win over the configured ones, which apply to new
+        # stores; a read-only store with no segment yet learns the size from the first one.
         self.commit_log = CommitLog(cl_dir, None if ro else config.commit_log.segment_bytes,
-                                    read_only=ro, on_warning=log.warning)
+                                    read_only=ro, on_warning=log.warning,
+                                    known_bytes=meta.get("commit_log_segment_bytes"))
         notes = self.commit_log.load()
-        if self.commit_log.segments.segment_bytes is None:
-            self.commit_log.segments.segment_bytes = config.commit_log.segment_bytes
-        self._cq_file_bytes = round_file_bytes(config.consume_queue.file_units * CQ_UNIT_SIZE)
+        self._cq_file_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
+            config.consume_queue.file_units * CQ_UNIT_SIZE)
         self.consume_queues.update(load_consume_queues(
-            self.root, self._cq_file_bytes, read_only=ro, on_warning=log.warning))
+            self.root, self._cq_file_bytes, read_only=ro, on_warning=log.warning, notes=notes,
+            known_bytes=meta.get("consume_queue_file_bytes")))
+        meta = settle_meta(self.root, meta, meta_problem, commit_log=self.commit_log,
+                           consume_queues=self.consume_queues.values(),
+                           configured_hash=config.store.hash, read_only=ro, notes=notes)
+        self.hash_kind = meta["hash"]
+        self.string_hash = string_hasher(self.hash_kind)
         self.checkpoint = Checkpoint(self.root, read_only=ro)
         self.subscriptions = Subscriptions(self.root)
         abnormal = abort_exists(self.root)
+        known_queues, manifest_problem = read_manifest(self.root)
+        self._manifest = ManifestKeeper(self.root)
+        if manifest_problem:
+            notes.append(manifest_problem)
         self.recovery_report: RecoveryReport = recover(
             self.commit_log, list(self.consume_queues.values()), self.checkpoint,
-            abnormal=abnormal, check_crc=config.commit_log.check_crc_on_recover, read_only=ro)
+            abnormal=abnormal, check_crc=config.commit_log.check_crc_on_recover, read_only=ro,
+            known_queues=known_queues)
         self.recovery_report.notes[:0] = notes
         if not self.commit_log.segments.segments:
             self.consume_queues.clear()
@@ -286,6 +294,7 @@ class MessageStore(PutMixin, ReadMixin):
         logics = self.checkpoint.logics_msg_timestamp
         for cq in list(self.consume_queues.values()):
             cq.flush()
+        self._manifest.update(self.consume_queues)
         self.checkpoint.flush(logics_msg_timestamp=logics)
 
     @property
@@ -457,6 +466,7 @@ class MessageStore(PutMixin, ReadMixin):
                     healthy = self.dispatch_thread.exception is None
                     for cq in self.consume_queues.values():
                         cq.flush()
+                    self._manifest.update(self.consume_queues, final=True)
                 self.flush_metadata()
                 clean = (not self.running_flags & (UNWRITABLE & ~DISK_FULL) and lag == 0 and healthy
                          and self.flushed_where >= self._last_append[0])

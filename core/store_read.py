@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 
 import numpy as np
 
 from mqstore import appender
-from mqstore.errors import StoreClosedError
+from mqstore.errors import CorruptRecordError, StoreClosedError
 from mqstore.filtering import MATCH_ALL
 from mqstore.format.cq_unit import CQ_UNIT_SIZE
 from mqstore.format.properties import KEY_SEPARATOR
-from mqstore.format.record import parse_offset_msg_id
+from mqstore.format.quarantine import QUARANTINE_FLAG, is_quarantine
+from mqstore.format.record import MAGIC_V1, MAGIC_V2, parse_offset_msg_id
+from mqstore.format.verify import verify_record
 from mqstore.message import GetResult, StoredMessage
 from mqstore.pull import get_messages
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
@@ -20,7 +23,10 @@ from mqstore.store_put import NOT_READABLE
 from mqstore.workers import shm
 from mqstore.time_search import LOWER, UPPER, offset_by_time, store_time_at
 
+log = logging.getLogger("mqstore.read")
 FILTER_CACHE_SIZE = 100
+_HEAD = struct.Struct(">ii20xq")  # TOTALSIZE, MAGICCODE, PHYSICALOFFSET
+_MAGICS = (MAGIC_V1, MAGIC_V2)
 INT64_MAX = (1 << 63) - 1
 
 
@@ -34,7 +40,9 @@ def check_read_topic(topic: object) -> None:
 class ReadMixin:
     # -- following a writer ----------------------------------------------------------------
     def _follow_limit(self) -> int | None:
-        """How far consume-queue views may advance, or None when this process writes them."""
+        """How far consume-queue views may advance, or None when this process writes them: the
+        dispatch worker's published position, or (read-only) the end up to which the commit
+        log checks out."""
         if self.supervisor is not None:
             return self.positions[shm.DISPATCHED]
         if self.read_only:
@@ -49,29 +57,49 @@ class ReadMixin:
         if limit is None:
             return cq
         if cq is None:
-            path = os.path.join(self.root, CONSUME_QUEUE_DIR, topic, str(queue_id))
-            if not os.path.isdir(path):
+            if not os.path.isdir(os.path.join(self.root, CONSUME_QUEUE_DIR, topic, str(queue_id))):
                 return None
+            # No load: refresh maps the files as they come, so one deleted or still being
+            # created while we look is simply looked at again.
             cq = ConsumeQueue(self.root, topic, queue_id, None, read_only=True)
-            cq.load()
             cq.follow()
             self.consume_queues[key] = cq
-        if getattr(cq, "seen_limit", None) != limit:
+        if self.read_only:
+            # Dispatch writes units after the records they name, so units appear while the log
+            # stands still: every look checks (an idle one reads a single unit).
+            cq.refresh(limit, self.commit_log)
+            self._follow_min_offset(cq)
+        elif getattr(cq, "seen_limit", None) != limit:
+            # The worker publishes its position after writing the units below it.
             cq.refresh(limit)
             cq.seen_limit = limit
         return cq
+
+    def _follow_min_offset(self, cq) -> None:
+        """Raise a followed queue's min offset past units whose records cleanup deleted, as the
+        writer raises its own (it is not in the files); again when either end moves."""
+        min_phys = self.commit_log.min_offset
+        seen = (min_phys, cq.max_offset)
+        if getattr(cq, "seen_ends", None) != seen:
+            cq.correct_min_offset(min_phys)
+            cq.seen_ends = seen
 
     def _discover_queues(self) -> None:
         if self._follow_limit() is None:
             return
         base = os.path.join(self.root, CONSUME_QUEUE_DIR)
-        if not os.path.isdir(base):
-            return
-        for topic in os.listdir(base):
-            tdir = os.path.join(base, topic)
-            for qname in os.listdir(tdir) if os.path.isdir(tdir) else ():
+        for topic in self._names_in(base):
+            for qname in self._names_in(os.path.join(base, topic)):
                 if qname.isdigit() and (topic, int(qname)) not in self.consume_queues:
                     self._queue(topic, int(qname))
+
+    @staticmethod
+    def _names_in(directory: str) -> list[str]:
+        """The entries of a directory the writer may be creating or deleting right now."""
+        try:
+            return os.listdir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     # -- reads -----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -138,24 +166,36 @@ class ReadMixin:
         self._check_open()
         return self.subscriptions.unregister(group, topic)
 
-    def decode_message(self, raw) -> StoredMessage | None:
-        try:
-            return StoredMessage.from_bytes(bytes(raw))
-        except (ValueError, IndexError, struct.error):
-            return None
 
     def message_at(self, phys_offset: int) -> StoredMessage | None:
-        """The message whose record starts at ``phys_offset``, or None."""
+        """The message whose record starts at ``phys_offset``; None when no record starts
+        there; CorruptRecordError when one does but is damaged (never wrong bytes)."""
         self._check_open()
-        head = self.commit_log.read(phys_offset, 4)
+        head = self.commit_log.read(phys_offset, _HEAD.size)
         if head is None:
             return None
-        size = int.from_bytes(head, "big", signed=True)
-        raw = self.commit_log.read(phys_offset, size) if size > 0 else None
-        if raw is None:
+        size, magic, named = _HEAD.unpack(head)
+        if magic not in _MAGICS or named != phys_offset or size <= 0:
             return None
-        msg = self.decode_message(raw)
-        return msg if msg is not None and msg.phys_offset == phys_offset else None
+        raw = self.commit_log.read(phys_offset, size)
+        if raw is None:
+            raise CorruptRecordError(f"record at commit-log offset {phys_offset}: size {size} "
+                                     f"runs past the readable end {self.commit_log.max_offset}")
+        raw = bytes(raw)
+        lay = verify_record(raw, phys_offset, size)
+        f = lay.fields
+        if f[4] == QUARANTINE_FLAG and is_quarantine(
+                f[4], f[7], raw[lay.topic_at:lay.topic_at + lay.topic_len].decode("ascii", "replace")):
+            return None
+        return StoredMessage(raw, lay)
+
+    def _message_or_none(self, phys_offset: int) -> StoredMessage | None:
+        """``message_at`` for lookups that go on past a damaged record (after logging it)."""
+        try:
+            return self.message_at(phys_offset)
+        except CorruptRecordError as exc:
+            log.warning("lookup passes over a damaged record: %s", exc)
+            return None
 
     def message_by_id(self, msg_id: str) -> StoredMessage | None:
         self._check_open()
@@ -249,7 +289,7 @@ class ReadMixin:
             if phys in seen:
                 continue
             seen.add(phys)
-            msg = self.message_at(phys)
+            msg = self._message_or_none(phys)
             if (msg is None or msg.topic != topic
                     or not begin_ms <= msg.store_timestamp <= end_ms
                     or (key not in msg.keys and msg.uniq_key != key)):
@@ -269,7 +309,7 @@ class ReadMixin:
             raise ValueError(f"uniq_key {uniq_key!r} must be a non-empty string without spaces")
         best = None
         for phys in self._key_index().candidates(topic, uniq_key, 0, INT64_MAX):
-            msg = self.message_at(phys)
+            msg = self._message_or_none(phys)
             if msg is not None and msg.topic == topic and msg.uniq_key == uniq_key and (
                     best is None or msg.store_timestamp < best.store_timestamp
                     or (msg.store_timestamp == best.store_timestamp

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from mqstore.format.cq_unit import CQ_UNIT_SIZE
+from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 from mqstore.format.record import POS_SYSFLAG, store_timestamp_pos
 
 _INT = struct.Struct(">i")
@@ -41,7 +41,14 @@ def offset_by_time(commit_log, cq, ts: int, boundary: str) -> int:
     min_phys = commit_log.min_offset
 
     def unit_time(seg, idx: int) -> int:
-        pos = int(cq.units_of(seg)[idx]["phys_offset"])
+        units = cq.units_of(seg)
+        # A filler holds the place of a message lost to damage: it takes the time of the
+        # message before it, which keeps the times in queue order non-decreasing.
+        while idx >= 0 and int(units[idx]["size"]) == FILLER_SIZE:
+            idx -= 1
+        if idx < 0:
+            return -2
+        pos = int(units[idx]["phys_offset"])
         if pos < min_phys:
             return -2  # removed: older than any ts
         return store_time_at(commit_log, pos)

@@ -8,6 +8,8 @@ subscriptions' bloom bitmap is kept (spec section 4).
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from mqstore.format.cq_ext import BLOOM_BYTES, encode_unit, set_bits
@@ -16,6 +18,8 @@ from mqstore.format.properties import decode_properties
 from mqstore.format.record import SYSFLAG_TX_MASK, TX_COMMIT, TX_NOT
 from mqstore.hookspecs import hookimpl
 from mqstore.plugins.sql92 import compile_expression
+
+log = logging.getLogger("mqstore.dispatch")
 
 
 class ConsumeQueueBuilder:
@@ -39,8 +43,7 @@ class ConsumeQueueBuilder:
                 group.append(i)
         subs = self.store.subscriptions
         subs.reload()
-        subs_by_topic = {t: [(compile_expression(e["expression"]), subs.positions(e))
-                             for e in subs.for_topic(t)] for t in {k[0] for k in groups}}
+        subs_by_topic = {t: _compiled(subs, t) for t in {k[0] for k in groups}}
         for (topic, queue_id), rows in groups.items():
             idx = np.asarray(rows)
             qoffs = batch.queue_offsets[idx]
@@ -73,6 +76,19 @@ class ConsumeQueueBuilder:
 
     def close(self) -> None:
         pass
+
+
+def _compiled(subs, topic: str) -> list:
+    """The topic's registered subscriptions, compiled; one that no longer compiles (stored
+    before a limit existed, or edited by hand) gets no bitmap: pulls check it exactly."""
+    out = []
+    for entry in subs.for_topic(topic):
+        try:
+            out.append((compile_expression(entry["expression"]), subs.positions(entry)))
+        except ValueError as exc:
+            log.warning("subscription %s of %s gets no filter bitmap: %s",
+                        entry.get("group"), topic, exc)
+    return out
 
 
 @hookimpl(trylast=True)

@@ -129,14 +129,30 @@ def test_valid_prefix_examples():
     assert valid_prefix(decode_units(raw)) == 3
 
 
+def test_valid_prefix_ends_where_records_stop_following_each_other():
+    # Dispatch writes units in commit-log order: a unit that starts inside or before the
+    # record of the unit before it was copied in or torn.
+    raw = encode_units([0, 100, 50, 300], [100, 100, 100, 100], [0, 0, 0, 0])
+    assert valid_prefix(decode_units(raw)) == 2
+    raw = encode_units([0, 100, 0, 200], [100, 100, FILLER_SIZE, 100], [0, 0, 0, 0])
+    assert valid_prefix(decode_units(raw)) == 4  # fillers hold places anywhere
+    raw = encode_units([40, 200], [10, 10], [0, 0])
+    assert valid_prefix(decode_units(raw), prev_end=100) == 0
+
+
 @settings(max_examples=200)
-@given(st.lists(st.tuples(st.integers(-3, 3), st.integers(-3, 3)), max_size=20))
+@given(st.lists(st.tuples(st.integers(-3, 40), st.integers(-3, 5) | st.just(FILLER_SIZE)),
+                max_size=20))
 def test_valid_prefix_matches_first_invalid(rows):
     raw = encode_units([r[0] for r in rows], [r[1] for r in rows], [0] * len(rows))
-    expected = 0
+    expected, prev_end = 0, -1
     for off, size in rows:
         if off < 0 or size <= 0:
             break
+        if size != FILLER_SIZE:
+            if off < prev_end:
+                break
+            prev_end = max(prev_end, off + size)
         expected += 1
     assert valid_prefix(decode_units(raw)) == expected
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mqstore import GetStatus, Message, PutStatus
-from mqstore.errors import StoreCorruptError, StoreLockedError
+from mqstore.errors import CorruptRecordError, StoreCorruptError, StoreLockedError
 
 BORN = 1_700_000_000_000
 CHECKPOINT_BYTES = 4096
@@ -59,11 +59,14 @@ def put(store, queue_id, body, *, topic="T", tags=None, sysflag=0):
 
 
 def crash_copy(store, dest: Path) -> Path:
-    """What a killed writer leaves: flushed data, ``abort`` present, no lock holder."""
+    """What a killed writer leaves: flushed data, ``abort`` present, no lock holder, and a
+    checkpoint that never recorded the flushed end (damage at the tail counts as torn;
+    ``set_durable_end`` says otherwise)."""
     store.wait_dispatched()
     store.flush_commit_log(0)
     shutil.copytree(store.root, dest)
     assert (dest / "abort").exists()
+    set_durable_end(dest, 0)
     return dest
 
 
@@ -212,36 +215,55 @@ def test_torn_last_record_is_cut_and_writes_continue_there(make_store, store_dir
 
 
 # -- 55: body CRC ----------------------------------------------------------------------------
+def set_durable_end(root: Path, offset: int) -> None:
+    """Write the checkpoint's confirmPhyOffset: the flushed end recovery trusts."""
+    with open(Path(root) / "checkpoint", "r+b") as f:
+        f.seek(32)
+        f.write(struct.pack(">q", offset))
+
+
 @BOTH_MODES
-@pytest.mark.parametrize("check_crc", [True, False])
-def test_flipped_body_byte_of_last_record(make_store, tmp_path, check_crc):
+@pytest.mark.parametrize("check_crc, durable", [(True, False), (True, True), (False, False)])
+def test_flipped_body_byte_of_last_record(make_store, tmp_path, check_crc, durable):
     seg = 1 << 20
     store = make_store()
     acked = [(put(store, 0, b"payload-%02d" % i, tags="TagA"), b"payload-%02d" % i)
              for i in range(8)]
     root = crash_copy(store, tmp_path / "crashed")
     last, body = acked[-1]
+    set_durable_end(root, last.phys_offset + last.size if durable else last.phys_offset)
     at = last.phys_offset + BODY_AT + 3
     assert read_at(root, last.phys_offset + BODY_AT, len(body), seg) == body
     flipped_byte = read_at(root, at, 1, seg)[0] ^ 0x01
     write_at(root, at, bytes([flipped_byte]), seg)
-    flipped = body[:3] + bytes([flipped_byte]) + body[4:]
 
     overrides = None if check_crc else {"commit_log": {"check_crc_on_recover": False}}
     crashed = make_store(overrides, root=root)
     report = crashed.recovery_report
     assert report.abnormal is True
-    if check_crc:
+    end = last.phys_offset + last.size
+    if check_crc and not durable:  # past the flushed end: a torn tail, cut
         assert report.commit_log_end == crashed.max_phys_offset == last.phys_offset
         assert "CRC" in report.stop_reason
         assert report.truncated_bytes == last.size
         assert_holds_exactly(crashed, acked, 7)
-    else:
-        assert report.commit_log_end == crashed.max_phys_offset == last.phys_offset + last.size
-        assert report.truncated_bytes == 0
-        assert crashed.max_offset("T", 0) == 8
-        assert crashed.message_at(last.phys_offset).body == flipped
-        assert [m.body for m in read_queue(crashed, 0)] == [b for _, b in acked[:7]] + [flipped]
+        return
+    if check_crc:  # it was on disk: bit rot, quarantined; its queue offset stays taken
+        assert [(q.offset, q.length) for q in report.quarantined] == [(last.phys_offset,
+                                                                       last.size)]
+        assert "CRC" in report.quarantined[0].reason
+        assert crashed.message_at(last.phys_offset) is None
+    else:  # not checked at open: still there, refused when served
+        with pytest.raises(CorruptRecordError, match="body CRC mismatch"):
+            crashed.message_at(last.phys_offset)
+    assert report.commit_log_end == crashed.max_phys_offset == end
+    assert report.truncated_bytes == 0
+    crashed.wait_dispatched()
+    assert crashed.max_offset("T", 0) == 8
+    assert [m.body for m in read_all(crashed, 0)] == [b for _, b in acked[:7]]
+    tail = crashed.get("g", "T", 0, 7, 32)
+    assert [c[:2] for c in tail.corrupt] == [(7, last.phys_offset)]
+    assert put(crashed, 0, b"next").queue_offset == 8
 
 
 # -- 56: consume queues rebuilt --------------------------------------------------------------

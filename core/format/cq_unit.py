@@ -40,7 +40,15 @@ def decode_units(buf) -> np.ndarray:
     return np.frombuffer(buf, dtype=CQ_DTYPE)
 
 
-def valid_prefix(units: np.ndarray) -> int:
-    """Number of leading valid units (offset >= 0 and size > 0)."""
-    bad = np.flatnonzero((units["phys_offset"] < 0) | (units["size"] <= 0))
+def valid_prefix(units: np.ndarray, prev_end: int = -1) -> int:
+    """Number of leading valid units: offset >= 0, size > 0, and (fillers aside) each record
+    starting at or after the end of the one before (``prev_end`` for the first), as dispatch
+    writes them in commit-log order. A unit copied in from elsewhere or a torn write breaks
+    the order and ends the prefix."""
+    phys = units["phys_offset"].astype(np.int64)
+    size = units["size"].astype(np.int64)
+    real = size != FILLER_SIZE
+    ends = np.where(real, phys + size, -1)
+    before = np.maximum.accumulate(np.concatenate(([prev_end], ends[:-1])))
+    bad = np.flatnonzero((phys < 0) | (size <= 0) | (real & (phys < before)))
     return int(bad[0]) if len(bad) else len(units)

@@ -49,6 +49,7 @@ BLANK_MAGIC = -875286124  # 0xCBD43194
 END_FILE_MIN_BLANK_BYTES = 8
 MAX_V1_TOPIC_BYTES = 127
 MAX_TOPIC_BYTES = 255
+MAX_INFLATED_BYTES = 256 << 20  # a compressed body larger than this once inflated is refused
 
 SYSFLAG_COMPRESSED = 0x1
 SYSFLAG_MULTI_TAGS = 0x2
@@ -374,8 +375,13 @@ def decompress_body(body: bytes, sysflag: int, offset: int | None = None) -> byt
     if kind not in (0, 0x300):
         raise ValueError(f"{where}compression type {kind:#x} (sysflag {sysflag:#x}) is not "
                          f"supported")
+    inflater = zlib.decompressobj()
     try:
-        return zlib.decompress(body)
+        out = inflater.decompress(body, MAX_INFLATED_BYTES)
     except zlib.error as exc:
         raise CorruptRecordError(f"{where}compressed body of {len(body)} bytes (sysflag "
                                  f"{sysflag:#x}) is not a zlib stream: {exc}") from None
+    if inflater.unconsumed_tail:  # a deflate bomb, or damage that reads as one
+        raise CorruptRecordError(f"{where}compressed body of {len(body)} bytes inflates past "
+                                 f"{MAX_INFLATED_BYTES} bytes")
+    return out

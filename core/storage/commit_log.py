@@ -28,9 +28,9 @@ def _before_roll(writer) -> None:
 
 class CommitLog:
     def __init__(self, directory: str, segment_bytes: int | None, *, read_only: bool = False,
-                 on_warning=None) -> None:
+                 on_warning=None, known_bytes: int | None = None) -> None:
         self.segments = SegmentQueue(directory, segment_bytes, read_only=read_only,
-                                     on_warning=on_warning)
+                                     on_warning=on_warning, known_bytes=known_bytes)
 
     @property
     def segment_bytes(self) -> int:
@@ -118,26 +118,51 @@ class CommitLog:
             return None
         return seg.view[at:at + size]
 
+    # Records a follower checks per look: one far behind catches up over several looks.
+    _FOLLOW_RECORDS = 1 << 15
+
     def follow_tail(self) -> int:
-        """A reader's view of a log another process appends to: map new segments and move the
-        readable end over every record that now checks out, CRC included (a record still being
-        copied fails and is picked up next time). Returns the readable end."""
-        self.segments.refresh()
-        pos = self.max_offset
-        while True:
+        """A reader's view of a log another process appends to: move the readable end over
+        the records that now check out, CRC included (a record still being copied fails and
+        is picked up next time). The end only moves contiguously: a segment counts once every
+        record before its start has, so a reader never trusts a later segment while the tail
+        of an earlier one is unchecked. At most _FOLLOW_RECORDS records per call, so a reader
+        far behind catches up over several calls. Returns the readable end."""
+        pos = getattr(self, "_followed", None)
+        if pos is None:
+            pos = max(self.segments.min_offset, 0)
+        budget = self._FOLLOW_RECORDS
+        while budget:
             seg = self.segments.find(pos)
             if seg is None:
-                return pos
+                seg = self._segment_after(pos)
+                if seg is None:
+                    break
+                pos = seg.start  # the bytes before it are gone (cleanup) or were never there
             at = pos - seg.start
+            if at < seg.wrote:  # checked already (recovery at open)
+                pos = seg.start + seg.wrote
+                continue
             kind, size, _head = scan_record(seg.mm, at, seg.size, True, expected_phys=pos)
             if kind == SCAN_OK:
-                seg.wrote = at + size
                 pos += size
-            elif kind == SCAN_BLANK:
-                seg.wrote = seg.size
+            elif kind == SCAN_BLANK and size == seg.size - at:
                 pos = seg.end
             else:
-                return pos
+                break
+            seg.wrote = pos - seg.start
+            budget -= 1
+        self._followed = pos
+        return pos
+
+    def _segment_after(self, pos: int) -> MappedFile | None:
+        """The first segment holding bytes past ``pos``; files are looked for (and deleted ones
+        forgotten) only once the mapped segments run out."""
+        segs = self.segments.segments
+        if not segs or segs[-1].end <= pos:
+            self.segments.refresh(prune=True)
+            segs = self.segments.segments
+        return next((seg for seg in segs if seg.end > pos), None)
 
     def close(self) -> None:
         self.segments.close()

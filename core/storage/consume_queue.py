@@ -10,6 +10,7 @@ Written only by dispatch (single writer); readers take numpy views of ``[min, ma
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -23,12 +24,12 @@ RECOVER_LAST_FILES = 3
 
 class ConsumeQueue:
     def __init__(self, root: str, topic: str, queue_id: int, file_bytes: int | None, *,
-                 read_only: bool = False, on_warning=None) -> None:
+                 read_only: bool = False, on_warning=None, known_bytes: int | None = None) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.directory = os.path.join(root, CONSUME_QUEUE_DIR, topic, str(queue_id))
         self.segments = SegmentQueue(self.directory, file_bytes, read_only=read_only,
-                                     on_warning=on_warning, whole=False)
+                                     on_warning=on_warning, whole=False, known_bytes=known_bytes)
         self._warn = on_warning or (lambda _m: None)
         self.min_logic_offset = 0  # bytes; raised by cleanup and pre-blank fill
         self.max_phys = -1  # end (offset + size) of the last real unit
@@ -47,6 +48,15 @@ class ConsumeQueue:
     def min_offset(self) -> int:
         return self.min_logic_offset // CQ_UNIT_SIZE
 
+    def first_phys(self) -> int | None:
+        """Commit-log offset of the queue's first stored message, or None when it has none."""
+        for seg in self.segments.segments:
+            units = self.units_of(seg)[:seg.wrote // CQ_UNIT_SIZE]
+            real = np.flatnonzero((units["size"] != FILLER_SIZE) & (units["size"] > 0))
+            if len(real):
+                return int(units[real[0]]["phys_offset"])
+        return None
+
     def units_of(self, seg: MappedFile) -> np.ndarray:
         arr = self._arrays.get(seg.start)
         if arr is None:
@@ -58,22 +68,25 @@ class ConsumeQueue:
         return self.segments.load()
 
     def recover(self) -> int:
-        """Cut the queue after its last valid unit; returns the number of units dropped."""
+        """Cut the queue after its last valid unit (see ``valid_prefix``, checked over the last
+        RECOVER_LAST_FILES files); returns how many written units were cut."""
         segs = self.segments.segments
         if not segs:
             return 0
         first = max(0, len(segs) - RECOVER_LAST_FILES)
+        prev_end = _last_end(self.units_of(segs[first - 1])) if first else -1
         end_seg, end_pos = segs[first], 0
         for seg in segs[first:]:
             units = self.units_of(seg)
-            n = valid_prefix(units)
+            n = valid_prefix(units, prev_end)
             end_seg, end_pos = seg, n * CQ_UNIT_SIZE
+            prev_end = max(prev_end, _last_end(units[:n]))
             if n < len(units):
                 break
-        dropped = 0
+        dropped = _written(self.units_of(end_seg)[end_pos // CQ_UNIT_SIZE:])
         for seg in segs:
             if seg.start > end_seg.start:
-                dropped += valid_prefix(self.units_of(seg))
+                dropped += _written(self.units_of(seg))
         self._zero_tail(end_seg, end_pos)
         self.segments.truncate_to(end_seg.start + end_pos)
         self._prune_arrays()
@@ -107,52 +120,132 @@ class ConsumeQueue:
             del self._arrays[start]
 
     # -- following another writer ----------------------------------------------------------
+    # Units a follower's look examines at a time; it goes on only while a window fills.
+    _REFRESH_WINDOW = 1024
+    # The last units a look admits are where a copy in progress could have been caught.
+    _TAIL_CHECK = 4
+    # A unit at the tail that keeps disagreeing with its record is damaged, not being copied:
+    # it is admitted after this long and the pull reports it, as the writer's own pulls do.
+    _DOUBT_S = 1.0
+
     def follow(self) -> None:
         """Turn this object into a read view of a queue written by another process: positions
-        restart at zero and ``refresh`` advances them over units it can trust."""
+        restart at its first file and ``refresh`` advances them over units it can trust."""
         for seg in self.segments.segments:
             seg.wrote = seg.flushed = 0
         self.max_phys = -1
+        self.min_logic_offset = max(self.segments.min_offset, 0)
         self._following = True
 
-    def refresh(self, limit_phys: int) -> None:
+    def refresh(self, limit_phys: int, commit_log=None) -> None:
         """Advance over units appended since the last look whose records end at or below
-        ``limit_phys`` (the writer's published dispatch position). A unit counts only if its
-        offset and size are sane and offsets keep increasing, so a unit caught half-copied is
-        simply seen on the next refresh."""
+        ``limit_phys`` (the writer's published position). A unit counts only if it is sane
+        (``valid_prefix``: fillers anywhere, records in increasing order), so a unit caught
+        half-copied is seen on a later look. ``commit_log``: the limit is only how far the
+        log checks out, which says nothing about the units, so the last units admitted are
+        also compared with the records they name.
+
+        A look examines a window of units at a time and takes the next only when the window
+        was admitted whole: its cost is what is new, not the rest of the file."""
         while True:
-            segs = self.segments.segments
-            seg = next((x for x in segs if x.wrote < x.size), None)
-            if seg is None:
-                if not self.segments.refresh():
-                    return
-                continue
-            start = seg.wrote // CQ_UNIT_SIZE
-            units = self.units_of(seg)[start:]
-            phys = units["phys_offset"].astype(np.int64)
-            size = units["size"].astype(np.int64)
-            filler = size == FILLER_SIZE
-            real = ~filler
-            ends = phys + size
-            ok = (phys >= 0) & (size > 0) & (~real | (ends <= limit_phys))
-            # offsets increase along the queue; fillers only ever precede the first real unit
-            prev_end = np.maximum.accumulate(np.where(real, ends, -1))
-            prev_end = np.concatenate(([self.max_phys], prev_end[:-1]))
-            prev_end = np.maximum(prev_end, self.max_phys)
-            ok &= np.where(real, phys >= prev_end, prev_end < 0)
-            bad = np.flatnonzero(~ok)
-            n = int(bad[0]) if len(bad) else len(units)
-            if n == 0:
+            seg = self._filling()
+            if seg is None or not self._admit(seg, limit_phys, commit_log):
                 return
-            if start == 0 and seg is segs[0] and filler[0] and self.min_logic_offset == 0:
-                head = np.flatnonzero(~filler[:n])
-                self.min_logic_offset = seg.start + (int(head[0]) if len(head) else n) * CQ_UNIT_SIZE
-            seg.wrote = (start + n) * CQ_UNIT_SIZE
-            reals = np.flatnonzero(real[:n])
-            if len(reals):
-                self.max_phys = int(ends[reals[-1]])
-            if seg.wrote < seg.size:
-                return
+
+    def _filling(self) -> MappedFile | None:
+        """The first segment not yet admitted whole (earlier ones are), after mapping new
+        files and forgetting deleted ones when there is none."""
+        segs = self.segments.segments
+        i = len(segs)
+        while i and segs[i - 1].wrote < segs[i - 1].size:
+            i -= 1
+        if i < len(segs):
+            return segs[i]
+        added = self.segments.refresh(prune=True)
+        self._prune_arrays()
+        # Cleanup deleted the files before the first one left: their offsets are gone.
+        self.min_logic_offset = max(self.min_logic_offset, self.segments.min_offset)
+        return self.segments.segments[-added] if added else None
+
+    def _admit(self, seg: MappedFile, limit_phys: int, commit_log) -> bool:
+        """Admit the next window of ``seg``'s units that checks out; True when all of it did
+        (there may be more)."""
+        first = seg.wrote // CQ_UNIT_SIZE
+        live = self.units_of(seg)[first:first + self._REFRESH_WINDOW]
+        if not len(live) or live["size"][0] == 0:
+            return False  # nothing new: an idle look reads one unit
+        units = live.copy()  # every check below sees the same bytes
+        n = valid_prefix(units, self.max_phys)
+        real = units["size"][:n] != FILLER_SIZE
+        ends = units["phys_offset"][:n].astype(np.int64) + units["size"][:n].astype(np.int64)
+        beyond = np.flatnonzero(real & (ends > limit_phys))
+        if len(beyond):
+            n = int(beyond[0])
+        if n and commit_log is not None:
+            n = self._confirmed(seg, first, units, live, n, commit_log)
+        if n:
+            self._take(seg, first, units[:n])
+        return n == len(live)
+
+    def _confirmed(self, seg: MappedFile, first: int, units: np.ndarray, live: np.ndarray,
+                   n: int, commit_log) -> int:
+        """How many of the ``n`` sane units to admit. Copies append in order, so a unit caught
+        half-written is among the last: those are compared with their records, then with the
+        file again (a tags code still being copied changes); admission stops before the
+        first that differs, unless it has differed for _DOUBT_S."""
+        lo = max(0, n - self._TAIL_CHECK)
+        base = (seg.start // CQ_UNIT_SIZE) + first  # queue offset of units[0]
+        ok = lo
+        while ok < n and (units["size"][ok] == FILLER_SIZE or self._record_is(
+                commit_log, int(units["phys_offset"][ok]), int(units["size"][ok]), base + ok)):
+            ok += 1
+        changed = np.flatnonzero(live[lo:ok] != units[lo:ok])
+        if len(changed):
+            ok = lo + int(changed[0])
+        if ok == n:
+            self._doubt = None
+            return n
+        return ok + self._doubted(base + ok)
+
+    def _record_is(self, commit_log, phys: int, size: int, queue_offset: int) -> bool:
+        """Whether the record at ``phys`` is the one a unit of this queue says is there."""
+        if phys < commit_log.min_offset:
+            return True  # cleanup removed it: nothing to compare, the pull says so
+        head = commit_log.read(phys, 36)
+        if head is None:
+            return False
+        head = bytes(head)
+        # TOTALSIZE @0, QUEUEID @12, QUEUEOFFSET @20, PHYSICALOFFSET @28 (format.record)
+        return (int.from_bytes(head[0:4], "big", signed=True) == size
+                and int.from_bytes(head[12:16], "big", signed=True) == self.queue_id
+                and int.from_bytes(head[20:28], "big", signed=True) == queue_offset
+                and int.from_bytes(head[28:36], "big", signed=True) == phys)
+
+    def _doubted(self, queue_offset: int) -> int:
+        """1 once the unit at ``queue_offset`` has disagreed for _DOUBT_S, else 0."""
+        now = time.monotonic()
+        doubt = getattr(self, "_doubt", None)
+        if doubt is None or doubt[0] != queue_offset:
+            self._doubt = (queue_offset, now)
+            return 0
+        if now - doubt[1] < self._DOUBT_S:
+            return 0
+        self._doubt = None
+        self._warn(f"consume queue {self.topic}/{self.queue_id}: unit {queue_offset} does not "
+                   f"match the record it names; passed on to pulls, which report it")
+        return 1
+
+    def _take(self, seg: MappedFile, first: int, units: np.ndarray) -> None:
+        pos = seg.start + first * CQ_UNIT_SIZE
+        filler = units["size"] == FILLER_SIZE
+        if self.max_phys < 0 and pos == self.min_logic_offset:
+            # Fillers ahead of a queue's first message pad offsets it never had: below its min.
+            lead = int(np.argmin(filler)) if not filler.all() else len(units)
+            self.min_logic_offset = pos + lead * CQ_UNIT_SIZE
+        seg.wrote = (first + len(units)) * CQ_UNIT_SIZE
+        real = units[~filler]
+        if len(real):
+            self.max_phys = int(real["phys_offset"][-1]) + int(real["size"][-1])
 
     # -- writing (dispatch only) -----------------------------------------------------------
     def put_units(self, first_queue_offset: int, units: np.ndarray) -> int:
@@ -180,10 +273,13 @@ class ConsumeQueue:
             if not self.segments.segments and write_pos == 0:
                 self._pre_blank_fill(expected)
             else:
+                # The records of the offsets in between are gone (quarantined, or in a lost
+                # segment): fillers keep every later unit at its own queue offset.
                 self._warn(
-                    f"consume queue {self.topic}/{self.queue_id}: unit for queue offset {qoff} "
-                    f"arrives at position {write_pos // CQ_UNIT_SIZE}; appending there"
-                )
+                    f"consume queue {self.topic}/{self.queue_id}: queue offsets "
+                    f"{write_pos // CQ_UNIT_SIZE}..{qoff - 1} have no record in the commit log; "
+                    f"fillers hold their places")
+                self._append(_fillers((expected - write_pos) // CQ_UNIT_SIZE))
         self._append(units)
         last = units[-1]
         self.max_phys = int(last["phys_offset"]) + int(last["size"])
@@ -191,10 +287,7 @@ class ConsumeQueue:
 
     def _pre_blank_fill(self, expected: int) -> None:
         seg = self.segments.create_next(expected)
-        count = (expected - seg.start) // CQ_UNIT_SIZE
-        fill = np.zeros(count, dtype=CQ_DTYPE)
-        fill["size"] = FILLER_SIZE
-        seg.write(fill.tobytes())
+        seg.write(_fillers((expected - seg.start) // CQ_UNIT_SIZE).tobytes())
         self.min_logic_offset = expected
 
     def _append(self, units: np.ndarray) -> None:
@@ -278,11 +371,34 @@ class ConsumeQueue:
         self.segments.destroy()
 
 
-def load_consume_queues(root: str, file_bytes: int, *, read_only: bool,
-                        on_warning=None) -> dict[tuple[str, int], ConsumeQueue]:
+def _written(units: np.ndarray) -> int:
+    """Units that hold anything (a never-written unit is all zeros)."""
+    return int(np.count_nonzero((units["size"] != 0) | (units["phys_offset"] != 0)))
+
+
+def _last_end(units: np.ndarray) -> int:
+    real = units[units["size"] != FILLER_SIZE]
+    real = real[real["size"] > 0]
+    if not len(real):
+        return -1
+    return int((real["phys_offset"].astype(np.int64) + real["size"].astype(np.int64)).max())
+
+
+def _fillers(count: int) -> np.ndarray:
+    """RocketMQ's filler units: offset 0, size 0x7FFFFFFF, tags code 0."""
+    fill = np.zeros(count, dtype=CQ_DTYPE)
+    fill["size"] = FILLER_SIZE
+    return fill
+
+
+def load_consume_queues(root: str, file_bytes: int, *, read_only: bool, on_warning=None,
+                        known_bytes: int | None = None,
+                        notes: list[str] | None = None) -> dict[tuple[str, int], ConsumeQueue]:
     """Every ``consumequeue/<topic>/<int queueId>`` under ``root``, loaded (not recovered).
 
-    ``file_bytes`` applies to writers; read-only queues take their size from the files.
+    Each queue keeps the file size its files have (``known_bytes`` when the store recorded
+    one); ``file_bytes`` applies to queues with no file yet. What loading repaired or found
+    wrong goes to ``notes``.
     """
     base = os.path.join(root, CONSUME_QUEUE_DIR)
     queues: dict[tuple[str, int], ConsumeQueue] = {}
@@ -296,8 +412,11 @@ def load_consume_queues(root: str, file_bytes: int, *, read_only: bool,
             if not qname.isdigit() or not os.path.isdir(os.path.join(tdir, qname)):
                 continue
             cq = ConsumeQueue(root, topic, int(qname), None if read_only else file_bytes,
-                              read_only=read_only, on_warning=on_warning)
-            cq.load()
+                              read_only=read_only, on_warning=on_warning,
+                              known_bytes=known_bytes)
+            found = cq.load()
+            if notes is not None:
+                notes.extend(found)
             if cq.segments.segment_bytes is None:
                 cq.segments.segment_bytes = file_bytes
             queues[(topic, int(qname))] = cq

@@ -124,32 +124,82 @@ class SegmentQueue:
         self.segments = segments
         return notes
 
-    def refresh(self) -> int:
+    def refresh(self, *, prune: bool = False) -> int:
         """Map segments another process created after the last one known; returns how many.
 
-        A follower's view: new files are taken as they are, positions are the caller's business.
+        A follower's view: new files are taken as they are (nothing in them trusted yet),
+        positions are the caller's business. Until one is mapped the size comes from the
+        files, as a configured size need not be the writer's. ``prune``: also forget leading
+        segments whose files are gone (the writer's cleanup), so a follower maps no more files
+        than the writer keeps. A file still being created or deleted under us is looked at
+        again next time.
         """
-        if not os.path.isdir(self.directory):
+        try:
+            with os.scandir(self.directory) as entries:
+                names = {e.name: int(e.name) for e in entries if e.name.isdigit() and e.is_file()}
+        except (FileNotFoundError, NotADirectoryError):
             return 0
+        if prune:
+            self._forget_removed(names)
         last = self.segments[-1].start if self.segments else -1
-        names = sorted(n for n in os.listdir(self.directory) if n.isdigit() and int(n) > last)
+        fresh = sorted((start, name) for name, start in names.items() if start > last)
+        if not self.segments and not self._take_size(fresh):
+            return 0
         added = []
-        for name in names:
-            path = os.path.join(self.directory, name)
-            try:
-                size = os.path.getsize(path)
-                if self.segment_bytes is None and size > 0:
-                    self.segment_bytes = size
-                if size != self.segment_bytes:
-                    break  # still being created
-                seg = MappedFile(path, int(name), size, read_only=self.read_only, whole=self.whole)
-            except (FileNotFoundError, ValueError):
-                break  # removed or resized under us: look again next time
-            seg.wrote = seg.flushed = 0  # nothing in it is trusted yet
+        for start, name in fresh:
+            seg = self._map_new(os.path.join(self.directory, name), start)
+            if seg is None:
+                break
             added.append(seg)
         if added:
             self.segments = self.segments + added
         return len(added)
+
+    def _forget_removed(self, names: dict[str, int]) -> None:
+        """Close the leading segments whose files are gone; cleanup deletes oldest first and
+        never the newest, so neither does this."""
+        segs = self.segments
+        gone = 0
+        while gone < len(segs) - 1 and os.path.basename(segs[gone].path) not in names:
+            gone += 1
+        if gone:
+            self.segments = segs[gone:]
+            for seg in segs[:gone]:
+                seg.close()
+
+    def _take_size(self, fresh: list[tuple[int, str]]) -> bool:
+        """The writer's segment size, before any of its files is mapped: the recorded one, else
+        the distance between two file names, else the size of the only file once it has one
+        (it is created empty, then given its full size). False while nothing tells."""
+        if self.known_bytes:
+            self.segment_bytes = self.known_bytes
+            return True
+        gaps = [b - a for (a, _n), (b, _m) in zip(fresh, fresh[1:])]
+        if gaps:
+            self.segment_bytes = min(gaps)
+            return True
+        if not fresh:
+            return False
+        try:
+            size = os.path.getsize(os.path.join(self.directory, fresh[0][1]))
+        except FileNotFoundError:
+            return False
+        if size > 0:
+            self.segment_bytes = size
+        return size > 0
+
+    def _map_new(self, path: str, start: int) -> MappedFile | None:
+        """The file at ``path`` mapped with nothing in it trusted yet; None while it is still
+        short (being created) or when it has gone."""
+        try:
+            if os.path.getsize(path) < self.segment_bytes:
+                return None
+            seg = MappedFile(path, start, self.segment_bytes, read_only=self.read_only,
+                             whole=self.whole)
+        except (FileNotFoundError, ValueError):
+            return None
+        seg.wrote = seg.flushed = 0
+        return seg
 
     # -- positions -------------------------------------------------------------------------
     @property

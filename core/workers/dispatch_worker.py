@@ -24,6 +24,7 @@ from mqstore.storage.checkpoint import hold_worker_lock, read_meta
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
 from mqstore.storage.cq_ext import open_ext
+from mqstore.storage.queue_manifest import ManifestKeeper
 from mqstore.subscriptions import Subscriptions
 from mqstore.uninterrupted import terminate_requested, worker_signals
 from mqstore.workers import shm
@@ -63,11 +64,16 @@ class WorkerHost:
         self.string_hash = string_hasher(self.hash_kind)
         self.checkpoint = _SharedCheckpoint(positions)
         self.recovery_report = RecoveryReport(abnormal=abnormal)
-        self.commit_log = CommitLog(os.path.join(root, "commitlog"), None, read_only=True)
+        # The store process recorded the sizes in mqstore.json before starting this worker.
+        self.commit_log = CommitLog(os.path.join(root, "commitlog"), None, read_only=True,
+                                    known_bytes=meta.get("commit_log_segment_bytes"))
         self.commit_log.load()
-        self._cq_bytes = round_file_bytes(config.consume_queue.file_units * CQ_UNIT_SIZE)
+        self._cq_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
+            config.consume_queue.file_units * CQ_UNIT_SIZE)
         self._cq_lock = threading.Lock()
-        self.consume_queues = load_consume_queues(root, self._cq_bytes, read_only=False)
+        self.consume_queues = load_consume_queues(
+            root, self._cq_bytes, read_only=False,
+            known_bytes=meta.get("consume_queue_file_bytes"))
         self.consume_queue_exts: dict = {}
         self.subscriptions = Subscriptions(root)
 
@@ -134,6 +140,7 @@ def _run(root, config, positions, wake_r, progress_w, parent_pid, restarted) -> 
                         lambda: positions[shm.CONFIRMED], start,
                         batch_bytes=config.dispatch.batch_bytes, after_dispatch=hooks.after_dispatch)
     min_phys = positions[shm.MIN_PHYS]
+    manifest = ManifestKeeper(root)
     next_flush = time.monotonic() + FLUSH_INTERVAL_S
     nap_s = config.dispatch.interval_ms / 1000.0
     last_work = time.monotonic()
@@ -152,6 +159,7 @@ def _run(root, config, positions, wake_r, progress_w, parent_pid, restarted) -> 
                 next_flush = now + FLUSH_INTERVAL_S
                 for cq in list(host.consume_queues.values()):
                     cq.flush()
+                manifest.update(host.consume_queues)
             if positions[shm.MIN_PHYS] > min_phys:
                 min_phys = positions[shm.MIN_PHYS]
                 for d in dispatchers:
@@ -191,6 +199,7 @@ def _run(root, config, positions, wake_r, progress_w, parent_pid, restarted) -> 
     finally:
         for cq in host.consume_queues.values():
             cq.flush()
+        manifest.update(host.consume_queues, final=True)
         for ext in host.consume_queue_exts.values():
             ext.flush()
             ext.close()
