@@ -34,6 +34,8 @@ from mqstore.storage.checkpoint import (
 )
 from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper, read_manifest
+from mqstore.storage.shared_segment import store_segment_name, unlink_segment
+from mqstore.storage.transient_pool import POOL_SEGMENT, salvage
 from mqstore.storage.cq_ext import open_ext
 from mqstore.store_meta import load_meta, settle_meta
 from mqstore.subscriptions import Subscriptions
@@ -170,6 +172,11 @@ class MessageStore(PutMixin, ReadMixin):
                                     read_only=ro, on_warning=log.warning,
                                     known_bytes=meta.get("commit_log_segment_bytes"))
         notes = self.commit_log.load()
+        if not ro:
+            # A killed store leaves its shared memory behind: its transient pool may hold
+            # acknowledged records its files lack (see NOTE [ Shutdown ]); reclaim both.
+            notes += salvage(store_segment_name(self.root, POOL_SEGMENT), self.commit_log.segments)
+            unlink_segment(store_segment_name(self.root, shm.POSITIONS_SEGMENT))
         self._cq_file_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
             config.consume_queue.file_units * CQ_UNIT_SIZE)
         self.consume_queues.update(load_consume_queues(
@@ -243,7 +250,8 @@ class MessageStore(PutMixin, ReadMixin):
         for cq in self.consume_queues.values():
             cq.correct_min_offset(min_phys)
         create_abort(self.root)
-        p = self.positions = shm.SharedPositions()
+        p = self.positions = shm.SharedPositions(
+            store_segment_name(self.root, shm.POSITIONS_SEGMENT), create=True)
         end = self.commit_log.max_offset
         p[shm.WRITTEN] = p[shm.COMMITTED] = p[shm.FLUSHED] = end
         p[shm.CONFIRMED] = self.confirm_offset()
@@ -493,6 +501,11 @@ class MessageStore(PutMixin, ReadMixin):
         self.dispatchers = []
         for ext in getattr(self, "consume_queue_exts", {}).values():
             ext.close()
+        pool = getattr(getattr(self, "writer", None), "pool", None)
+        if pool is not None and not self._pool_drained():
+            # Acknowledged records may still be only in the pool (a close cut short, the
+            # flush loop failing): it stays for the next open to write back (salvage).
+            pool.keep_on_close = True
         writer_close = getattr(getattr(self, "writer", None), "close", None)
         if writer_close is not None:  # after the flush loop is gone: it reads the pool
             writer_close()
@@ -502,6 +515,10 @@ class MessageStore(PutMixin, ReadMixin):
                 obj.close()
         for cq in getattr(self, "consume_queues", {}).values():
             cq.close()
+
+    def _pool_drained(self) -> bool:
+        p = self.positions
+        return p is None or p.values is None or p[shm.COMMITTED] >= self._last_append[0]
 
     def __del__(self) -> None:
         # A store its program dropped without closing is closed as a file would be: its

@@ -15,19 +15,23 @@ fails with CREATE_MAPPED_FILE_FAILED and writes nothing; it never hangs.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import numpy as np
 
 from mqstore.hookspecs import hookimpl
-from mqstore.storage.transient_pool import PoolExhaustedError, TransientPool
+from mqstore.storage.shared_segment import store_segment_name
+from mqstore.storage.transient_pool import POOL_SEGMENT, PoolExhaustedError, TransientPool
 
 log = logging.getLogger("mqstore.writer")
 
 
 class TransientPoolWriter:
     def __init__(self, commit_log, config) -> None:
-        self.pool = TransientPool(config.writer.transient_pool_buffers, commit_log.segment_bytes)
+        root = os.path.dirname(commit_log.segments.directory)
+        self.pool = TransientPool(config.writer.transient_pool_buffers, commit_log.segment_bytes,
+                                  store_segment_name(root, POOL_SEGMENT), create=True)
         try:
             self.pool.warm()
         except BaseException:

@@ -282,15 +282,13 @@ def test_a_pool_the_shared_memory_cannot_hold_is_refused_with_its_sizes(monkeypa
     monkeypatch.setattr(transient_pool.shutil, "disk_usage",
                         lambda path: DiskUsage(total=1 << 30, used=(1 << 30) - (1 << 20),
                                                free=1 << 20))
-    pool = TransientPool(2, 1 << 20)
-    try:
-        with pytest.raises(transient_pool.PoolTooLargeError) as err:
-            pool.warm()
-        assert "2 x 1048576 bytes = 2097152 bytes" in str(err.value)
-        assert "1048576 bytes free in /dev/shm" in str(err.value)
-        assert "writer.transient_pool_buffers" in str(err.value)
-    finally:
-        pool.close()
+    before = _shm_names()
+    with pytest.raises(transient_pool.PoolTooLargeError) as err:
+        TransientPool(2, 1 << 20)  # refused before any shared memory is made
+    assert "2 x 1048576 bytes = 2097152 bytes" in str(err.value)
+    assert "1048576 bytes free in /dev/shm" in str(err.value)
+    assert "writer.transient_pool_buffers" in str(err.value)
+    assert _shm_names() <= before
 
 
 def test_a_store_whose_pool_does_not_fit_fails_to_open_and_leaves_nothing(tmp_path, monkeypatch):

@@ -1,36 +1,70 @@
 """Create or attach a named shared-memory segment, and let go of it: one owner unlinks.
 
-Spawned workers share the store's resource tracker, so attaching only repeats the store's
-registration: a segment is unlinked by its owner's close(), or by the tracker if the owning
-process is killed.
+A store's segments (its shared positions and its transient pool) are named after the store
+directory (``store_segment_name``) and kept out of multiprocessing's resource tracker: the
+tracker unlinks what it tracks when the process that started it dies, and a killed store's
+transient pool holds acknowledged messages that the next open writes back into the commit log
+(``storage.transient_pool.salvage``). The owner unlinks them at close; after a crash, the next
+writable open of the same directory reclaims them. Anonymous segments (``name=None``) stay
+tracked, as multiprocessing makes them.
 """
 
 from __future__ import annotations
 
-from multiprocessing import shared_memory
+import hashlib
+import os
+from multiprocessing import resource_tracker, shared_memory
+
+import _posixshmem
 
 from mqstore.storage.mapped_file import reserve_file
 
-
-def open_segment(name: str | None, size: int) -> tuple[shared_memory.SharedMemory, bool]:
-    """A new segment of ``size`` bytes when ``name`` is None (owned), else the named one."""
-    if name is None:
-        shm = shared_memory.SharedMemory(create=True, size=size)
-        try:
-            # Pages of a full /dev/shm are SIGBUS on first touch; refuse now instead.
-            reserve_file(shm._fd, size, f"/dev/shm{shm._name}")
-        except BaseException:
-            close_segment(shm, True)
-            raise
-        return shm, True
-    return shared_memory.SharedMemory(name=name), False
+SHM_DIR = "/dev/shm"
 
 
-def close_segment(shm: shared_memory.SharedMemory, owner: bool) -> None:
+def store_segment_name(root: str, kind: str) -> str:
+    """The name of a store's ``kind`` segment: one per store directory."""
+    digest = hashlib.sha1(os.path.realpath(root).encode()).hexdigest()[:20]
+    return f"mqs_{digest}_{kind}"
+
+
+def open_segment(name: str | None, size: int, *, create: bool | None = None,
+                 tracked: bool = True) -> tuple[shared_memory.SharedMemory, bool]:
+    """A new segment of ``size`` bytes (owned) when ``name`` is None or ``create`` is set,
+    else the named one. ``tracked=False`` keeps it out of the resource tracker."""
+    if create is None:
+        create = name is None
+    if not create:
+        shm = shared_memory.SharedMemory(name=name)
+        if not tracked:
+            resource_tracker.unregister(shm._name, "shared_memory")
+        return shm, False
+    shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+    if not tracked:
+        resource_tracker.unregister(shm._name, "shared_memory")
+    try:
+        # Pages of a full /dev/shm are SIGBUS on first touch; refuse now instead.
+        reserve_file(shm._fd, size, f"{SHM_DIR}{shm._name}")
+    except BaseException:
+        close_segment(shm, True, tracked)
+        raise
+    return shm, True
+
+
+def close_segment(shm: shared_memory.SharedMemory, owner: bool, tracked: bool = True) -> None:
     """Detach; the owner also unlinks, so the segment is gone once every view closes."""
     shm.close()
     if owner:
-        try:
-            shm.unlink()
-        except FileNotFoundError:
-            pass
+        unlink_segment(shm._name, tracked)
+
+
+def unlink_segment(name: str, tracked: bool = False) -> bool:
+    """Remove a segment by name (a leftover of a killed store); True if it existed."""
+    try:
+        _posixshmem.shm_unlink(name if name.startswith("/") else "/" + name)
+    except FileNotFoundError:
+        return False
+    if tracked:
+        resource_tracker.unregister(name if name.startswith("/") else "/" + name,
+                                    "shared_memory")
+    return True

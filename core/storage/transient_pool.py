@@ -20,8 +20,10 @@ import shutil
 
 import numpy as np
 
-from mqstore.storage.shared_segment import close_segment, open_segment
+from mqstore.format.record import SCAN_BLANK, SCAN_OK, scan_record
+from mqstore.storage.shared_segment import close_segment, open_segment, unlink_segment
 
+POOL_SEGMENT = "pool"  # the kind in ``store_segment_name``
 HEADER_BYTES = 4096
 PAGE = 4096
 FREE = -1
@@ -38,12 +40,22 @@ class PoolExhaustedError(RuntimeError):
 
 
 class TransientPool:
-    def __init__(self, buffers: int, buffer_bytes: int, name: str | None = None) -> None:
+    def __init__(self, buffers: int, buffer_bytes: int, name: str | None = None, *,
+                 create: bool = False, tracked: bool | None = None) -> None:
+        """An anonymous pool when ``name`` is None; else the store's named pool, created with
+        ``create`` or attached, kept out of the resource tracker so that a killed store's
+        pool outlives it for ``salvage``."""
         if buffers < 1 or buffers * 8 > HEADER_BYTES:
             raise ValueError(f"a transient pool holds 1 to {HEADER_BYTES // 8} buffers, not {buffers}")
         self.buffers = buffers
         self.buffer_bytes = buffer_bytes
-        self.shm, self.owner = open_segment(name, HEADER_BYTES + buffers * buffer_bytes)
+        self.keep_on_close = False
+        self._tracked = (name is None) if tracked is None else tracked
+        if create or name is None:
+            self._check_room(buffers * buffer_bytes)
+        self.shm, self.owner = open_segment(name, HEADER_BYTES + buffers * buffer_bytes,
+                                            create=create or name is None,
+                                            tracked=self._tracked)
         self.owners = np.ndarray((buffers,), dtype=np.int64, buffer=self.shm.buf)
         if self.owner:
             self.owners[:] = FREE
@@ -62,12 +74,10 @@ class TransientPool:
         appends nor commits stop on page faults, and the cost is paid once at open. Kernels
         without ``MADV_POPULATE_*`` (before 5.14) get the same effect from reading one byte of
         every page (a read fault on shared memory allocates the page and maps it writable).
-        A pool the shared-memory file system cannot hold is refused here with its sizes, not
-        left to fail with SIGBUS on some later append.
+        (A pool the shared-memory file system cannot hold was refused with its sizes when it
+        was created, not left to fail with SIGBUS on some later append.)
         """
         size = self.buffers * self.buffer_bytes
-        if self.owner:
-            self._check_room(size)
         advice = MADV_POPULATE_WRITE if self.owner else MADV_POPULATE_READ
         mapping = getattr(self.shm, "_mmap", None)
         try:
@@ -127,10 +137,76 @@ class TransientPool:
         return count
 
     def close(self) -> None:
+        """Detach; the owner removes the pool unless ``keep_on_close`` says it still holds
+        records not yet in their files (the next open salvages them)."""
         if self.owners is None:
             return
         self.owners = None
         for view in self._views:
             view.release()
         self._views = []
-        close_segment(self.shm, self.owner)
+        close_segment(self.shm, self.owner and not self.keep_on_close, self._tracked)
+
+
+def salvage(name: str, segments) -> list[str]:
+    """Write back what a killed store's pool held and its files did not, then remove the pool.
+
+    Each owned buffer mirrors its segment from where the segment was lent on. After the
+    records the segment file already holds intact, every record the buffer holds intact at its
+    own offset (CRC checked) is copied into the file, up to the first that is not, or the
+    blank that closes the segment. Returns notes on what was written back.
+    """
+    try:
+        shm, _owner = open_segment(name, 0, create=False, tracked=False)
+    except FileNotFoundError:
+        return []
+    notes = []
+    try:
+        count = HEADER_BYTES // 8
+        owners = np.ndarray((count,), dtype=np.int64, buffer=shm.buf).copy()
+        size = segments.segment_bytes
+        buffers = (shm.size - HEADER_BYTES) // size if size else 0
+        for i, start in enumerate(owners[:buffers].tolist()):
+            seg = segments.find(start) if start != FREE else None
+            if seg is None or seg.start != start or seg.read_only:
+                continue
+            at = HEADER_BYTES + i * size
+            written = _write_back(seg, shm.buf[at:at + size])
+            if written:
+                notes.append(f"transient pool held {written} bytes of segment {seg.path} that "
+                             f"were not in the file: written back")
+    finally:
+        shm.close()
+        unlink_segment(name)
+    return notes
+
+
+def _write_back(seg, buf) -> int:
+    pos = _intact_end(seg.mm, seg.start, seg.size)
+    begin = pos
+    while pos < seg.size:
+        kind, length, _head = scan_record(buf, pos, seg.size, True, expected_phys=seg.start + pos)
+        if kind == SCAN_OK:
+            pos += length
+        elif kind == SCAN_BLANK and length == seg.size - pos:
+            pos = seg.size
+        else:
+            break
+    if pos > begin:
+        seg.overwrite(begin, bytes(buf[begin:pos]))
+        seg.force()
+    return pos - begin
+
+
+def _intact_end(buf, start: int, size: int) -> int:
+    """End of the intact records a segment's bytes start with."""
+    pos = 0
+    while pos < size:
+        kind, length, _head = scan_record(buf, pos, size, True, expected_phys=start + pos)
+        if kind == SCAN_OK:
+            pos += length
+        elif kind == SCAN_BLANK and length == size - pos:
+            return size
+        else:
+            break
+    return pos

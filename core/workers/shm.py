@@ -48,6 +48,7 @@ WRITTEN, FLUSHED, CONFIRMED, DISPATCHED, DISPATCH_IDLE, LOGICS_TS, INDEX_TS, STO
     ABNORMAL, COMMITTED, FLUSH_REQUEST, FLUSH_ASK, FLUSH_ASK_LEAST, FLUSH_DONE, FLUSH_STOP, \
     FLUSH_IDLE, FLUSH_COUNT, FLUSH_ERROR, CLEAN_ASK, CLEAN_AT_ONCE, CLEAN_DONE, \
     DISK_FULL_FLAG, DISPATCH_FAILS = range(24)
+POSITIONS_SEGMENT = "positions"  # the kind in ``store_segment_name``
 SLOTS = 32
 WAITER_SLOTS = 32
 NOTE_BYTES = 512
@@ -56,9 +57,15 @@ _NOTES = 2
 
 
 class SharedPositions:
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None, *, create: bool = False,
+                 tracked: bool | None = None) -> None:
+        """An anonymous segment when ``name`` is None; else the named store segment, created
+        with ``create`` or attached. Named ones are untracked (see ``shared_segment``)."""
+        self._tracked = (name is None) if tracked is None else tracked
         cells_bytes = (SLOTS + WAITER_SLOTS) * 8
-        self.shm, self.owner = open_segment(name, cells_bytes + _NOTES * NOTE_BYTES)
+        self.shm, self.owner = open_segment(name, cells_bytes + _NOTES * NOTE_BYTES,
+                                            create=create or name is None,
+                                            tracked=self._tracked)
         cells = np.ndarray((SLOTS + WAITER_SLOTS,), dtype=np.int64, buffer=self.shm.buf)
         if self.owner:
             cells[:] = 0
@@ -92,7 +99,12 @@ class SharedPositions:
             return
         self._notes.release()
         self.values = self.waiters = None
-        close_segment(self.shm, self.owner)
+        close_segment(self.shm, self.owner, self._tracked)
 
     def __reduce__(self):
-        return (SharedPositions, (self.shm.name,))
+        # Another process attaches by name, tracked or not as the creator made it.
+        return (_attach, (self.shm.name, self._tracked))
+
+
+def _attach(name: str, tracked: bool) -> SharedPositions:
+    return SharedPositions(name, tracked=tracked)

@@ -82,6 +82,17 @@ def _main_module_hidden():
                 main.__dict__[name] = value
 
 
+def _reap(proc, patience_s: float = 1.0) -> None:
+    """Join a process known to be dead and make sure its exit code is read: multiprocessing
+    lets any thread that starts a process reap dead children meanwhile, and a join racing
+    with that reaping finds no child and returns before the code is recorded."""
+    deadline = time.monotonic() + patience_s
+    proc.join()
+    while proc.exitcode is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+        proc.join(0)
+
+
 class WorkerSupervisor:
     """One worker process: ``target(root, config, positions_name, wake_r, progress_w,
     parent_pid, restarted, *extra)``; ``stop_slot`` is the shared slot that asks it to stop."""
@@ -137,7 +148,7 @@ class WorkerSupervisor:
             ready = connection.wait([proc.sentinel, self._stop_r])
             if self._stop_r in ready or self._stopping:
                 return
-            proc.join()
+            _reap(proc)
             quick = time.monotonic() - self._started_at < QUICK_FAILURE_S
             self._quick_failures = self._quick_failures + 1 if quick else 0
             if self._quick_failures > MAX_QUICK_FAILURES:
