@@ -175,6 +175,21 @@ def _walk(segq, pos: int, check_crc: bool, report: RecoveryReport,
     return pos, regions, checked
 
 
+def _structural_damage(segq, before: int) -> list[tuple[int, int]]:
+    """Ranges below ``before`` to walk and mend: around segment files missing between others,
+    and over files loading found short."""
+    ranges = []
+    segs = segq.segments
+    for prev, seg in zip(segs, segs[1:]):
+        if seg.start != prev.end and prev.end < before:
+            ranges.append((prev.start, min(seg.end, before)))
+    for start in segq.repaired:
+        seg = segq.find(start)
+        if seg is not None and seg.start < before:
+            ranges.append((seg.start, min(seg.end, before)))
+    return ranges
+
+
 def mend_range(commit_log, begin: int, end: int, *, check_crc: bool, read_only: bool,
                report: RecoveryReport) -> None:
     """Walk and mend ``[begin, end)`` too: bytes below where recovery started that dispatch
@@ -296,6 +311,11 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
     start = _pick_start(segs, abnormal, dispatch_from, checkpoint.min_timestamp())
     report.scan_from = segs[start].start
     root = os.path.dirname(segq.directory)
+    # Whatever the start, files found missing or short are mended wherever they lie: that
+    # costs no reading beyond them, and readers must be able to walk the whole log.
+    for begin, end in _structural_damage(segq, report.scan_from):
+        mend_range(commit_log, begin, end, check_crc=check_crc, read_only=read_only,
+                   report=report)
     pos, regions, report.records_checked = _walk(segq, report.scan_from, check_crc, report)
     for region in regions:
         _mend(segq, region, root, report, read_only)

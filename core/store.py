@@ -184,7 +184,9 @@ class MessageStore(PutMixin, ReadMixin):
             known_bytes=meta.get("consume_queue_file_bytes")))
         meta = settle_meta(self.root, meta, meta_problem, commit_log=self.commit_log,
                            consume_queues=self.consume_queues.values(),
-                           configured_hash=config.store.hash, read_only=ro, notes=notes)
+                           configured_hash=config.store.hash,
+                           configured_cq_bytes=self._cq_file_bytes, read_only=ro, notes=notes)
+        self._cq_file_bytes = meta["consume_queue_file_bytes"]
         self.hash_kind = meta["hash"]
         self.string_hash = string_hasher(self.hash_kind)
         self.checkpoint = Checkpoint(self.root, read_only=ro)
@@ -239,7 +241,7 @@ class MessageStore(PutMixin, ReadMixin):
         self.dispatch_loop = DispatchLoop(
             self.commit_log, self.dispatchers, TagsCoder(self.string_hash, self.delay_levels_ms),
             self.confirm_offset, start,
-            batch_bytes=config.dispatch.batch_bytes, after_dispatch=self.hooks.after_dispatch)
+            batch_bytes=config.dispatch.batch_bytes, after_dispatch=self._after_dispatch)
         # Recovery's re-dispatch runs inline so queue offsets are known before the first put.
         began = time.perf_counter()
         self.dispatch_loop.run_until(self.commit_log.max_offset)
@@ -269,6 +271,10 @@ class MessageStore(PutMixin, ReadMixin):
         self.flush_client.start()
         self.writer.wake_committer = self._wake_committer
         self.flush_policy.start()
+
+    def _after_dispatch(self, batch) -> None:
+        self._manifest.write_marked(self.consume_queues)  # new queues, once they hold units
+        self.hooks.after_dispatch(batch)
 
     def _start_dispatch_worker(self) -> None:
         """Hand dispatch to a worker process: it owns consume queues and dispatcher files from
@@ -390,6 +396,7 @@ class MessageStore(PutMixin, ReadMixin):
                     cq = ConsumeQueue(self.root, topic, queue_id, self._cq_file_bytes,
                                       on_warning=log.warning)
                     self.consume_queues[key] = cq
+                    self._manifest.mark()
         return cq
 
     # -- cleanup ---------------------------------------------------------------------------

@@ -87,7 +87,8 @@ def _tagged_units(cq):
 
 
 def settle_meta(root: str, meta: dict, problem: str | None, *, commit_log, consume_queues,
-                configured_hash: str, read_only: bool, notes: list[str]) -> dict:
+                configured_hash: str, configured_cq_bytes: int, read_only: bool,
+                notes: list[str]) -> dict:
     """Complete ``meta`` from the loaded files (and record it, when writable)."""
     meta = dict(meta)
     if problem:
@@ -104,9 +105,12 @@ def settle_meta(root: str, meta: dict, problem: str | None, *, commit_log, consu
     meta.setdefault("format", META_FORMAT)
     if commit_log.segments.segment_bytes:
         meta["commit_log_segment_bytes"] = commit_log.segments.segment_bytes
-    cq_sizes = {cq.segments.segment_bytes for cq in consume_queues if cq.segments.segments}
-    if len(cq_sizes) == 1:
-        meta.setdefault("consume_queue_file_bytes", cq_sizes.pop())
+    if "consume_queue_file_bytes" not in meta:
+        # A new store takes the configured size; one that lost its record, what its queues
+        # mostly have.
+        sizes = [cq.segments.segment_bytes for cq in consume_queues if cq.segments.segments]
+        meta["consume_queue_file_bytes"] = (max(set(sizes), key=sizes.count) if sizes
+                                            else configured_cq_bytes)
     if not read_only and meta != read_meta_quietly(root):
         write_meta(root, meta)
     return meta

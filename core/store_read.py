@@ -68,21 +68,12 @@ class ReadMixin:
             # Dispatch writes units after the records they name, so units appear while the log
             # stands still: every look checks (an idle one reads a single unit).
             cq.refresh(limit, self.commit_log)
-            self._follow_min_offset(cq)
+            cq.follow_min_offset(self.commit_log.min_offset)
         elif getattr(cq, "seen_limit", None) != limit:
             # The worker publishes its position after writing the units below it.
             cq.refresh(limit)
             cq.seen_limit = limit
         return cq
-
-    def _follow_min_offset(self, cq) -> None:
-        """Raise a followed queue's min offset past units whose records cleanup deleted, as the
-        writer raises its own (it is not in the files); again when either end moves."""
-        min_phys = self.commit_log.min_offset
-        seen = (min_phys, cq.max_offset)
-        if getattr(cq, "seen_ends", None) != seen:
-            cq.correct_min_offset(min_phys)
-            cq.seen_ends = seen
 
     def _discover_queues(self) -> None:
         if self._follow_limit() is None:

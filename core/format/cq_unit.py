@@ -44,11 +44,18 @@ def valid_prefix(units: np.ndarray, prev_end: int = -1) -> int:
     """Number of leading valid units: offset >= 0, size > 0, and (fillers aside) each record
     starting at or after the end of the one before (``prev_end`` for the first), as dispatch
     writes them in commit-log order. A unit copied in from elsewhere or a torn write breaks
-    the order and ends the prefix."""
+    the order and ends the prefix, before the unit whose order breaks or the one ahead of it
+    (either may be the stray one; what is cut is rebuilt from the commit log)."""
     phys = units["phys_offset"].astype(np.int64)
     size = units["size"].astype(np.int64)
     real = size != FILLER_SIZE
     ends = np.where(real, phys + size, -1)
     before = np.maximum.accumulate(np.concatenate(([prev_end], ends[:-1])))
-    bad = np.flatnonzero((phys < 0) | (size <= 0) | (real & (phys < before)))
-    return int(bad[0]) if len(bad) else len(units)
+    broken = (phys < 0) | (size <= 0)
+    unordered = real & (phys < before) & ~broken
+    bad = np.flatnonzero(broken | unordered)
+    if not len(bad):
+        return len(units)
+    first = int(bad[0])
+    # Out of order, the unit before may be the stray one (it jumped ahead): it goes too.
+    return first - 1 if unordered[first] and first > 0 and real[first - 1] else first

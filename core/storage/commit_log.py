@@ -160,7 +160,7 @@ class CommitLog:
         forgotten) only once the mapped segments run out."""
         segs = self.segments.segments
         if not segs or segs[-1].end <= pos:
-            self.segments.refresh(prune=True)
+            self.segments.refresh(prune=True, most=1)
             segs = self.segments.segments
         return next((seg for seg in segs if seg.end > pos), None)
 

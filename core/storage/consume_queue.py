@@ -60,7 +60,9 @@ class ConsumeQueue:
     def units_of(self, seg: MappedFile) -> np.ndarray:
         arr = self._arrays.get(seg.start)
         if arr is None:
-            arr = self._arrays[seg.start] = np.frombuffer(seg.mm, dtype=CQ_DTYPE)
+            # Whole units only: a file cut short mid-unit (read-only opens map it as it is).
+            arr = self._arrays[seg.start] = np.frombuffer(
+                seg.mm, dtype=CQ_DTYPE, count=len(seg.mm) // CQ_UNIT_SIZE)
         return arr
 
     # -- load / recover --------------------------------------------------------------------
@@ -152,6 +154,27 @@ class ConsumeQueue:
             if seg is None or not self._admit(seg, limit_phys, commit_log):
                 return
 
+    def follow_min_offset(self, min_phys: int) -> None:
+        """Raise the min offset to the first unit whose record is still stored, as the writer
+        raises its own (it is in no file). A look reads the unit at the min offset; only when
+        that one is a filler or names a deleted record does a search run, from there on."""
+        seg = self.segments.find(self.min_logic_offset)
+        if seg is None or self.min_logic_offset - seg.start >= seg.wrote:
+            return  # nothing admitted there yet
+        at = (self.min_logic_offset - seg.start) // CQ_UNIT_SIZE
+        unit = self.units_of(seg)[at]
+        if unit["size"] != FILLER_SIZE and unit["phys_offset"] >= min_phys:
+            return
+        for seg in self.segments.segments[self.segments.segments.index(seg):]:
+            units = self.units_of(seg)[at:seg.wrote // CQ_UNIT_SIZE]
+            kept = np.flatnonzero((units["phys_offset"] >= min_phys)
+                                  & (units["size"] != FILLER_SIZE))
+            if len(kept):
+                self.min_logic_offset = seg.start + (at + int(kept[0])) * CQ_UNIT_SIZE
+                return
+            at = 0
+        self.min_logic_offset = self.segments.max_offset  # every admitted record is gone
+
     def _filling(self) -> MappedFile | None:
         """The first segment not yet admitted whole (earlier ones are), after mapping new
         files and forgetting deleted ones when there is none."""
@@ -161,11 +184,11 @@ class ConsumeQueue:
             i -= 1
         if i < len(segs):
             return segs[i]
-        added = self.segments.refresh(prune=True)
+        added = self.segments.refresh(prune=True, most=1)
         self._prune_arrays()
         # Cleanup deleted the files before the first one left: their offsets are gone.
         self.min_logic_offset = max(self.min_logic_offset, self.segments.min_offset)
-        return self.segments.segments[-added] if added else None
+        return self.segments.segments[-1] if added else None
 
     def _admit(self, seg: MappedFile, limit_phys: int, commit_log) -> bool:
         """Admit the next window of ``seg``'s units that checks out; True when all of it did
@@ -346,9 +369,10 @@ class ConsumeQueue:
         if not segs:
             return
         last = segs[-1]
-        n_last = last.wrote // CQ_UNIT_SIZE
-        if n_last and int(self.units_of(last)[n_last - 1]["phys_offset"]) < min_phys:
-            self.min_logic_offset = self.segments.max_offset
+        units = self.units_of(last)[:last.wrote // CQ_UNIT_SIZE]
+        real = np.flatnonzero(units["size"] != FILLER_SIZE)
+        if len(real) and int(units[real[-1]]["phys_offset"]) < min_phys:
+            self.min_logic_offset = self.segments.max_offset  # every stored unit is gone
             return
         for seg in segs:
             n = seg.wrote // CQ_UNIT_SIZE

@@ -68,12 +68,22 @@ def describe(queues: dict) -> dict[tuple[str, int], tuple[int, int]]:
 
 
 class ManifestKeeper:
-    """Writes the manifest when the set of queues changed since the last write (called by the
-    owner of the consume queues about once a second), and always when it stops."""
+    """Keeps the manifest current for the owner of the consume queues: ``mark`` when a queue
+    is created, ``write_marked`` once the batch that created it is written (so its first unit
+    is known), ``update`` about once a second and, with ``final``, when the owner stops."""
 
     def __init__(self, root: str) -> None:
         self.root = root
         self._written: frozenset | None = None
+        self._marked = False
+
+    def mark(self) -> None:
+        self._marked = True
+
+    def write_marked(self, queues: dict) -> None:
+        if self._marked:
+            self._marked = False
+            self.update(queues)
 
     def update(self, queues: dict, *, final: bool = False) -> None:
         queues = dict(queues)  # one C-level copy: the dispatch thread may add queues meanwhile

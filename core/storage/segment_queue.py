@@ -48,6 +48,7 @@ class SegmentQueue:
         self.segment_bytes = segment_bytes
         self.known_bytes = known_bytes
         self.whole = whole
+        self.repaired: list[int] = []  # starts of files ``load`` found short and extended
         self.read_only = read_only
         self.segments: list[MappedFile] = []
         self._warn = on_warning or (lambda _msg: None)
@@ -103,6 +104,7 @@ class SegmentQueue:
                                      f"rest is missing")
                     else:
                         _extend(path, size)
+                        self.repaired.append(start)
                         notes.append(f"segment {path} was {file_size} bytes, not {size}: "
                                      f"extended with zeros (the missing bytes are lost)")
                 elif file_size > size:
@@ -124,15 +126,16 @@ class SegmentQueue:
         self.segments = segments
         return notes
 
-    def refresh(self, *, prune: bool = False) -> int:
+    def refresh(self, *, prune: bool = False, most: int | None = None) -> int:
         """Map segments another process created after the last one known; returns how many.
 
         A follower's view: new files are taken as they are (nothing in them trusted yet),
         positions are the caller's business. Until one is mapped the size comes from the
         files, as a configured size need not be the writer's. ``prune``: also forget leading
         segments whose files are gone (the writer's cleanup), so a follower maps no more files
-        than the writer keeps. A file still being created or deleted under us is looked at
-        again next time.
+        than the writer keeps. ``most``: map at most that many (a follower that maps one file
+        at a time keeps ``max_offset`` at the end of what it has checked). A file still being
+        created or deleted under us is looked at again next time.
         """
         try:
             with os.scandir(self.directory) as entries:
@@ -146,7 +149,7 @@ class SegmentQueue:
         if not self.segments and not self._take_size(fresh):
             return 0
         added = []
-        for start, name in fresh:
+        for start, name in fresh[:most]:
             seg = self._map_new(os.path.join(self.directory, name), start)
             if seg is None:
                 break
@@ -306,7 +309,10 @@ class SegmentQueue:
     def drop_last(self) -> str:
         seg = self.segments[-1]
         self.segments = self.segments[:-1]
-        seg.destroy()
+        if self.read_only:  # a reader forgets the file; only the writer's may remove it
+            seg.close()
+        else:
+            seg.destroy()
         return seg.path
 
     def drop_first(self, count: int) -> list[str]:

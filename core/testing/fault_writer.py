@@ -14,7 +14,10 @@ acknowledged when a fault strikes:
 SPEC keys: ``root``, ``overrides`` (config), ``seed``, ``count`` (messages to try), ``batch``
 (0: ``put``; n: ``put_batch`` of n), ``stop_after_refusals`` (consecutive refusals that end the
 run), ``then`` (``"close"``, ``"wait"``: block until stdin closes, the store left open, or
-``"exit"``: leave without closing), ``pace_ms`` (pause between puts).
+``"exit"``: leave without closing), ``pace_ms`` (pause between puts), ``wait_s`` (how long the
+final ``wait_dispatched`` may take; default 30), ``sigint_after_writes`` (with the
+``*_ctrl_c`` writers of ``mqstore.testing.faults``: the record-block writes after which the
+writer sends SIGINT to its process group).
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ import os
 import sys
 import time
 
-from mqstore.testing.faults import message_for
+from mqstore.testing.faults import SIGINT_AFTER_WRITES_ENV, message_for
 
 
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
+    os.environ[SIGINT_AFTER_WRITES_ENV] = ",".join(map(str, spec.get("sigint_after_writes", ())))
     from mqstore import MessageStore, PutStatus, load_config
 
     store = MessageStore.open(spec["root"], config=load_config(overrides=spec["overrides"]))
@@ -40,8 +44,9 @@ def main(argv: list[str]) -> int:
     index = 0
     while index < count and streak < limit:
         n = max(1, batch)
-        msgs = [message_for(seed, i) for i in range(index, min(count, index + n))]
         try:
+            # Built inside the try: a Ctrl-C while the messages are made is retried as well.
+            msgs = [message_for(seed, i) for i in range(index, min(count, index + n))]
             answers = _put(store, msgs, batch, PutStatus)
             lines = []
             for i, answer in enumerate(answers, start=index):
@@ -74,7 +79,7 @@ def main(argv: list[str]) -> int:
     status = {"dispatch": store.worker_status(), "flush": store.flush_client.status(),
               "interrupted": interrupted}
     try:
-        store.wait_dispatched(timeout=30.0)
+        store.wait_dispatched(timeout=spec.get("wait_s", 30.0))
     except Exception as exc:  # reported, not raised: the parent asserts on it
         status["wait_dispatched"] = f"{type(exc).__name__}: {exc}"
     out.write(f"status {json.dumps(status, default=str)}\n")

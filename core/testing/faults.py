@@ -4,24 +4,37 @@
 signal the group as a terminal does) and collects its acknowledgements. ``audit`` reopens the
 store and checks every acknowledged message: present at its queue offset and physical offset,
 byte-identical. ``small_filesystem`` mounts a tmpfs of a given size (root only) so a store
-can fill it to the last byte.
+can fill it to the last byte; ``fill_filesystem`` takes every byte still free.
+
+This module is also a plugin (``plugins.modules: [mqstore.testing.faults]``): it registers the
+writers ``mmap_ctrl_c`` and ``transient_pool_ctrl_c``, the built-in ones except that right
+after copying the Nth record block (N listed in ``$MQSTORE_FAULT_SIGINT_AFTER_WRITES``, e.g.
+``"17,230"``) they send SIGINT to their own process group, as a terminal's Ctrl-C: the
+signal then lands exactly between a put's bytes and its queue-offset update.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
+
+from mqstore.hookspecs import hookimpl
 
 TOPIC = "F"
 QUEUES = 4
 BORN_TIMESTAMP = 1_700_000_000_000
+BLANK_MAGIC = -875286124  # 0xCBD43194, the record that closes a commit-log segment
+SIGINT_AFTER_WRITES_ENV = "MQSTORE_FAULT_SIGINT_AFTER_WRITES"
 
 
 def body_for(seed: int, index: int) -> bytes:
@@ -78,6 +91,8 @@ class FaultWriter:
     stop_after_refusals: int = 1 << 62
     then: str = "wait"
     pace_ms: int = 0
+    wait_s: float = 30.0
+    sigint_after_writes: tuple = ()  # with a *_ctrl_c writer: see the module docstring
     acks: list = field(default_factory=list)
     refusals: list = field(default_factory=list)
     interrupted: int = 0
@@ -88,10 +103,14 @@ class FaultWriter:
     def start(self, timeout_s: float = 120.0) -> "FaultWriter":
         spec = {"root": str(self.root), "overrides": self.overrides, "seed": self.seed,
                 "count": self.count, "batch": self.batch, "then": self.then,
-                "stop_after_refusals": self.stop_after_refusals, "pace_ms": self.pace_ms}
+                "stop_after_refusals": self.stop_after_refusals, "pace_ms": self.pace_ms,
+                "wait_s": self.wait_s, "sigint_after_writes": list(self.sigint_after_writes)}
+        # stderr goes to a file: workers log there too, and a pipe nobody reads while the
+        # writer runs could fill up and block them.
+        self._stderr_file = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mqstore.testing.fault_writer", json.dumps(spec)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr_file,
             start_new_session=True)
         self._watchdog = threading.Timer(timeout_s, self._kill_group)
         self._watchdog.daemon = True
@@ -117,9 +136,16 @@ class FaultWriter:
         elif kind == "done":
             self.done = True
 
-    def read_until(self, acks: int | None = None) -> bool:
-        """Read lines until ``acks`` acknowledgements (or the run's end); False at EOF."""
-        while not self.done and (acks is None or len(self.acks) < acks):
+    def read_until(self, acks: int | None = None, interrupted: int | None = None) -> bool:
+        """Read lines until ``acks`` acknowledgements, or ``interrupted`` interrupted lines, or
+        the run's end (neither given); False at EOF (the writer is gone)."""
+        def reached() -> bool:
+            if acks is None and interrupted is None:
+                return False
+            return ((acks is not None and len(self.acks) >= acks)
+                    or (interrupted is not None and self.interrupted >= interrupted))
+
+        while not self.done and not reached():
             line = self.proc.stdout.readline()
             if not line.endswith(b"\n"):
                 return False
@@ -132,8 +158,11 @@ class FaultWriter:
 
     def finish(self, timeout_s: float = 60.0) -> int:
         """Collect every line still in the pipe and wait for the process; its exit code."""
-        rest, self.stderr = self.proc.communicate(timeout=timeout_s)
+        rest, _ = self.proc.communicate(timeout=timeout_s)
         self._watchdog.cancel()
+        self._stderr_file.seek(0)
+        self.stderr = self._stderr_file.read()
+        self._stderr_file.close()
         for line in rest.split(b"\n")[:-1]:
             self._take(line + b"\n")
         return self.proc.returncode
@@ -156,21 +185,65 @@ class Audit:
 
 def audit(store, seed: int, acks: list) -> Audit:
     """Check every acknowledged message against ``store``: found by its physical offset and
-    by a pull at its queue offset, byte-identical. Other surviving messages are fine."""
+    by a pull at its queue offset, byte-identical. A message that is not there, reported
+    damaged, or unreachable through its queue is lost; one served with other bytes, at
+    another offset or from another record is wrong. Other surviving messages are fine."""
+    from mqstore.errors import CorruptRecordError
+
     lost, wrong = [], []
     for ack in acks:
-        msg = store.message_at(ack.phys_offset)
         expected = body_for(seed, ack.index)
+        try:
+            msg = store.message_at(ack.phys_offset)
+        except CorruptRecordError:
+            msg = None
         if msg is None:
             lost.append(ack)
             continue
-        got = store.get("audit", TOPIC, ack.queue_id, ack.queue_offset, 1)
-        pulled = got.messages[0] if got is not None and got.messages else None
         if (msg.body != expected or msg.queue_offset != ack.queue_offset
-                or msg.queue_id != ack.queue_id or pulled is None
-                or pulled.body != expected or pulled.phys_offset != ack.phys_offset):
+                or msg.queue_id != ack.queue_id):
+            wrong.append(ack)
+            continue
+        got = store.get("audit", TOPIC, ack.queue_id, ack.queue_offset, 1)
+        if got is None or not got.messages or got.messages[0].queue_offset != ack.queue_offset:
+            lost.append(ack)
+        elif got.messages[0].body != expected or got.messages[0].phys_offset != ack.phys_offset:
             wrong.append(ack)
     return Audit(len(acks), lost, wrong)
+
+
+def stored_records(store) -> list:
+    """Every message record of the commit log in log order (segment-closing blanks stepped
+    over); AssertionError at bytes that are neither."""
+    records = []
+    pos, end = max(0, store.min_phys_offset), store.max_phys_offset
+    while pos < end:
+        msg = store.message_at(pos)
+        if msg is not None:
+            records.append(msg)
+            pos += msg.size
+            continue
+        head = store.commit_log.read(pos, 8)
+        size, magic = struct.unpack(">ii", bytes(head)) if head is not None else (0, 0)
+        if magic != BLANK_MAGIC or size <= 0:
+            raise AssertionError(f"neither a message nor a blank at commit-log offset {pos} "
+                                 f"(log ends at {end})")
+        pos += size
+    return records
+
+
+def pulled_queue(store, queue_id: int, topic: str = TOPIC) -> list:
+    """Every message of one queue, pulled 32 at a time from its min offset to its max."""
+    messages, offset = [], store.min_offset(topic, queue_id)
+    end = store.max_offset(topic, queue_id)
+    while offset < end:
+        got = store.get("faults", topic, queue_id, offset, 32)
+        if got is None or not got.messages:
+            raise AssertionError(f"queue {topic}/{queue_id}: pull at {offset} of {end} found "
+                                 f"{None if got is None else got.status.name}")
+        messages += got.messages
+        offset = got.next_begin_offset
+    return messages
 
 
 @contextlib.contextmanager
@@ -185,6 +258,55 @@ def small_filesystem(path: str, size_bytes: int):
         subprocess.run(["umount", "-l", path], check=False, capture_output=True)
 
 
+def fill_filesystem(path: str) -> int:
+    """Grab every byte still free on ``path``'s file system with a file at ``path``: os.write
+    in chunks halved on each ENOSPC down to a single byte (a buffered file would only fail at
+    close). Returns the bytes written; the file stays open nowhere."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    total, chunk = 0, 1 << 20
+    zeros = bytes(chunk)
+    try:
+        while chunk:
+            try:
+                total += os.write(fd, zeros[:chunk])
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                chunk //= 2
+    finally:
+        os.close(fd)
+    return total
+
+
 def resize_filesystem(path: str, size_bytes: int) -> None:
     subprocess.run(["mount", "-o", f"remount,size={size_bytes}", path], check=True,
                    capture_output=True)
+
+
+# -- Ctrl-C at the worst moment (a plugin: see the module docstring) -------------------------
+def _interrupting(base):
+    class Interrupting(base):
+        def __init__(self, commit_log, config) -> None:
+            super().__init__(commit_log, config)
+            self.writes = 0
+            raw = os.environ.get(SIGINT_AFTER_WRITES_ENV, "")
+            self.interrupt_after = {int(n) for n in raw.split(",") if n.strip()}
+
+        def write(self, segment, data) -> int:
+            pos = super().write(segment, data)
+            self.writes += 1
+            if self.writes in self.interrupt_after:
+                os.killpg(0, signal.SIGINT)  # the whole group, as a terminal does
+            return pos
+
+    Interrupting.__name__ = Interrupting.__qualname__ = f"Interrupting{base.__name__}"
+    return Interrupting
+
+
+@hookimpl
+def register_writers(registry):
+    from mqstore.plugins.writer_mmap import MmapWriter
+    from mqstore.plugins.writer_transient import TransientPoolWriter
+
+    registry.add("mmap_ctrl_c", _interrupting(MmapWriter))
+    registry.add("transient_pool_ctrl_c", _interrupting(TransientPoolWriter))

@@ -76,6 +76,7 @@ class WorkerHost:
             known_bytes=meta.get("consume_queue_file_bytes"))
         self.consume_queue_exts: dict = {}
         self.subscriptions = Subscriptions(root)
+        self.manifest = ManifestKeeper(root)
 
     @staticmethod
     def clock() -> int:
@@ -86,6 +87,7 @@ class WorkerHost:
         cq = self.consume_queues.get(key)
         if cq is None and create:
             cq = self.consume_queues[key] = ConsumeQueue(self.root, topic, queue_id, self._cq_bytes)
+            self.manifest.mark()
         return cq
 
     def consume_queue_ext(self, topic: str, queue_id: int, create: bool = False):
@@ -106,6 +108,14 @@ class WorkerHost:
             return StoredMessage.from_bytes(bytes(raw)) if raw is not None else None
         except ValueError:
             return None
+
+
+def _after_dispatch(host, hook):
+    """New queues go into the manifest as soon as their first units are written."""
+    def after(batch) -> None:
+        host.manifest.write_marked(host.consume_queues)
+        hook(batch)
+    return after
 
 
 def run(root: str, config: StoreConfig, positions_name: str, wake_r, progress_w,
@@ -138,9 +148,10 @@ def _run(root, config, positions, wake_r, progress_w, parent_pid, restarted) -> 
     loop = DispatchLoop(host.commit_log, dispatchers,
                         TagsCoder(host.string_hash, parse_delay_levels(config.store.message_delay_levels)),
                         lambda: positions[shm.CONFIRMED], start,
-                        batch_bytes=config.dispatch.batch_bytes, after_dispatch=hooks.after_dispatch)
+                        batch_bytes=config.dispatch.batch_bytes,
+                        after_dispatch=_after_dispatch(host, hooks.after_dispatch))
     min_phys = positions[shm.MIN_PHYS]
-    manifest = ManifestKeeper(root)
+    manifest = host.manifest
     next_flush = time.monotonic() + FLUSH_INTERVAL_S
     nap_s = config.dispatch.interval_ms / 1000.0
     last_work = time.monotonic()
