@@ -99,6 +99,10 @@ class MessageStore(PutMixin, ReadMixin):
             raise TypeError(f"config must be a StoreConfig (see load_config), got {type(config).__name__}")
         self.root = os.path.abspath(root)
         self.config = config
+        # What the store's own parts and plugins hold: a weak proxy, so that no reference
+        # cycle runs through the store and a program that drops it has it closed at once
+        # (see __del__) with every part still intact.
+        self._view = weakref.proxy(self)
         self.read_only = read_only
         self.clock = clock
         self.running_flags = 0
@@ -218,7 +222,7 @@ class MessageStore(PutMixin, ReadMixin):
         self._limits = PullLimits(config.get, self.physical_memory_bytes,
                                   config.store.role == "slave" and not config.get.offset_check_in_slave)
         self._closed = False  # dispatchers may read messages while they load
-        self.dispatchers = [d for d in (factory(self) for _n, factory
+        self.dispatchers = [d for d in (factory(self._view) for _n, factory
                                         in self.hooks.dispatchers.items()) if d is not None]
         self._closed = True
         if ro:
@@ -228,7 +232,7 @@ class MessageStore(PutMixin, ReadMixin):
         self.writer = self.hooks.writers.get(config.writer.kind)(self.commit_log, config)
         self.selector = self.hooks.queue_selectors.get(config.queue_select.selector)(
             config, self.string_hash)
-        self.flush_policy = self.hooks.flush_policies.get(config.flush.mode)(self)
+        self.flush_policy = self.hooks.flush_policies.get(config.flush.mode)(self._view)
         self._visible_after_flush = bool(getattr(self.flush_policy, "visible_after_flush", False))
         self._staged_writes = getattr(self.writer, "pool", None) is not None
         resume = [d.resume_offset() for d in self.dispatchers if hasattr(d, "resume_offset")]
@@ -240,8 +244,9 @@ class MessageStore(PutMixin, ReadMixin):
                        report=self.recovery_report)
         self.dispatch_loop = DispatchLoop(
             self.commit_log, self.dispatchers, TagsCoder(self.string_hash, self.delay_levels_ms),
-            self.confirm_offset, start,
-            batch_bytes=config.dispatch.batch_bytes, after_dispatch=self._after_dispatch)
+            lambda view=self._view: view.confirm_offset(), start,
+            batch_bytes=config.dispatch.batch_bytes,
+            after_dispatch=lambda batch, view=self._view: view._after_dispatch(batch))
         # Recovery's re-dispatch runs inline so queue offsets are known before the first put.
         began = time.perf_counter()
         self.dispatch_loop.run_until(self.commit_log.max_offset)
@@ -267,9 +272,9 @@ class MessageStore(PutMixin, ReadMixin):
         else:
             self.dispatch_thread = DispatchThread(self.dispatch_loop, config.dispatch.interval_ms)
             self.dispatch_thread.start()
-        self.flush_client = FlushClient(self, p, getattr(self.writer, "pool", None))
+        self.flush_client = FlushClient(self._view, p, getattr(self.writer, "pool", None))
         self.flush_client.start()
-        self.writer.wake_committer = self._wake_committer
+        self.writer.wake_committer = lambda view=self._view: view._wake_committer()
         self.flush_policy.start()
 
     def _after_dispatch(self, batch) -> None:
@@ -283,7 +288,7 @@ class MessageStore(PutMixin, ReadMixin):
             d.close()
         self.dispatch_role = "follower"
         self._closed = False  # dispatchers may read messages while they load
-        self.dispatchers = [d for d in (f(self) for _n, f in self.hooks.dispatchers.items())
+        self.dispatchers = [d for d in (f(self._view) for _n, f in self.hooks.dispatchers.items())
                             if d is not None]
         self._closed = True
         self.supervisor = DispatchSupervisor(self.root, self.config, self.positions)
@@ -474,9 +479,12 @@ class MessageStore(PutMixin, ReadMixin):
                     healthy = self._loops_failing() is None
                 else:
                     try:
-                        self.dispatch_loop.wait(self.confirm_offset(), DISPATCH_CATCH_UP_S)
+                        if self.dispatch_thread.is_alive():
+                            self.dispatch_loop.wait(self.confirm_offset(), DISPATCH_CATCH_UP_S)
                     finally:
                         self.dispatch_thread.stop()
+                    # Whatever the thread left (it ends early when the store was dropped).
+                    self.dispatch_loop.run_until(self.confirm_offset())
                     lag = self.dispatch_loop.behind_bytes()
                     healthy = self.dispatch_thread.exception is None
                     for cq in self.consume_queues.values():

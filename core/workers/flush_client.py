@@ -34,11 +34,26 @@ class FlushSupervisor(WorkerSupervisor):
                 f"{self.positions[shm.FLUSHED]}")
 
 
+def _listen(client_ref) -> None:
+    """The listener thread. It holds the client (and through it the store) only while it
+    works, never while it sleeps: a store its program dropped stays collectable, and closes
+    itself when collected."""
+    client = client_ref()
+    progress_r = client.progress_r
+    next_metadata = time.monotonic() + METADATA_INTERVAL_S
+    del client
+    while True:
+        wait_and_drain(progress_r, max(0.0, next_metadata - time.monotonic()))
+        client = client_ref()
+        if client is None or client._stopping:
+            return
+        next_metadata = client._listen_once(next_metadata)
+        del client
+
+
 class FlushClient:
     def __init__(self, store, positions: shm.SharedPositions, pool=None) -> None:
-        # Weakly, as the listener thread holds this object: a store its program dropped
-        # must stay collectable (it closes itself then).
-        self.store = weakref.proxy(store)
+        self.store = store
         self.p = positions
         self.pool = pool
         self.mode = store.config.flush.worker
@@ -79,34 +94,30 @@ class FlushClient:
                 sync_waiters.Waker(self.p, self.waiters.writers))
             self._service = service
 
-            def serve():
+            progress_w = self._progress_w
+
+            def serve():  # holds no reference to this client: see _listen
                 try:
-                    service.run(wake_r, self._progress_w)
+                    service.run(wake_r, progress_w)
                 finally:
                     service.close()
 
             self._thread = threading.Thread(target=serve, name="mqstore-flush", daemon=True)
             self._thread.start()
-        self._listener = threading.Thread(target=self._listen, name="mqstore-flush-listener",
-                                          daemon=True)
+        self._listener = threading.Thread(target=_listen, args=(weakref.ref(self),),
+                                          name="mqstore-flush-listener", daemon=True)
         self._listener.start()
 
-    def _listen(self) -> None:
-        next_metadata = time.monotonic() + METADATA_INTERVAL_S
-        while not self._stopping:
-            wait_and_drain(self.progress_r, max(0.0, next_metadata - time.monotonic()))
-            if self._stopping:
-                return
-            try:
-                self.sync()
-                now = time.monotonic()
-                if now >= next_metadata:
-                    next_metadata = now + METADATA_INTERVAL_S
-                    self.store.flush_metadata()
-            except ReferenceError:  # the store was collected; it closed this client
-                return
-            except Exception:  # a closing store; the next close() reports real trouble
-                log.exception("flush listener")
+    def _listen_once(self, next_metadata: float) -> float:
+        try:
+            self.sync()
+            now = time.monotonic()
+            if now >= next_metadata:
+                next_metadata = now + METADATA_INTERVAL_S
+                self.store.flush_metadata()
+        except Exception:  # a closing store; the next close() reports real trouble
+            log.exception("flush listener")
+        return next_metadata
 
     def _end(self, slot_value: int) -> None:
         self._stopping = True
