@@ -17,7 +17,7 @@ from mqstore.errors import CorruptRecordError
 from mqstore.filtering import MATCH_ALL
 from mqstore.format.cq_ext import bitmap_matches
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, EXT_ADDRESS_MAX, FILLER_SIZE
-from mqstore.format.verify import check_queue_identity, verify_record
+from mqstore.format.verify import verify_queue_record
 from mqstore.message import GetResult, GetStatus, StoredMessage
 
 log = logging.getLogger("mqstore.pull")
@@ -201,8 +201,7 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
                 continue
             raw = log_seg.mm[at:at + size]
             try:
-                lay = verify_record(raw, pos, size)
-                check_queue_identity(raw, lay, topic, queue_id, nxt - 1, pos)
+                lay = verify_queue_record(raw, pos, size, topic, queue_id, nxt - 1)
             except CorruptRecordError as exc:
                 _pass_over(result, nxt - 1, pos, str(exc))
                 continue

@@ -31,7 +31,7 @@ import numpy as np
 from mqstore.format.quarantine import (
     MIN_QUARANTINE_BYTES, QUARANTINE_DIR, blank_closes, filler_for, find_record,
 )
-from mqstore.format.record import SCAN_BLANK, SCAN_OK, encode_blank, scan_record
+from mqstore.format.record import SCAN_BAD, SCAN_BLANK, SCAN_OK, encode_blank, scan_record
 
 ZERO_PROBE_BYTES = 64 * 1024
 NO_END = 1 << 62
@@ -101,8 +101,9 @@ def _nonzero_extent(seg, begin: int) -> int:
     a 64 KiB run of zeros ends the data)."""
     end = begin
     at = begin
-    while at < seg.size:
-        chunk = np.frombuffer(seg.mm, dtype=np.uint8, count=min(ZERO_PROBE_BYTES, seg.size - at),
+    stop = seg.data_end()  # past it only holes: zeros, and not to be read through the map
+    while at < stop:
+        chunk = np.frombuffer(seg.mm, dtype=np.uint8, count=min(ZERO_PROBE_BYTES, stop - at),
                               offset=at)
         nz = np.flatnonzero(chunk)
         if not len(nz):
@@ -122,14 +123,14 @@ def _resync(segq, seg, at: int) -> int | None:
     """Commit-log offset of the first intact record after a bad one at ``seg``/``at``."""
     segs = segq.segments
     last = segs[-1]
-    limit = _nonzero_extent(seg, at) if seg is last else seg.size
+    limit = _nonzero_extent(seg, at) if seg is last else seg.data_end()
     found = find_record(seg.mm, at + 1, limit, seg.start, seg.size)
     if found is not None:
         return seg.start + found
     for later in segs[segs.index(seg) + 1:]:
         if _intact_at_start(later):
             return later.start
-        limit = _nonzero_extent(later, 0) if later is last else later.size
+        limit = _nonzero_extent(later, 0) if later is last else later.data_end()
         found = find_record(later.mm, 1, limit, later.start, later.size)
         if found is not None:
             return later.start + found
@@ -146,8 +147,11 @@ def _walk(segq, pos: int, check_crc: bool, report: RecoveryReport,
     damage; returns where it ended, the damaged regions passed and the records checked."""
     regions: list[_Region] = []
     checked = 0
+    seg, readable = None, 0
     while pos < stop:
-        seg = segq.find(pos)
+        if seg is None or not seg.start <= pos < seg.end:
+            seg = segq.find(pos)
+            readable = seg.data_end() if seg is not None else 0
         if seg is None:  # a segment file is missing (or cut short) before later ones
             nxt = _next_start(segq, pos)
             if nxt is None:
@@ -156,7 +160,9 @@ def _walk(segq, pos: int, check_crc: bool, report: RecoveryReport,
             pos = nxt
             continue
         at = pos - seg.start
-        kind, size, head = scan_record(seg.mm, at, seg.size, check_crc, expected_phys=pos)
+        # Past the allocated blocks there are only zeros (and they are not read: data_end).
+        kind, size, head = (scan_record(seg.mm, at, readable, check_crc, expected_phys=pos)
+                            if at < readable else (SCAN_BAD, "unknown magic 0x00000000", None))
         if kind == SCAN_OK:
             checked += 1
             pos += size

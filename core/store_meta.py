@@ -75,7 +75,7 @@ def infer_hash(commit_log, consume_queues) -> str | None:
 def _tagged_units(cq):
     found = 0
     for seg in cq.segments.segments:
-        units = cq.units_of(seg)[:seg.wrote // 20]
+        units = cq.stored_units(seg)[:seg.wrote // 20]
         codes = units["tags_code"]
         mask = (codes != 0) & (codes > EXT_ADDRESS_MAX) & (units["size"] > 0) & (
             units["size"] != FILLER_SIZE)

@@ -113,7 +113,7 @@ class PutMixin:
         if self.config.store.role == "slave":
             return PutStatus.SERVICE_NOT_AVAILABLE, "store role is slave"
         if self.running_flags & UNWRITABLE:
-            return PutStatus.SERVICE_NOT_AVAILABLE, f"store is not writable (flags {self.running_flags:#x})"
+            return PutStatus.SERVICE_NOT_AVAILABLE, self._unwritable_reason()
         stuck = self._loops_failing()
         if stuck is not None:  # what is appended now would never become readable
             return PutStatus.SERVICE_NOT_AVAILABLE, stuck
@@ -123,6 +123,20 @@ class PutMixin:
             if self.config.store.os_page_cache_busy_timeout_ms < held < 10_000_000:
                 return PutStatus.OS_PAGE_CACHE_BUSY, f"put lock held for {held} ms"
         return None
+
+    def _unwritable_reason(self) -> str:
+        flags = self.running_flags
+        reasons = []
+        if flags & DISK_FULL:
+            reasons.append(f"disk full: the disk of {self.root} is over "
+                           f"{self.config.cleanup.disk_warning_ratio}% used "
+                           f"(cleanup.disk_warning_ratio); puts resume once cleanup frees space")
+        if flags & NOT_WRITEABLE:
+            reasons.append("a commit-log flush failed: the store takes no more puts until it "
+                           "is reopened")
+        if flags & (WRITE_LOGICS_QUEUE_ERROR | WRITE_INDEX_FILE_ERROR):
+            reasons.append("consume queues or index files could not be written")
+        return "; ".join(reasons) + f" (running flags {flags:#x})"
 
     def _loops_failing(self) -> str | None:
         """Why the dispatch or flush loop cannot do its work now, or None."""

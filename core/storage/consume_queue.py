@@ -57,6 +57,11 @@ class ConsumeQueue:
                 return int(units[real[0]]["phys_offset"])
         return None
 
+    def stored_units(self, seg: MappedFile) -> np.ndarray:
+        """The units of ``seg`` up to its first hole (the rest of a sparse file is zeros and
+        must not be read through the map: see ``MappedFile.data_end``)."""
+        return self.units_of(seg)[:seg.data_end() // CQ_UNIT_SIZE]
+
     def units_of(self, seg: MappedFile) -> np.ndarray:
         arr = self._arrays.get(seg.start)
         if arr is None:
@@ -76,19 +81,19 @@ class ConsumeQueue:
         if not segs:
             return 0
         first = max(0, len(segs) - RECOVER_LAST_FILES)
-        prev_end = _last_end(self.units_of(segs[first - 1])) if first else -1
+        prev_end = _last_end(self.stored_units(segs[first - 1])) if first else -1
         end_seg, end_pos = segs[first], 0
         for seg in segs[first:]:
-            units = self.units_of(seg)
+            units = self.stored_units(seg)
             n = valid_prefix(units, prev_end)
             end_seg, end_pos = seg, n * CQ_UNIT_SIZE
             prev_end = max(prev_end, _last_end(units[:n]))
-            if n < len(units):
+            if n < seg.size // CQ_UNIT_SIZE:
                 break
-        dropped = _written(self.units_of(end_seg)[end_pos // CQ_UNIT_SIZE:])
+        dropped = _written(self.stored_units(end_seg)[end_pos // CQ_UNIT_SIZE:])
         for seg in segs:
             if seg.start > end_seg.start:
-                dropped += _written(self.units_of(seg))
+                dropped += _written(self.stored_units(seg))
         self._zero_tail(end_seg, end_pos)
         self.segments.truncate_to(end_seg.start + end_pos)
         self._prune_arrays()
@@ -111,7 +116,7 @@ class ConsumeQueue:
         """Zero cut units so a later recovery cannot take them for valid ones again."""
         if self.segments.read_only:
             return
-        units = self.units_of(seg)
+        units = self.stored_units(seg)
         live = np.flatnonzero(units["size"][end // CQ_UNIT_SIZE:] != 0)
         if len(live):
             seg.zero(end, end + (int(live[-1]) + 1) * CQ_UNIT_SIZE)

@@ -35,7 +35,8 @@ class ConsumeQueueExt:
         self.segments.load()
         for seg in self.segments.segments:
             pos = 0
-            while pos + 2 <= seg.size:
+            readable = seg.data_end()  # a sparse file's holes are not read (MappedFile.data_end)
+            while pos + 2 <= readable:
                 size = _SHORT.unpack_from(seg.mm, pos)[0]
                 if size == END_OF_FILE:
                     pos = seg.size

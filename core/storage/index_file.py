@@ -144,7 +144,8 @@ class IndexFile:
     def slot_value(self, slot: int) -> int:
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot {slot} is outside [0, {self.slots}) of {self.path}")
-        return L.INT_STRUCT.unpack_from(self._mm, L.slot_position(slot))[0]
+        # A slot page may never have been written (a sparse file): read it with a system call.
+        return L.INT_STRUCT.unpack(self._mf.pread(L.slot_position(slot), L.SLOT_SIZE))[0]
 
     def read_entry(self, index: int) -> tuple[int, int, int, int]:
         """``(key_hash, phys_offset, time_diff_seconds, prev_index)`` of entry ``index``."""
@@ -169,14 +170,15 @@ class IndexFile:
             return False
         count = self._index_count
         slot = L.slot_of(key_hash, self.slots)
+        at = L.entry_position(self.slots, count)
+        # Blocks first (sparse file): a full disk raises here, before anything changed.
+        self._mf.reserve_span(at, at + L.ENTRY_SIZE)
+        self._mf.reserve_span(L.slot_position(slot), L.slot_position(slot) + L.SLOT_SIZE)
+        self._mf.reserve_span(0, L.HEADER_SIZE)
         slot_value = self.slot_value(slot)
         if slot_value <= L.INVALID_INDEX or slot_value > count:
             slot_value = L.INVALID_INDEX
         time_diff = L.time_diff_seconds(store_ts, self._begin_ts)
-        at = L.entry_position(self.slots, count)
-        self._mf.reserve_span(at, at + L.ENTRY_SIZE)  # sparse file: blocks before the write
-        self._mf.reserve_span(L.slot_position(slot), L.slot_position(slot) + L.SLOT_SIZE)
-        self._mf.reserve_span(0, L.HEADER_SIZE)
         L.ENTRY_STRUCT.pack_into(self._mm, at, key_hash, phys_offset, time_diff, slot_value)
         self._put_int(L.slot_position(slot), count)
         if count <= L.FIRST_INDEX:
@@ -214,8 +216,14 @@ class IndexFile:
         phys = np.asarray(phys_offsets[:k], dtype=np.int64)
         ts = np.asarray(store_timestamps[:k], dtype=np.int64)
         numbers = np.arange(count, count + k, dtype=np.int64)
-        table = np.frombuffer(self._mm, dtype=L.SLOT_DTYPE, count=self.slots, offset=L.HEADER_SIZE)
         slots = hashes % self.slots
+        at = L.entry_position(self.slots, count)
+        # Blocks first (sparse file): a full disk raises here, before anything changed, and
+        # the slots read below are no holes any more.
+        self._mf.reserve_span(at, at + k * L.ENTRY_SIZE)
+        self._mf.reserve_pages(L.HEADER_SIZE + slots * L.SLOT_SIZE)
+        self._mf.reserve_span(0, L.HEADER_SIZE)
+        table = np.frombuffer(self._mm, dtype=L.SLOT_DTYPE, count=self.slots, offset=L.HEADER_SIZE)
         old = table[slots].astype(np.int64)
         old[(old <= L.INVALID_INDEX) | (old > count)] = L.INVALID_INDEX
         order = np.argsort(slots, kind="stable")
@@ -236,11 +244,6 @@ class IndexFile:
         entries["phys_offset"] = phys
         entries["time_diff"] = diff
         entries["prev_index"] = prev
-        at = L.entry_position(self.slots, count)
-        # Blocks first (sparse file): a full disk raises here, before anything changed.
-        self._mf.reserve_span(at, at + k * L.ENTRY_SIZE)
-        self._mf.reserve_pages(L.HEADER_SIZE + slots * L.SLOT_SIZE)
-        self._mf.reserve_span(0, L.HEADER_SIZE)
         self._mm[at:at + k * L.ENTRY_SIZE] = entries.tobytes()
         last = np.ones(k, dtype=bool)
         last[:-1] = ss[1:] != ss[:-1]

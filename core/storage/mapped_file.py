@@ -168,6 +168,20 @@ class MappedFile:
             self.flushed = wrote
         return self.flushed
 
+    def data_end(self) -> int:
+        """End of the file's first run of allocated blocks: everything past it reads as zeros.
+        Scans stop here, because on tmpfs even reading a hole through the map must allocate a
+        page, and a full tmpfs answers that with SIGBUS."""
+        try:
+            return min(self.size, os.lseek(self._fd, 0, os.SEEK_HOLE))
+        except OSError:  # no hole reporting here: the whole file counts
+            return self.size
+
+    def pread(self, at: int, size: int) -> bytes:
+        """Bytes read with a system call, not through the map: a hole reads as zeros whatever
+        the file system's free space (see ``data_end``)."""
+        return os.pread(self._fd, size, at).ljust(size, b"\0")
+
     def force(self) -> None:
         """fdatasync the whole file, whatever the positions say."""
         if not self.read_only and self._fd >= 0:

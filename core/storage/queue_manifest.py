@@ -15,9 +15,12 @@ A garbled manifest is reported and ignored (it only ever widens a rebuild).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 
+log = logging.getLogger("mqstore.dispatch")
 CONFIG_DIR = "config"
 MANIFEST_FILE = "mqstore_queues.json"
 
@@ -52,9 +55,14 @@ def write_manifest(root: str, queues: dict[tuple[str, int], tuple[int, int]]) ->
     body = {"format": 1, "queues": {f"{t}/{q}": {"first_phys": first, "max_offset": end}
                                     for (t, q), (first, end) in sorted(queues.items())}}
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(body, f, separators=(",", ":"))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(body, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def describe(queues: dict) -> dict[tuple[str, int], tuple[int, int]]:
@@ -90,5 +98,10 @@ class ManifestKeeper:
         keys = frozenset(queues)
         if not final and keys == self._written:
             return
-        write_manifest(self.root, describe(queues))
+        try:
+            write_manifest(self.root, describe(queues))
+        except OSError as exc:  # a full disk: the manifest only narrows rebuilds; try later
+            self._marked = True
+            log.warning("queue manifest not written (%s); it is tried again", exc)
+            return
         self._written = keys

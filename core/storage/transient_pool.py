@@ -182,25 +182,17 @@ def salvage(name: str, segments) -> list[str]:
 
 
 def _write_back(seg, buf) -> int:
-    pos = _intact_end(seg.mm, seg.start, seg.size)
-    begin = pos
-    while pos < seg.size:
-        kind, length, _head = scan_record(buf, pos, seg.size, True, expected_phys=seg.start + pos)
-        if kind == SCAN_OK:
-            pos += length
-        elif kind == SCAN_BLANK and length == seg.size - pos:
-            pos = seg.size
-        else:
-            break
-    if pos > begin:
-        seg.overwrite(begin, bytes(buf[begin:pos]))
+    begin = _intact_end(seg.mm, seg.start, seg.size)
+    end = _intact_end(buf, seg.start, seg.size, begin)
+    if end > begin:
+        seg.overwrite(begin, bytes(buf[begin:end]))
         seg.force()
-    return pos - begin
+    return end - begin
 
 
-def _intact_end(buf, start: int, size: int) -> int:
-    """End of the intact records a segment's bytes start with."""
-    pos = 0
+def _intact_end(buf, start: int, size: int, pos: int = 0) -> int:
+    """End of the intact records (or the blank closing the segment) ``buf`` holds from ``pos``,
+    for a segment starting at commit-log offset ``start``."""
     while pos < size:
         kind, length, _head = scan_record(buf, pos, size, True, expected_phys=start + pos)
         if kind == SCAN_OK:
