@@ -98,7 +98,7 @@ def test_a_full_disk_refuses_puts_and_deletes_oldest_first(make_store, monkeypat
     assert _wait(lambda: store.running_flags & DISK_FULL)
     refused = store.put(Message("T", b"no room", queue_id=0))
     assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE
-    assert "not writable" in refused.error
+    assert "disk full" in refused.error and "cleanup.disk_warning_ratio" in refused.error
     # Unexpired, yet deleted oldest first, at most 2 per run, never the newest.
     assert _wait(lambda: store.min_phys_offset == first_segments[-1])
     usage["now"] = 0.87  # below the warning ratio, above the forcibly one: still full
