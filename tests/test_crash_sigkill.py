@@ -205,3 +205,35 @@ def test_running_writer_holds_the_lock_until_killed(tmp_path):
     finally:
         writer.kill()
     check_recovered(root, "sync", writer)
+
+
+# -- the whole process group killed: nothing acknowledged is lost, in any mode ---------------
+GROUP_KILLS = int(os.environ.get("MQSTORE_FAULT_ROUNDS", "0"))
+
+
+@pytest.mark.parametrize("seed", range(GROUP_KILLS or 1))
+@pytest.mark.parametrize("batch", [0, 16])
+@pytest.mark.parametrize("flush_mode", ["sync", "async"])
+@pytest.mark.parametrize("kind", WRITERS)
+def test_sigkill_of_the_whole_group_loses_no_acknowledged_message(tmp_path, kind, flush_mode,
+                                                                   batch, seed):
+    """Store process and workers killed at once, as the OOM killer or a container stop does:
+    under async flush too, every acknowledged message survives (the page cache holds what the
+    mmap writer copied; the transient pool, kept out of the resource tracker, is written back
+    by the next open)."""
+    from mqstore.testing.faults import FaultWriter, audit, small_store_overrides
+
+    overrides = small_store_overrides(writer={"kind": kind}, flush={"mode": flush_mode})
+    root = tmp_path / "store"
+    writer = FaultWriter(str(root), overrides, seed=seed, batch=batch, count=1 << 30).start()
+    kill_after = random.Random(f"{kind}{flush_mode}{batch}{seed}").randint(50, 3000)
+    assert writer.read_until(kill_after)
+    assert writer.kill(signal.SIGKILL) == -signal.SIGKILL
+    store = MessageStore.open(root, config=load_config(overrides=overrides))
+    try:
+        assert store.recovery_report.abnormal
+        result = audit(store, seed, writer.acks)
+        print(f"SIGKILL group {kind}/{flush_mode}/batch {batch}/seed {seed}: {result}")
+        assert (result.lost, result.wrong) == ([], [])
+    finally:
+        store.close()
