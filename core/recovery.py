@@ -254,7 +254,7 @@ def _mend(segq, region: _Region, root: str, report: RecoveryReport, read_only: b
                 pos = seg.end
                 continue
             at, stop = pos - seg.start, min(region.end, seg.end) - seg.start
-            saved.write(seg.mm[at:stop])
+            saved.write(seg.pread(at, stop - at))  # not through the map: it may hold holes
             seg.overwrite(at, filler_for(stop - at, ts, pos, stop == seg.size))
             pos = seg.start + stop
         saved.flush()

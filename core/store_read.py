@@ -69,7 +69,7 @@ class ReadMixin:
             # stands still: every look checks (an idle one reads a single unit).
             cq.refresh(limit, self.commit_log)
             cq.follow_min_offset(self.commit_log.min_offset)
-        elif getattr(cq, "seen_limit", None) != limit:
+        elif cq.seen_limit != limit:
             # The worker publishes its position after writing the units below it.
             cq.refresh(limit)
             cq.seen_limit = limit

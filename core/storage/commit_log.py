@@ -31,6 +31,7 @@ class CommitLog:
                  on_warning=None, known_bytes: int | None = None) -> None:
         self.segments = SegmentQueue(directory, segment_bytes, read_only=read_only,
                                      on_warning=on_warning, known_bytes=known_bytes)
+        self._followed: int | None = None  # a follower's checked end (see follow_tail)
 
     @property
     def segment_bytes(self) -> int:
@@ -128,7 +129,7 @@ class CommitLog:
         record before its start has, so a reader never trusts a later segment while the tail
         of an earlier one is unchecked. At most _FOLLOW_RECORDS records per call, so a reader
         far behind catches up over several calls. Returns the readable end."""
-        pos = getattr(self, "_followed", None)
+        pos = self._followed
         if pos is None:
             pos = max(self.segments.min_offset, 0)
         budget = self._FOLLOW_RECORDS

@@ -34,6 +34,8 @@ class ConsumeQueue:
         self.min_logic_offset = 0  # bytes; raised by cleanup and pre-blank fill
         self.max_phys = -1  # end (offset + size) of the last real unit
         self._arrays: dict[int, np.ndarray] = {}
+        self.seen_limit: int | None = None  # a follower's last refresh limit (store_read)
+        self._doubt: tuple[int, float] | None = None  # a follower's unit that disagreed, since
 
     # -- positions -------------------------------------------------------------------------
     @property
@@ -142,7 +144,6 @@ class ConsumeQueue:
             seg.wrote = seg.flushed = 0
         self.max_phys = -1
         self.min_logic_offset = max(self.segments.min_offset, 0)
-        self._following = True
 
     def refresh(self, limit_phys: int, commit_log=None) -> None:
         """Advance over units appended since the last look whose records end at or below
@@ -252,7 +253,7 @@ class ConsumeQueue:
     def _doubted(self, queue_offset: int) -> int:
         """1 once the unit at ``queue_offset`` has disagreed for _DOUBT_S, else 0."""
         now = time.monotonic()
-        doubt = getattr(self, "_doubt", None)
+        doubt = self._doubt
         if doubt is None or doubt[0] != queue_offset:
             self._doubt = (queue_offset, now)
             return 0
