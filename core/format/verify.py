@@ -9,15 +9,12 @@ never as a wrong message.
 
 from __future__ import annotations
 
-import struct
 import zlib
 
 from mqstore.errors import CorruptRecordError
 from mqstore.format.record import HEADER_STRUCTS, MAGIC_V1, POS_SYSFLAG, RecordLayout, unpack_record
 from mqstore.hashing import crc32
 
-_SYSFLAG = struct.Struct(">i")
-_SHORT = struct.Struct(">h")
 
 
 def verify_record(raw, phys_offset: int, size: int | None = None) -> RecordLayout:
@@ -54,22 +51,23 @@ def check_queue_identity(raw, lay: RecordLayout, topic: bytes, queue_id: int,
 def verify_queue_record(raw, phys_offset: int, size: int, topic: bytes, queue_id: int,
                         queue_offset: int) -> RecordLayout:
     """``verify_record`` and ``check_queue_identity`` in one pass over the header: the pull's
-    per-message path, so it parses each field once. On any mismatch the slow path names it."""
-    if len(raw) >= 91:
-        hs = HEADER_STRUCTS[(_SYSFLAG.unpack_from(raw, POS_SYSFLAG)[0] >> 4) & 3]
-        if len(raw) >= hs.size + 4:
-            f = hs.unpack_from(raw)
-            body_at = hs.size
-            topic_at = body_at + f[16] + 1
-            if (f[0] == size and f[1] == MAGIC_V1 and f[6] == phys_offset and f[3] == queue_id
-                    and f[5] == queue_offset and f[16] >= 0 and topic_at + len(topic) + 2 <= size
-                    and raw[topic_at - 1] == len(topic)
-                    and raw[topic_at:topic_at + len(topic)] == topic):
-                props_at = topic_at + len(topic) + 2
-                props_len = _SHORT.unpack_from(raw, props_at - 2)[0]
-                if props_at + props_len == size and \
-                        zlib.crc32(raw[body_at:body_at + f[16]]) & 0x7FFFFFFF == f[2]:
-                    return RecordLayout(f, body_at, topic_at, len(topic), props_at, props_len)
+    per-message path, so it parses each field once. ``raw`` is exactly ``size`` bytes. On any
+    mismatch the slow path names the problem."""
+    if size >= 91:
+        hs = HEADER_STRUCTS[(raw[POS_SYSFLAG + 3] >> 4) & 3]  # the host-family bits
+        f = hs.unpack_from(raw)
+        body_at = hs.size
+        body_len = f[16]
+        topic_len = len(topic)
+        topic_at = body_at + body_len + 1
+        props_at = topic_at + topic_len + 2
+        if (f[0] == size and f[1] == MAGIC_V1 and f[6] == phys_offset and f[3] == queue_id
+                and f[5] == queue_offset and body_len >= 0 and props_at <= size
+                and raw[topic_at - 1] == topic_len
+                and raw[topic_at:topic_at + topic_len] == topic
+                and props_at + (raw[props_at - 2] << 8 | raw[props_at - 1]) == size
+                and zlib.crc32(raw[body_at:body_at + body_len]) & 0x7FFFFFFF == f[2]):
+            return RecordLayout(f, body_at, topic_at, topic_len, props_at, size - props_at)
     # V2 records (long topics) and anything that failed above: the full checks, with reasons.
     lay = verify_record(raw, phys_offset, size)
     check_queue_identity(raw, lay, topic, queue_id, queue_offset, phys_offset)
