@@ -17,6 +17,8 @@ writing. mqstore.json: which string hash the store uses; RocketMQ directories ha
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import mmap
@@ -25,7 +27,7 @@ import struct
 import threading
 import time
 
-from mqstore.errors import StoreCorruptError, StoreLockedError
+from mqstore.errors import DiskFullError, StoreCorruptError, StoreLockedError
 from mqstore.storage.mapped_file import reserve_file
 
 CHECKPOINT_FILE = "checkpoint"
@@ -95,12 +97,30 @@ def abort_exists(root: str) -> bool:
     return os.path.exists(os.path.join(root, ABORT_FILE))
 
 
+def write_small_file(path: str, data: bytes, *, atomic: bool = False) -> None:
+    """Write and fsync a small file (through a renamed temporary one when ``atomic``); a full
+    disk raises DiskFullError naming the file, and leaves no temporary file behind."""
+    target = path + ".tmp" if atomic else path
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if atomic:
+            os.replace(target, path)
+    except OSError as exc:
+        if atomic:
+            with contextlib.suppress(OSError):
+                os.unlink(target)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"no space to write {path}: {os.strerror(exc.errno)}") from None
+        raise
+
+
 def create_abort(root: str) -> None:
-    path = os.path.join(root, ABORT_FILE)
-    with open(path, "w") as f:
-        f.write(str(os.getpid()))
-        f.flush()
-        os.fsync(f.fileno())
+    write_small_file(os.path.join(root, ABORT_FILE), str(os.getpid()).encode())
 
 
 def remove_abort(root: str) -> None:
@@ -155,7 +175,10 @@ class StoreLock:
                     time.sleep(0.01)
             fcntl.lockf(fd, fcntl.LOCK_UN, 1, 1)
             os.ftruncate(fd, 0)
-            os.pwrite(fd, b"lock", 0)
+            try:
+                os.pwrite(fd, b"lock", 0)
+            except OSError:  # a full disk: the lock is the OS lock, not this word
+                pass
             self._fd = fd
             _HELD_LOCKS.add(self.path)
 
@@ -192,10 +215,5 @@ def read_meta(root: str) -> dict | None:
 
 
 def write_meta(root: str, meta: dict) -> None:
-    path = os.path.join(root, META_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_small_file(os.path.join(root, META_FILE),
+                     json.dumps(meta, indent=2, sort_keys=True).encode(), atomic=True)
