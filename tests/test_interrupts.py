@@ -35,6 +35,7 @@ lost 0, wrong 0" line per run.
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import os
 import random
 import signal
@@ -148,18 +149,21 @@ def died_of_the_interrupt(writer: FaultWriter, code: int) -> None:
     assert not writer.done
 
 
-def _ctrl_c_cases():
-    """Writer x flush mode x put kind: a half fraction (every pair of factors in all four
-    combinations) by default, everything with MQSTORE_FAULT_ROUNDS."""
+def _half_fraction(id_of, *factors) -> list:
+    """Every combination of three two-level factors, halved by default (each pair of factors
+    still meets in all four combinations), all of them with MQSTORE_FAULT_ROUNDS; one case
+    per seed."""
     cases = []
-    for i, kind in enumerate(KINDS):
-        for j, mode in enumerate(MODES):
-            for k, batch in enumerate(BATCHES):
-                seeds = SEEDS if ROUNDS or (i + j + k) % 2 == 0 else []
-                cases += [pytest.param(kind, mode, batch, seed,
-                                       id=f"{kind}-{mode}-{'batch' if batch else 'put'}-{seed}")
-                          for seed in seeds]
+    for (i, a), (j, b), (k, c) in itertools.product(*(enumerate(f) for f in factors)):
+        if ROUNDS or (i + j + k) % 2 == 0:
+            cases += [pytest.param(a, b, c, seed, id=f"{id_of(a, b, c)}-{seed}")
+                      for seed in SEEDS]
     return cases
+
+
+def _ctrl_c_cases():
+    return _half_fraction(lambda kind, mode, batch: f"{kind}-{mode}-{'batch' if batch else 'put'}",
+                          KINDS, MODES, BATCHES)
 
 
 @pytest.mark.parametrize("kind, mode, batch, seed", _ctrl_c_cases())
@@ -286,17 +290,8 @@ def test_ctrl_c_outside_a_put_ends_the_writer_and_keeps_every_ack(tmp_path, watc
 
 
 def _sigterm_cases():
-    """Writer x put kind x moment: a half fraction (every pair of factors in all four
-    combinations) by default, everything with MQSTORE_FAULT_ROUNDS."""
-    cases = []
-    for i, kind in enumerate(KINDS):
-        for j, batch in enumerate(BATCHES):
-            for k, when in enumerate(["early", "later"]):
-                seeds = SEEDS if ROUNDS or (i + j + k) % 2 == 0 else []
-                cases += [pytest.param(kind, batch, when, seed,
-                                       id=f"{kind}-{'batch' if batch else 'put'}-{when}-{seed}")
-                          for seed in seeds]
-    return cases
+    return _half_fraction(lambda kind, batch, when: f"{kind}-{'batch' if batch else 'put'}-{when}",
+                          KINDS, BATCHES, ["early", "later"])
 
 
 @pytest.mark.parametrize("kind, batch, when, seed", _sigterm_cases())
