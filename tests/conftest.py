@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import tarfile
@@ -88,3 +89,21 @@ def rocketmq_dir(tmp_path_factory):
     with tarfile.open(FIXTURE / "store.tar.gz") as tar:
         tar.extractall(dest, filter="tar")
     return dest / "store"
+
+
+@pytest.fixture
+def no_plugin_env(monkeypatch):
+    """No plugin-selection variables from the environment (modules opt in with usefixtures)."""
+    for name in ("MQSTORE_LOAD_PLUGINS", "MQSTORE_DISABLE_PLUGINS", "MQSTORE_TRACE_PLUGINS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+FAULT_TEST_WATCHDOG_S = 120.0
+
+
+@pytest.fixture
+def watchdog():
+    """Bound a fault test in time, its in-process parts included: dump every thread and exit."""
+    faulthandler.dump_traceback_later(FAULT_TEST_WATCHDOG_S, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()

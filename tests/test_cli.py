@@ -19,10 +19,7 @@ index: {max_hash_slots: 4096, max_index_entries: 16384}
 """
 
 
-@pytest.fixture(autouse=True)
-def no_plugin_env(monkeypatch):
-    for name in ("MQSTORE_LOAD_PLUGINS", "MQSTORE_DISABLE_PLUGINS", "MQSTORE_TRACE_PLUGINS"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_plugin_env")
 
 
 @pytest.fixture

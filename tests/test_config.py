@@ -105,10 +105,7 @@ def test_hash_choice_is_recorded_and_kept(make_store, store_dir, tmp_path):
 NO_EP = {"load_entry_points": False}
 
 
-@pytest.fixture(autouse=True)
-def no_plugin_env(monkeypatch):
-    for name in ("MQSTORE_LOAD_PLUGINS", "MQSTORE_DISABLE_PLUGINS", "MQSTORE_TRACE_PLUGINS"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_plugin_env")
 
 
 @pytest.mark.parametrize("overrides, needle", [

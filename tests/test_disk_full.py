@@ -31,7 +31,6 @@ combinations with N seeds each and file systems of 5 to 16 MiB. ``-s`` prints on
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
 import random
@@ -56,7 +55,6 @@ MiB = 1 << 20
 FS_BYTES = 5 * MiB
 ROOMY_BYTES = 64 * MiB
 ROOM_UNDER_RATIO = 256 * 1024  # what the ratio test leaves free: 5 % of FS_BYTES
-WATCHDOG_S = 120.0  # the whole test, in-process parts included
 WRITER_TIMEOUT_S = 60.0
 REOPEN_TIMEOUT_S = 60.0
 STOP_AFTER_REFUSALS = 20  # consecutive refused messages that end the writer's run
@@ -86,14 +84,6 @@ def _cases():
                             kind, mode, batch, fill, seed,
                             id=f"{kind}-{mode}-{'batch' if batch else 'put'}-{fill}-{seed}"))
     return cases
-
-
-@pytest.fixture
-def watchdog():
-    """Bound the test in time, its in-process parts included: dump every thread and exit."""
-    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
 
 
 def free_bytes(path: str) -> int:

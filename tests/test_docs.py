@@ -20,10 +20,7 @@ FILE_FORMATS = DOCS / "file_formats.md"
 DIAGRAM_MODULES = ("mqstore.format.record", "mqstore.format.cq_unit", "mqstore.storage.checkpoint")
 
 
-@pytest.fixture(autouse=True)
-def no_plugin_env(monkeypatch):
-    for name in ("MQSTORE_LOAD_PLUGINS", "MQSTORE_DISABLE_PLUGINS", "MQSTORE_TRACE_PLUGINS"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_plugin_env")
 
 
 def hook_signatures() -> dict[str, str]:

@@ -34,7 +34,6 @@ lost 0, wrong 0" line per run.
 """
 from __future__ import annotations
 
-import faulthandler
 import itertools
 import os
 import random
@@ -54,21 +53,12 @@ ROUNDS = int(os.environ.get("MQSTORE_FAULT_ROUNDS", "0"))
 SEEDS = range(ROUNDS or 1)
 SIGNALS = 5  # SIGINTs per run
 COUNT = 1000  # messages each run puts (more are sent again after interrupts)
-WATCHDOG_S = 120.0
 WRITER_TIMEOUT_S = 90.0
 PACE_MS = 40  # the pause between puts in test_ctrl_c_outside_a_put_*
 
 KINDS = ["mmap", "transient_pool"]
 MODES = ["async", "sync"]
 BATCHES = [0, 16]
-
-
-@pytest.fixture
-def watchdog():
-    """Bound the test in time, its in-process parts included: dump every thread and exit."""
-    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
 
 
 def index_of(body: bytes) -> int:

@@ -145,10 +145,7 @@ def test_load_entry_points_false_ignores_the_installed_plugin(demo_site, tmp_pat
 
 # -- in-process plugins -----------------------------------------------------------------------
 
-@pytest.fixture(autouse=True)
-def no_plugin_env(monkeypatch):
-    for name in ("MQSTORE_LOAD_PLUGINS", "MQSTORE_DISABLE_PLUGINS", "MQSTORE_TRACE_PLUGINS"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_plugin_env")
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 import struct
 from collections import defaultdict
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from mqstore import GetStatus, Message, PutStatus
-from mqstore.errors import CorruptRecordError, StoreCorruptError, StoreLockedError
+from mqstore.errors import CorruptRecordError, StoreLockedError
 
 BORN = 1_700_000_000_000
 CHECKPOINT_BYTES = 4096
