@@ -108,7 +108,6 @@ class DispatchLoop:
         self.failing: str | None = None
         self.failures = 0
         self.last_exception: Exception | None = None
-        self.skipped: list[tuple[int, int, str]] = []  # damaged ranges passed over, and why
         self.progress = threading.Condition()
         self._u8 = None
         self._topic_names: dict[bytes, str] = {}
@@ -159,7 +158,6 @@ class DispatchLoop:
                 nxt = find_record(seg.mm, wend + 1, limit, seg.start, seg.size)
                 if nxt is not None or seg.end <= end:
                     resume = seg.start + nxt if nxt is not None else seg.end
-                    self.skipped.append((pos, resume, size))
                     log.error("dispatch passes over damaged commit-log bytes [%d, %d): %s",
                               pos, resume, size)
                     pos = resume

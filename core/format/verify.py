@@ -16,7 +16,6 @@ from mqstore.format.record import HEADER_STRUCTS, MAGIC_V1, POS_SYSFLAG, RecordL
 from mqstore.hashing import crc32
 
 
-
 def verify_record(raw, phys_offset: int, size: int | None = None) -> RecordLayout:
     """The layout of the intact record ``raw`` read at ``phys_offset``; CorruptRecordError
     naming what is wrong otherwise."""

@@ -96,13 +96,12 @@ class MappedFile:
         if begin <= self.reserved_to or self.whole:
             self._reserve_prefix(end)
             return
-        if self._pages is None:
-            self._pages = np.zeros(-(-self.size // PAGE), dtype=bool)
+        pages = self._page_map()
         first, last = begin // PAGE, -(-end // PAGE)
-        if self._pages[first:last].all():
+        if pages[first:last].all():
             return
         reserve_file(self._fd, min(self.size, last * PAGE), self.path, begin=first * PAGE)
-        self._pages[first:last] = True
+        pages[first:last] = True
 
     def reserve_pages(self, offsets) -> None:
         """Blocks for small writes at ``offsets`` (a numpy array of file positions)."""
@@ -110,12 +109,17 @@ class MappedFile:
         pages = pages[pages * PAGE >= self.reserved_to]
         if not len(pages):
             return
-        if self._pages is None:
-            self._pages = np.zeros(-(-self.size // PAGE), dtype=bool)
-        for page in pages[~self._pages[pages]].tolist():
+        reserved = self._page_map()
+        for page in pages[~reserved[pages]].tolist():
             reserve_file(self._fd, min(self.size, (page + 1) * PAGE), self.path,
                          begin=page * PAGE)
-            self._pages[page] = True
+            reserved[page] = True
+
+    def _page_map(self) -> np.ndarray:
+        """Which pages past ``reserved_to`` have their blocks (files written out of order)."""
+        if self._pages is None:
+            self._pages = np.zeros(-(-self.size // PAGE), dtype=bool)
+        return self._pages
 
     @property
     def committed(self) -> int:
