@@ -90,6 +90,7 @@ def settle_meta(root: str, meta: dict, problem: str | None, *, commit_log, consu
                 configured_hash: str, configured_cq_bytes: int, read_only: bool,
                 notes: list[str]) -> dict:
     """Complete ``meta`` from the loaded files (and record it, when writable)."""
+    recorded = meta
     meta = dict(meta)
     if problem:
         notes.append(problem)
@@ -111,13 +112,6 @@ def settle_meta(root: str, meta: dict, problem: str | None, *, commit_log, consu
         sizes = [cq.segments.segment_bytes for cq in consume_queues if cq.segments.segments]
         meta["consume_queue_file_bytes"] = (max(set(sizes), key=sizes.count) if sizes
                                             else configured_cq_bytes)
-    if not read_only and meta != read_meta_quietly(root):
+    if not read_only and (meta != recorded or problem):
         write_meta(root, meta)
     return meta
-
-
-def read_meta_quietly(root: str) -> dict | None:
-    try:
-        return read_meta(root)
-    except StoreCorruptError:
-        return None
