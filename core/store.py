@@ -427,12 +427,16 @@ class MessageStore(PutMixin, ReadMixin):
                 if not force and os.path.getmtime(seg.path) * 1000 + reserved_ms > now_ms:
                     break
                 count += 1
+            if count:
+                # Queues stop offering the units first, then the records go: a reader never
+                # sees a min offset whose record was already deleted.
+                for cq in list(self.consume_queues.values()):
+                    cq.correct_min_offset(segs[count].start)
             removed = self.commit_log.segments.drop_first(count)
         if removed:
             min_phys = self.commit_log.min_offset
             for cq in list(self.consume_queues.values()):
                 removed += cq.delete_files_below(min_phys)
-                cq.correct_min_offset(min_phys)
             for dispatcher in self.dispatchers:
                 if hasattr(dispatcher, "after_cleanup"):
                     removed += dispatcher.after_cleanup(min_phys)
