@@ -103,8 +103,10 @@ def _nonzero_extent(seg, begin: int) -> int:
     at = begin
     stop = seg.data_end()  # past it only holes: zeros, and not to be read through the map
     while at < stop:
+        # A copy: a follower probes a segment that the writer may be filling at the same time,
+        # and numpy's nonzero fails if the bytes change under it.
         chunk = np.frombuffer(seg.mm, dtype=np.uint8, count=min(ZERO_PROBE_BYTES, stop - at),
-                              offset=at)
+                              offset=at).copy()
         nz = np.flatnonzero(chunk)
         if not len(nz):
             break
