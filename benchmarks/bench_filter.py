@@ -19,6 +19,7 @@ import argparse
 import tempfile
 import time
 
+from benchlib import emit_json
 from mqstore import GetStatus, MessageBatch, MessageStore, load_config
 
 EXPR = "k = '7'"
@@ -44,6 +45,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--count", type=int, default=1_000_000)
     ap.add_argument("--quick", action="store_true", help="100,000 messages")
+    ap.add_argument("--json", action="store_true", help="also print one BENCH-JSON line with "
+                    "the figures (for benchmarks/compare.py)")
     args = ap.parse_args()
     n = 100_000 if args.quick else args.count
     cfg = load_config(overrides={"commit_log": {"segment_bytes": 1 << 30},
@@ -77,6 +80,10 @@ def main() -> None:
                   f"  {base / secs:6.1f}x baseline")
         ratio = base / rows[0][1][1]
         print(f"target: bitmaps >= 10x baseline: {'PASS' if ratio >= 10 else 'MISS'} ({ratio:.1f}x)")
+        if args.json:
+            emit_json("filter", [(f"{name} scan", n / secs, "msg/s", "higher")
+                                 for name, (_found, secs) in rows]
+                      + [("bitmaps / baseline", ratio, "x", "higher")])
 
 
 if __name__ == "__main__":

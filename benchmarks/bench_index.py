@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from benchlib import emit_json
 from mqstore import MessageBatch, MessageStore, load_config
 
 
@@ -68,6 +69,8 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=2_000_000, help="entries per index file")
     ap.add_argument("--queries", type=int, default=10_000)
     ap.add_argument("--quick", action="store_true", help="200,000 messages")
+    ap.add_argument("--json", action="store_true", help="also print one BENCH-JSON line with "
+                    "the figures (for benchmarks/compare.py)")
     args = ap.parse_args()
     n = 200_000 if args.quick else args.count
     src = tempfile.mkdtemp(prefix="mqstore-bench-index-src-")
@@ -100,6 +103,13 @@ def main() -> None:
               f"max {lat_us.max():.1f} us ({'PASS' if p99 < 1000 else 'MISS'} target p99 < 1 ms)")
         print(f"dict lookup of the same keys: {dict_us:.3f} us each; query p50 is "
               f"{p50 / dict_us:,.0f}x a dict lookup")
+        if args.json:
+            emit_json("index", [("dispatch without index", plain, "msg/s", "higher"),
+                                ("dispatch with index", indexed, "msg/s", "higher"),
+                                ("with / without index", ratio, "x", "higher"),
+                                ("query_by_key p50", p50, "us", "lower"),
+                                ("query_by_key p99", p99, "us", "lower"),
+                                ("dict lookup (no mqstore)", dict_us, "us", "lower")])
         shutil.rmtree(idx_dir)
     finally:
         shutil.rmtree(src, ignore_errors=True)

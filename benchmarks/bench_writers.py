@@ -24,7 +24,6 @@ import time
 import numpy as np
 
 from mqstore import MessageBatch, MessageStore, PutStatus, load_config
-from mqstore.workers import shm
 
 TOPICS = ("BenchTopicA", "BenchTopicB")
 
@@ -43,7 +42,7 @@ def make_batches(n: int, body_bytes: int, batch: int) -> list[MessageBatch]:
 def wait_for_workers(store: MessageStore) -> None:
     """Start the clock once both worker processes sleep in their loops (spawned and ready)."""
     deadline = time.monotonic() + 30
-    while not (store.positions[shm.FLUSH_IDLE] and store.positions[shm.DISPATCH_IDLE]):
+    while not (store.channels.flush.idle and store.channels.dispatch.idle):
         if time.monotonic() > deadline:
             raise RuntimeError("workers did not start within 30 s")
         time.sleep(0.01)

@@ -248,7 +248,7 @@ def _check_sysflag(sysflag: object) -> int:
 def prepare(msg: Message, ctx: PutContext) -> Prepared:
     if type(msg) is not Message:
         raise TypeError(f"expected a mqstore.Message, got {type(msg).__name__}")
-    # Arguments: each raises. Fields at their int 0 default skip the range check.
+    # Arguments first, each raising, so a bad argument is never hidden behind a refusal.
     topic = check_topic(msg.topic)
     queue_id = msg.queue_id
     if queue_id is not None:
@@ -256,8 +256,61 @@ def prepare(msg: Message, ctx: PutContext) -> Prepared:
     body = msg.body
     if type(body) is not bytes:
         body = check_body(body)
+    sysflag, flag, born_ts = msg.sysflag, msg.flag, msg.born_timestamp
+    reconsume, prepared = msg.reconsume_times, msg.prepared_tx_offset
+    # Nearly all messages leave these at their defaults, which need no range check: one test
+    # keeps the checks off the common path. Types go first, since an array's truth raises.
+    if (type(sysflag) is not int or type(flag) is not int or type(reconsume) is not int
+            or type(prepared) is not int or sysflag or flag or reconsume or prepared
+            or born_ts is not None):
+        sysflag, flag, born_ts, reconsume, prepared = _checked_ints(msg)
+    if msg.born_host is None:
+        born_host, born_v6 = ctx.store_host, ctx.store_v6
+    else:
+        born_host = parse_host(msg.born_host)
+        born_v6 = len(born_host.address) == 16
+    long_topic = len(topic) > MAX_V1_TOPIC_BYTES
+    v2 = long_topic and ctx.auto_v2
+    tail, props, cache_key = _checked_properties(msg, topic, v2)
+
+    # Refusals: the message is well formed but the store will not hold it.
+    reason = topic_refusal(topic, ctx.auto_v2) if long_topic else None
+    if reason is None:
+        if body is None:
+            reason = BODY_IS_NONE
+        elif len(body) > ctx.max_message_bytes:
+            reason = body_too_large(len(body), ctx.max_message_bytes)
+    if reason is not None:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL, reason)
+    if tail is None:
+        tail = finish_tail(topic, v2, props, cache_key)
+    if PROPERTY_INNER_NUM in props and not sysflag & SYSFLAG_INNER_BATCH:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL, INNER_NUM_WITHOUT_BATCH)
+    sysflag |= (SYSFLAG_BORNHOST_V6 if born_v6 else 0) | (
+        SYSFLAG_STOREHOST_V6 if ctx.store_v6 else 0)
+    size = HEADER_STRUCTS[(sysflag >> 4) & 3].size + len(body) + len(tail)
+    if size > ctx.max_message_bytes + MAX_RECORD_OVERHEAD or size > INT32_MAX:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL, record_too_large(size, ctx))
+    tx = sysflag & SYSFLAG_TX_MASK
+    if props:
+        # waits() inlined and is_delayed() guarded: this runs for every message of every put
+        wait_text = props.get(PROPERTY_WAIT)
+        wait = wait_text is None or wait_text.lower() == "true"
+        delay = PROPERTY_DELAY in props and is_delayed(props)
+    else:
+        wait, delay = True, False
+    return Prepared(
+        topic, queue_id, body, crc32(body), tail, MAGIC_V2 if v2 else MAGIC_V1, sysflag, flag,
+        born_ts, born_host, reconsume, prepared, tx == TX_NOT or tx == TX_COMMIT, wait, delay,
+        size,
+    )
+
+
+def _checked_ints(msg: Message) -> tuple[int, int, int | None, int, int]:
+    """sysflag, flag, born_timestamp, reconsume_times and prepared_tx_offset of ``msg``,
+    checked in that order (raising ValueError) and made plain ints."""
     sysflag = msg.sysflag
-    if type(sysflag) is not int or sysflag:
+    if type(sysflag) is not int or sysflag:  # each default still skips its own check
         sysflag = _check_sysflag(sysflag)
     flag = msg.flag
     if type(flag) is not int or flag:
@@ -271,56 +324,25 @@ def prepare(msg: Message, ctx: PutContext) -> Prepared:
     prepared = msg.prepared_tx_offset
     if type(prepared) is not int or prepared:
         prepared = _int_field("prepared_tx_offset", prepared, INT64_MIN, INT64_MAX)
-    if msg.born_host is None:
-        born_host = ctx.store_host
-        born_v6 = ctx.store_v6
-    else:
-        born_host = parse_host(msg.born_host)
-        born_v6 = len(born_host.address) == 16
-    long_topic = len(topic) > MAX_V1_TOPIC_BYTES
-    v2 = long_topic and ctx.auto_v2
+    return sysflag, flag, born_ts, reconsume, prepared
+
+
+def _checked_properties(msg: Message, topic: str, v2: bool
+                        ) -> tuple[bytes | None, dict[str, str], tuple | None]:
+    """The checked properties of ``msg``, with its tail when one is cached already.
+
+    Without a cached tail, the tail is left to ``finish_tail`` (under the returned cache key,
+    if the message may be cached): it can be refused, which must wait until the message's own
+    refusals have had their say.
+    """
     tags = msg.tags
-    cache_key = cached = None
     if msg.keys is None and msg.properties is None and (tags is None or type(tags) is str):
         cache_key = (topic, tags, v2)
         cached = _simple_tails.get(cache_key)
-    if cached is None:
-        props = message_properties(tags, msg.keys, msg.properties)
-    else:
-        tail, props = cached
-
-    # Refusals: the message is well formed but the store will not hold it.
-    reason = topic_refusal(topic, ctx.auto_v2) if long_topic else None
-    if reason is None:
-        if body is None:
-            reason = BODY_IS_NONE
-        elif len(body) > ctx.max_message_bytes:
-            reason = body_too_large(len(body), ctx.max_message_bytes)
-    if reason is not None:
-        raise Rejected(PutStatus.MESSAGE_ILLEGAL, reason)
-    if cached is None:
-        tail = finish_tail(topic, v2, props, cache_key)
-    if PROPERTY_INNER_NUM in props and not sysflag & SYSFLAG_INNER_BATCH:
-        raise Rejected(PutStatus.MESSAGE_ILLEGAL, INNER_NUM_WITHOUT_BATCH)
-    if born_v6:
-        sysflag |= SYSFLAG_BORNHOST_V6
-    if ctx.store_v6:
-        sysflag |= SYSFLAG_STOREHOST_V6
-    size = HEADER_STRUCTS[(sysflag >> 4) & 3].size + len(body) + len(tail)
-    if size > ctx.max_message_bytes + MAX_RECORD_OVERHEAD or size > INT32_MAX:
-        raise Rejected(PutStatus.MESSAGE_ILLEGAL, record_too_large(size, ctx))
-    tx = sysflag & SYSFLAG_TX_MASK
-    if props:
-        wait_text = props.get(PROPERTY_WAIT)
-        wait = wait_text is None or wait_text.lower() == "true"
-        delay = PROPERTY_DELAY in props and is_delayed(props)
-    else:
-        wait, delay = True, False
-    return Prepared(
-        topic, queue_id, body, crc32(body), tail, MAGIC_V2 if v2 else MAGIC_V1, sysflag, flag,
-        born_ts, born_host, reconsume, prepared, tx == TX_NOT or tx == TX_COMMIT, wait, delay,
-        size,
-    )
+        if cached is not None:
+            return cached[0], cached[1], cache_key
+        return None, message_properties(tags, None, None), cache_key
+    return None, message_properties(tags, msg.keys, msg.properties), None
 
 
 def at_message(index: int, exc: Exception) -> Exception:

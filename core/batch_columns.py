@@ -220,25 +220,14 @@ def _columns(shape: _Shape, ctx: PutContext) -> Columns:
     bodies, lens = _bodies(shape, ctx)
     v2 = _check_topics(topics, ctx)
     tails, props_seen = _tails(shape, v2)
-    wait = False
-    for i, p in enumerate(props_seen):  # one shared set stands for message 0
-        if PROPERTY_INNER_NUM in p:
-            raise Rejected(PutStatus.MESSAGE_ILLEGAL, INNER_NUM_WITHOUT_BATCH, i)
-        if PROPERTY_DELAY in p and is_delayed(p):
-            raise Rejected(PutStatus.MESSAGE_ILLEGAL, DELAY_IN_BATCH, i)
-        wait = wait or waits(p)
+    wait = _check_batch_properties(props_seen)
 
     born_host = ctx.store_host if b.born_host is None else parse_host(b.born_host)
     sysflag = (SYSFLAG_BORNHOST_V6 if born_host.is_v6 else 0) | (
         SYSFLAG_STOREHOST_V6 if ctx.store_v6 else 0)
     magics = MAGIC_V1 if not any(v2.values()) else [
         MAGIC_V2 if v2[t] else MAGIC_V1 for t in topics]
-    tail_lens = np.fromiter(map(len, tails), dtype=np.int64, count=n)
-    sizes = HEADER_STRUCTS[(sysflag >> 4) & 3].size + lens + tail_lens
-    biggest = int(sizes.max())
-    if biggest > ctx.max_message_bytes + MAX_RECORD_OVERHEAD or biggest > INT32_MAX:
-        raise Rejected(PutStatus.MESSAGE_ILLEGAL, record_too_large(biggest, ctx),
-                       int(np.argmax(sizes)))
+    sizes = _record_sizes(sysflag, lens, tails, ctx)
 
     queue_ids = _queue_ids(shape)
     flag = _int_field("flag", b.flag, INT32_MIN, INT32_MAX)
@@ -252,6 +241,30 @@ def _columns(shape: _Shape, ctx: PutContext) -> Columns:
         born_hosts=born_host, reconsume_times=0, prepared_tx_offsets=0, wait=wait,
         select_inputs=_SelectInputs(topics, shape.keys),
     )
+
+
+def _check_batch_properties(props_seen: list[dict]) -> bool:
+    """Refuses what a batch may not carry; whether sync flush waits for the batch."""
+    wait = False
+    for i, p in enumerate(props_seen):  # one shared set stands for message 0
+        if PROPERTY_INNER_NUM in p:
+            raise Rejected(PutStatus.MESSAGE_ILLEGAL, INNER_NUM_WITHOUT_BATCH, i)
+        if PROPERTY_DELAY in p and is_delayed(p):
+            raise Rejected(PutStatus.MESSAGE_ILLEGAL, DELAY_IN_BATCH, i)
+        wait = wait or waits(p)
+    return wait
+
+
+def _record_sizes(sysflag: int, lens: np.ndarray, tails: list[bytes], ctx: PutContext
+                  ) -> np.ndarray:
+    """Each record's size; the largest alone is checked, since it decides for the batch."""
+    tail_lens = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
+    sizes = HEADER_STRUCTS[(sysflag >> 4) & 3].size + lens + tail_lens
+    biggest = int(sizes.max())
+    if biggest > ctx.max_message_bytes + MAX_RECORD_OVERHEAD or biggest > INT32_MAX:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL, record_too_large(biggest, ctx),
+                       int(np.argmax(sizes)))
+    return sizes
 
 
 class _SelectInputs(Sequence):

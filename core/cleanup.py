@@ -1,23 +1,27 @@
-"""When commit-log segments go: RocketMQ's CleanCommitLogService decision (spec 10.10).
+"""Cleanup: deleting old commit-log segments and the derived files that follow them.
 
-Pure policy: the flush worker calls ``decide`` every ``cleanup.interval_ms`` and the store
-process carries the decision out (``MessageStore.delete_expired_segments``), because the store
-owns the maps and the consume queues that must follow the new minimum offset.
+One job, three steps, each done by the owner of the files it touches:
+
+1. The store process decides (the ``cleanup.policy`` plugin, every ``cleanup.interval_ms``, on
+   the store clock) and deletes expired commit-log segments: it owns the commit log. Before a
+   segment goes, the consume queues it reads stop offering the units that point into it.
+2. The dispatch loop's process (the dispatch worker, or the store process with
+   ``dispatch.worker: thread``) owns the consume queues and the dispatchers' files: it drops
+   the files wholly below the new minimum (``drop_derived``), then runs ``after_cleanup``.
+3. It acknowledges on the cleanup channel; ``delete_expired_segments`` returns after that.
+
+A segment's age is that of its newest record, measured on the store clock. Store times never
+go backwards in log order, so the first record of the next segment is as new or newer: a
+segment is expired once that record is older than the reserved time (a bound that never
+deletes early, and needs no file times).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import NamedTuple
 
-from mqstore.config import parse_hours
-
-
-class Decision(NamedTuple):
-    delete: bool  # run a deletion pass now
-    at_once: bool  # delete the oldest segments whatever their age
-    disk_full: bool | None  # set (True) or clear (False) DISK_FULL; None leaves it as it is
+from mqstore.time_search import store_time_at
 
 
 def disk_used_ratio(path: str) -> float:
@@ -31,16 +35,27 @@ def disk_used_ratio(path: str) -> float:
     return math.ceil(100 * used / (used + usable)) / 100
 
 
-def decide(cfg, local_hour: int, used: float) -> Decision:
-    """``cfg`` is the ``cleanup`` config section; ``used`` a fraction from disk_used_ratio."""
-    time_up = local_hour in parse_hours(cfg.delete_when)
-    immediately = False
-    disk_full: bool | None = None
-    if used > cfg.disk_warning_ratio / 100:
-        disk_full = immediately = space = True
-    elif used > cfg.disk_forcibly_ratio / 100:
-        immediately = space = True  # DISK_FULL stays until use is back under this ratio
-    else:
-        disk_full = False
-        space = used < 0 or used > cfg.disk_max_used_ratio / 100
-    return Decision(time_up or space, cfg.clean_forcibly and immediately, disk_full)
+def expired_count(commit_log, now_ms: int, reserved_ms: int, max_segments: int) -> int:
+    """How many of the oldest segments (never the newest) may go: all of the first
+    ``max_segments`` with ``reserved_ms`` 0, else those whose records are all older than
+    ``reserved_ms``, stopping at the first that must stay (no segment is skipped)."""
+    segs = commit_log.segments.segments
+    count = 0
+    for seg, after in list(zip(segs, segs[1:]))[:max_segments]:
+        if reserved_ms:
+            newer = store_time_at(commit_log, after.start)
+            if newer < 0 or newer + reserved_ms > now_ms:
+                break
+        count += 1
+    return count
+
+
+def drop_derived(view, dispatchers, hooks, min_phys: int) -> list[str]:
+    """Step 2: consume-queue files and dispatchers' files below ``min_phys``, then the
+    ``after_cleanup`` hook; returns the deleted paths."""
+    removed: list[str] = []
+    for cq in list(view.consume_queues.values()):
+        removed += cq.delete_files_below(min_phys)
+    removed += dispatchers.drop_below(min_phys)
+    hooks.after_cleanup(min_phys)
+    return removed

@@ -2,8 +2,8 @@
 
 Every key, its unit and its default is listed in ``config/mqstore.yaml``. Loading rejects
 unknown keys, wrong types and out-of-range values with the dotted key in the message, and
-names that no plugin registers: ``writer.kind``, ``queue_select.selector``, ``flush.mode`` and
-``plugins.disable`` are checked against the plugins this very config loads, so a typo fails
+names that no plugin registers: ``writer.kind``, ``queue_select.selector``, ``flush.policy``,
+``cleanup.policy`` and ``plugins.disable`` are checked against the plugins this very config loads, so a typo fails
 here rather than when a store opens.
 """
 
@@ -69,7 +69,7 @@ class ConsumeQueueSection(_Section):
 
 
 class FlushSection(_Section):
-    mode: str = Field("async", min_length=1)  # a flush policy plugin by name
+    policy: str = Field("async", min_length=1)  # a flush policy plugin by name
     interval_ms: int = Field(500, ge=1)
     least_pages: int = Field(4, ge=0)
     thorough_interval_ms: int = Field(10_000, ge=1)
@@ -87,12 +87,13 @@ class WriterSection(_Section):
 
 
 class DispatchSection(_Section):
-    mode: Literal["process", "thread"] = "process"
+    worker: Literal["process", "thread"] = "process"
     interval_ms: int = Field(1, ge=1)
     batch_bytes: int = Field(4 * 1024 * 1024, ge=4096)
 
 
 class CleanupSection(_Section):
+    policy: str = Field("rocketmq", min_length=1)  # a cleanup policy plugin by name
     interval_ms: int = Field(10_000, ge=1)
     delete_when: str = "04"
     # RocketMQ's fileReservedTime is a Java int; the bound also keeps out .inf, which the

@@ -1,27 +1,20 @@
-"""Subscription filters: the contract filter plugins implement.
-
-A filter factory compiles an expression once; ``store.get`` then asks the compiled filter two
-questions, cheapest first:
-
-- ``match_units(tags_codes)``: a boolean mask over a whole window of consume-queue tag codes
-  (numpy), or ``None`` when every unit passes. Must never reject a message that matches.
-- ``match_message(message)``: the exact answer for one candidate, read from the commit log.
-"""
+"""Compiled subscription filters (``contracts.Filter``): the match-all filter and the cache
+of compiled expressions."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from mqstore.contracts import CapabilityError, check_capabilities
+from mqstore.errors import PluginError
 
 if TYPE_CHECKING:
     from mqstore.message import StoredMessage
 
-
-class CompiledFilter(Protocol):
-    def match_units(self, tags_codes: np.ndarray) -> np.ndarray | None: ...
-
-    def match_message(self, message: "StoredMessage") -> bool: ...
+FILTER_CACHE_SIZE = 100
 
 
 class MatchAll:
@@ -35,3 +28,28 @@ class MatchAll:
 
 
 MATCH_ALL = MatchAll()
+
+
+class FilterCache:
+    """The last FILTER_CACHE_SIZE compiled expressions, by (type, expression)."""
+
+    def __init__(self, factories, string_hash) -> None:
+        self.factories = factories  # the filters Registry
+        self.string_hash = string_hash
+        self._cache: OrderedDict = OrderedDict()
+
+    def compile(self, expression: str | None, expression_type: str):
+        key = (expression_type.upper(), expression)
+        flt = self._cache.get(key)
+        if flt is None:
+            flt = self.factories.get(expression_type)(expression, self.string_hash)
+            try:
+                check_capabilities(flt, f"filter {expression_type!r}")
+            except CapabilityError as exc:
+                raise PluginError(str(exc)) from None
+            self._cache[key] = flt
+            if len(self._cache) > FILTER_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return flt

@@ -1,8 +1,9 @@
 """Every hook mqstore calls, in the order a store's life runs through them.
 
 Registration hooks hand a registry to plugins; the store then looks strategies up by the names in
-its config, so the hot paths call plain objects, not pluggy. Lifecycle hooks (``before_*`` /
-``after_*``) run once per batch, never per message. Each docstring says which process runs it.
+its config, so the hot paths call plain objects, not pluggy. The factories and the objects they
+return are typed in ``mqstore.contracts``. Lifecycle hooks (``before_*`` / ``after_*``) run
+once per batch, never per message. Each docstring says which process runs it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from mqstore.dispatch import DispatchBatch
-    from mqstore.message import BatchPutResult, Message
+    from mqstore.message import BatchPutResult, Message, MessageBatch
     from mqstore.registry import Registry
 
 PROJECT = "mqstore"
@@ -21,56 +22,84 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 # ----------------------------------------------------------------------------------------
-# Registration hooks: called once, in every process that builds a plugin manager
+# Registration hooks: called once in every process that builds a plugin manager (the store
+# process, each worker, and load_config, which checks the names a config picks)
 # ----------------------------------------------------------------------------------------
 
 
 @hookspec
 def register_writers(registry: "Registry") -> None:
-    """Register commit-log writers: ``registry.add("mmap", factory)``.
+    """Register commit-log writers.
 
-    ``factory(commit_log, config)`` returns an object with ``write(segment, data) -> int``
-    and optionally ``before_roll()``, ``write_blank(segment, data)``, ``pool`` and ``close()``
-    (see docs/plugin_hooks.md). The YAML key ``writer.kind`` picks one by name. Runs in: the
-    store process.
+    :param registry: ``registry.add(name, factory)`` with a
+        :data:`~mqstore.contracts.WriterFactory`: ``factory(ctx: WriterContext) -> Writer``.
+        The YAML key ``writer.kind`` picks one by name.
+
+    Runs in: the store process.
     """
 
 
 @hookspec
 def register_queue_selectors(registry: "Registry") -> None:
-    """Register queue selectors: ``registry.add("round_robin", factory)``.
+    """Register queue selectors for puts without a queue id.
 
-    ``factory(config, string_hash)`` returns an object with ``select(message, queue_count) -> int``.
-    The YAML key ``queue_select.selector`` picks one. Runs in: the store process.
+    :param registry: ``registry.add(name, factory)`` with a
+        :data:`~mqstore.contracts.QueueSelectorFactory`:
+        ``factory(config, string_hash) -> QueueSelector``. The YAML key
+        ``queue_select.selector`` picks one.
+
+    Runs in: the store process.
     """
 
 
 @hookspec
 def register_filters(registry: "Registry") -> None:
-    """Register subscription filter types by expression type: ``registry.add("TAG", factory)``.
+    """Register subscription filter types, by expression type (case-insensitive).
 
-    ``factory(expression, string_hash)`` returns a compiled filter (see ``mqstore.filtering``).
-    ``store.get(..., expression_type=NAME)`` uses it. Runs in: every process that serves pulls.
+    :param registry: ``registry.add(expression_type, factory)`` with a
+        :data:`~mqstore.contracts.FilterFactory`: ``factory(expression, string_hash) ->
+        Filter``; a filter declaring ``PRECOMPUTES`` gets bitmaps at dispatch for registered
+        subscriptions. ``store.get(..., expression_type=NAME)`` uses it.
+
+    Runs in: every process that serves pulls or dispatches.
     """
 
 
 @hookspec
 def register_dispatchers(registry: "Registry") -> None:
-    """Register dispatchers (consume-queue builder, index builders): ``registry.add(name, factory)``.
+    """Register dispatchers (the consume-queue builder, index builders).
 
-    ``factory(store)`` returns an object with ``dispatch(batch)`` and ``close()``. Every
-    registered dispatcher runs, in registration order. Runs in: the dispatch loop's process.
+    :param registry: ``registry.add(name, factory)`` with a
+        :data:`~mqstore.contracts.DispatcherFactory`: ``factory(view: StoreView, role) ->
+        Dispatcher | None``. Every registered dispatcher runs, in registration order.
+
+    Runs in: every process of the store, once each, with that process's role (``writer`` in
+    the dispatch loop's process, ``follower`` beside it, ``reader`` in read-only stores).
     """
 
 
 @hookspec
 def register_flush_policies(registry: "Registry") -> None:
-    """Register flush policies: ``registry.add("async", factory)``.
+    """Register flush policies.
 
-    ``factory(store)`` returns an object with ``start()``, ``after_append(end_offset, wait)``
-    -> PutStatus and ``stop()``; optionally ``visible_after_flush`` and a static
-    ``schedule(config)`` for the flush loop's passes. The YAML key ``flush.mode`` picks one.
-    Runs in: the store process (and the flush worker, which reads ``schedule``).
+    :param registry: ``registry.add(name, factory)`` with a
+        :class:`~mqstore.contracts.FlushPolicyFactory`: ``factory(config, flusher) ->
+        FlushPolicy`` plus ``factory.schedule(config) -> FlushSchedule``. The YAML key
+        ``flush.policy`` picks one.
+
+    Runs in: the store process (the policy) and the flush loop's process (the schedule).
+    """
+
+
+@hookspec
+def register_cleanup_policies(registry: "Registry") -> None:
+    """Register cleanup policies: when commit-log segments go and when the disk is full.
+
+    :param registry: ``registry.add(name, factory)`` with a
+        :data:`~mqstore.contracts.CleanupPolicyFactory`: ``factory(config) ->
+        CleanupPolicy``. The YAML key ``cleanup.policy`` picks one (default ``rocketmq``).
+
+    Runs in: the store process.
     """
 
 
@@ -80,8 +109,10 @@ def register_flush_policies(registry: "Registry") -> None:
 
 
 @hookspec
-def before_append(messages: "Sequence[Message]") -> None:
+def before_append(messages: "Sequence[Message] | MessageBatch") -> None:
     """Called before the messages are validated and written; raise to reject the whole call.
+
+    :param messages: the put's messages (a ``MessageBatch`` for a columnar put_batch).
 
     Runs in: the store process, the caller's thread, outside the put lock.
     """
@@ -90,6 +121,8 @@ def before_append(messages: "Sequence[Message]") -> None:
 @hookspec
 def after_append(result: "BatchPutResult") -> None:
     """Called after a put or put_batch wrote its records (also for a rejected call).
+
+    :param result: statuses, queue ids and offsets, commit-log offsets and sizes.
 
     Runs in: the store process, the caller's thread, outside the put lock.
     """
@@ -102,9 +135,12 @@ def after_append(result: "BatchPutResult") -> None:
 
 @hookspec
 def after_dispatch(batch: "DispatchBatch") -> None:
-    """Called after every dispatcher has processed ``batch``.
+    """Called after every dispatcher has processed ``batch``; raising retries the batch.
 
-    Runs in: the dispatch loop (a worker thread of the store process).
+    :param batch: the records' columns (``mqstore.dispatch.DispatchBatch``).
+
+    Runs in: the dispatch loop (the dispatch worker process, or a thread of the store process
+    with ``dispatch.worker: thread``).
     """
 
 
@@ -115,9 +151,12 @@ def after_dispatch(batch: "DispatchBatch") -> None:
 
 @hookspec
 def after_flush(flushed_offset: int) -> None:
-    """Called after the commit log was forced to disk up to ``flushed_offset``.
+    """Called after the commit log was forced to disk.
 
-    Runs in: the flush loop (the flush worker process, or its thread with flush.worker: thread).
+    :param flushed_offset: every byte below it is on disk.
+
+    Runs in: the flush loop (the flush worker process, or a thread of the store process with
+    ``flush.worker: thread``).
     """
 
 
@@ -128,16 +167,19 @@ def after_flush(flushed_offset: int) -> None:
 
 @hookspec
 def after_cleanup(min_phys_offset: int) -> None:
-    """Called after cleanup deleted commit-log segments; ``min_phys_offset`` is the new first
-    stored byte. Consume queues and dispatchers with ``after_cleanup`` have already dropped
+    """Called once a cleanup finished: the commit log below ``min_phys_offset`` was deleted,
+    and the consume queues and every dispatcher declaring ``DROPS_OLD_FILES`` have dropped
     their files below it.
 
-    Runs in: the thread that ran the cleanup (the store process).
+    :param min_phys_offset: the new first stored commit-log byte.
+
+    Runs in: the dispatch loop's process (it owns the files that follow the commit log).
     """
 
 
 __all__ = [
     "hookspec", "hookimpl", "register_writers", "register_queue_selectors", "register_filters",
-    "register_dispatchers", "register_flush_policies", "before_append", "after_append",
+    "register_dispatchers", "register_flush_policies", "register_cleanup_policies",
+    "before_append", "after_append",
     "after_dispatch", "after_flush", "after_cleanup",
 ]

@@ -1,7 +1,9 @@
 """Builds a plugin manager for one store in one process, and the typed facade that calls it.
 
-Loading order: the built-in modules in ``DEFAULT_PLUGINS``, then third-party packages from the
-``mqstore`` entry-point group, then extra modules named in ``plugins.modules``. Environment:
+Loading order: the built-in modules in ``DEFAULT_PLUGINS``, then the extra modules named in
+``plugins.modules``, then third-party packages from the ``mqstore`` entry-point group. Hooks run
+in pluggy's order, the last registered first, and built-ins are ``trylast``: a registry keeps
+the first factory added under a name, so a plugin overrides a built-in of the same name. Environment:
 ``MQSTORE_LOAD_PLUGINS`` is a comma-separated allow-list of entry-point names (empty: none);
 ``MQSTORE_DISABLE_PLUGINS`` blocks plugins by name, like ``plugins.disable``;
 ``MQSTORE_TRACE_PLUGINS=1`` logs every hook call.
@@ -36,6 +38,7 @@ DEFAULT_PLUGINS = (
     "mqstore.plugins.index_key",
     "mqstore.plugins.flush_async",
     "mqstore.plugins.flush_sync",
+    "mqstore.plugins.cleanup_rocketmq",
 )
 
 
@@ -113,7 +116,10 @@ class PluginHooks:
         self.filters = self._collect("filter", pm.hook.register_filters, key=str.upper)
         self.dispatchers = self._collect("dispatcher", pm.hook.register_dispatchers)
         self.flush_policies = self._collect("flush policy", pm.hook.register_flush_policies,
-                                            setting="flush.mode")
+                                            setting="flush.policy")
+        self.cleanup_policies = self._collect("cleanup policy",
+                                              pm.hook.register_cleanup_policies,
+                                              setting="cleanup.policy")
         # Cached so hot paths skip hooks nobody implements.
         self.has_before_append = bool(pm.hook.before_append.get_hookimpls())
         self.has_after_append = bool(pm.hook.after_append.get_hookimpls())
@@ -124,14 +130,17 @@ class PluginHooks:
     @property
     def selected(self) -> tuple[Registry, ...]:
         """The registries a config key picks one strategy from (``Registry.setting``)."""
-        return self.writers, self.queue_selectors, self.flush_policies
+        return self.writers, self.queue_selectors, self.flush_policies, self.cleanup_policies
 
-    @staticmethod
-    def _collect(kind: str, hook, key=lambda n: n, setting: str | None = None) -> Registry:
+    def _collect(self, kind: str, hook, key=lambda n: n, setting: str | None = None) -> Registry:
         registry = Registry(kind, key=key, setting=setting)
-        for impl in reversed(hook.get_hookimpls()):  # pluggy's call order
+        impls = hook.get_hookimpls()
+        for impl in reversed(impls):  # pluggy's call order
+            # One plugin at a time, so the registry knows who added what; through pluggy's
+            # caller, so MQSTORE_TRACE_PLUGINS shows these calls too.
+            others = [other.plugin for other in impls if other is not impl]
             registry.current_plugin = impl.plugin_name
-            impl.function(registry=registry)
+            self.pm.subset_hook_caller(hook.name, remove_plugins=others)(registry=registry)
         registry.current_plugin = "?"
         return registry
 

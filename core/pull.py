@@ -10,6 +10,7 @@ over and reported in ``GetResult.corrupt``, as the next offset moves past it.
 from __future__ import annotations
 
 import logging
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -78,9 +79,17 @@ def _first_full(i: int, c: int, n: int, total: int, sizes, in_mem, max_msgs: int
     return i + int(hit[0]) if len(hit) else -1
 
 
-def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
-                 max_total_bytes: int | None = None, ext_loader=None, bloom=None) -> GetResult:
-    correct = limits.correct
+class PullRequest(NamedTuple):
+    offset: int
+    max_msgs: int
+    flt: object  # contracts.Filter
+    max_total_bytes: int | None = None
+    ext_loader: Callable | None = None  # the queue's extension, loaded on first use
+    bitmap: tuple | None = None  # (bloom positions, registered at) of a registered subscription
+
+
+def _out_of_range(cq, offset: int, correct) -> GetResult | None:
+    """RocketMQ's answers for an offset outside ``[min, max)`` (or an empty queue)."""
     min_off = cq.min_offset if cq is not None else 0
     max_off = cq.max_offset if cq is not None else 0
     if max_off == 0:
@@ -91,134 +100,195 @@ def get_messages(store, cq, offset: int, max_msgs: int, flt, limits: PullLimits,
         return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, correct(offset, offset), min_off, max_off)
     if offset > max_off:
         return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, correct(offset, max_off), min_off, max_off)
+    return None
 
-    commit_log = store.commit_log
-    max_py = commit_log.max_offset
-    topic, queue_id = cq.topic.encode(), cq.queue_id
-    max_pull = MAX_PULL_BYTES if max_total_bytes is None else min(max(max_total_bytes, 100), MAX_PULL_BYTES)
-    window_units = -(-max(limits.window_bytes, max_msgs * CQ_UNIT_SIZE) // CQ_UNIT_SIZE)
-    result = GetResult(GetStatus.NO_MATCHED_MESSAGE, offset, min_off, max_off)
 
+def get_messages(commit_log, cq, req: PullRequest, limits: PullLimits) -> GetResult:
+    offset = req.offset
+    early = _out_of_range(cq, offset, limits.correct)
+    if early is not None:
+        return early
+    scan = _Scan(commit_log, cq, req, limits)
     seg = cq.segments.find(offset * CQ_UNIT_SIZE)
     first = offset * CQ_UNIT_SIZE - seg.start if seg is not None else 0
     if seg is None or first >= seg.wrote:
-        result.status = GetStatus.OFFSET_FOUND_NULL
-        nxt = (offset * CQ_UNIT_SIZE // cq.file_bytes + 1) * cq.file_bytes // CQ_UNIT_SIZE
-        result.next_begin_offset = correct(offset, nxt)
-        return result
-
+        return _found_null(scan.result, cq, offset, limits.correct)
     begin_unit = first // CQ_UNIT_SIZE
-    count = min(seg.wrote // CQ_UNIT_SIZE - begin_unit, max_off - offset, window_units)
+    window_units = -(-max(limits.window_bytes, req.max_msgs * CQ_UNIT_SIZE) // CQ_UNIT_SIZE)
+    count = min(seg.wrote // CQ_UNIT_SIZE - begin_unit, scan.result.max_offset - offset,
+                window_units)
     all_units = cq.units_of(seg)[begin_unit:begin_unit + count]
     # Units are converted in growing chunks: a plain pull stops after max_msgs, long before
     # the window; a filtered one may need the whole window.
-    chunk = max(max_msgs + 1, 64) if flt is MATCH_ALL else count
-
-    mem_limit = limits.in_memory_bytes
-    find_segment = commit_log.segments.find
-    log_seg = None
-    log_start = log_end = 0
-    messages = result.messages
-    total = 0
-    next_phys_file_start = -1
-    max_phys_pulling = 0
-    seg_bytes = commit_log.segment_bytes
-    nxt = offset
-    done = False
+    chunk = max(req.max_msgs + 1, 64) if req.flt is MATCH_ALL else count
     c0 = 0
     while c0 < count:
         units = all_units[c0:c0 + chunk]
-        c_start, c0, chunk = c0, c0 + len(units), chunk * 4  # a filtered scan widens fast
-        positions = units["phys_offset"].tolist()
-        sizes = units["size"].tolist()
-        width = len(positions)
-        mask = _window_mask(units, flt, ext_loader, bloom)
-        if mask is None:
-            candidates = range(width)
-        else:
-            # Only candidates are visited one by one; a run of rejected units is consumed at
-            # once, after checking (vectorized) whether the batch would have filled inside it.
-            candidates = np.flatnonzero(mask).tolist()
-            gap_sizes = units["size"].astype(np.int64)
-            gap_in_mem = (max_py - units["phys_offset"]) <= mem_limit
-            biggest = int(gap_sizes.max())  # below every byte limit: no gap unit can fill it
-            small_bytes = min(limits.mem_bytes, limits.disk_bytes, max_pull)
-            small_count = min(limits.mem_count, limits.disk_count)
-        i = 0
-        for c in (*candidates, width):
-            if c > i:
-                n = len(messages)
-                if n and (n + 1 > max_msgs or n >= small_count or total + biggest > small_bytes):
-                    stop = _first_full(i, c, n, total, gap_sizes, gap_in_mem,
-                                       max_msgs, max_pull, limits)
-                    if stop >= 0:
-                        if stop > i:
-                            max_phys_pulling = positions[stop - 1]
-                            nxt = offset + c_start + stop
-                        done = True
-                        break
-                max_phys_pulling = positions[c - 1]
-                nxt = offset + c_start + c
-                if not messages and max(positions[i:c]) >= next_phys_file_start:
-                    result.status = GetStatus.NO_MATCHED_MESSAGE
-            if c == width:
-                break
-            i = c + 1
-            pos = positions[c]
-            size = sizes[c]
-            if size == FILLER_SIZE or pos < 0 or size <= 0:
-                # A placeholder for an offset whose message was lost, or a damaged unit.
-                max_phys_pulling = max(max_phys_pulling, pos)
-                nxt = offset + c_start + c + 1
-                _pass_over(result, nxt - 1, pos, "no message is stored at this offset"
-                           if size == FILLER_SIZE else f"damaged unit (size {size})")
-                continue
-            if messages:  # the first message is always accepted
-                n = len(messages)
-                if n + 1 > max_msgs or total + size > max_pull:
-                    done = True
-                    break
-                if max_py - pos <= mem_limit:
-                    if total + size > limits.mem_bytes or n >= limits.mem_count:
-                        done = True
-                        break
-                elif total + size > limits.disk_bytes or n >= limits.disk_count:
-                    done = True
-                    break
-            max_phys_pulling = pos
-            nxt = offset + c_start + c + 1
-            if pos < next_phys_file_start:
-                continue
-            if log_seg is None or not log_start <= pos < log_end:
-                log_seg = find_segment(pos)
-                if log_seg is not None:  # one read of the readable end per segment per call
-                    log_start, log_end = log_seg.start, log_seg.start + log_seg.committed
-            at = pos - log_start if log_seg is not None else 0
-            if log_seg is None or pos + size > log_end:
-                if not messages:
-                    result.status = GetStatus.MESSAGE_WAS_REMOVING
-                next_phys_file_start = pos + seg_bytes - pos % seg_bytes
-                continue
-            raw = log_seg.mm[at:at + size]
-            try:
-                lay = verify_queue_record(raw, pos, size, topic, queue_id, nxt - 1)
-            except CorruptRecordError as exc:
-                _pass_over(result, nxt - 1, pos, str(exc))
-                continue
-            msg = StoredMessage(raw, lay)
-            if not flt.match_message(msg):
-                if not messages:
-                    result.status = GetStatus.NO_MATCHED_MESSAGE
-                result.filtered_count += 1
-                continue
-            messages.append(msg)
-            total += size
-            result.status = GetStatus.FOUND
-        if done:
+        if not scan.take(units, c0):
             break
-    result.next_begin_offset = nxt
-    result.suggest_pulling_from_slave = max_py - max_phys_pulling > mem_limit
+        c0, chunk = c0 + len(units), chunk * 4  # a filtered scan widens fast
+    return scan.finish()
+
+
+def _found_null(result: GetResult, cq, offset: int, correct) -> GetResult:
+    """The offset is in range but its unit is not written (or its file is gone): the consumer
+    is sent on to the next consume-queue file."""
+    result.status = GetStatus.OFFSET_FOUND_NULL
+    nxt = (offset * CQ_UNIT_SIZE // cq.file_bytes + 1) * cq.file_bytes // CQ_UNIT_SIZE
+    result.next_begin_offset = correct(offset, nxt)
     return result
+
+
+class _Scan:
+    """One pull's walk over its window: the batch so far, where the next pull begins, and
+    the commit-log segment last read (consecutive units mostly share it)."""
+
+    __slots__ = ("result", "messages", "flt", "req", "limits", "max_msgs", "max_pull",
+                 "max_py", "mem_limit", "topic", "queue_id", "find_segment", "seg_bytes",
+                 "log_seg", "log_start", "log_end", "total", "nxt", "max_phys_pulling",
+                 "next_phys_file_start", "base", "positions", "gap_sizes", "gap_in_mem",
+                 "gap_hint")
+
+    def __init__(self, commit_log, cq, req: PullRequest, limits: PullLimits) -> None:
+        # The queue's bounds before the log's end: a unit is dispatched only after its record
+        # is written, so every unit below max_offset points below max_py.
+        self.result = GetResult(GetStatus.NO_MATCHED_MESSAGE, req.offset, cq.min_offset,
+                                cq.max_offset)
+        self.max_py = commit_log.max_offset
+        self.topic, self.queue_id = cq.topic.encode(), cq.queue_id
+        mtb = req.max_total_bytes
+        self.max_pull = MAX_PULL_BYTES if mtb is None else min(max(mtb, 100), MAX_PULL_BYTES)
+        self.messages = self.result.messages
+        self.req, self.flt, self.max_msgs, self.limits = req, req.flt, req.max_msgs, limits
+        self.mem_limit = limits.in_memory_bytes
+        self.find_segment = commit_log.segments.find
+        self.seg_bytes = commit_log.segment_bytes
+        self.log_seg = None
+        self.log_start = self.log_end = 0
+        self.total = self.max_phys_pulling = 0
+        self.next_phys_file_start = -1
+        self.nxt = req.offset
+
+    def finish(self) -> GetResult:
+        result = self.result
+        result.next_begin_offset = self.nxt
+        result.suggest_pulling_from_slave = self.max_py - self.max_phys_pulling > self.mem_limit
+        return result
+
+    def take(self, units, c_start: int) -> bool:
+        """Walk one chunk of units (``c_start`` units into the window); False once the batch
+        is full, which ends the pull."""
+        self.base = self.req.offset + c_start
+        self.positions = positions = units["phys_offset"].tolist()
+        sizes = units["size"].tolist()
+        visit = self.visit
+        mask = _window_mask(units, self.flt, self.req.ext_loader, self.req.bitmap)
+        if mask is None:
+            for c in range(len(positions)):
+                if visit(c, positions[c], sizes[c]):
+                    return False
+            return True
+        # Only candidates are visited one by one; a run of rejected units is consumed at
+        # once, after checking (vectorized) whether the batch would have filled inside it.
+        self._prepare_gaps(units)
+        skip = self.skip
+        i = 0
+        for c in np.flatnonzero(mask).tolist():
+            if c > i and skip(i, c):
+                return False
+            if visit(c, positions[c], sizes[c]):
+                return False
+            i = c + 1
+        return not (len(positions) > i and skip(i, len(positions)))
+
+    def _prepare_gaps(self, units) -> None:
+        limits = self.limits
+        self.gap_sizes = sizes = units["size"].astype(np.int64)
+        self.gap_in_mem = (self.max_py - units["phys_offset"]) <= self.mem_limit
+        # While the batch plus the chunk's biggest unit stays below every byte and count
+        # limit, no rejected unit can fill it and the vectorized check is skipped.
+        self.gap_hint = (int(sizes.max()),
+                         min(limits.mem_bytes, limits.disk_bytes, self.max_pull),
+                         min(limits.mem_count, limits.disk_count))
+
+    def skip(self, i: int, c: int) -> bool:
+        """Pass over the rejected units ``[i, c)`` of the chunk; True when the batch counts
+        as full inside them (the next pull then begins at the unit that filled it)."""
+        n = len(self.messages)
+        if n:
+            biggest, small_bytes, small_count = self.gap_hint
+            if n + 1 > self.max_msgs or n >= small_count or self.total + biggest > small_bytes:
+                stop = _first_full(i, c, n, self.total, self.gap_sizes, self.gap_in_mem,
+                                   self.max_msgs, self.max_pull, self.limits)
+                if stop >= 0:
+                    if stop > i:
+                        self.max_phys_pulling = self.positions[stop - 1]
+                        self.nxt = self.base + stop
+                    return True
+        positions = self.positions
+        self.max_phys_pulling = positions[c - 1]
+        self.nxt = self.base + c
+        if not n and max(positions[i:c]) >= self.next_phys_file_start:
+            self.result.status = GetStatus.NO_MATCHED_MESSAGE
+        return False
+
+    def visit(self, c: int, pos: int, size: int) -> bool:
+        """Serve or pass over the candidate unit ``c`` of the chunk; True when the batch is
+        full before it (it is then left for the next pull)."""
+        if size == FILLER_SIZE or pos < 0 or size <= 0:
+            # A placeholder for an offset whose message was lost, or a damaged unit.
+            self.max_phys_pulling = max(self.max_phys_pulling, pos)
+            self.nxt = self.base + c + 1
+            _pass_over(self.result, self.nxt - 1, pos, "no message is stored at this offset"
+                       if size == FILLER_SIZE else f"damaged unit (size {size})")
+            return False
+        messages = self.messages
+        n = len(messages)
+        if n:  # the first message is always accepted; later ones only while the batch has room
+            total, limits = self.total + size, self.limits
+            if n + 1 > self.max_msgs or total > self.max_pull or (
+                    total > limits.mem_bytes or n >= limits.mem_count
+                    if self.max_py - pos <= self.mem_limit
+                    else total > limits.disk_bytes or n >= limits.disk_count):
+                return True
+        self.max_phys_pulling = pos
+        self.nxt = nxt = self.base + c + 1
+        if pos < self.next_phys_file_start:
+            return False
+        msg = self._read(pos, size, nxt - 1)
+        if msg is None:
+            return False
+        if not self.flt.match_message(msg):
+            if not messages:
+                self.result.status = GetStatus.NO_MATCHED_MESSAGE
+            self.result.filtered_count += 1
+            return False
+        messages.append(msg)
+        self.total += size
+        self.result.status = GetStatus.FOUND
+        return False
+
+    def _read(self, pos: int, size: int, queue_offset: int) -> StoredMessage | None:
+        """The verified record at ``pos``, or None when it cannot be served (reported when
+        damaged; a removed segment sends the scan past the rest of it)."""
+        log_seg = self.log_seg
+        if log_seg is None or not self.log_start <= pos < self.log_end:
+            self.log_seg = log_seg = self.find_segment(pos)
+            if log_seg is not None:  # one read of the readable end per segment per call
+                self.log_start, self.log_end = log_seg.start, log_seg.start + log_seg.committed
+        if log_seg is None or pos + size > self.log_end:
+            if not self.messages:
+                self.result.status = GetStatus.MESSAGE_WAS_REMOVING
+            self.next_phys_file_start = pos + self.seg_bytes - pos % self.seg_bytes
+            return None
+        at = pos - self.log_start
+        raw = log_seg.mm[at:at + size]
+        try:
+            lay = verify_queue_record(raw, pos, size, self.topic, self.queue_id, queue_offset)
+        except CorruptRecordError as exc:
+            _pass_over(self.result, queue_offset, pos, str(exc))
+            return None
+        return StoredMessage(raw, lay)
 
 
 def _pass_over(result: GetResult, queue_offset: int, phys_offset: int, why: str) -> None:

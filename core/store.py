@@ -1,8 +1,13 @@
-"""MessageStore: the public facade that wires storage, recovery, dispatch and plugins together.
+"""MessageStore: the public facade over one open store directory.
 
-Threads: any number of callers may put and get concurrently. Appends serialise on one put
-lock; the dispatch loop and the flush policy run on their own threads. Reads never take the put
-lock.
+Opening wires the parts together (``_Opener``); afterwards the facade only delegates:
+
+    Appender   put, put_batch: the put lock, the queue-offset table, the writer
+    Reader     pulls and lookups (reads never take the put lock)
+    Runtime    the dispatch, flush and cleanup loops of a writable store, and their channels
+
+Threads: any number of callers may put and get concurrently. No reference cycle runs through
+the facade: a store its program drops is closed at once (``__del__``).
 """
 
 from __future__ import annotations
@@ -11,44 +16,40 @@ import atexit
 import logging
 import multiprocessing.util  # noqa: F401 - registers its exit handler before ours (see below)
 import os
-import threading
-import time
 import warnings
 import weakref
-from collections import OrderedDict
 from typing import Callable
 
 from mqstore import appender
-from mqstore.config import StoreConfig, load_config, parse_delay_levels
-from mqstore.errors import WorkerError
-from mqstore.dispatch import DispatchLoop, DispatchThread, TagsCoder
+from mqstore.appending import Appender, ReadOnlyAppender
+from mqstore.clock import system_clock
+from mqstore.config import StoreConfig, load_config
+from mqstore.contracts import FOLLOWER, READER, WRITER, WriterContext
+from mqstore.dispatchers import Dispatchers
+from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.format.hosts import parse_host
-from mqstore.format.record import offset_msg_id
-from mqstore.hashing import string_hasher
 from mqstore.plugins_manager import PluginHooks, make_plugin_manager
 from mqstore.pull import PullLimits
+from mqstore.reading import Reader
 from mqstore.recovery import RecoveryReport, mend_range, recover
+from mqstore.running_flags import (  # noqa: F401 - flags are part of the store's API
+    DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,
+    WRITE_LOGICS_QUEUE_ERROR, StoreState,
+)
+from mqstore.runtime import Runtime
 from mqstore.storage.checkpoint import (
     Checkpoint, StoreLock, abort_exists, create_abort, remove_abort,
 )
-from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
+from mqstore.storage.commit_log import CommitLog
+from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper, read_manifest
 from mqstore.storage.shared_segment import store_segment_name, unlink_segment
 from mqstore.storage.transient_pool import POOL_SEGMENT, salvage
-from mqstore.storage.cq_ext import open_ext
 from mqstore.store_meta import load_meta, settle_meta
-from mqstore.subscriptions import Subscriptions
+from mqstore.store_view import DirectoryView
 from mqstore.uninterrupted import shield
-from mqstore.storage.commit_log import CommitLog
-from mqstore.store_put import (  # noqa: F401 - flags are part of the store's API
-    DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,
-    WRITE_LOGICS_QUEUE_ERROR, PutMixin,
-)
-from mqstore.store_read import ReadMixin
 from mqstore.workers import shm
-from mqstore.workers.flush_client import FlushClient
-from mqstore.workers.supervisor import DISPATCH_CATCH_UP_S, DispatchSupervisor
 
 log = logging.getLogger("mqstore.store")
 
@@ -79,247 +80,90 @@ def _physical_memory() -> int:
         return DEFAULT_PHYSICAL_MEMORY
 
 
-def _system_clock() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class MessageStore(PutMixin, ReadMixin):
+class MessageStore:
     """An open store directory. Create with :meth:`open`; close with :meth:`close` or ``with``."""
 
-    # -- opening ---------------------------------------------------------------------------
     @classmethod
     def open(cls, root: str | os.PathLike, config: StoreConfig | None = None, *,
              read_only: bool = False, clock: Callable[[], int] | None = None) -> "MessageStore":
-        store = cls.__new__(cls)
-        store._open(os.fspath(root), config or load_config(), read_only, clock or _system_clock)
-        return store
-
-    def _open(self, root: str, config: StoreConfig, read_only: bool, clock) -> None:
-        if not isinstance(config, StoreConfig):
+        if config is not None and not isinstance(config, StoreConfig):
             raise TypeError(f"config must be a StoreConfig (see load_config), got {type(config).__name__}")
-        self.root = os.path.abspath(root)
-        self.config = config
-        # What the store's own parts and plugins hold: a weak proxy, so that no reference
-        # cycle runs through the store and a program that drops it has it closed at once
-        # (see __del__) with every part still intact.
-        self._view = weakref.proxy(self)
-        self.read_only = read_only
-        self.clock = clock
-        self.running_flags = 0
-        self._closed = True
-        self._lock = None
-        self._put_lock = threading.Lock()
-        self._cq_lock = threading.Lock()
-        self._begin_in_lock = 0
-        self._last_store_ts = 0
-        self._last_append = (0, 0)  # (end offset, store time) of the newest record
-        self._filters: OrderedDict = OrderedDict()
-        self.consume_queues: dict[tuple[str, int], ConsumeQueue] = {}
-        self.consume_queue_exts: dict = {}
-        self.dispatch_thread = None
-        self.flush_policy = None
-        self.dispatchers = []
-        self.dispatch_role = "writer"
-        self.positions = None  # shared with the dispatch and flush loops (writable stores)
-        self.supervisor = None  # the dispatch worker's (process mode)
-        self.flush_client = None
-        self.writer = None
-        self._visible_after_flush = False
-        self._staged_writes = False
-        if read_only:
-            if not os.path.isdir(self.root):
-                raise FileNotFoundError(f"store directory {self.root!r} does not exist")
-        else:
-            os.makedirs(self.root, exist_ok=True)
-            self._lock = StoreLock(self.root)
-            self._lock.acquire()
-        try:
-            self._load(config)
-        except BaseException:
-            # A failed open leaves the directory as it found it: no threads, no lock.
-            if self.flush_client is not None:
-                self.flush_client.stop()
-            if self.dispatch_thread is not None:
-                self.dispatch_thread.stop()
-            if self.supervisor is not None:
-                self.supervisor.stop()
-            if self.positions is not None:
-                self.positions.close()
-            self._release_files()
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
-            raise
-        self._closed = False
-        _open_stores.add(self)
+        store = cls.__new__(cls)
+        store._state = StoreState(os.path.abspath(os.fspath(root)), read_only)
+        store._runtime = store._lock = None
+        _Opener(store, config or load_config(), clock or system_clock).open()
+        _open_stores.add(store)
         if not read_only:
             shield.install()  # NOTE [ Uninterrupted puts ]
+        return store
 
-    def _load(self, config: StoreConfig) -> None:
-        ro = self.read_only
-        cl_dir = os.path.join(self.root, COMMIT_LOG_DIR)
-        meta, meta_problem = load_meta(self.root)
-        self.store_host = parse_host(config.store.store_host)
-        self._put_ctx = appender.PutContext(self.store_host, config.commit_log.max_message_bytes,
-                                            config.commit_log.auto_v2_on_long_topic,
-                                            self.store_host.is_v6)
-        self._msg_id_prefix = offset_msg_id(self.store_host, 0)[:-16]
-        self.delay_levels_ms = parse_delay_levels(config.store.message_delay_levels)
+    # -- state -----------------------------------------------------------------------------
+    @property
+    def root(self) -> str:
+        return self._state.root
 
-        self.hooks = PluginHooks(make_plugin_manager(
-            modules=config.plugins.modules, disable=config.plugins.disable,
-            load_entry_points=config.plugins.load_entry_points))
+    @property
+    def read_only(self) -> bool:
+        return self._state.read_only
 
-        # Sizes the store was written with win over the configured ones, which apply to new
-        # stores; a read-only store with no segment yet learns the size from the first one.
-        self.commit_log = CommitLog(cl_dir, None if ro else config.commit_log.segment_bytes,
-                                    read_only=ro, on_warning=log.warning,
-                                    known_bytes=meta.get("commit_log_segment_bytes"))
-        notes = self.commit_log.load()
-        if not ro:
-            # A killed store leaves its shared memory behind: its transient pool may hold
-            # acknowledged records its files lack (see NOTE [ Shutdown ]); reclaim both.
-            notes += salvage(store_segment_name(self.root, POOL_SEGMENT), self.commit_log.segments)
-            unlink_segment(store_segment_name(self.root, shm.POSITIONS_SEGMENT))
-        self._cq_file_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
-            config.consume_queue.file_units * CQ_UNIT_SIZE)
-        self.consume_queues.update(load_consume_queues(
-            self.root, self._cq_file_bytes, read_only=ro, on_warning=log.warning, notes=notes,
-            known_bytes=meta.get("consume_queue_file_bytes")))
-        meta = settle_meta(self.root, meta, meta_problem, commit_log=self.commit_log,
-                           consume_queues=self.consume_queues.values(),
-                           configured_hash=config.store.hash,
-                           configured_cq_bytes=self._cq_file_bytes, read_only=ro, notes=notes)
-        self._cq_file_bytes = meta["consume_queue_file_bytes"]
-        self.hash_kind = meta["hash"]
-        self.string_hash = string_hasher(self.hash_kind)
-        self.checkpoint = Checkpoint(self.root, read_only=ro)
-        self.subscriptions = Subscriptions(self.root)
-        abnormal = abort_exists(self.root)
-        known_queues, manifest_problem = read_manifest(self.root)
-        self._manifest = ManifestKeeper(self.root)
-        if manifest_problem:
-            notes.append(manifest_problem)
-        self.recovery_report: RecoveryReport = recover(
-            self.commit_log, list(self.consume_queues.values()), self.checkpoint,
-            abnormal=abnormal, check_crc=config.commit_log.check_crc_on_recover, read_only=ro,
-            known_queues=known_queues)
-        self.recovery_report.notes[:0] = notes
-        if not self.commit_log.segments.segments:
-            self.consume_queues.clear()
-        if not ro:
-            # What recovery kept or mended is on disk before anything new is acknowledged.
-            for seg in self.commit_log.segments.segments:
-                if seg.end > self.recovery_report.scan_from:
-                    seg.force()
-            self.checkpoint.confirm_phy_offset = self.commit_log.max_offset
-        self.flushed_where = self.commit_log.max_offset
-        self._last_append = (self.commit_log.max_offset, self.checkpoint.physic_msg_timestamp)
-        self._last_store_ts = self.checkpoint.physic_msg_timestamp
-        self.physical_memory_bytes = (config.get.physical_memory_bytes
-                                      if config.get.physical_memory_bytes is not None
-                                      else _physical_memory())
-        self._limits = PullLimits(config.get, self.physical_memory_bytes,
-                                  config.store.role == "slave" and not config.get.offset_check_in_slave)
-        self._closed = False  # dispatchers may read messages while they load
-        self.dispatchers = [d for d in (factory(self._view) for _n, factory
-                                        in self.hooks.dispatchers.items()) if d is not None]
-        self._closed = True
-        if ro:
-            self.running_flags |= NOT_WRITEABLE
-            return
+    @property
+    def running_flags(self) -> int:
+        return self._state.running_flags
 
-        self.writer = self.hooks.writers.get(config.writer.kind)(self.commit_log, config)
-        self.selector = self.hooks.queue_selectors.get(config.queue_select.selector)(
-            config, self.string_hash)
-        self.flush_policy = self.hooks.flush_policies.get(config.flush.mode)(self._view)
-        self._visible_after_flush = bool(getattr(self.flush_policy, "visible_after_flush", False))
-        self._staged_writes = getattr(self.writer, "pool", None) is not None
-        resume = [d.resume_offset() for d in self.dispatchers if hasattr(d, "resume_offset")]
-        start = max(min([self.recovery_report.redispatch_from, *resume]),
-                    self.commit_log.min_offset)
-        if start < self.recovery_report.scan_from:
-            mend_range(self.commit_log, start, self.recovery_report.scan_from,
-                       check_crc=config.commit_log.check_crc_on_recover, read_only=False,
-                       report=self.recovery_report)
-        self.dispatch_loop = DispatchLoop(
-            self.commit_log, self.dispatchers, TagsCoder(self.string_hash, self.delay_levels_ms),
-            lambda view=self._view: view.confirm_offset(), start,
-            batch_bytes=config.dispatch.batch_bytes,
-            after_dispatch=lambda batch, view=self._view: view._after_dispatch(batch))
-        # Recovery's re-dispatch runs inline so queue offsets are known before the first put.
-        began = time.perf_counter()
-        self.dispatch_loop.run_until(self.commit_log.max_offset)
-        self.recovery_report.redispatch_bytes = self.commit_log.max_offset - start
-        self.recovery_report.redispatch_seconds = time.perf_counter() - began
-        self._queue_offsets = {key: cq.max_offset for key, cq in self.consume_queues.items()}
-        min_phys = self.commit_log.min_offset
-        for cq in self.consume_queues.values():
-            cq.correct_min_offset(min_phys)
-        create_abort(self.root)
-        p = self.positions = shm.SharedPositions(
-            store_segment_name(self.root, shm.POSITIONS_SEGMENT), create=True)
-        end = self.commit_log.max_offset
-        p[shm.WRITTEN] = p[shm.COMMITTED] = p[shm.FLUSHED] = end
-        p[shm.CONFIRMED] = self.confirm_offset()
-        p[shm.DISPATCHED] = self.dispatch_loop.dispatched
-        p[shm.MIN_PHYS] = max(self.commit_log.min_offset, 0)
-        p[shm.ABNORMAL] = int(self.recovery_report.abnormal)
-        p[shm.LOGICS_TS] = self.checkpoint.logics_msg_timestamp
-        p[shm.INDEX_TS] = self.checkpoint.index_msg_timestamp
-        if config.dispatch.mode == "process":
-            self._start_dispatch_worker()
-        else:
-            self.dispatch_thread = DispatchThread(self.dispatch_loop, config.dispatch.interval_ms)
-            self.dispatch_thread.start()
-        self.flush_client = FlushClient(self._view, p, getattr(self.writer, "pool", None))
-        self.flush_client.start()
-        self.writer.wake_committer = lambda view=self._view: view._wake_committer()
-        self.flush_policy.start()
+    @running_flags.setter
+    def running_flags(self, value: int) -> None:
+        self._state.running_flags = value
 
-    def _after_dispatch(self, batch) -> None:
-        self._manifest.write_marked(self.consume_queues)  # new queues, once they hold units
-        self.hooks.after_dispatch(batch)
+    def _check_open(self) -> None:
+        if self._state.closed:
+            raise StoreClosedError(f"store {self.root!r} is closed")
 
-    def _start_dispatch_worker(self) -> None:
-        """Hand dispatch to a worker process: it owns consume queues and dispatcher files from
-        here on; this process follows what it publishes (see NOTE [ Shutdown ])."""
-        for d in self.dispatchers:
-            d.close()
-        self.dispatch_role = "follower"
-        self._closed = False  # dispatchers may read messages while they load
-        self.dispatchers = [d for d in (f(self._view) for _n, f in self.hooks.dispatchers.items())
-                            if d is not None]
-        self._closed = True
-        self.supervisor = DispatchSupervisor(self.root, self.config, self.positions)
-        self.supervisor.start()
+    # -- writing ---------------------------------------------------------------------------
+    def put(self, message):
+        """Append one message. Bad arguments raise ValueError; store-level refusals return a
+        status (``PutResult``)."""
+        return self._appender.put(message)
 
-    # -- positions -------------------------------------------------------------------------
-    def confirm_offset(self) -> int:
-        """End of what consumers may see: flushed bytes when the flush policy says so
-        (sync flush), written bytes otherwise."""
-        if self._visible_after_flush:
-            return self.flushed_where
-        return self.commit_log.max_offset
+    def put_batch(self, messages):
+        """Append many messages (any topics/queues) under one lock.
 
-    def flush_metadata(self) -> None:
-        """Persist consume queues and the checkpoint (flush policies call this every second),
-        so an abnormal recovery can start near the end instead of at the first segment."""
-        if self.supervisor is not None:  # the dispatch worker owns and flushes the queues
-            self.checkpoint.logics_msg_timestamp = self.positions[shm.LOGICS_TS]
-            self.checkpoint.index_msg_timestamp = self.positions[shm.INDEX_TS]
-            self.checkpoint.flush()
-            return
-        logics = self.checkpoint.logics_msg_timestamp
-        for cq in list(self.consume_queues.values()):
-            cq.flush()
-        self._manifest.update(self.consume_queues)
-        self.checkpoint.flush(logics_msg_timestamp=logics)
+        ``messages`` is a list of Message objects or a columnar ``MessageBatch`` (faster: no
+        per-message objects). Messages of one queue get consecutive offsets. The batch is
+        written as one block per commit-log segment: a block that does not fit rolls as a
+        whole; a batch larger than a segment is split between messages. A rejected message
+        rejects the whole batch and nothing is written.
+        """
+        return self._appender.put_batch(messages)
+
+    def lock_held_ms(self) -> int:
+        """How long the current append has held the put lock (0 when free)."""
+        self._check_open()
+        return self._appender.lock_held_ms()
+
+    def flush_commit_log(self, least_pages: int = 0) -> int:
+        """One flush pass now, as RocketMQ's MappedFileQueue.flush(least_pages), after
+        committing everything staged in the transient pool; returns the flushed offset."""
+        runtime = self._writable()
+        failure = runtime.flush_client.take_failure()
+        if failure is not None:
+            raise WorkerError(failure)
+        return runtime.flush_client.flush_now(least_pages)
 
     @property
     def flushed_offset(self) -> int:
         self._check_open()
-        return self.flushed_where
+        return self._runtime.flushed_where if self._runtime is not None else self.max_phys_offset
+
+    def confirm_offset(self) -> int:
+        """End of what consumers may see (RocketMQ's confirm offset)."""
+        self._check_open()
+        return self._runtime.confirm_offset() if self._runtime else self.commit_log.max_offset
+
+    def _writable(self) -> Runtime:
+        self._check_open()
+        if self._runtime is None:
+            raise PermissionError(f"store {self.root!r} is open read-only")
+        return self._runtime
 
     # -- dispatch --------------------------------------------------------------------------
     def wait_dispatched(self, timeout: float = 5.0) -> None:
@@ -329,220 +173,126 @@ class MessageStore(PutMixin, ReadMixin):
         Raises WorkerError once for each dispatch-worker failure (the worker was restarted),
         TimeoutError when dispatch does not get there in time."""
         self._check_open()
-        if self.read_only:
-            return
-        if self._staged_writes and not self._visible_after_flush:
-            self.flush_client.commit_now()
-        target = self.confirm_offset()
-        if self.supervisor is not None:
-            self._wake_dispatch()
-            failure = self.supervisor.take_failure()
-            if failure is not None:
-                raise WorkerError(failure)
-            if self.supervisor.wait_dispatched(target, timeout):
-                return
-            failure = self.supervisor.take_failure()
-            if failure is not None:
-                raise WorkerError(failure)
-            reached = self.positions[shm.DISPATCHED]
-        elif self.dispatch_loop.wait(target, timeout):
-            return
-        else:
-            if self.dispatch_loop.error:
-                raise RuntimeError(self.dispatch_loop.error)
-            reached = self.dispatch_loop.dispatched
-        stuck = self._loops_failing()
-        raise TimeoutError(
-            f"dispatch reached commit-log offset {reached}, not {target}, within {timeout} s"
-            + (f": {stuck}" if stuck else ""))
+        if self._runtime is not None:
+            self._runtime.wait_dispatched(timeout)
 
     def dispatch_behind_bytes(self) -> int:
         self._check_open()
-        if self.read_only:
+        if self._runtime is None:
             return 0
-        if self.supervisor is not None:
-            return max(0, self.confirm_offset() - self.positions[shm.DISPATCHED])
-        return self.dispatch_loop.behind_bytes()
+        return max(0, self._runtime.confirm_offset() - self._runtime.dispatched())
 
     def worker_status(self) -> dict:
-        """The dispatch worker as the supervisor sees it (process mode)."""
+        """The dispatch loop as the store sees it (pid, restarts, failures in process mode)."""
+        return self._writable().worker_status()
+
+    def flush_metadata(self) -> None:
+        """Persist consume queues and the checkpoint now (the store does it every second)."""
+        self._writable().flush_metadata()
+
+    def consume_queue(self, topic: str, queue_id: int, create: bool = False):
+        """The consume queue of ``topic``/``queue_id`` in this process (None if it has none)."""
         self._check_open()
-        sup = self.supervisor
-        if sup is None:
-            return {"mode": self.config.dispatch.mode, "alive": self.dispatch_thread is not None
-                    and self.dispatch_thread.is_alive(), "failing": self._loops_failing()}
-        return {"mode": "process", "alive": sup.alive(), "pid": sup.process.pid,
-                "restarts": sup.restarts, "failures": list(sup.failures),
-                "dispatched": self.positions[shm.DISPATCHED], "failing": self._loops_failing(),
-                "gave_up": sup.gave_up is not None}
+        return self.view.consume_queue(topic, queue_id, create)
 
-    def consume_queue_ext(self, topic: str, queue_id: int, create: bool = False):
-        """The consume-queue extension of a queue (filter bitmaps), loaded on first use."""
-        key = (topic, queue_id)
-        ext = self.consume_queue_exts.get(key)
-        if ext is None:
-            with self._cq_lock:
-                ext = self.consume_queue_exts.get(key)
-                if ext is None:
-                    ext = open_ext(self.root, topic, queue_id, self.config.consume_queue.ext_file_bytes,
-                                   read_only=self.read_only or self.dispatch_role == "follower",
-                                   create=create)
-                    if ext is not None:
-                        self.consume_queue_exts[key] = ext
-        return ext
+    @property
+    def flush_client(self):
+        return self._runtime.flush_client if self._runtime is not None else None
 
-    def consume_queue(self, topic: str, queue_id: int, create: bool = False) -> ConsumeQueue | None:
-        key = (topic, queue_id)
-        cq = self.consume_queues.get(key)
-        if cq is None and create:
-            with self._cq_lock:
-                cq = self.consume_queues.get(key)
-                if cq is None:
-                    cq = ConsumeQueue(self.root, topic, queue_id, self._cq_file_bytes,
-                                      on_warning=log.warning)
-                    self.consume_queues[key] = cq
-                    self._manifest.mark()
-        return cq
+    @property
+    def writer(self):
+        return self._runtime.writer if self._runtime is not None else None
+
+    @property
+    def supervisor(self):
+        """The dispatch worker's supervisor (``dispatch.worker: process``), or None."""
+        return self._runtime.supervisor if self._runtime is not None else None
+
+    @property
+    def channels(self) -> shm.Channels | None:
+        return self._runtime.channels if self._runtime is not None else None
 
     # -- cleanup ---------------------------------------------------------------------------
     def delete_expired_segments(self, reserved_ms: int = 0, *, force: bool = False,
                                 max_segments: int = 10) -> list[str]:
         """Delete the oldest commit-log segments, never the newest one.
 
-        A segment goes when its file is older than ``reserved_ms`` (by file mtime and the
-        wall clock) or ``force`` is set; deletion stops at the first segment that must stay, so
-        it never skips one. Consume queues then drop files wholly below the new minimum and
-        raise their min offsets. Returns the deleted paths.
+        A segment goes when its newest record is older than ``reserved_ms`` on the store
+        clock (0: whatever its age), or with ``force``; deletion stops at the first segment that must stay, so it
+        never skips one. The consume queues and the dispatchers' files below the new minimum
+        are dropped before this returns (by the dispatch loop's process; see
+        ``mqstore.cleanup``). Returns the deleted segment paths.
         """
-        self._check_open()
-        if self.read_only:
-            raise PermissionError(f"store {self.root!r} is open read-only")
+        runtime = self._writable()
         if reserved_ms < 0 or max_segments < 0:
             raise ValueError(f"reserved_ms {reserved_ms} and max_segments {max_segments} must be >= 0")
-        now_ms = time.time() * 1000
-        with self._put_lock:
-            segs = self.commit_log.segments.segments
-            count = 0
-            for seg in segs[:-1][:max_segments]:
-                if not force and os.path.getmtime(seg.path) * 1000 + reserved_ms > now_ms:
-                    break
-                count += 1
-            if count:
-                # Queues stop offering the units first, then the records go: a reader never
-                # sees a min offset whose record was already deleted.
-                for cq in list(self.consume_queues.values()):
-                    cq.correct_min_offset(segs[count].start)
-            removed = self.commit_log.segments.drop_first(count)
-        if removed:
-            min_phys = self.commit_log.min_offset
-            for cq in list(self.consume_queues.values()):
-                removed += cq.delete_files_below(min_phys)
-            for dispatcher in self.dispatchers:
-                if hasattr(dispatcher, "after_cleanup"):
-                    removed += dispatcher.after_cleanup(min_phys)
-            if self.positions is not None:  # the worker drops its dispatchers' old files
-                self.positions[shm.MIN_PHYS] = min_phys
-            self.hooks.after_cleanup(min_phys)
-        return removed
-
-    def _run_cleanup(self, at_once: bool) -> None:
-        """Carry out the flush worker's cleanup decision (spec 10.10)."""
-        if self._closed:
-            return
-        cfg = self.config.cleanup
-        removed = self.delete_expired_segments(int(cfg.file_reserved_hours * 3_600_000),
-                                               force=at_once, max_segments=cfg.max_segments_per_run)
-        if removed:
-            log.info("cleanup removed %d file(s); commit log now starts at %d%s", len(removed),
-                     self.commit_log.min_offset, " (disk too full: oldest first)" if at_once else "")
-
-    def _apply_disk_state(self, full: bool) -> None:
-        if full and not self.running_flags & DISK_FULL:
-            log.error("disk of %s is over %d%% used: puts refused until cleanup frees space",
-                      self.root, self.config.cleanup.disk_warning_ratio)
-            self.running_flags |= DISK_FULL
-        elif not full and self.running_flags & DISK_FULL:
-            self.running_flags &= ~DISK_FULL
+        return runtime.delete_expired(0 if force else reserved_ms, max_segments)
 
     # -- closing ---------------------------------------------------------------------------
     def close(self) -> None:
-        if self._closed:
+        state = self._state
+        if state.closed:
             return
-        self._closed = True  # every call now raises StoreClosedError
+        state.closed = True  # every call now raises StoreClosedError
         _open_stores.discard(self)
         clean = False
+        runtime = self._runtime
         try:
-            if not self.read_only:
-                with self._put_lock:
+            if runtime is not None:
+                with self._appender.lock:
                     pass  # let an in-flight append finish
-                self.flush_policy.stop()
-                self.flush_client.stop()  # final commit and flush; the loop is gone after
-                if self.supervisor is not None:
-                    self._stop_dispatch_worker()
-                    lag = self.confirm_offset() - self.positions[shm.DISPATCHED]
-                    healthy = self._loops_failing() is None
-                else:
-                    try:
-                        if self.dispatch_thread.is_alive():
-                            self.dispatch_loop.wait(self.confirm_offset(), DISPATCH_CATCH_UP_S)
-                    finally:
-                        self.dispatch_thread.stop()
-                    # Whatever the thread left (it ends early when the store was dropped).
-                    self.dispatch_loop.run_until(self.confirm_offset())
-                    lag = self.dispatch_loop.behind_bytes()
-                    healthy = self.dispatch_thread.exception is None
-                    for cq in self.consume_queues.values():
-                        cq.flush()
-                    self._manifest.update(self.consume_queues, final=True)
-                self.flush_metadata()
-                clean = (not self.running_flags & (UNWRITABLE & ~DISK_FULL) and lag == 0 and healthy
-                         and self.flushed_where >= self._last_append[0])
+                last_end = self._appender.last_append[0]
+                caught_up = runtime.stop(last_end)
+                clean = caught_up and not state.running_flags & (UNWRITABLE & ~DISK_FULL)
         finally:
             self._release_files()
-            if self.positions is not None:
-                self.positions.close()
             if clean:
                 remove_abort(self.root)
-            if not self.read_only:
+            if runtime is not None:
                 shield.uninstall()
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+            self._unlock()
 
-    def _stop_dispatch_worker(self) -> None:
-        self._wake_dispatch()
-        self.supervisor.wait_dispatched(self.confirm_offset(), DISPATCH_CATCH_UP_S)
-        self.supervisor.stop()
+    def _crash(self) -> None:
+        """End abruptly, as a killed process would: no final flush, ``abort`` stays."""
+        self._state.closed = True
+        _open_stores.discard(self)
+        if self._runtime is not None:
+            self._runtime.kill()
+            shield.uninstall()
+        self._release_files()
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _release_files(self) -> None:
-        for dispatcher in getattr(self, "dispatchers", ()):
-            dispatcher.close()
-        self.dispatchers = []
-        for ext in getattr(self, "consume_queue_exts", {}).values():
-            ext.close()
-        pool = getattr(getattr(self, "writer", None), "pool", None)
-        if pool is not None and not self._pool_drained():
-            # Acknowledged records may still be only in the pool (a close cut short, the
-            # flush loop failing): it stays for the next open to write back (salvage).
-            pool.keep_on_close = True
-        writer_close = getattr(getattr(self, "writer", None), "close", None)
-        if writer_close is not None:  # after the flush loop is gone: it reads the pool
-            writer_close()
+        runtime = self._runtime
+        if getattr(self, "dispatchers", None) is not None:
+            self.dispatchers.close()
+        if getattr(self, "view", None) is not None:
+            self.view.close()
+        writer = runtime.writer if runtime is not None else None
+        if writer is not None:
+            last_end = getattr(self._appender, "last_append", (0, 0))[0]
+            if writer.staging is not None and not runtime.pool_drained(last_end):
+                # Acknowledged records may still be only in the pool (a close cut short, the
+                # flush loop failing): it stays for the next open to write back (salvage).
+                writer.staging.keep_on_close = True
+            writer.close()  # after the flush loop is gone: it reads the pool
+        if runtime is not None:
+            runtime.close_channels()
         for part in ("checkpoint", "commit_log"):
             obj = getattr(self, part, None)
             if obj is not None:
                 obj.close()
-        for cq in getattr(self, "consume_queues", {}).values():
-            cq.close()
-
-    def _pool_drained(self) -> bool:
-        p = self.positions
-        return p is None or p.values is None or p[shm.COMMITTED] >= self._last_append[0]
 
     def __del__(self) -> None:
         # A store its program dropped without closing is closed as a file would be: its
         # lock, workers and shared memory must not outlive it.
-        if getattr(self, "_closed", True):
+        state = getattr(self, "_state", None)
+        if state is None or state.closed:
             return
         warnings.warn(f"store {self.root!r} was never closed; closing it now", ResourceWarning,
                       source=self)
@@ -558,5 +308,209 @@ class MessageStore(PutMixin, ReadMixin):
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("read-only" if self.read_only else "open")
+        state = "closed" if self._state.closed else ("read-only" if self.read_only else "open")
         return f"MessageStore({self.root!r}, {state})"
+
+
+_READS = ("get", "message_at", "message_by_id", "offset_by_time", "min_offset", "max_offset",
+          "earliest_message_time", "topics", "queue_ids", "query_by_key",
+          "query_by_unique_key", "register_subscription", "unregister_subscription",
+          "_key_index", "_queue")
+
+
+def _delegate(name: str):
+    def call(self, *args, **kwargs):
+        return getattr(self._reader, name)(*args, **kwargs)
+    call.__name__ = name
+    call.__doc__ = getattr(Reader, name).__doc__
+    return call
+
+
+for _name in _READS:
+    setattr(MessageStore, _name, _delegate(_name))
+MessageStore.min_phys_offset = property(lambda self: self._reader.min_phys_offset,
+                                        doc="First stored commit-log byte.")
+MessageStore.max_phys_offset = property(lambda self: self._reader.max_phys_offset,
+                                        doc="End of the readable commit log.")
+
+
+class _Opener:
+    """Opens a store directory: files, recovery, the parts, the loops. A failed open leaves
+    the directory as it found it: no threads, no workers, no lock."""
+
+    def __init__(self, store: MessageStore, config: StoreConfig, clock) -> None:
+        self.store = store
+        self.state = store._state
+        self.root = store._state.root
+        self.config = config
+        self.clock = clock
+
+    def open(self) -> None:
+        store, state = self.store, self.state
+        store.config, store.clock = self.config, self.clock
+        if state.read_only:
+            if not os.path.isdir(self.root):
+                raise FileNotFoundError(f"store directory {self.root!r} does not exist")
+        else:
+            os.makedirs(self.root, exist_ok=True)
+            store._lock = StoreLock(self.root)
+            store._lock.acquire()
+        try:
+            self._files()
+            self._recover()
+            self._parts()
+            if not state.read_only:
+                self._start()
+        except BaseException:
+            if store._runtime is not None:
+                store._runtime.abort_start()
+            store._release_files()
+            store._unlock()
+            raise
+        state.closed = False
+
+    def _files(self) -> None:
+        """Commit log, consume queues and the store's recorded settings."""
+        store, config, ro = self.store, self.config, self.state.read_only
+        meta, meta_problem = load_meta(self.root)
+        store.hooks = PluginHooks(make_plugin_manager(
+            modules=config.plugins.modules, disable=config.plugins.disable,
+            load_entry_points=config.plugins.load_entry_points))
+        # Sizes the store was written with win over the configured ones, which apply to new
+        # stores; a read-only store with no segment yet learns the size from the first one.
+        store.commit_log = CommitLog(os.path.join(self.root, COMMIT_LOG_DIR),
+                                     None if ro else config.commit_log.segment_bytes,
+                                     read_only=ro, on_warning=log.warning,
+                                     known_bytes=meta.get("commit_log_segment_bytes"))
+        self.notes = notes = store.commit_log.load()
+        if not ro:
+            # A killed store leaves its shared memory behind: its transient pool may hold
+            # acknowledged records its files lack (see NOTE [ Shutdown ]); reclaim both.
+            notes += salvage(store_segment_name(self.root, POOL_SEGMENT), store.commit_log.segments)
+            unlink_segment(store_segment_name(self.root, shm.POSITIONS_SEGMENT))
+        cq_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
+            config.consume_queue.file_units * CQ_UNIT_SIZE)
+        self.queues = load_consume_queues(
+            self.root, cq_bytes, read_only=ro, on_warning=log.warning, notes=notes,
+            known_bytes=meta.get("consume_queue_file_bytes"))
+        self.meta = settle_meta(self.root, meta, meta_problem, commit_log=store.commit_log,
+                                consume_queues=self.queues.values(),
+                                configured_hash=config.store.hash,
+                                configured_cq_bytes=cq_bytes, read_only=ro, notes=notes)
+        store.hash_kind = self.meta["hash"]
+        store.checkpoint = Checkpoint(self.root, read_only=ro)
+
+    def _recover(self) -> None:
+        store, ro = self.store, self.state.read_only
+        self.abnormal = abort_exists(self.root)
+        known_queues, manifest_problem = read_manifest(self.root)
+        self.manifest = ManifestKeeper(self.root)
+        if manifest_problem:
+            self.notes.append(manifest_problem)
+        report: RecoveryReport = recover(
+            store.commit_log, list(self.queues.values()), store.checkpoint,
+            abnormal=self.abnormal, check_crc=self.config.commit_log.check_crc_on_recover,
+            read_only=ro, known_queues=known_queues)
+        report.notes[:0] = self.notes
+        store.recovery_report = report
+        if not store.commit_log.segments.segments:
+            self.queues.clear()
+        if not ro:
+            # What recovery kept or mended is on disk before anything new is acknowledged.
+            for seg in store.commit_log.segments.segments:
+                if seg.end > report.scan_from:
+                    seg.force()
+            store.checkpoint.confirm_phy_offset = store.commit_log.max_offset
+
+    def _parts(self) -> None:
+        """The view, the dispatchers of this process's role, the reader."""
+        store, config, ro = self.store, self.config, self.state.read_only
+        in_process = not ro and config.dispatch.worker == "thread"
+        store.view = view = DirectoryView(
+            self.root, config, clock=self.clock, hash_kind=store.hash_kind,
+            commit_log=store.commit_log, checkpoint=store.checkpoint,
+            recovery_report=store.recovery_report,
+            cq_file_bytes=self.meta["consume_queue_file_bytes"], consume_queues=self.queues,
+            filters=store.hooks.filters, writes_queues=in_process, manifest=self.manifest)
+        store.consume_queues = view.consume_queues
+        store.subscriptions = view.subscriptions
+        store.string_hash = view.string_hash
+        store.store_host = parse_host(config.store.store_host)
+        self.role = READER if ro else (WRITER if in_process else FOLLOWER)
+        store.dispatchers = Dispatchers(store.hooks.dispatchers, view, self.role)
+        memory = (config.get.physical_memory_bytes if config.get.physical_memory_bytes is not None
+                  else _physical_memory())
+        limits = PullLimits(config.get, memory,
+                            config.store.role == "slave" and not config.get.offset_check_in_slave)
+        store._reader = Reader(self.state, view, limits, store.dispatchers,
+                               self._follow_limit())
+        store._appender = ReadOnlyAppender(self.state)
+        if ro:
+            self.state.running_flags |= NOT_WRITEABLE
+
+    def _follow_limit(self):
+        """How far this process's consume-queue views may advance (None: it writes them)."""
+        store = self.store
+        if self.state.read_only:
+            return store.commit_log.follow_tail
+        return lambda: None  # a follower's limit is the worker's channel, set by _start
+
+    def _start(self) -> None:
+        """Writer, selector, flush policy, the loops; recovery's re-dispatch first."""
+        store, config, hooks = self.store, self.config, self.store.hooks
+        runtime_ref: list = []
+        writer = hooks.writers.get(config.writer.kind)(WriterContext(
+            self.root, config, store.commit_log,
+            lambda: runtime_ref[0]().wake_committer() if runtime_ref else None))
+        try:
+            flush_factory = hooks.flush_policies.get(config.flush.policy)
+            runtime = store._runtime = Runtime(
+                state=self.state, config=config, view=store.view, dispatchers=store.dispatchers,
+                hooks=hooks, writer=writer, flush_schedule=flush_factory.schedule(config),
+                clock=self.clock, manifest=self.manifest)
+        except BaseException:
+            writer.close()
+            raise
+        runtime_ref.append(weakref.ref(runtime))
+        if self.role == FOLLOWER:
+            store._reader._follow_limit = lambda ch=runtime.channels.dispatch: ch.dispatched
+        policy = flush_factory(config, runtime.flush_client)
+        runtime.visible_after_flush = bool(policy.visible_after_flush)
+        store._appender = runtime.appender = Appender(
+            state=self.state, commit_log=store.commit_log, writer=writer,
+            selector=hooks.queue_selectors.get(config.queue_select.selector)(
+                config, store.string_hash),
+            flush_policy=policy, hooks=hooks, config=config,
+            put_ctx=appender.PutContext(store.store_host, config.commit_log.max_message_bytes,
+                                        config.commit_log.auto_v2_on_long_topic,
+                                        store.store_host.is_v6),
+            store_host=store.store_host, clock=self.clock, queue_offsets={},
+            last_append=(store.commit_log.max_offset, store.checkpoint.physic_msg_timestamp),
+            failing=runtime.failing, appended=runtime.appended)
+        report = store.recovery_report
+        commit_log = store.commit_log
+        start = max(min([report.redispatch_from, *store.dispatchers.resume_offsets()]),
+                    commit_log.min_offset)
+        if start < report.scan_from:
+            mend_range(commit_log, start, report.scan_from,
+                       check_crc=config.commit_log.check_crc_on_recover, read_only=False,
+                       report=report)
+        create_abort(self.root)
+        report.redispatch_bytes, report.redispatch_seconds = runtime.start(start, report.abnormal)
+        store._appender.queue_offsets.update(self._queue_offsets())
+
+    def _queue_offsets(self) -> dict:
+        """Each queue's next offset, now that dispatch has caught up; queues also stop
+        offering units below the first stored record."""
+        reader, store = self.store._reader, self.store
+        reader._discover_queues()
+        offsets = {}
+        min_phys = store.commit_log.min_offset
+        for key in list(store.consume_queues):
+            cq = reader._queue(*key)
+            cq.correct_min_offset(min_phys)
+            offsets[key] = cq.max_offset
+        return offsets
+
+
+__all__ = ["MessageStore"]

@@ -1,4 +1,7 @@
-"""SQL92 subscriptions registered with the store, so dispatch can pre-compute filter bitmaps.
+"""Subscriptions registered with the store, so dispatch can pre-compute filter bitmaps.
+
+Only filter types that declare ``contracts.PRECOMPUTES`` (SQL92's) are registered. Entries
+written before the ``type`` field existed are SQL92.
 
 Kept in ``<root>/subscriptions.json`` (written atomically); the dispatch worker re-reads the
 file when it changes. Each entry records when it was registered: messages stored before that
@@ -21,6 +24,7 @@ import os
 from mqstore.format.cq_ext import bloom_positions, subscription_key
 
 SUBSCRIPTIONS_FILE = "subscriptions.json"
+DEFAULT_TYPE = "SQL92"
 # registered_at is the store clock's value: an int in ms, though a custom clock may give floats.
 _FIELDS = (("group", (str,), "a string"), ("topic", (str,), "a string"),
            ("expression", (str,), "a string"), ("registered_at", (int, float), "a number"))
@@ -40,7 +44,11 @@ def read_entries(path: str) -> tuple[list[dict], str | None]:
         return [], (f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column "
                     f"{exc.colno})")
     problem = _check_entries(data)
-    return ([], f"{path}: {problem}") if problem else (data, None)
+    if problem:
+        return [], f"{path}: {problem}"
+    for entry in data:
+        entry.setdefault("type", DEFAULT_TYPE)
+    return data, None
 
 
 def _check_entries(data) -> str | None:
@@ -53,6 +61,8 @@ def _check_entries(data) -> str | None:
             value = entry.get(name)
             if not isinstance(value, kinds) or isinstance(value, bool):
                 return f"entry {i}: {name!r} is {value!r:.80}, not {what}"
+        if not isinstance(entry.get("type", DEFAULT_TYPE), str):
+            return f"entry {i}: 'type' is {entry['type']!r:.80}, not a string"
     return None
 
 
@@ -105,10 +115,11 @@ class Subscriptions:
         os.replace(tmp, self.path)
         self.reload()
 
-    def register(self, group: str, topic: str, expression: str, registered_at: int) -> None:
+    def register(self, group: str, topic: str, expression: str, registered_at: int,
+                 expression_type: str = DEFAULT_TYPE) -> None:
         self.entries = [e for e in self.entries if (e["group"], e["topic"]) != (group, topic)]
         self.entries.append({"group": group, "topic": topic, "expression": expression,
-                             "registered_at": registered_at})
+                             "type": expression_type, "registered_at": registered_at})
         self._save()
 
     def unregister(self, group: str, topic: str) -> bool:

@@ -2,8 +2,9 @@
 
 Prepared and rolled-back transaction records get no unit. Units of one queue that arrive in
 one batch are written with one copy per run of consecutive queue offsets. For topics with
-registered SQL92 subscriptions each new unit points into the queue's extension, where the
-subscriptions' bloom bitmap is kept (spec section 4).
+registered subscriptions whose filter type precomputes (``contracts.PRECOMPUTES``, SQL92's)
+each new unit points into the queue's extension, where the subscriptions' bloom bitmap is kept
+(spec section 4). Built only where consume queues are written (the ``writer`` role).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from mqstore.format.cq_ext import BLOOM_BYTES, encode_unit, set_bits
 from mqstore.format.cq_unit import CQ_DTYPE
 from mqstore.format.properties import decode_properties
 from mqstore.format.record import SYSFLAG_TX_MASK, TX_COMMIT, TX_NOT
+from mqstore.contracts import PRECOMPUTES, WRITER, capabilities_of
+from mqstore.errors import PluginError
 from mqstore.hookspecs import hookimpl
-from mqstore.plugins.sql92 import compile_expression
 
 log = logging.getLogger("mqstore.dispatch")
 
@@ -25,6 +27,10 @@ log = logging.getLogger("mqstore.dispatch")
 class ConsumeQueueBuilder:
     def __init__(self, store) -> None:
         self.store = store
+
+    @classmethod
+    def build(cls, view, role):
+        return cls(view) if role == WRITER else None
 
     def dispatch(self, batch) -> None:
         tx = batch.sysflags & SYSFLAG_TX_MASK
@@ -43,7 +49,7 @@ class ConsumeQueueBuilder:
                 group.append(i)
         subs = self.store.subscriptions
         subs.reload()
-        subs_by_topic = {t: _compiled(subs, t) for t in {k[0] for k in groups}}
+        subs_by_topic = {t: _compiled(self.store, subs, t) for t in {k[0] for k in groups}}
         for (topic, queue_id), rows in groups.items():
             idx = np.asarray(rows)
             qoffs = batch.queue_offsets[idx]
@@ -69,7 +75,7 @@ class ConsumeQueueBuilder:
             props = decode_properties(batch.properties[i].decode("utf-8", errors="replace"))
             bitmap = bytearray(BLOOM_BYTES)
             for expression, positions in compiled:
-                if expression.matches(props):
+                if expression.matches_properties(props):
                     set_bits(bitmap, positions)
             units["tags_code"][j] = ext.append(encode_unit(
                 int(batch.tags_codes[i]), int(batch.store_timestamps[i]), bytes(bitmap)))
@@ -78,14 +84,16 @@ class ConsumeQueueBuilder:
         pass
 
 
-def _compiled(subs, topic: str) -> list:
+def _compiled(store, subs, topic: str) -> list:
     """The topic's registered subscriptions, compiled; one that no longer compiles (stored
     before a limit existed, or edited by hand) gets no bitmap: pulls check it exactly."""
     out = []
     for entry in subs.for_topic(topic):
         try:
-            out.append((compile_expression(entry["expression"]), subs.positions(entry)))
-        except ValueError as exc:
+            flt = store.compile_filter(entry["expression"], entry["type"])
+            if PRECOMPUTES in capabilities_of(flt):
+                out.append((flt, subs.positions(entry)))
+        except (ValueError, PluginError) as exc:
             log.warning("subscription %s of %s gets no filter bitmap: %s",
                         entry.get("group"), topic, exc)
     return out
@@ -93,4 +101,4 @@ def _compiled(subs, topic: str) -> list:
 
 @hookimpl(trylast=True)
 def register_dispatchers(registry):
-    registry.add("consume_queue", ConsumeQueueBuilder)
+    registry.add("consume_queue", ConsumeQueueBuilder.build)

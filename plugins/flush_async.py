@@ -1,4 +1,4 @@
-"""Asynchronous flush (``flush.mode: async``), RocketMQ's FlushRealTimeService.
+"""Asynchronous flush (``flush.policy: async``), RocketMQ's FlushRealTimeService.
 
 The flush loop (a worker process or thread, see ``mqstore.workers.flush_worker``) flushes the
 commit log every ``flush.interval_ms`` if at least ``flush.least_pages`` pages (4 KiB) were
@@ -8,6 +8,7 @@ never waits; consumers see what is written (committed, with the transient pool).
 
 from __future__ import annotations
 
+from mqstore.contracts import FlushSchedule
 from mqstore.hookspecs import hookimpl
 from mqstore.message import PutStatus
 
@@ -15,23 +16,16 @@ from mqstore.message import PutStatus
 class AsyncFlush:
     visible_after_flush = False
 
-    def __init__(self, store) -> None:
-        self.store = store
+    def __init__(self, config, flusher) -> None:
+        pass
 
     @staticmethod
-    def schedule(config) -> tuple[float, int, float]:
-        """(period s, least pages, thorough period s) the flush loop runs by."""
+    def schedule(config) -> FlushSchedule:
         f = config.flush
-        return f.interval_ms / 1000.0, f.least_pages, f.thorough_interval_ms / 1000.0
+        return FlushSchedule(f.interval_ms / 1000.0, f.least_pages, f.thorough_interval_ms / 1000.0)
 
-    def start(self) -> None:
-        pass
-
-    def after_append(self, end_offset: int, wait: bool) -> PutStatus:
+    def complete_put(self, end_offset: int, wait: bool) -> PutStatus:
         return PutStatus.PUT_OK
-
-    def stop(self) -> None:
-        pass
 
 
 @hookimpl(trylast=True)

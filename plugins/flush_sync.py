@@ -1,4 +1,4 @@
-"""Synchronous flush (``flush.mode: sync``): a put returns once its bytes are on disk.
+"""Synchronous flush (``flush.policy: sync``): a put returns once its bytes are on disk.
 
 Group commit as RocketMQ's GroupCommitService: a put publishes the end offset it needs, wakes
 the flush loop if it sleeps (see ``mqstore.workers.flush_worker``) and sleeps until the loop
@@ -10,6 +10,7 @@ the latest after ``flush.interval_ms``). Consumers see only flushed bytes.
 
 from __future__ import annotations
 
+from mqstore.contracts import FlushSchedule
 from mqstore.hookspecs import hookimpl
 from mqstore.message import PutStatus
 
@@ -17,27 +18,21 @@ from mqstore.message import PutStatus
 class SyncFlush:
     visible_after_flush = True  # RocketMQ's confirm offset: consumers see what is on disk
 
-    def __init__(self, store) -> None:
-        self.store = store
-        self.timeout_s = store.config.flush.sync_timeout_ms / 1000.0
+    def __init__(self, config, flusher) -> None:
+        self.flusher = flusher
+        self.timeout_s = config.flush.sync_timeout_ms / 1000.0
 
     @staticmethod
-    def schedule(config) -> tuple[float, int, float]:
+    def schedule(config) -> FlushSchedule:
         interval = config.flush.interval_ms / 1000.0
-        return interval, 0, interval
+        return FlushSchedule(interval, 0, interval)
 
-    def start(self) -> None:
-        pass
-
-    def after_append(self, end_offset: int, wait: bool) -> PutStatus:
+    def complete_put(self, end_offset: int, wait: bool) -> PutStatus:
         if not wait:
             return PutStatus.PUT_OK
-        if self.store.flush_client.wait_flushed(end_offset, self.timeout_s):
+        if self.flusher.wait_flushed(end_offset, self.timeout_s):
             return PutStatus.PUT_OK
         return PutStatus.FLUSH_DISK_TIMEOUT
-
-    def stop(self) -> None:
-        pass
 
 
 @hookimpl(trylast=True)

@@ -25,6 +25,7 @@ from mqstore.format import index_layout as L
 from mqstore.format.record import SYSFLAG_TX_MASK, TX_ROLLBACK
 from mqstore.format.murmur3 import hash_ranges
 from mqstore.format.property_keys import key_ranges
+from mqstore.contracts import DROPS_OLD_FILES, LOOKS_UP_KEYS, RESUMES, WRITER
 from mqstore.hashing import HASH_MMH3, bytes_hasher
 from mqstore.hookspecs import hookimpl
 from mqstore.storage.index_file import INDEX_DIR, IndexFile
@@ -39,13 +40,15 @@ def index_file_name(ms: int) -> str:
 
 
 class KeyIndex:
-    def __init__(self, store) -> None:
+    capabilities = frozenset({RESUMES, LOOKS_UP_KEYS, DROPS_OLD_FILES})
+
+    def __init__(self, store, role: str = WRITER) -> None:
         cfg = store.config.index
         self.store = store
         self.directory = os.path.join(store.root, INDEX_DIR)
-        # A follower (the store process while a worker writes, or a read-only store) maps
-        # the files read-only and picks up what the writer adds.
-        self.read_only = store.read_only or getattr(store, "dispatch_role", "writer") == "follower"
+        # A follower (the store process while a worker writes) or a reader (a read-only
+        # store) maps the files read-only and picks up what the writer adds.
+        self.read_only = role != WRITER
         self.slots, self.entries = cfg.max_hash_slots, cfg.max_index_entries
         self._hash = store.string_hash
         self._hash_bytes = bytes_hasher(store.hash_kind)
@@ -225,7 +228,7 @@ class KeyIndex:
                 f.reload_header()
             self.files = files
 
-    def after_cleanup(self, min_phys_offset: int) -> list[str]:
+    def drop_below(self, min_phys_offset: int) -> list[str]:
         """Delete the oldest files (never the newest) that only index removed messages."""
         removed = []
         with self._lock:
@@ -249,4 +252,8 @@ class KeyIndex:
 
 @hookimpl(trylast=True)
 def register_dispatchers(registry):
-    registry.add("key_index", lambda store: KeyIndex(store) if store.config.index.enabled else None)
+    registry.add("key_index", build)
+
+
+def build(view, role):
+    return KeyIndex(view, role) if view.config.index.enabled else None

@@ -46,16 +46,18 @@ and ``evaluate_many`` (a failed conversion is no match, a bug raises), and the f
 from __future__ import annotations
 
 import logging
-import math
-import re
 import threading
-import unicodedata
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 
 from lark import Lark, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
+from mqstore.contracts import PRECOMPUTES
+from mqstore.plugins.sql92_java import (  # noqa: F401 - part of this module's API
+    _FROM_STRING, _LONG_DIGITS, INT_MAX, INT_MIN, LONG_MAX, LONG_MIN, EvaluationError, Long,
+    _clip, compare, compare_doubles, parse_boolean, parse_double, parse_int, parse_long,
+)
 from mqstore.errors import MQStoreError
 
 log = logging.getLogger("mqstore.sql92")
@@ -66,8 +68,6 @@ CACHE_SIZE = 100
 MAX_EXPRESSION_CHARS = 1 << 18
 # One Python frame per level: far below the recursion limit (1000) from any caller's stack.
 MAX_NESTING_DEPTH = 200
-INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
-LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
 DOUBLE_MAX, DOUBLE_MIN = 1.7976931348623157e308, 5e-324  # Double.MAX_VALUE, Double.MIN_VALUE
 
 KEYWORDS = ("NOT", "AND", "OR", "BETWEEN", "IN", "TRUE", "FALSE", "NULL", "IS", "CONTAINS",
@@ -109,12 +109,6 @@ BLOCK_COMMENT: /\/\*[^*]*+\*++(?:[^*\/][^*]*+\*++)*+\//
 """ + "".join(f"{k}.3: /{k.lower()}(?![a-z0-9_$])/i\n" for k in KEYWORDS)
 
 
-def _clip(text, width: int = 60):
-    """Text for a message: expressions, sub-expressions and values can be huge."""
-    short = not isinstance(text, str) or len(text) <= width
-    return text if short else f"{text[:width]}... ({len(text)} characters)"
-
-
 class FilterSyntaxError(MQStoreError, ValueError):
     """A SQL92 expression does not compile; ``line``/``column`` are 1-based, ``offset`` 0-based."""
 
@@ -138,109 +132,6 @@ class FilterLimitError(FilterSyntaxError):
     def __init__(self, *args, rule: str | None = None, limit: int | None = None):
         self.rule, self.limit = rule, limit
         super().__init__(*args)
-
-
-class EvaluationError(ValueError):
-    """A value could not be converted; the evaluation fails and the message does not match."""
-
-
-class Long(int):
-    """A Java long. A plain int is a Java Integer, a float a Double, a bool a Boolean."""
-
-    __slots__ = ()
-
-
-# -- Java conversions ----------------------------------------------------------------------
-_INT_RE = re.compile(r"[+-]?\d++")  # Character.digit accepts any (BMP) Unicode decimal digit
-_JAVA_TRIM = "".join(map(chr, range(33)))  # String.trim() strips every char <= U+0020
-# Possessive quantifiers: backtracking took seconds on a value of a few thousand digits + "x".
-_DOUBLE_RE = re.compile(
-    r"(?P<sign>[+-]?)(?:(?P<special>NaN|Infinity)"
-    r"|(?:(?P<dec>(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?)"
-    r"|(?P<hex>0[xX](?:[0-9a-fA-F]++(?:\.[0-9a-fA-F]*+)?|\.[0-9a-fA-F]++)[pP][+-]?[0-9]++))"
-    r"[fFdD]?)")
-_LONG_DIGITS = 19  # len(str(LONG_MAX))
-
-
-def _parse_integral(s: str, lo: int, hi: int, kind: str) -> int:
-    if type(s) is not str:
-        raise EvaluationError(f"{s!r} is not a string")
-    if _INT_RE.fullmatch(s) is None or (not s.isascii() and max(s) > "\uffff"):
-        raise EvaluationError(f"{_clip(s)!r} is not an {kind}")
-    try:
-        value = int(s)
-    except ValueError:  # over 4300 digits: Python refuses, Java reads past leading zeros
-        head, sign = s[:-_LONG_DIGITS].lstrip("+-"), "-" if s[0] == "-" else ""
-        value = hi + 1 if any(map(unicodedata.digit, head)) else int(sign + s[-_LONG_DIGITS:])
-    if not lo <= value <= hi:
-        raise EvaluationError(f"{_clip(s)!r} is out of {kind} range")
-    return value
-
-
-def parse_int(s: str) -> int:
-    """``Integer.valueOf(String)``."""
-    return _parse_integral(s, INT_MIN, INT_MAX, "int")
-
-
-def parse_long(s: str) -> Long:
-    """``Long.valueOf(String)``."""
-    return Long(_parse_integral(s, LONG_MIN, LONG_MAX, "long"))
-
-
-def parse_double(s: str) -> float:
-    """``Double.valueOf(String)``: trims, accepts NaN, Infinity, f/d suffixes and hex floats."""
-    if type(s) is not str:
-        raise EvaluationError(f"{s!r} is not a string")
-    m = _DOUBLE_RE.fullmatch(s.strip(_JAVA_TRIM))
-    if m is None:
-        raise EvaluationError(f"{_clip(s)!r} is not a double")
-    sign, special, dec, hexa = m.group("sign", "special", "dec", "hex")
-    if special:
-        return math.nan if special == "NaN" else float(sign + "inf")
-    if dec:
-        return float(sign + dec)
-    try:
-        return float.fromhex(sign + hexa)
-    except OverflowError:
-        return float(sign + "inf")
-
-
-def parse_boolean(s: str) -> bool:
-    """``Boolean.valueOf(String)``: never fails."""
-    return s.lower() == "true"
-
-
-_FROM_STRING = {bool: parse_boolean, int: parse_int, Long: parse_long, float: parse_double}
-
-
-def compare_doubles(a: float, b: float) -> int:
-    """``Double.compare``: -0.0 < 0.0 and NaN is equal to itself and above everything."""
-    if a < b:
-        return -1
-    if a > b:
-        return 1
-    if a == b:
-        return 0 if a != 0.0 else int(math.copysign(1, a) - math.copysign(1, b)) // 2
-    return (a != a) - (b != b)
-
-
-def compare(lv, rv) -> int:
-    """RocketMQ's ``ComparisonExpression.__compare`` with string conversion enabled."""
-    lt, rt = type(lv), type(rv)
-    if lt is rt:
-        return compare_doubles(lv, rv) if lt is float else (lv > rv) - (lv < rv)
-    if lt is str:
-        conv = _FROM_STRING.get(rt)
-        return -1 if conv is None else compare(conv(lv), rv)
-    if rt is str:
-        if lt is bool:
-            raise EvaluationError("a Boolean cannot be compared with a String on its right")
-        return compare(lv, _FROM_STRING[lt](rv))
-    if lt is bool or rt is bool:
-        return -1
-    if lt is float or rt is float:
-        return compare_doubles(float(lv), float(rv))
-    return (lv > rv) - (lv < rv)  # Integer against Long
 
 
 # -- compilation ---------------------------------------------------------------------------
@@ -493,6 +384,8 @@ class Sql92Expression:
     """A compiled selector. Also a mqstore compiled filter (``match_units``/``match_message``)."""
 
     __slots__ = ("expression", "_fn")
+    # Dispatch keeps registered subscriptions' answers as bloom bitmaps (matches_properties).
+    capabilities = frozenset({PRECOMPUTES})
 
     def __init__(self, expression: str, fn) -> None:
         self.expression = expression
@@ -511,6 +404,8 @@ class Sql92Expression:
             return self._fn(props) is True
         except EvaluationError:
             return False
+
+    matches_properties = matches
 
     def evaluate_many(self, props_list) -> list[bool]:
         fn = self._fn

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+from mqstore.contracts import WriterContext
 from mqstore.hookspecs import hookimpl
 
 
 class MmapWriter:
     """Appends are visible to readers (and dispatch) as soon as the copy returns."""
 
-    def __init__(self, commit_log, config) -> None:
-        self.commit_log = commit_log
+    staging = None
+
+    def __init__(self, ctx: WriterContext) -> None:
+        pass
 
     def write(self, segment, data) -> int:
         return segment.write(data)
+
+    write_blank = write
+
+    def before_roll(self) -> None:
+        pass
+
+    def on_committed(self, committed: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 @hookimpl(trylast=True)

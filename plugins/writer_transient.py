@@ -20,6 +20,7 @@ import threading
 
 import numpy as np
 
+from mqstore.contracts import WriterContext
 from mqstore.hookspecs import hookimpl
 from mqstore.storage.shared_segment import store_segment_name
 from mqstore.storage.transient_pool import POOL_SEGMENT, PoolExhaustedError, TransientPool
@@ -28,20 +29,22 @@ log = logging.getLogger("mqstore.writer")
 
 
 class TransientPoolWriter:
-    def __init__(self, commit_log, config) -> None:
-        root = os.path.dirname(commit_log.segments.directory)
-        self.pool = TransientPool(config.writer.transient_pool_buffers, commit_log.segment_bytes,
-                                  store_segment_name(root, POOL_SEGMENT), create=True)
+    def __init__(self, ctx: WriterContext) -> None:
+        config, commit_log = ctx.config, ctx.commit_log
+        self.staging = self.pool = TransientPool(
+            config.writer.transient_pool_buffers, commit_log.segment_bytes,
+            store_segment_name(ctx.root, POOL_SEGMENT), create=True)
         try:
             self.pool.warm()
         except BaseException:
             self.pool.close()  # the store does not open: leave no shared memory behind
             raise
+        self.commit_log = commit_log
         self.wait_s = config.writer.commit_interval_ms / 1000.0
         self.fast_fail = config.writer.fast_fail_no_buffer
         self.direct_segments = 0  # segments written through their map for want of a buffer
         self.returned = threading.Condition()
-        self.wake_committer = lambda: None  # set by the store once its flush loop runs
+        self.wake_committer = ctx.wake_committer
         self._seg = None
         self._buf = None
 
@@ -94,8 +97,15 @@ class TransientPoolWriter:
         np.frombuffer(self._buf, dtype=np.uint8)[pos + len(data):] = 0
         return pos
 
-    def buffers_returned(self, committed: int) -> None:
-        """The flush loop committed up to ``committed``: take back whole segments' buffers."""
+    def on_committed(self, committed: int) -> None:
+        """The flush loop committed up to ``committed``: staged segments become readable that
+        far, and wholly committed segments give their buffers back."""
+        for seg in reversed(self.commit_log.segments.segments):
+            if not seg.staged:
+                if seg.wrote:  # wholly committed, and so is everything before it
+                    break
+                continue  # just opened, not written to yet
+            seg.set_committed(committed - seg.start)
         if self.pool.take_back(committed):
             with self.returned:
                 self.returned.notify_all()

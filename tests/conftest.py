@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mqstore import MessageStore, load_config
+from mqstore.clock import ManualClock
 
 # A store written by RocketMQ 4.9.8 and its answers; CI clones main next to shared/.
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "rocketmq-4.9.8"
@@ -19,20 +20,6 @@ if not FIXTURE.exists():
 
 BORN_HOST = "127.0.0.1:50000"
 STORE_HOST = "127.0.0.1:10911"
-
-
-class ManualClock:
-    """Store clock for tests: returns ``now`` (epoch ms) until told otherwise."""
-
-    def __init__(self, now: int = 1_700_000_000_000) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> int:
-        self.now += ms
-        return self.now
 
 
 @pytest.fixture
@@ -62,7 +49,7 @@ def make_store(store_dir, manual_clock):
             "get": {"physical_memory_bytes": 24 << 30},
             "plugins": {"load_entry_points": False},
             "index": {"max_hash_slots": 4096, "max_index_entries": 16384},
-            "dispatch": {"mode": "thread"},
+            "dispatch": {"worker": "thread"},
             "flush": {"worker": "thread"},
         }
         cfg = load_config(overrides=base).replace(**(overrides or {}))

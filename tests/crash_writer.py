@@ -44,7 +44,7 @@ def config_overrides(flush_mode: str, writer: str = "mmap") -> dict:
     return {
         "commit_log": {"segment_bytes": SEGMENT_BYTES},
         "store": {"hash": "java"},
-        "flush": {"mode": flush_mode},
+        "flush": {"policy": flush_mode},
         "writer": {"kind": writer},
         "plugins": {"load_entry_points": False},
     }

@@ -368,7 +368,7 @@ def test_registering_keeps_the_damaged_file_aside(tmp_path, caplog):
     assert len(aside) == 1 and b'"OLD"' in aside[0].read_bytes()
     assert any(str(aside[0]) in r.getMessage() for r in caplog.records)
     assert json.loads(path.read_text()) == [
-        {"group": "G", "topic": "T", "expression": "a > 2", "registered_at": 5}]
+        {"group": "G", "topic": "T", "expression": "a > 2", "type": "SQL92", "registered_at": 5}]
     assert subs.problem is None and Subscriptions(str(tmp_path)).lookup("G", "T") is not None
 
 

@@ -12,7 +12,7 @@ from mqstore.cli import DEMO_MARKER, main
 # Small and in-process, so a whole demo run takes about a second.
 SMALL_CONFIG = """\
 commit_log: {segment_bytes: 4194304}
-dispatch: {mode: thread}
+dispatch: {worker: thread}
 flush: {worker: thread}
 plugins: {load_entry_points: false}
 index: {max_hash_slots: 4096, max_index_entries: 16384}
@@ -70,12 +70,12 @@ def test_demo_refuses_a_non_empty_directory_it_did_not_make(foreign, config, ext
 
 def test_demo_with_a_bad_config_touches_nothing(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("flush: {mode: syncc}\n")
+    bad.write_text("flush: {policy: syncc}\n")
     root = tmp_path / "new"
     result = demo("--config", str(bad), "--root", str(root))
     assert result.exit_code == 2
     assert ("Invalid value for '--config': invalid configuration in "
-            f"{bad}: flush.mode: unknown flush policy 'syncc'; registered: async, sync"
+            f"{bad}: flush.policy: unknown flush policy 'syncc'; registered: async, sync"
             in result.output)
     assert not root.exists()
 

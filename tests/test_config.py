@@ -35,8 +35,8 @@ def test_shipped_file_lists_every_key_with_a_comment():
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    ({"flush": {"mode": ""}}, "flush.mode"),
-    ({"flush": {"mode": 1}}, "flush.mode"),
+    ({"flush": {"policy": ""}}, "flush.policy"),
+    ({"flush": {"policy": 1}}, "flush.policy"),
     ({"flush": {"bogus": 1}}, "flush.bogus: unknown key"),
     ({"nonsense": {}}, "nonsense: unknown key"),
     ({"commit_log": {"segment_bytes": "1GiB"}}, "commit_log.segment_bytes"),
@@ -69,17 +69,17 @@ def test_bad_file(tmp_path):
 def test_overrides_merge_over_the_file_and_over_defaults(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("flush:\n  interval_ms: 250\ncommit_log:\n  segment_bytes: 4096\n")
-    cfg = load_config(str(f), overrides={"flush": {"mode": "sync"}})
-    assert (cfg.flush.mode, cfg.flush.interval_ms, cfg.commit_log.segment_bytes) == ("sync", 250, 4096)
+    cfg = load_config(str(f), overrides={"flush": {"policy": "sync"}})
+    assert (cfg.flush.policy, cfg.flush.interval_ms, cfg.commit_log.segment_bytes) == ("sync", 250, 4096)
     assert cfg.flush.sync_timeout_ms == 5000
-    assert load_config(overrides={"flush": {"mode": "sync"}}).flush.interval_ms == 500
+    assert load_config(overrides={"flush": {"policy": "sync"}}).flush.interval_ms == 500
     assert cfg.replace(get={"max_filter_bytes": 100}).get.max_filter_bytes == 100
 
 
 def test_config_is_frozen():
     cfg = load_config()
     with pytest.raises(Exception):
-        cfg.flush.mode = "sync"
+        cfg.flush.policy = "sync"
 
 
 def test_consume_queue_file_size_rounds_to_whole_units(make_store, store_dir):
@@ -109,8 +109,8 @@ pytestmark = pytest.mark.usefixtures("no_plugin_env")
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    ({"flush": {"mode": "syncc"}},
-     "flush.mode: unknown flush policy 'syncc'; registered: async, sync"),
+    ({"flush": {"policy": "syncc"}},
+     "flush.policy: unknown flush policy 'syncc'; registered: async, sync"),
     ({"writer": {"kind": "transient"}},
      "writer.kind: unknown writer 'transient'; registered: mmap, transient_pool"),
     ({"queue_select": {"selector": "keyhash"}},
@@ -140,11 +140,11 @@ def test_names_no_plugin_provides_are_refused_at_load(overrides, needle):
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as err:
         load_config(overrides={"plugins": {**NO_EP, "disable": ["nope"]},
-                               "flush": {"mode": "syncc"}, "writer": {"kind": "nvme"}})
+                               "flush": {"policy": "syncc"}, "writer": {"kind": "nvme"}})
     message = str(err.value)
     assert "plugins.disable: no plugin is named 'nope'" in message
     assert "writer.kind: unknown writer 'nvme'" in message
-    assert "flush.mode: unknown flush policy 'syncc'" in message
+    assert "flush.policy: unknown flush policy 'syncc'" in message
 
 
 class ThirdPartyPlugin:
@@ -174,8 +174,8 @@ def third_party(monkeypatch):
 
 
 def test_third_party_names_are_accepted(third_party, monkeypatch):
-    cfg = load_config(overrides={"writer": {"kind": "nvme"}, "flush": {"mode": "fast"}})
-    assert (cfg.writer.kind, cfg.flush.mode) == ("nvme", "fast")
+    cfg = load_config(overrides={"writer": {"kind": "nvme"}, "flush": {"policy": "fast"}})
+    assert (cfg.writer.kind, cfg.flush.policy) == ("nvme", "fast")
     assert load_config(overrides={"plugins": {"disable": ["thirdparty"]}}).plugins.disable == (
         "thirdparty",)
     # Installed but not loaded: its name may still be disabled, its strategies are unknown.
@@ -188,7 +188,7 @@ def test_third_party_names_are_accepted(third_party, monkeypatch):
     monkeypatch.setenv("MQSTORE_LOAD_PLUGINS", "")
     with pytest.raises(ConfigError, match=r"writer.kind: unknown writer 'nvme'"):
         load_config(overrides={"writer": {"kind": "nvme"}})
-    with pytest.raises(ConfigError, match=r"\(known: .*, mqstore.plugins.flush_sync, thirdparty\)"):
+    with pytest.raises(ConfigError, match=r"\(known: .*, mqstore.plugins.cleanup_rocketmq, thirdparty\)"):
         load_config(overrides={"plugins": {"disable": ["thirdpartee"]}})
 
 
@@ -203,12 +203,12 @@ def test_plugin_module_from_config_provides_names(monkeypatch):
 
 
 def test_lookup_at_open_names_the_key(tmp_path, monkeypatch):
-    cfg = load_config(overrides={"flush": {"mode": "sync", "worker": "thread"},
-                                 "dispatch": {"mode": "thread"}, "plugins": NO_EP})
+    cfg = load_config(overrides={"flush": {"policy": "sync", "worker": "thread"},
+                                 "dispatch": {"worker": "thread"}, "plugins": NO_EP})
     # The environment can still take a plugin away between loading and opening.
     monkeypatch.setenv("MQSTORE_DISABLE_PLUGINS", "mqstore.plugins.flush_sync")
     with pytest.raises(PluginError,
-                       match="^flush.mode: unknown flush policy 'sync'; registered: async$"):
+                       match="^flush.policy: unknown flush policy 'sync'; registered: async$"):
         MessageStore.open(tmp_path / "s", config=cfg)
     monkeypatch.delenv("MQSTORE_DISABLE_PLUGINS")
     # The failed open released its lock: a correct open works.

@@ -223,7 +223,7 @@ def test_sigkill_of_the_whole_group_loses_no_acknowledged_message(tmp_path, kind
     by the next open)."""
     from mqstore.testing.faults import FaultWriter, audit, small_store_overrides
 
-    overrides = small_store_overrides(writer={"kind": kind}, flush={"mode": flush_mode})
+    overrides = small_store_overrides(writer={"kind": kind}, flush={"policy": flush_mode})
     root = tmp_path / "store"
     writer = FaultWriter(str(root), overrides, seed=seed, batch=batch, count=1 << 30).start()
     kill_after = random.Random(f"{kind}{flush_mode}{batch}{seed}").randint(50, 3000)

@@ -166,7 +166,7 @@ def test_full_disk_is_a_status_and_loses_nothing(tmp_path, watchdog, kind, mode,
     began = time.monotonic()
     rng = random.Random(f"{kind}:{mode}:{batch}:{fill}:{seed}")
     fs_bytes = FS_BYTES if not ROUNDS else rng.randint(5, 16) * MiB
-    overrides = small_store_overrides(writer={"kind": kind}, flush={"mode": mode},
+    overrides = small_store_overrides(writer={"kind": kind}, flush={"policy": mode},
                                       cleanup=KEEP_EVERYTHING)
     with small_filesystem(str(tmp_path / "fs"), fs_bytes) as fs:
         root = os.path.join(fs, "store")

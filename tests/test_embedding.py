@@ -39,7 +39,7 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path):
     done = _run(f"""
         from mqstore import MessageStore, Message, PutStatus, load_config
 
-        cfg = load_config(overrides={{"flush": {{"mode": "sync"}}}})
+        cfg = load_config(overrides={{"flush": {{"policy": "sync"}}}})
         with MessageStore.open({str(tmp_path / "data")!r}, config=cfg) as store:
             r = store.put(Message(topic="orders", body=b"...", tags="paid", keys=["order-1"]))
             assert r.status is PutStatus.PUT_OK
@@ -109,8 +109,8 @@ def test_a_dispatcher_that_keeps_failing_refuses_puts_with_its_reason(tmp_path, 
         from mqstore import hookimpl
 
         class Failing:
-            def __init__(self, store):
-                self.role = getattr(store, "dispatch_role", "writer")
+            def __init__(self, view, role):
+                self.role = role
             def dispatch(self, batch):
                 if self.role != "follower":
                     raise RuntimeError("index backend unreachable")

@@ -47,7 +47,7 @@ def test_bloom_layout_matches_rocketmq():
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_registered_subscription_skips_non_matching_messages(make_store, store_dir, mode,
                                                              manual_clock):
-    store = make_store({"dispatch": {"mode": mode}})
+    store = make_store({"dispatch": {"worker": mode}})
     store.register_subscription("G", "T", EXPR)
     manual_clock.advance(1)  # stored after the registration, not in its millisecond
     put_range(store, 0, 100)

@@ -16,7 +16,7 @@ def _msg(**kw):
 
 
 def test_sync_put_returns_after_its_bytes_are_flushed(make_store):
-    store = make_store({"flush": {"mode": "sync"}})
+    store = make_store({"flush": {"policy": "sync"}})
     r = store.put(_msg())
     assert r.status is PutStatus.PUT_OK
     assert store.flushed_offset >= r.phys_offset + r.size
@@ -26,7 +26,7 @@ def test_sync_put_returns_after_its_bytes_are_flushed(make_store):
 
 
 def test_sync_wait_false_returns_before_the_flush(make_store, monkeypatch):
-    store = make_store({"flush": {"mode": "sync", "interval_ms": 60_000}})
+    store = make_store({"flush": {"policy": "sync", "interval_ms": 60_000}})
     r = store.put(_msg(properties={"WAIT": "false"}))
     assert r.status is PutStatus.PUT_OK
     assert store.flushed_offset < r.phys_offset + r.size
@@ -38,7 +38,7 @@ def test_sync_wait_false_returns_before_the_flush(make_store, monkeypatch):
 
 
 def test_sync_flush_timeout_keeps_the_message(make_store, monkeypatch):
-    store = make_store({"flush": {"mode": "sync", "sync_timeout_ms": 50, "interval_ms": 60_000}})
+    store = make_store({"flush": {"policy": "sync", "sync_timeout_ms": 50, "interval_ms": 60_000}})
     real_force = flush_worker.force
 
     def slow_force(fd):
@@ -57,7 +57,7 @@ def test_sync_flush_timeout_keeps_the_message(make_store, monkeypatch):
 
 
 def test_async_flush_waits_for_least_pages(make_store):
-    store = make_store({"flush": {"mode": "async", "interval_ms": 60_000}})
+    store = make_store({"flush": {"policy": "async", "interval_ms": 60_000}})
     r = store.put(_msg())
     assert store.flushed_offset == 0
     assert store.flush_commit_log(4) == 0  # one 100-byte record dirties no 4 whole pages
@@ -68,7 +68,7 @@ def test_async_flush_waits_for_least_pages(make_store):
 
 
 def test_async_consumers_see_unflushed_data(make_store):
-    store = make_store({"flush": {"mode": "async", "interval_ms": 60_000}})
+    store = make_store({"flush": {"policy": "async", "interval_ms": 60_000}})
     store.put(_msg())
     store.wait_dispatched()
     assert store.flushed_offset == 0
@@ -76,7 +76,7 @@ def test_async_consumers_see_unflushed_data(make_store):
 
 
 def test_checkpoint_records_the_last_flushed_store_time(make_store, manual_clock):
-    store = make_store({"flush": {"mode": "sync"}})
+    store = make_store({"flush": {"policy": "sync"}})
     manual_clock.now = 1_700_000_000_555
     store.put(_msg())
     assert store.checkpoint.physic_msg_timestamp == 1_700_000_000_555

@@ -161,7 +161,7 @@ def test_ctrl_c_during_puts_splits_no_put(tmp_path, watchdog, kind, mode, batch,
     began = time.monotonic()
     rng = random.Random(f"{kind}:{mode}:{batch}:{seed}")
     root = tmp_path / "store"
-    overrides = small_store_overrides(writer={"kind": kind}, flush={"mode": mode})
+    overrides = small_store_overrides(writer={"kind": kind}, flush={"policy": mode})
     writer = FaultWriter(root, overrides, seed=seed, count=COUNT, batch=batch,
                          then="close").start(timeout_s=WRITER_TIMEOUT_S)
     sent = 0

@@ -8,6 +8,8 @@ are class instances placed in ``sys.modules`` under a module name and named in
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +20,7 @@ from pathlib import Path
 import pluggy
 import pytest
 
+from mqstore.contracts import Writer
 from mqstore import GetStatus, Message, PutStatus, hookimpl
 from mqstore.errors import PluginError
 from mqstore.plugins_manager import DEFAULT_PLUGINS, PluginHooks, make_plugin_manager
@@ -206,7 +209,7 @@ class DispatchRecorder:
 
     @hookimpl
     def register_dispatchers(self, registry):
-        registry.add("recorder", lambda store: _RecordingDispatcher(self))
+        registry.add("recorder", lambda view, role: _RecordingDispatcher(self))
 
     @hookimpl
     def after_dispatch(self, batch):
@@ -296,11 +299,11 @@ class CountingWriterPlugin:
     def register_writers(self, registry):
         registry.add("counting", self.make_writer)
 
-    def make_writer(self, commit_log, config):
+    def make_writer(self, ctx):
         self.made += 1
         plugin = self
 
-        class CountingWriter:
+        class CountingWriter(Writer):
             def write(self, segment, data):
                 plugin.writes.append(len(data))
                 return segment.write(data)
@@ -471,3 +474,263 @@ def test_disable_blocks_a_builtin_plugin(make_store, monkeypatch):
     assert pm.is_blocked("mqstore.plugins.queue_select_hash")
     assert "key_hash" not in PluginHooks(pm).queue_selectors
     assert "random" in PluginHooks(pm).queue_selectors
+
+
+# -- the demo package's strategies, in stores with the default worker processes ----------------
+#
+# Each test runs a child interpreter with the pip-installed package on PYTHONPATH (as the tests
+# at the top of this module) and a store in the default configuration: a dispatch worker process
+# and a flush worker process, both building their own plugin manager from the entry point. The
+# child prints one JSON line; the assertions are made here.
+
+CHILD_PRELUDE = textwrap.dedent("""
+    import json, os, sys, time
+    from mqstore import Message, MessageBatch, MessageStore, load_config
+
+    root = sys.argv[1]
+    config = load_config(overrides=json.loads(sys.argv[2]))
+
+    def wait_until(done, timeout=5.0):
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not reached within {timeout} s")
+            time.sleep(0.002)
+
+    def modes(store):
+        return [store.worker_status()["mode"], store.flush_client.status()["mode"]]
+""")
+
+
+def run_child(site, root, script, overrides, *, env=None):
+    """Run ``CHILD_PRELUDE + script`` with the installed package; its last stdout line, as JSON."""
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
+    child_env["PYTHONPATH"] = str(site)
+    child_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD_PRELUDE + textwrap.dedent(script), str(root),
+         json.dumps(overrides)],
+        capture_output=True, text=True, env=child_env, cwd=Path(root).parent, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+SELECTOR_SCRIPT = """
+    with MessageStore.open(root, config) as store:
+        singles = [store.put(Message("T", bytes([b]) + b"-single")) for b in (0, 5, 97, 255)]
+        batch = store.put_batch([Message("T", bytes([b]) + b"-batch") for b in (2, 7, 8)])
+        try:
+            store.put(Message("T", b""))
+            empty = "accepted"
+        except ValueError as exc:
+            empty = str(exc)
+        store.wait_dispatched()
+        queues = {q: [m.body[0] for m in store.get("G", "T", q, 0, 32).messages]
+                  for q in range(4)}
+        print(json.dumps({"modes": modes(store), "singles": [r.queue_id for r in singles],
+                          "batch": batch.queue_ids.tolist(), "empty": empty,
+                          "queues": queues}))
+"""
+
+
+def test_demo_queue_selector_places_messages_by_their_first_byte(demo_site, tmp_path):
+    out = run_child(demo_site, tmp_path / "store", SELECTOR_SCRIPT,
+                    {"queue_select": {"selector": "first_byte", "queues_per_topic": 4}})
+    assert out["modes"] == ["process", "process"]
+    assert out["singles"] == [0, 1, 1, 3]  # 0 % 4, 5 % 4, 97 % 4, 255 % 4
+    assert out["batch"] == [2, 3, 0]
+    assert out["queues"] == {"0": [0, 8], "1": [5, 97], "2": [2], "3": [255, 7]}
+    assert "'first_byte' needs a non-empty body" in out["empty"]
+
+
+TAG_COUNTER_PUTS = """
+    import mqstore_demo_plugin as demo
+    from mqstore.testing import simulate_crash
+
+    out = {}
+    store = MessageStore.open(root, config)
+    out["modes"] = modes(store)
+    out["store_process_dispatchers"] = sorted(type(d).__name__ for d in store.dispatchers)
+    # Every message has a key: the key index then resumes at the log's end after a clean
+    # close (with no keyed message it asks for the whole log again at every open).
+    store.put(Message("T", b"1", tags="red", keys="k1", queue_id=0))
+    store.put(Message("T", b"2", tags="blue", keys="k2", queue_id=1))
+    store.put(Message("T", b"3", tags="red", keys="k3", queue_id=0,
+                      sysflag=0b0100))  # a prepared transaction half: not counted
+    store.put_batch([Message("T", b"4", tags="red", keys="k4", queue_id=0),
+                     Message("U", b"5", tags="red", keys="k5", queue_id=0),
+                     Message("T", b"6", keys="k6", queue_id=0)])
+    store.put_batch(MessageBatch("U", [b"7", b"8", b"9"], queue_ids=1,
+                                 tags=["blue", None, "green"], keys=[["k7"], ["k8"], ["k9"]]))
+    store.wait_dispatched()
+    out["first"] = demo.read_tag_counts(root)
+    out["end"] = store.max_phys_offset
+"""
+
+TAG_COUNTER_CRASH_SCRIPT = TAG_COUNTER_PUTS + """
+    simulate_crash(store)  # workers killed, abort marker left: the reopen recovers
+    store = MessageStore.open(root, config)
+    store.wait_dispatched()
+    out["redispatched"] = store.recovery_report.redispatch_bytes
+    out["after_crash"] = demo.read_tag_counts(root)["tags"]
+    store.put(Message("T", b"10", tags="green", queue_id=2))
+    store.wait_dispatched()
+    out["after_put"] = demo.read_tag_counts(root)["tags"]
+    store.close()
+    print(json.dumps(out))
+"""
+
+TAG_COUNTER_LOST_SCRIPT = TAG_COUNTER_PUTS + """
+    store.close()
+    os.remove(os.path.join(root, demo.TAG_COUNTS_FILE))
+    store = MessageStore.open(root, config)
+    store.wait_dispatched()
+    out["redispatched"] = store.recovery_report.redispatch_bytes
+    # The store process waits for the position it published (its follower-role dispatchers'
+    # resume offsets); the worker's re-dispatch below it for this writer-only counter is not
+    # part of that wait, so wait for the file itself.
+    path = os.path.join(root, demo.TAG_COUNTS_FILE)
+    wait_until(lambda: os.path.exists(path) and demo.read_tag_counts(root)["next"] == out["end"])
+    out["rebuilt"] = demo.read_tag_counts(root)
+    store.close()
+    print(json.dumps(out))
+"""
+
+FIRST_COUNTS = {"blue": 2, "green": 1, "red": 3}
+
+
+def check_first_counts(out):
+    assert out["modes"] == ["process", "process"]
+    # The store process follows (role "follower"): the counter is built in the worker only.
+    assert "KeyIndex" in out["store_process_dispatchers"]
+    assert "TagCounter" not in out["store_process_dispatchers"]
+    assert out["first"]["tags"] == FIRST_COUNTS
+    assert out["first"]["next"] == out["end"]
+
+
+def test_demo_dispatcher_counts_tags_in_the_dispatch_worker(demo_site, tmp_path):
+    out = run_child(demo_site, tmp_path / "store", TAG_COUNTER_CRASH_SCRIPT, {})
+    check_first_counts(out)
+    # Recovery handed every record to the dispatchers again; none was counted twice.
+    assert out["redispatched"] == out["end"]
+    assert out["after_crash"] == FIRST_COUNTS
+    assert out["after_put"] == {"blue": 2, "green": 2, "red": 3}
+
+
+def test_demo_dispatcher_rebuilds_lost_counts_through_resumes(demo_site, tmp_path):
+    out = run_child(demo_site, tmp_path / "store", TAG_COUNTER_LOST_SCRIPT, {})
+    check_first_counts(out)
+    # A clean reopen re-dispatches nothing by itself; the counter, finding no file, answered
+    # resume_offset() 0, so the dispatch worker started again at the first record.
+    assert out["redispatched"] == 0
+    assert out["rebuilt"]["tags"] == FIRST_COUNTS
+    assert out["rebuilt"]["next"] == out["end"]
+
+
+FLUSH_SCRIPT = """
+    policy = config.flush.policy
+    with MessageStore.open(root, config) as store:
+        status = store.flush_client.status
+        before = status()
+        store.put_batch([Message("T", b"x" * 100, queue_id=0) for _ in range(3)])
+        end = store.max_phys_offset
+        if policy == "every_interval":
+            wait_until(lambda: status()["flushed"] >= end, timeout=2.0)
+        else:  # the control: nothing to wait for, so 15 flush intervals go by
+            time.sleep(15 * config.flush.interval_ms / 1000)
+        after = status()
+        print(json.dumps({"modes": modes(store), "end": end,
+                          "fsyncs": [before["fsyncs"], after["fsyncs"]],
+                          "flushed": [before["flushed"], after["flushed"]]}))
+"""
+
+
+@pytest.mark.parametrize("policy", ["every_interval", "async"])
+def test_demo_flush_policy_forces_whatever_is_pending_every_interval(demo_site, tmp_path, policy):
+    out = run_child(demo_site, tmp_path / "store", FLUSH_SCRIPT,
+                    {"flush": {"policy": policy, "interval_ms": 20}})
+    assert out["modes"] == ["process", "process"]
+    assert out["end"] > 0
+    if policy == "every_interval":  # one pass forced the three records; no flush was asked for
+        assert out["flushed"] == [0, out["end"]]
+        assert out["fsyncs"][1] == out["fsyncs"][0] + 1
+    else:  # async waits for flush.least_pages (4) dirty pages or the 10 s thorough pass
+        assert out["flushed"] == [0, 0]
+        assert out["fsyncs"][1] == out["fsyncs"][0]
+
+
+SEGMENT_BYTES = 4096
+
+CLEANUP_SCRIPT = """
+    from mqstore.clock import ManualClock
+
+    S = config.commit_log.segment_bytes
+    clock = ManualClock()
+    out = {"modes": None, "first_queue_offset": {}}
+    store = MessageStore.open(root, config, clock=clock)
+    out["modes"] = modes(store)
+
+    def put_until(segment):
+        # Puts at the current time; the last one is the first record of ``segment``.
+        while True:
+            r = store.put(Message("T", b"m" * 200, queue_id=0))
+            assert r.status.name == "PUT_OK", r
+            out["first_queue_offset"].setdefault(r.phys_offset // S, r.queue_offset)
+            if r.phys_offset // S == segment:
+                return
+
+    put_until(1)            # segment 0, and the first record of 1, at t0
+    clock.advance(40_000)
+    put_until(3)            # the rest of 1, all of 2, the first record of 3, at t0 + 40 s
+    store.wait_dispatched()
+    out["min"] = [store.min_phys_offset]
+    out["queue_min"] = [store.min_offset("T", 0)]
+    clock.advance(30_000)   # t0 + 70 s: only segment 0 is older than 60 s (1 starts at t0)
+    wait_until(lambda: store.min_phys_offset > 0)
+    out["min"].append(store.min_phys_offset)
+    out["queue_min"].append(store.min_offset("T", 0))
+    clock.advance(40_000)   # t0 + 110 s: 1 and 2 too (2 and 3 start at t0 + 40 s)
+    wait_until(lambda: store.min_phys_offset > S)
+    out["min"].append(store.min_phys_offset)
+    out["queue_min"].append(store.min_offset("T", 0))
+    out["segments"] = sorted(os.listdir(os.path.join(root, "commitlog")))
+    store.close()
+    print(json.dumps(out))
+"""
+
+
+def test_demo_cleanup_policy_deletes_segments_older_than_the_max_age(demo_site, tmp_path):
+    out = run_child(demo_site, tmp_path / "store", CLEANUP_SCRIPT,
+                    {"commit_log": {"segment_bytes": SEGMENT_BYTES},
+                     "cleanup": {"policy": "max_age", "interval_ms": 1}},
+                    env={"MQSTORE_DEMO_MAX_AGE_MS": "60000"})
+    assert out["modes"] == ["process", "process"]
+    first = {int(k): v for k, v in out["first_queue_offset"].items()}
+    assert sorted(first) == [0, 1, 2, 3] and first[0] == 0
+    assert out["min"] == [0, SEGMENT_BYTES, 3 * SEGMENT_BYTES]
+    assert out["queue_min"] == [0, first[1], first[3]]
+    assert out["segments"] == [f"{3 * SEGMENT_BYTES:020d}"]
+
+
+def test_demo_cleanup_policy_decisions(demo_module, monkeypatch):
+    from mqstore import load_config
+    from mqstore.contracts import CleanupDecision
+
+    demo = importlib.import_module(demo_module)
+    config = load_config(overrides={"plugins": {"load_entry_points": False},
+                                    "cleanup": {"file_reserved_hours": 2}})
+    monkeypatch.delenv(demo.MAX_AGE_ENV, raising=False)
+    assert demo.MaxAgeCleanup(config).max_age_ms == 2 * 3_600_000
+    monkeypatch.setenv(demo.MAX_AGE_ENV, "60000")
+    policy = demo.MaxAgeCleanup(config)  # warning ratio 90 %, forcibly 85 % (the defaults)
+    now = 1_700_000_000_000
+    assert policy.decide(now, 0.50) == CleanupDecision(True, 60_000, False)
+    assert policy.decide(now, 0.88) == CleanupDecision(True, 0, None)
+    assert policy.decide(now, 0.95) == CleanupDecision(True, 0, True)
+    assert policy.decide(now, -1.0) == CleanupDecision(True, 60_000, None)
+    gentle = demo.MaxAgeCleanup(config.replace(cleanup={"clean_forcibly": False}))
+    assert gentle.decide(now, 0.95) == CleanupDecision(True, 60_000, True)
+    for bad in ("abc", "0"):
+        monkeypatch.setenv(demo.MAX_AGE_ENV, bad)
+        with pytest.raises(ValueError, match=demo.MAX_AGE_ENV):
+            demo.MaxAgeCleanup(config)

@@ -27,7 +27,7 @@ BODY_AT = 88  # IPv4 born and store hosts: BODYLENGTH at 84, body bytes from 88
 END_FILE_MIN_BLANK_BYTES = 8
 
 
-WORKER_PROCESSES = {"dispatch": {"mode": "process"}, "flush": {"worker": "process"}}
+WORKER_PROCESSES = {"dispatch": {"worker": "process"}, "flush": {"worker": "process"}}
 
 
 @pytest.fixture

@@ -11,21 +11,21 @@ class SmallSegments(StoreStateMachine):
 
 class SyncFlushMmh3(StoreStateMachine):
     overrides = {"commit_log": {"segment_bytes": 2048}, "consume_queue": {"file_units": 5},
-                 "flush": {"mode": "sync", "worker": "thread"}, "store": {"hash": "mmh3"},
-                 "dispatch": {"mode": "thread"}, "plugins": {"load_entry_points": False}}
+                 "flush": {"policy": "sync", "worker": "thread"}, "store": {"hash": "mmh3"},
+                 "dispatch": {"worker": "thread"}, "plugins": {"load_entry_points": False}}
 
 
 class TransientPoolWriter(StoreStateMachine):
     overrides = {"commit_log": {"segment_bytes": 4096}, "consume_queue": {"file_units": 8},
                  "writer": {"kind": "transient_pool", "transient_pool_buffers": 2,
                             "commit_interval_ms": 20},
-                 "dispatch": {"mode": "thread"}, "flush": {"worker": "thread"},
+                 "dispatch": {"worker": "thread"}, "flush": {"worker": "thread"},
                  "plugins": {"load_entry_points": False}}
 
 
 class DispatchWorkerProcess(StoreStateMachine):
     overrides = {"commit_log": {"segment_bytes": 4096}, "consume_queue": {"file_units": 8},
-                 "dispatch": {"mode": "process"}, "plugins": {"load_entry_points": False}}
+                 "dispatch": {"worker": "process"}, "plugins": {"load_entry_points": False}}
 
 
 TestSmallSegments = SmallSegments.TestCase

@@ -20,17 +20,17 @@ from mqstore.workers.sync_waiters import SyncWaiters, Waker
 def pair(monkeypatch):
     # Only real wake-ups end a wait within these tests' joins, not the periodic re-check.
     monkeypatch.setattr(sync_waiters, "RECHECK_S", 30.0)
-    positions = shm.SharedPositions()
-    waiters = SyncWaiters(positions, mp.get_context("spawn"))
-    waker = Waker(positions, waiters.writers)
-    yield positions, waiters, waker
+    channels = shm.Channels(shm.SharedPositions())
+    waiters = SyncWaiters(channels, mp.get_context("spawn"))
+    waker = Waker(channels, waiters.writers)
+    yield channels, waiters, waker
     waker.close()
     waiters.close()
-    positions.close()
+    channels.close()
 
 
-def _flush_to(positions, waker, end):
-    positions[shm.FLUSHED] = end
+def _flush_to(channels, waker, end):
+    channels.flush.flushed = end
     waker.wake(end)
 
 
@@ -81,7 +81,7 @@ def test_a_put_not_covered_in_time_answers_false_and_frees_its_slot(pair):
 
 def test_an_already_flushed_end_returns_without_asking(pair):
     positions, waiters, _ = pair
-    positions[shm.FLUSHED] = 1000
+    positions.flush.flushed = 1000
     asks = []
     assert waiters.wait(1000, 1.0, lambda: asks.append(1)) is True
     assert asks == []
@@ -152,7 +152,7 @@ def test_sync_puts_from_many_threads_are_all_durable_and_leave_no_descriptors(tm
                                                                             monkeypatch):
     # The flush worker process must do the waking: the periodic re-check would take 30 s.
     monkeypatch.setattr(sync_waiters, "RECHECK_S", 30.0)
-    cfg = load_config(overrides={"flush": {"mode": "sync"}, "plugins": {"load_entry_points": False},
+    cfg = load_config(overrides={"flush": {"policy": "sync"}, "plugins": {"load_entry_points": False},
                                  "commit_log": {"segment_bytes": 1 << 20}})
     resource_tracker.ensure_running()  # its pipe lives as long as this process
     gc.collect()  # what earlier tests left for the collector goes first

@@ -98,7 +98,7 @@ def test_least_pages_hold_a_commit_back_until_enough_is_pending(make_store):
 
 
 def test_sync_flush_with_the_pool_acknowledges_only_flushed_bytes(make_store):
-    store = make_store({**_pool(**QUIET), "flush": {"mode": "sync", "worker": "process"}})
+    store = make_store({**_pool(**QUIET), "flush": {"policy": "sync", "worker": "process"}})
     r = store.put(Message("T", b"durable", queue_id=0))
     assert r.status is PutStatus.PUT_OK
     assert store.flushed_offset >= r.phys_offset + r.size
@@ -205,7 +205,7 @@ def _rss_kib() -> int:
 
 
 def test_explicit_flush_honours_least_pages(make_store):
-    store = make_store({"flush": {"mode": "async", "interval_ms": 60_000,
+    store = make_store({"flush": {"policy": "async", "interval_ms": 60_000,
                                   "thorough_interval_ms": 60_000}})
     store.put(Message("T", b"x" * 100, queue_id=0))
     assert store.flush_commit_log(4) == 0
@@ -216,12 +216,12 @@ def test_explicit_flush_honours_least_pages(make_store):
 
 def test_flush_worker_is_a_separate_process_and_leaves_nothing(tmp_path):
     cfg = load_config(overrides={**_pool(), "plugins": {"load_entry_points": False},
-                                 "flush": {"mode": "sync"}})
+                                 "flush": {"policy": "sync"}})
     store = MessageStore.open(tmp_path / "s", config=cfg)
     status = store.flush_client.status()
     assert status["mode"] == "process" and status["alive"] and status["pid"] != os.getpid()
     proc = store.flush_client.supervisor.process
-    mine = {store.writer.pool.name.lstrip("/"), store.positions.name.lstrip("/")}
+    mine = {store.writer.pool.name.lstrip("/"), store.channels.name.lstrip("/")}
     assert mine <= _shm_names()
     assert store.put(Message("T", b"a", queue_id=0)).status is PutStatus.PUT_OK
     store.close()
@@ -231,9 +231,9 @@ def test_flush_worker_is_a_separate_process_and_leaves_nothing(tmp_path):
 
 def test_a_killed_flush_worker_is_restarted_and_sync_puts_continue(tmp_path):
     cfg = load_config(overrides={"plugins": {"load_entry_points": False},
-                                 "flush": {"mode": "sync"}, "commit_log": {"segment_bytes": SEG}})
+                                 "flush": {"policy": "sync"}, "commit_log": {"segment_bytes": SEG}})
     store = MessageStore.open(tmp_path / "s", config=cfg)
-    mine = {store.positions.name.lstrip("/")}
+    mine = {store.channels.name.lstrip("/")}
     try:
         first = store.put(Message("T", b"before", queue_id=0))
         victim = store.flush_client.supervisor.process.pid

@@ -14,7 +14,7 @@ from mqstore import Message, MessageBatch, MessageStore
 from mqstore.errors import WorkerError
 from mqstore.workers.supervisor import DISPATCH_CATCH_UP_S, STOP_TIMEOUT_S
 
-WORKER = {"dispatch": {"mode": "process"}}
+WORKER = {"dispatch": {"worker": "process"}}
 
 
 def bodies(store, topic="T", queue_id=0):
@@ -42,7 +42,7 @@ def test_dispatch_runs_in_another_process_and_close_leaves_nothing(make_store):
     store.wait_dispatched()
     assert bodies(store) == [b"m%d" % i for i in range(50)]
     assert [m.body for m in store.query_by_key("T", "k7")] == [b"m7"]
-    name, proc = store.positions.name, store.supervisor.process
+    name, proc = store.channels.name, store.supervisor.process
     began = time.monotonic()
     store.close()
     assert time.monotonic() - began < STOP_TIMEOUT_S + DISPATCH_CATCH_UP_S
@@ -80,7 +80,7 @@ def test_a_killed_worker_is_reported_restarted_and_loses_nothing(make_store):
     assert bodies(store) == [b"m%d" % i for i in range(200)]
     assert [m.body for m in store.query_by_key("T", "k150")] == [b"m150"]
     assert [m.body for m in store.query_by_key("T", "k50")] == [b"m50"]
-    name = store.positions.name
+    name = store.channels.name
     store.close()
     with pytest.raises(FileNotFoundError):
         shared_memory.SharedMemory(name=name)
@@ -174,7 +174,7 @@ def test_segments_rolled_while_the_worker_runs(make_store):
 
 
 def test_sync_flush_with_a_worker_shows_only_flushed_messages(make_store):
-    store = make_store({**WORKER, "flush": {"mode": "sync"}})
+    store = make_store({**WORKER, "flush": {"policy": "sync"}})
     r = store.put(Message(topic="T", body=b"durable", queue_id=0))
     assert store.flushed_offset >= r.phys_offset + r.size
     store.wait_dispatched()
@@ -185,7 +185,7 @@ def test_a_program_read_from_stdin_can_run_a_worker(tmp_path):
     import subprocess
     script = f'''
 from mqstore import Message, MessageStore, load_config
-cfg = load_config(overrides={{"dispatch": {{"mode": "process"}}, "plugins": {{"load_entry_points": False}}}})
+cfg = load_config(overrides={{"dispatch": {{"worker": "process"}}, "plugins": {{"load_entry_points": False}}}})
 with MessageStore.open({str(tmp_path / "s")!r}, config=cfg) as s:
     s.put(Message(topic="T", body=b"from stdin", queue_id=0))
     s.wait_dispatched(timeout=30)

@@ -31,7 +31,7 @@ def parse_host(text: str) -> Host:
     """Parse ``"1.2.3.4:5"`` or ``"[::1]:5"``; errors name the value and the rule.
 
     This checks what users and configuration hand in; hosts read from disk are taken as
-    stored (``host_from_bytes``), whatever their port.
+    stored (the record decoder builds ``Host(address, port)`` directly), whatever their port.
     """
     if not isinstance(text, str):
         raise ValueError(f"host {text!r} must be a string 'ip:port'")
@@ -64,7 +64,3 @@ def _parse_host(text: str) -> Host:
             f"host {text!r} is not 'ipv4:port' or '[ipv6]:port' ({exc})"
         ) from None
     return Host(ip.packed, port_num)
-
-
-def host_from_bytes(address: bytes, port: int) -> Host:
-    return Host(bytes(address), port)

@@ -92,17 +92,6 @@ def store_timestamp_pos(sysflag: int) -> int:
     return POS_BORN_HOST + host_width(bool(sysflag & SYSFLAG_BORNHOST_V6))
 
 
-def body_length_pos(sysflag: int) -> int:
-    return (
-        POS_BORN_HOST
-        + host_width(bool(sysflag & SYSFLAG_BORNHOST_V6))
-        + 8
-        + host_width(bool(sysflag & SYSFLAG_STOREHOST_V6))
-        + 4
-        + 8
-    )
-
-
 def record_size(body_len: int, topic_len: int, props_len: int, *, v2: bool = False,
                 born_v6: bool = False, store_v6: bool = False) -> int:
     return (

@@ -21,9 +21,8 @@ class BlockTooLargeError(ValueError):
 
 
 def _before_roll(writer) -> None:
-    check = getattr(writer, "before_roll", None)
-    if check is not None:
-        check()
+    if writer is not None:
+        writer.before_roll()
 
 
 class CommitLog:
@@ -105,7 +104,7 @@ class CommitLog:
         if writer is None:
             seg.write(blank)
         else:
-            getattr(writer, "write_blank", writer.write)(seg, blank)
+            writer.write_blank(seg, blank)
         seg.wrote = seg.size
 
     # -- reading ---------------------------------------------------------------------------

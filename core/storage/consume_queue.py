@@ -34,7 +34,6 @@ class ConsumeQueue:
         self.min_logic_offset = 0  # bytes; raised by cleanup and pre-blank fill
         self.max_phys = -1  # end (offset + size) of the last real unit
         self._arrays: dict[int, np.ndarray] = {}
-        self.seen_limit: int | None = None  # a follower's last refresh limit (store_read)
         self._doubt: tuple[int, float] | None = None  # a follower's unit that disagreed, since
 
     # -- positions -------------------------------------------------------------------------

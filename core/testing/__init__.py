@@ -4,33 +4,26 @@
 the abort marker stays, the lock goes with the process); ``StoreStateMachine`` is a hypothesis
 state machine that checks any store configuration against a plain list model, including
 reopen and crash/recover steps. Use it by subclassing and setting ``overrides``.
+``ManualClock`` is a settable store clock that stays one clock in the processes it is pickled to.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
+import numpy as np
+
+from mqstore.clock import CLOCK_SEGMENT_PREFIX, ManualClock  # noqa: F401 - part of the API
 from mqstore.config import load_config
 from mqstore.message import GetStatus, Message, PutStatus
 from mqstore.store import MessageStore
 
-
 def simulate_crash(store: MessageStore) -> None:
-    """End ``store`` abruptly: threads stop, files close, ``abort`` stays behind."""
-    store._closed = True
-    if store.flush_client is not None:  # no final commit or flush
-        store.flush_client.kill()
-    if store.dispatch_thread is not None:
-        store.dispatch_thread.stop()
-    if store.supervisor is not None:  # a dying store takes its worker with it
-        store.supervisor.kill()
-    if store.positions is not None:
-        store.positions.close()
-    store._release_files()
-    if store._lock is not None:
-        store._lock.release()
-        store._lock = None
+    """End ``store`` abruptly: loops stop without a final flush, files close, ``abort`` stays
+    behind, the lock goes as with the process."""
+    store._crash()
 
 
 def read_queue(store: MessageStore, topic: str, queue_id: int, expression: str | None = None):
@@ -63,7 +56,7 @@ else:
 
         overrides: dict = {"commit_log": {"segment_bytes": 4096},
                            "consume_queue": {"file_units": 8},
-                           "dispatch": {"mode": "thread"}, "flush": {"worker": "thread"},
+                           "dispatch": {"worker": "thread"}, "flush": {"worker": "thread"},
                            "plugins": {"load_entry_points": False}}
 
         def __init__(self) -> None:

@@ -284,29 +284,45 @@ def resize_filesystem(path: str, size_bytes: int) -> None:
 
 
 # -- Ctrl-C at the worst moment (a plugin: see the module docstring) -------------------------
-def _interrupting(base):
-    class Interrupting(base):
-        def __init__(self, commit_log, config) -> None:
-            super().__init__(commit_log, config)
-            self.writes = 0
-            raw = os.environ.get(SIGINT_AFTER_WRITES_ENV, "")
-            self.interrupt_after = {int(n) for n in raw.split(",") if n.strip()}
+class _Interrupting:
+    """Wraps a registered writer; sends SIGINT to the process group after chosen writes."""
 
-        def write(self, segment, data) -> int:
-            pos = super().write(segment, data)
-            self.writes += 1
-            if self.writes in self.interrupt_after:
-                os.killpg(0, signal.SIGINT)  # the whole group, as a terminal does
-            return pos
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.staging = inner.staging
+        self.writes = 0
+        raw = os.environ.get(SIGINT_AFTER_WRITES_ENV, "")
+        self.interrupt_after = {int(n) for n in raw.split(",") if n.strip()}
 
-    Interrupting.__name__ = Interrupting.__qualname__ = f"Interrupting{base.__name__}"
-    return Interrupting
+    def write(self, segment, data) -> int:
+        pos = self.inner.write(segment, data)
+        self.writes += 1
+        if self.writes in self.interrupt_after:
+            os.killpg(0, signal.SIGINT)  # the whole group, as a terminal does
+        return pos
+
+    def write_blank(self, segment, data) -> int:
+        return self.inner.write_blank(segment, data)
+
+    def before_roll(self) -> None:
+        self.inner.before_roll()
+
+    def on_committed(self, committed: int) -> None:
+        self.inner.on_committed(committed)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name):  # the inner writer's own counters (direct_segments, ...)
+        return getattr(self.inner, name)
+
+
+def _interrupting(registry, base: str):
+    # Looked up when a store builds its writer: the built-in writers register after this hook.
+    return lambda ctx: _Interrupting(registry.get(base)(ctx))
 
 
 @hookimpl
 def register_writers(registry):
-    from mqstore.plugins.writer_mmap import MmapWriter
-    from mqstore.plugins.writer_transient import TransientPoolWriter
-
-    registry.add("mmap_ctrl_c", _interrupting(MmapWriter))
-    registry.add("transient_pool_ctrl_c", _interrupting(TransientPoolWriter))
+    registry.add("mmap_ctrl_c", _interrupting(registry, "mmap"))
+    registry.add("transient_pool_ctrl_c", _interrupting(registry, "transient_pool"))

@@ -1,10 +1,11 @@
 """The store's side of the flush loop: start it, ask it for flushes, follow what it reports.
 
 A listener thread sleeps on the loop's progress pipe; each byte means "positions moved". It
-applies COMMITTED and FLUSHED to the store (readable ends, pool buffers coming back, the
-checkpoint's ``physicMsgTimestamp``, what dispatch may see) and carries out cleanup decisions.
-Once a second it also persists the checkpoint and, in thread-dispatch mode, the consume
-queues. Sync-flush puts are woken by the flush loop itself (``workers.sync_waiters``).
+hands the new committed and flushed ends to the store's ``FlushListener`` (readable ends, pool
+buffers coming back, the checkpoint, what dispatch may see), and calls its ``tick`` at least
+once a second (the store persists metadata and runs its cleanup from there). Sync-flush puts
+are woken by the flush loop itself (``workers.sync_waiters``); this client is the ``Flusher``
+flush policies wait on.
 """
 
 from __future__ import annotations
@@ -15,23 +16,36 @@ import os
 import threading
 import time
 import weakref
+from typing import Protocol
 
 from mqstore.workers import flush_worker, shm, sync_waiters
 from mqstore.workers.pipes import poke, wait_and_drain
 from mqstore.workers.supervisor import STOP_TIMEOUT_S, WorkerSupervisor
 
 log = logging.getLogger("mqstore.workers.flush")
-METADATA_INTERVAL_S = 1.0  # consume queues and checkpoint, as RocketMQ's 1 s checkpoint task
+TICK_INTERVAL_S = 1.0  # the listener's longest sleep: metadata once a second, as RocketMQ's
 ASK_TIMEOUT_S = 60.0
+
+
+class FlushListener(Protocol):
+    """What the store does with the flush loop's reports (on the listener thread, or on the
+    thread of a put or flush call that observed them first; never two at once)."""
+
+    def on_flush_progress(self, committed: int, flushed: int, failed: bool) -> None: ...
+
+    def tick(self) -> None:
+        """At least once a second (more often when asked: ``tick_s``)."""
 
 
 class FlushSupervisor(WorkerSupervisor):
     name = "flush"
-    stop_slot = shm.FLUSH_STOP
+
+    def own_channel(self) -> shm.FlushChannel:
+        return self.channels.flush
 
     def resume_point(self) -> str:
-        return (f"committed offset {self.positions[shm.COMMITTED]}, flushed offset "
-                f"{self.positions[shm.FLUSHED]}")
+        ch = self.channels.flush
+        return f"committed offset {ch.committed}, flushed offset {ch.flushed}"
 
 
 def _listen(client_ref) -> None:
@@ -40,28 +54,41 @@ def _listen(client_ref) -> None:
     itself when collected."""
     client = client_ref()
     progress_r = client.progress_r
-    next_metadata = time.monotonic() + METADATA_INTERVAL_S
+    tick_s = client.tick_s
+    next_tick = time.monotonic() + tick_s
     del client
     while True:
-        wait_and_drain(progress_r, max(0.0, next_metadata - time.monotonic()))
+        wait_and_drain(progress_r, max(0.0, next_tick - time.monotonic()))
         client = client_ref()
         if client is None or client._stopping:
             return
-        next_metadata = client._listen_once(next_metadata)
+        next_tick = client._listen_once(next_tick, tick_s)
         del client
 
 
 class FlushClient:
-    def __init__(self, store, positions: shm.SharedPositions, pool=None) -> None:
-        self.store = store
-        self.p = positions
+    def __init__(self, root: str, config, channels: shm.Channels, clock, segment_dir: str,
+                 segment_bytes: int, schedule, pool, after_flush,
+                 listener: FlushListener, tick_s: float = TICK_INTERVAL_S) -> None:
+        self.root = root
+        self.config = config
+        self.channels = channels
+        self.ch = channels.flush
+        self.clock = clock
+        self.segment_dir = segment_dir
+        self.segment_bytes = segment_bytes
+        self.schedule = schedule
         self.pool = pool
-        self.mode = store.config.flush.worker
+        self.after_flush = after_flush
+        self.listener = listener
+        self.tick_s = tick_s
+        self.seen_flushed = channels.flush.flushed
+        self.mode = config.flush.worker
         self.supervisor: FlushSupervisor | None = None
         self._thread: threading.Thread | None = None
         self._cond = threading.Condition(threading.Lock())
         self._request_lock = threading.Lock()
-        self.waiters = sync_waiters.SyncWaiters(positions, mp.get_context("spawn"))
+        self.waiters = sync_waiters.SyncWaiters(channels, mp.get_context("spawn"))
         self._sync_lock = threading.Lock()
         self._ask_lock = threading.Lock()
         self._stopping = False
@@ -69,12 +96,11 @@ class FlushClient:
 
     # -- life --------------------------------------------------------------------------------
     def start(self) -> None:
-        store = self.store
-        seg_bytes = store.commit_log.segment_bytes
+        seg_bytes = self.segment_bytes
         pool_name = self.pool.name if self.pool is not None else None
         if self.mode == "process":
             sup = self.supervisor = FlushSupervisor(
-                store.root, store.config, self.p, flush_worker.run,
+                self.root, self.config, self.channels, self.clock, flush_worker.run,
                 (seg_bytes, pool_name, self.waiters.writers))
             self.wake_w, self.progress_r, self._progress_w = sup.wake_w, sup.progress_r, sup.progress_w
             sup.start()
@@ -85,13 +111,10 @@ class FlushClient:
             os.set_blocking(self.wake_w.fileno(), False)
             os.set_blocking(self._progress_w.fileno(), False)
             self._pipes = (wake_r, self.wake_w, self.progress_r, self._progress_w)
-            hooks = store.hooks
             service = flush_worker.FlushService(
-                store.commit_log.segments.directory, seg_bytes, self.p,
-                flush_worker.schedule_of(type(store.flush_policy), store.config),
-                flush_worker.commit_schedule(store.config), self.pool,
-                hooks.after_flush if hooks.has_after_flush else None, store.config.cleanup,
-                sync_waiters.Waker(self.p, self.waiters.writers))
+                self.segment_dir, seg_bytes, self.channels, self.schedule,
+                flush_worker.commit_schedule(self.config), self.pool, self.after_flush,
+                sync_waiters.Waker(self.channels, self.waiters.writers))
             self._service = service
 
             progress_w = self._progress_w
@@ -108,16 +131,16 @@ class FlushClient:
                                           name="mqstore-flush-listener", daemon=True)
         self._listener.start()
 
-    def _listen_once(self, next_metadata: float) -> float:
+    def _listen_once(self, next_tick: float, tick_s: float) -> float:
         try:
             self.sync()
             now = time.monotonic()
-            if now >= next_metadata:
-                next_metadata = now + METADATA_INTERVAL_S
-                self.store.flush_metadata()
+            if now >= next_tick:
+                next_tick = now + tick_s
+                self.listener.tick()
         except Exception:  # a closing store; the next close() reports real trouble
             log.exception("flush listener")
-        return next_metadata
+        return next_tick
 
     def _end(self, slot_value: int) -> None:
         self._stopping = True
@@ -130,7 +153,7 @@ class FlushClient:
             else:
                 self.supervisor.kill()
         elif self._thread is not None:
-            self.p[shm.FLUSH_STOP] = slot_value
+            self.ch.stop = slot_value
             poke(self.wake_w)
             self._thread.join(STOP_TIMEOUT_S)
             for conn in self._pipes:
@@ -143,13 +166,20 @@ class FlushClient:
         """Final commit and flush of everything written, then the loop ends."""
         if self._stopping:
             return
+        if self._listener is None:  # never started (an open that failed before)
+            self._stopping = True
+            self.waiters.close()
+            return
         self._end(1)
         self.sync()
         self.waiters.close()  # whatever the final flush did not cover answers at once
 
     def kill(self) -> None:
         """End the loop without a final flush, as the death of the store process would."""
-        if not self._stopping:
+        if not self._stopping and self._listener is None:
+            self._stopping = True
+            self.waiters.close()
+        elif not self._stopping:
             self._end(2)
             self.waiters.close()  # waiting puts answer at once: nothing will flush them
 
@@ -161,24 +191,25 @@ class FlushClient:
         poke(self.wake_w)
 
     def wake_if_idle(self) -> None:
-        if self.p[shm.FLUSH_IDLE]:
+        if self.ch.idle:
             poke(self.wake_w)
 
-    def wait_flushed(self, end: int, timeout_s: float) -> bool:
-        """Group commit: ask for ``end`` to be flushed and wait until it is (or time is up)."""
-        done = self.waiters.wait(end, timeout_s, lambda: self._request(end))
-        if self.p[shm.FLUSHED] > self.store.flushed_where and not self._stopping:
+    def wait_flushed(self, end_offset: int, timeout_s: float) -> bool:
+        """Group commit: ask for ``end_offset`` to be flushed and wait until it is (or time
+        is up)."""
+        done = self.waiters.wait(end_offset, timeout_s, lambda: self._request(end_offset))
+        if self.ch.flushed > self.seen_flushed and not self._stopping:
             self._apply_progress()  # the first put back after a force tells the store
         return done
 
     def _request(self, end: int) -> None:
-        p = self.p
+        ch = self.ch
         with self._request_lock:
-            if end > p[shm.FLUSH_REQUEST]:
-                p[shm.FLUSH_REQUEST] = end
-        # Releasing the lock above orders the FLUSH_REQUEST store before this load; the loop
-        # re-reads FLUSH_REQUEST after announcing FLUSH_IDLE, so one side always sees the other.
-        if p[shm.FLUSH_IDLE]:
+            if end > ch.request:
+                ch.request = end
+        # Releasing the lock above orders the request store before this load; the loop
+        # re-reads the request after announcing idle, so one side always sees the other.
+        if ch.idle:
             poke(self.wake_w)
 
     def commit_now(self) -> None:
@@ -188,46 +219,49 @@ class FlushClient:
     def flush_now(self, least_pages: int = 0) -> int:
         """One explicit pass: commit everything, flush by ``least_pages`` (-1: not at all);
         returns the flushed end."""
+        ch = self.ch
         if self._stopping:
-            return self.store.flushed_where
+            return self.seen_flushed
         with self._ask_lock:
-            seq = self.p[shm.FLUSH_ASK] + 1
-            self.p[shm.FLUSH_ASK_LEAST] = least_pages
-            self.p[shm.FLUSH_ASK] = seq
+            seq = ch.ask + 1
+            ch.ask_least = least_pages
+            ch.ask = seq
             poke(self.wake_w)
             deadline = time.monotonic() + ASK_TIMEOUT_S
             with self._cond:
-                while self.p[shm.FLUSH_DONE] < seq:
+                while ch.done < seq:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise TimeoutError(f"the flush loop did not answer within {ASK_TIMEOUT_S} s")
                     self._cond.wait(min(left, 0.05))
         self.sync()
-        return self.store.flushed_where
+        return self.seen_flushed
 
     # -- following ---------------------------------------------------------------------------
     def sync(self) -> None:
         self._apply_progress()
-        p = self.p
-        with self._sync_lock:
-            ask = p[shm.CLEAN_ASK]
-            if ask > p[shm.CLEAN_DONE] and not self._stopping:
-                self.store._run_cleanup(bool(p[shm.CLEAN_AT_ONCE]))
-                p[shm.CLEAN_DONE] = ask
         with self._cond:
             self._cond.notify_all()
 
     def _apply_progress(self) -> None:
-        p = self.p
+        ch = self.ch
         with self._sync_lock:
-            self.store._apply_flush_progress(p[shm.COMMITTED], p[shm.FLUSHED],
-                                             bool(p[shm.FLUSH_ERROR]))
-            self.store._apply_disk_state(bool(p[shm.DISK_FULL_FLAG]))
+            flushed = ch.flushed
+            self.listener.on_flush_progress(ch.committed, flushed, bool(ch.error))
+            self.seen_flushed = max(self.seen_flushed, flushed)
+
+    def failing(self) -> str | None:
+        """Why the flush loop cannot do its work now, or None."""
+        sup = self.supervisor
+        if sup is not None and sup.gave_up is not None:
+            return sup.gave_up
+        return None
 
     def status(self) -> dict:
         sup = self.supervisor
-        out = {"mode": self.mode, "committed": self.p[shm.COMMITTED],
-               "flushed": self.p[shm.FLUSHED], "fsyncs": self.p[shm.FLUSH_COUNT]}
+        ch = self.ch
+        out = {"mode": self.mode, "committed": ch.committed, "flushed": ch.flushed,
+               "fsyncs": ch.fsyncs}
         if sup is not None:
             out.update(alive=sup.alive(), pid=sup.process.pid, restarts=sup.restarts,
                        failures=list(sup.failures))

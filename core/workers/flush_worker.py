@@ -11,14 +11,12 @@ Decisions follow RocketMQ's services over absolute offsets:
   segment when the segment is complete, or when at least ``writer.commit_least_pages`` pages
   are pending, or every ``writer.commit_thorough_interval_ms``; a sync-flush request or an
   explicit flush commits everything first. A segment that opened while the pool was dry holds
-  no buffer: its bytes are in the file already and count as committed once reached.
+  no buffer: its bytes are in the file already and count as committed once reached. The pool is
+  the writer's declared staging area (``contracts.Writer.staging``).
 - flush (MappedFileQueue.flush): force the segment holding the flushed position when it is
   complete, or when ``least_pages`` is 0 and it has unflushed bytes, or when at least
-  ``least_pages`` whole pages are unflushed. The flush policy's ``schedule(config)`` gives the
-  period, least pages and thorough period; sync-flush requests are served at once.
-- cleanup (CleanCommitLogService's decision, ``mqstore.cleanup``): every
-  ``cleanup.interval_ms`` decide whether segments go and whether the disk is full; the store
-  process carries the deletion out.
+  ``least_pages`` whole pages are unflushed. The flush policy says when
+  (``FlushPolicyFactory.schedule``); sync-flush requests are served at once.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ import logging
 import os
 import time
 
-from mqstore import cleanup
+from mqstore.contracts import FlushSchedule
 from mqstore.storage.mapped_file import segment_name
 from mqstore.storage.transient_pool import TransientPool
 from mqstore.uninterrupted import terminate_requested, worker_signals
@@ -44,22 +42,21 @@ def force(fd: int) -> None:
 
 
 class FlushService:
-    def __init__(self, directory: str, segment_bytes: int, positions: shm.SharedPositions,
-                 schedule: tuple[float, int, float], commit_schedule: tuple[float, int, float],
-                 pool: TransientPool | None = None, after_flush=None, cleanup_config=None,
-                 waker=None) -> None:
+    def __init__(self, directory: str, segment_bytes: int, channels: shm.Channels,
+                 schedule: FlushSchedule, commit_schedule: FlushSchedule,
+                 pool: TransientPool | None = None, after_flush=None, waker=None) -> None:
         self.directory = directory
-        self.cleanup_config = cleanup_config
         self.size = segment_bytes
-        self.p = positions
+        self.ch = channels.flush
+        self.append = channels.append
         self.interval_s, self.least_pages, self.thorough_s = schedule
         self.commit_s, self.commit_least, self.commit_thorough_s = commit_schedule
         self.pool = pool
         self.after_flush = after_flush
         self.waker = waker  # wakes the sync-flush puts a force covers (workers.sync_waiters)
         self._fds: dict[int, int] = {}
-        self.flushed = positions[shm.FLUSHED]
-        self.committed = positions[shm.COMMITTED]
+        self.flushed = self.ch.flushed
+        self.committed = self.ch.committed
         self._seen_written = self.committed  # WRITTEN at the last commit decision
 
     # -- files -------------------------------------------------------------------------------
@@ -102,10 +99,10 @@ class FlushService:
         """Copy staged bytes into the files by the rule above; True if the store has pool
         buffers or readable ends to update."""
         if self.pool is None:  # the bytes are in the file already; only the flush follows
-            self.committed = max(self.committed, self.p[shm.WRITTEN])
-            self.p[shm.COMMITTED] = self.committed
+            self.committed = max(self.committed, self.append.written)
+            self.ch.committed = self.committed
             return False
-        written = self._seen_written = self.p[shm.WRITTEN]
+        written = self._seen_written = self.append.written
         begin = c = self.committed
         while c < written:
             start, upto, complete, due = self._segment_step(c, written, least_pages)
@@ -124,7 +121,7 @@ class FlushService:
             if not complete:
                 break
         self.committed = c
-        self.p[shm.COMMITTED] = c
+        self.ch.committed = c
         return c > begin
 
     # -- flush -------------------------------------------------------------------------------
@@ -138,13 +135,13 @@ class FlushService:
                 fd = self._fd(start)
                 if fd is not None:
                     force(fd)
-                    self.p[shm.FLUSH_COUNT] = self.p[shm.FLUSH_COUNT] + 1
+                    self.ch.fsyncs += 1
                 f = upto
             if not complete or f < start + self.size:
                 break
         if f > begin:
             self.flushed = f
-            self.p[shm.FLUSHED] = f
+            self.ch.flushed = f
             woken = self.waker.wake(f) if self.waker is not None else 0
             self._close_done()
             if self.after_flush is not None:
@@ -152,65 +149,60 @@ class FlushService:
             return not woken
         return False
 
-    # -- cleanup decision ----------------------------------------------------------------------
-    def cleanup_pass(self) -> None:
-        """Decide whether old segments go (the store deletes them; see mqstore.cleanup)."""
-        p = self.p
-        decision = cleanup.decide(self.cleanup_config, time.localtime().tm_hour,
-                                  cleanup.disk_used_ratio(os.path.dirname(self.directory)))
-        if decision.disk_full is not None:
-            p[shm.DISK_FULL_FLAG] = int(decision.disk_full)
-        if decision.delete and p[shm.CLEAN_DONE] >= p[shm.CLEAN_ASK]:
-            p[shm.CLEAN_AT_ONCE] = int(decision.at_once)
-            p[shm.CLEAN_ASK] = p[shm.CLEAN_ASK] + 1
-
     # -- loop --------------------------------------------------------------------------------
     def _asked(self) -> bool:
-        p = self.p
-        return bool(p[shm.FLUSH_STOP] or p[shm.FLUSH_ASK] > p[shm.FLUSH_DONE]
-                    or p[shm.FLUSH_REQUEST] > self.flushed
-                    or (self.pool is not None and p[shm.WRITTEN] > self._seen_written))
+        ch = self.ch
+        return bool(ch.stop or ch.ask > ch.done or ch.request > self.flushed
+                    or (self.pool is not None and self.append.written > self._seen_written))
+
+    def _serve_asks(self) -> bool:
+        """Explicit passes and sync-flush requests; True if anything moved."""
+        ch = self.ch
+        moved = False
+        ask = ch.ask
+        if ask > ch.done:
+            least = ch.ask_least
+            moved |= self.commit(0)
+            if least >= 0:  # -1: commit only
+                moved |= self.flush(least)
+            ch.done = ask
+            moved = True
+        if ch.request > self.flushed:
+            moved |= self.commit(0)
+            moved |= self.flush(0)
+        return moved
+
+    def _finish(self, progress_w, parent_pid) -> None:
+        # Whatever the store acknowledged is complete below ``written``: make it durable
+        # (from the transient pool too) before leaving, as a stop would.
+        log.error("store process %s is gone or asked to terminate; the flush worker commits "
+                  "and flushes what was written, then exits", parent_pid)
+        self.commit(0)
+        self.flush(0)
+        poke(progress_w)
 
     def run(self, wake_r, progress_w, parent_pid: int | None = None) -> None:
-        p = self.p
+        ch = self.ch
         now = time.monotonic()
         next_flush, next_thorough = now + self.interval_s, now + self.thorough_s
         next_commit, next_commit_thorough = now + self.commit_s, now + self.commit_thorough_s
         failed_at = 0.0
-        cleanup_s = (self.cleanup_config.interval_ms / 1000.0
-                     if self.cleanup_config is not None else float("inf"))
-        next_cleanup = now + cleanup_s
         while True:
-            stop = p[shm.FLUSH_STOP]
+            stop = ch.stop
             if stop == 2:
                 return
             if (parent_pid is not None and os.getppid() != parent_pid) or terminate_requested():
-                # Whatever the store acknowledged is complete below WRITTEN: make it durable
-                # (from the transient pool too) before leaving, as a stop would.
-                log.error("store process %d is gone or asked to terminate; the flush worker "
-                          "commits and flushes what was written, then exits", parent_pid)
-                self.commit(0)
-                self.flush(0)
-                poke(progress_w)
+                self._finish(progress_w, parent_pid)
                 return
             now = time.monotonic()
             moved = False
             try:
                 if stop:
-                    moved = self.commit(0) | self.flush(0)
+                    self.commit(0)
+                    self.flush(0)
                     poke(progress_w)
                     return
-                ask = p[shm.FLUSH_ASK]
-                if ask > p[shm.FLUSH_DONE]:
-                    least = p[shm.FLUSH_ASK_LEAST]
-                    moved |= self.commit(0)
-                    if least >= 0:  # -1: commit only
-                        moved |= self.flush(least)
-                    p[shm.FLUSH_DONE] = ask
-                    moved = True
-                if p[shm.FLUSH_REQUEST] > self.flushed:
-                    moved |= self.commit(0)
-                    moved |= self.flush(0)
+                moved |= self._serve_asks()
                 least = self.commit_least
                 if now >= next_commit_thorough:
                     least, next_commit_thorough = 0, now + self.commit_thorough_s
@@ -222,40 +214,37 @@ class FlushService:
                         least, next_thorough = 0, now + self.thorough_s
                     moved |= self.flush(least)
                     next_flush = now + self.interval_s
-                if now >= next_cleanup:
-                    next_cleanup = now + cleanup_s
-                    self.cleanup_pass()
-                    moved = True
             except OSError as exc:
-                if not p[shm.FLUSH_ERROR]:
+                if not ch.error:
                     log.error("commit-log flush failed: %s", exc)
-                p[shm.FLUSH_ERROR] = 1
+                    ch.note = f"commit-log flush failed: {exc}"
+                ch.error = 1
                 moved = True
                 failed_at = now
             if moved:
                 poke(progress_w)
-            if p[shm.FLUSH_REQUEST] > self.flushed and not failed_at:
+            if ch.request > self.flushed and not failed_at:
                 continue
             # Idle handshake (as the dispatch worker's): announce, drain, re-check, sleep.
-            p[shm.FLUSH_IDLE] = 1
+            ch.idle = 1
             wait_and_drain(wake_r, 0)
             if not self._asked():
-                due = min(next_flush, next_commit, next_cleanup) - time.monotonic()
+                due = min(next_flush, next_commit) - time.monotonic()
                 if failed_at:
                     due, failed_at = max(due, 0.1), 0.0
                 wait_and_drain(wake_r, max(0.0, min(due, PARENT_CHECK_S)))
-            p[shm.FLUSH_IDLE] = 0
+            ch.idle = 0
 
 
-def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: int,
-        restarted: bool, segment_bytes: int, pool_name: str | None, waiter_pipes) -> None:
+def run(root: str, config, channels: shm.Channels, wake_r, progress_w, parent_pid: int,
+        restarted: bool, clock, segment_bytes: int, pool_name: str | None,
+        waiter_pipes) -> None:
     """Worker entry point (``multiprocessing`` target)."""
     from mqstore.plugins_manager import PluginHooks, make_plugin_manager
     from mqstore.storage.checkpoint import hold_worker_lock
 
     worker_signals()
     lock_fd = hold_worker_lock(root)  # a store reopened after a crash waits for this process
-    positions = shm.SharedPositions(positions_name)
     pool = (TransientPool(config.writer.transient_pool_buffers, segment_bytes, pool_name)
             if pool_name else None)
     try:
@@ -266,11 +255,11 @@ def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: 
             modules=config.plugins.modules, disable=config.plugins.disable,
             load_entry_points=config.plugins.load_entry_points))
         service = FlushService(
-            os.path.join(root, "commitlog"), segment_bytes, positions,
-            schedule_of(hooks.flush_policies.get(config.flush.mode), config),
+            os.path.join(root, "commitlog"), segment_bytes, channels,
+            hooks.flush_policies.get(config.flush.policy).schedule(config),
             commit_schedule(config), pool,
-            hooks.after_flush if hooks.has_after_flush else None, config.cleanup,
-            sync_waiters.Waker(positions, waiter_pipes))
+            hooks.after_flush if hooks.has_after_flush else None,
+            sync_waiters.Waker(channels, waiter_pipes))
         try:
             service.run(wake_r, progress_w, parent_pid)
         finally:
@@ -278,19 +267,11 @@ def run(root: str, config, positions_name: str, wake_r, progress_w, parent_pid: 
     finally:
         if pool is not None:
             pool.close()
-        positions.close()
+        channels.close()
         os.close(lock_fd)
 
 
-def schedule_of(policy_factory, config) -> tuple[float, int, float]:
-    """(period s, least pages, thorough period s) of the configured flush policy."""
-    schedule = getattr(policy_factory, "schedule", None)
-    if schedule is not None:
-        return schedule(config)
-    f = config.flush
-    return f.interval_ms / 1000.0, f.least_pages, f.thorough_interval_ms / 1000.0
-
-
-def commit_schedule(config) -> tuple[float, int, float]:
+def commit_schedule(config) -> FlushSchedule:
     w = config.writer
-    return w.commit_interval_ms / 1000.0, w.commit_least_pages, w.commit_thorough_interval_ms / 1000.0
+    return FlushSchedule(w.commit_interval_ms / 1000.0, w.commit_least_pages,
+                         w.commit_thorough_interval_ms / 1000.0)

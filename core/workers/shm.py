@@ -1,36 +1,40 @@
-"""Store positions shared between the store process and its workers.
+"""Store positions shared between the store process and its workers, as typed channels.
 
 One small numpy ``int64`` array on ``multiprocessing.shared_memory``. Each slot has exactly one
-writer process (named below), so plain aligned 8-byte stores suffice; readers treat values as
-hints that only grow. Only the segment's *name* crosses the process boundary (pickling sends
-the name), and only the creating store unlinks it.
+writer process, so plain aligned 8-byte stores suffice; readers treat values as hints that only
+grow. Only the segment's *name* crosses the process boundary (pickling sends the name), and
+only the creating store unlinks it. Code reads and writes slots through the channel of the job
+they belong to (``Channels``), never by index:
 
-    slot            writer          meaning
-    WRITTEN         store           end of appended commit-log bytes
-    FLUSHED         flush           end of bytes forced to disk
-    CONFIRMED       store           end of bytes consumers may see (dispatch stops here)
-    DISPATCHED      dispatch        end of dispatched bytes: every record below has its units
-    DISPATCH_IDLE   dispatch        1 while the worker sleeps waiting for work
-    LOGICS_TS       dispatch        store time of the last consume-queue write (checkpoint)
-    INDEX_TS        dispatch        end time of the last full index file (checkpoint)
-    STOP            store           1: finish the current batch and exit (NOTE [ Shutdown ])
-    MIN_PHYS        store           first stored commit-log byte (after cleanup)
-    ABNORMAL        store           1 when the store opened after an unclean exit
-    COMMITTED       flush           end of bytes in the segment files (transient pool: copied
-                                    from the pool; mmap writer: equal to WRITTEN)
-    FLUSH_REQUEST   store           highest end offset a sync-flush put waits for
-    FLUSH_ASK       store           sequence number of an explicit flush pass asked for
-    FLUSH_ASK_LEAST store           least pages of that pass (0: everything; -1: commit only)
-    FLUSH_DONE      flush           sequence number of the last explicit pass served
-    FLUSH_STOP      store           1: final commit and flush, then exit; 2: exit at once
-    FLUSH_IDLE      flush           1 while the flush loop sleeps
-    FLUSH_COUNT     flush           number of forced writes (fdatasync calls) so far
-    FLUSH_ERROR     flush           1 once forcing or committing failed with an OS error
-    CLEAN_ASK       flush           sequence number of the last cleanup decision to delete
-    CLEAN_AT_ONCE   flush           1: that deletion takes the oldest segments whatever their age
-    CLEAN_DONE      store           sequence number of the last deletion carried out
-    DISK_FULL_FLAG  flush           1 while the disk is too full to take puts (DISK_FULL)
-    DISPATCH_FAILS  dispatch        consecutive failed attempts at the current batch (0: fine)
+    channel   slot            writer     meaning
+    append    written         store      end of appended commit-log bytes
+              confirmed       store      end of bytes consumers may see (dispatch stops here)
+              abnormal        store      1 when the store opened after an unclean exit
+    flush     committed       flush      end of bytes in the segment files (transient pool:
+                                         copied from the pool; mmap writer: equal to written)
+              flushed         flush      end of bytes forced to disk
+              request         store      highest end offset a sync-flush put waits for
+              ask             store      sequence number of an explicit flush pass asked for
+              ask_least       store      least pages of that pass (0: everything; -1: commit only)
+              done            flush      sequence number of the last explicit pass served
+              stop            store      1: final commit and flush, then exit; 2: exit at once
+              idle            flush      1 while the flush loop sleeps
+              fsyncs          flush      number of forced writes (fdatasync calls) so far
+              error           flush      1 once forcing or committing failed with an OS error
+              note            flush      why the loop fails (text)
+    dispatch  dispatched      dispatch   end of dispatched bytes: every record below has units
+              idle            dispatch   1 while the worker sleeps waiting for work
+              logics_ts       dispatch   store time of the last consume-queue write (checkpoint)
+              index_ts        dispatch   end time of the last full index file (checkpoint)
+              stop            store      1: finish the current batch and exit (NOTE [ Shutdown ])
+              fails           dispatch   consecutive failed attempts at the current batch
+              started         dispatch   1 once the first worker dispatched what the log held
+                                         when it started (what an open waits for)
+              note            dispatch   why the loop fails (text)
+    cleanup   min_phys        store      first stored commit-log byte (after cleanup deleted
+                                         the segments below it)
+              dropped         dispatch   the min_phys whose consume-queue and dispatcher files
+                                         the dispatch loop has dropped (after_cleanup has run)
 
 After the SLOTS position slots come WAITER_SLOTS cells of sync-flush puts waiting for a flush
 (written by the store, read by the flush loop; see ``workers.sync_waiters``), then NOTE_BYTES
@@ -44,10 +48,10 @@ import numpy as np
 
 from mqstore.storage.shared_segment import close_segment, open_segment
 
-WRITTEN, FLUSHED, CONFIRMED, DISPATCHED, DISPATCH_IDLE, LOGICS_TS, INDEX_TS, STOP, MIN_PHYS, \
-    ABNORMAL, COMMITTED, FLUSH_REQUEST, FLUSH_ASK, FLUSH_ASK_LEAST, FLUSH_DONE, FLUSH_STOP, \
-    FLUSH_IDLE, FLUSH_COUNT, FLUSH_ERROR, CLEAN_ASK, CLEAN_AT_ONCE, CLEAN_DONE, \
-    DISK_FULL_FLAG, DISPATCH_FAILS = range(24)
+(WRITTEN, CONFIRMED, ABNORMAL, COMMITTED, FLUSHED, FLUSH_REQUEST, FLUSH_ASK, FLUSH_ASK_LEAST,
+ FLUSH_DONE, FLUSH_STOP, FLUSH_IDLE, FLUSH_COUNT, FLUSH_ERROR, DISPATCHED, DISPATCH_IDLE,
+ LOGICS_TS, INDEX_TS, DISPATCH_STOP, DISPATCH_FAILS, DISPATCH_STARTED, MIN_PHYS,
+ DROPPED) = range(22)
 POSITIONS_SEGMENT = "positions"  # the kind in ``store_segment_name``
 SLOTS = 32
 WAITER_SLOTS = 32
@@ -108,3 +112,127 @@ class SharedPositions:
 
 def _attach(name: str, tracked: bool) -> SharedPositions:
     return SharedPositions(name, tracked=tracked)
+
+
+# -- typed channels ------------------------------------------------------------------------
+class _Slot:
+    """One int64 slot of a channel, read and written as a plain attribute."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    # Through the positions every time: once they are closed their array is gone (None), and
+    # a late write (an exit handler's) raises instead of writing into unmapped memory.
+    def __get__(self, channel, owner=None) -> int:
+        return int(channel._positions.values[self.index])
+
+    def __set__(self, channel, value: int) -> None:
+        channel._positions.values[self.index] = value
+
+
+class _Channel:
+    __slots__ = ("_positions",)
+
+    def __init__(self, positions: SharedPositions) -> None:
+        self._positions = positions
+
+
+class AppendChannel(_Channel):
+    written = _Slot(WRITTEN)
+    confirmed = _Slot(CONFIRMED)
+    abnormal = _Slot(ABNORMAL)
+
+    def publish_written(self, end: int) -> bool:
+        """Move ``written`` forward (it never goes back); True if it moved."""
+        values = self._positions.values
+        if end > values[WRITTEN]:
+            values[WRITTEN] = end
+            return True
+        return False
+
+    def publish_confirmed(self, end: int) -> None:
+        values = self._positions.values
+        if end > values[CONFIRMED]:
+            values[CONFIRMED] = end
+
+
+class _NotedChannel(_Channel):
+    _note_slot = 0
+
+    @property
+    def note(self) -> str:
+        return self._positions.note(self._note_slot)
+
+    @note.setter
+    def note(self, text: str) -> None:
+        self._positions.set_note(self._note_slot, text)
+
+
+class FlushChannel(_NotedChannel):
+    _note_slot = FLUSH_NOTE
+    committed = _Slot(COMMITTED)
+    flushed = _Slot(FLUSHED)
+    request = _Slot(FLUSH_REQUEST)
+    ask = _Slot(FLUSH_ASK)
+    ask_least = _Slot(FLUSH_ASK_LEAST)
+    done = _Slot(FLUSH_DONE)
+    stop = _Slot(FLUSH_STOP)
+    idle = _Slot(FLUSH_IDLE)
+    fsyncs = _Slot(FLUSH_COUNT)
+    error = _Slot(FLUSH_ERROR)
+
+
+class DispatchChannel(_NotedChannel):
+    _note_slot = DISPATCH_NOTE
+    dispatched = _Slot(DISPATCHED)
+    idle = _Slot(DISPATCH_IDLE)
+    logics_ts = _Slot(LOGICS_TS)
+    index_ts = _Slot(INDEX_TS)
+    stop = _Slot(DISPATCH_STOP)
+    fails = _Slot(DISPATCH_FAILS)
+    started = _Slot(DISPATCH_STARTED)
+
+
+class CleanupChannel(_Channel):
+    min_phys = _Slot(MIN_PHYS)
+    dropped = _Slot(DROPPED)
+
+
+class Channels:
+    """The store's shared positions, one typed channel per job. Pickles as the segment name
+    (the other process attaches)."""
+
+    def __init__(self, positions: SharedPositions) -> None:
+        self.positions = positions
+        self.append = AppendChannel(positions)
+        self.flush = FlushChannel(positions)
+        self.dispatch = DispatchChannel(positions)
+        self.cleanup = CleanupChannel(positions)
+
+    @classmethod
+    def create(cls, name: str | None = None) -> "Channels":
+        return cls(SharedPositions(name, create=True))
+
+    @classmethod
+    def attach(cls, name: str) -> "Channels":
+        return cls(SharedPositions(name))
+
+    @property
+    def name(self) -> str:
+        return self.positions.name
+
+    @property
+    def waiters(self):
+        return self.positions.waiters
+
+    @property
+    def closed(self) -> bool:
+        return self.positions.values is None
+
+    def close(self) -> None:
+        self.positions.close()
+
+    def __reduce__(self):
+        return (Channels, (self.positions,))

@@ -5,28 +5,27 @@ The store and its dispatch worker share a SharedPositions segment (``workers.shm
 one-way pipes: ``wake`` (the store writes a byte when new bytes are confirmed while the worker
 is idle) and ``progress`` (the worker writes a byte after every batch). Pipes, not locks: a
 process killed at any instant cannot leave a pipe held, so a SIGKILL never deadlocks the other
-side. The flush worker follows the same pattern with its own pipes and slots (FLUSH_*,
-COMMITTED, FLUSHED).
+side. The flush worker follows the same pattern with its own pipes and channel.
 
   store process                                 dispatch worker
   1. refuse new puts, let the last append end
-  2. FLUSH_STOP = 1, poke the flush worker: it commits and flushes everything written and
-     exits (joined like step 5); publish CONFIRMED
-  3. wait <= DISPATCH_CATCH_UP_S for            ...dispatches up to CONFIRMED, writes
-     DISPATCHED >= CONFIRMED (progress)            a byte to progress
-  4. STOP = 1, tell the monitor not to
+  2. flush.stop = 1, poke the flush worker: it commits and flushes everything written and
+     exits (joined like step 5); publish append.confirmed
+  3. wait <= DISPATCH_CATCH_UP_S for            ...dispatches up to confirmed, writes
+     dispatched >= confirmed (progress)            a byte to progress
+  4. dispatch.stop = 1, tell the monitor not to
      restart, write to wake               --->  sees STOP after its current batch, flushes
                                                 consume queues, closes dispatchers, exits 0
   5. join <= STOP_TIMEOUT_S; then terminate,
      then kill
   6. unlink the shared segments, positions and transient pool (only after the workers are gone)
-  7. remove ``abort`` only if DISPATCHED == CONFIRMED and no worker failed unrecovered
+  7. remove ``abort`` only if dispatched == confirmed and no worker failed unrecovered
 
 A worker also exits when its parent disappears (it polls ``os.getppid``), so a killed store
 leaves no orphan. A worker that dies on its own is noticed at once by the monitor thread (it
 waits on the process sentinel, no polling), logged, recorded for the store to raise on the next
 call that needs dispatch, and restarted; the new worker cuts what its predecessor may have half
-written past DISPATCHED and resumes there.
+written past dispatched and resumes there.
 """
 
 from __future__ import annotations
@@ -94,17 +93,21 @@ def _reap(proc, patience_s: float = 1.0) -> None:
 
 
 class WorkerSupervisor:
-    """One worker process: ``target(root, config, positions_name, wake_r, progress_w,
-    parent_pid, restarted, *extra)``; ``stop_slot`` is the shared slot that asks it to stop."""
+    """One worker process: ``target(root, config, channels, wake_r, progress_w, parent_pid,
+    restarted, clock, *extra)``; ``own_channel`` is the channel of the worker's job (its
+    ``stop`` asks the worker to stop)."""
 
     name = "worker"
-    stop_slot = shm.STOP
 
-    def __init__(self, root: str, config, positions: shm.SharedPositions, target=None,
+    def own_channel(self):
+        raise NotImplementedError
+
+    def __init__(self, root: str, config, channels: shm.Channels, clock, target=None,
                  extra: tuple = ()) -> None:
         self.root = root
         self.config = config
-        self.positions = positions
+        self.channels = channels
+        self.clock = clock
         self.target = target
         self.extra = extra
         self.ctx = mp.get_context("spawn")
@@ -127,7 +130,7 @@ class WorkerSupervisor:
         # A store left open at interpreter exit still stops its worker before multiprocessing
         # tears daemon processes down (that teardown would kill it mid-batch).
         util.Finalize(self, WorkerSupervisor._exit_stop,
-                      args=(self.positions, self.wake_w, self.stop_slot), exitpriority=10)
+                      args=(self.own_channel(), self.wake_w), exitpriority=10)
         self._monitor = threading.Thread(target=self._watch, name="mqstore-supervisor",
                                          daemon=True)
         self._monitor.start()
@@ -135,8 +138,8 @@ class WorkerSupervisor:
     def _spawn(self, restarted: bool) -> None:
         proc = self.ctx.Process(
             target=self.target, name=f"mqstore-{self.name}", daemon=True,
-            args=(self.root, self.config, self.positions.name, self.wake_r, self.progress_w,
-                  os.getpid(), restarted, *self.extra))
+            args=(self.root, self.config, self.channels, self.wake_r, self.progress_w,
+                  os.getpid(), restarted, self.clock, *self.extra))
         with _main_module_hidden(), interrupts_blocked():
             proc.start()
         self.process = proc  # only a started process is recorded (never join an unstarted one)
@@ -175,9 +178,9 @@ class WorkerSupervisor:
         return "where it left off"
 
     @staticmethod
-    def _exit_stop(positions, wake_w, slot) -> None:
+    def _exit_stop(channel, wake_w) -> None:
         try:
-            positions[slot] = 1
+            channel.stop = 1
             poke(wake_w)
         except Exception:  # already closed
             pass
@@ -190,18 +193,8 @@ class WorkerSupervisor:
         poke(self.wake_w)
 
     def wake_if_idle(self) -> None:
-        if self.positions[shm.DISPATCH_IDLE]:
+        if self.own_channel().idle:
             poke(self.wake_w)
-
-    def wait_dispatched(self, target: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.positions[shm.DISPATCHED] < target:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            self.wake()
-            wait_and_drain(self.progress_r, min(left, 0.05))
-        return True
 
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
@@ -220,7 +213,7 @@ class WorkerSupervisor:
         """Steps 4-5 of NOTE [ Shutdown ]; bounded by STOP_TIMEOUT_S (plus 2 s to kill)."""
         self._stopping = True
         self._stop_w.send(b"stop")
-        self.positions[self.stop_slot] = 1
+        self.own_channel().stop = 1
         self.wake()
         if self._monitor is not None:
             self._monitor.join(STOP_TIMEOUT_S)
@@ -242,10 +235,25 @@ class WorkerSupervisor:
 
 class DispatchSupervisor(WorkerSupervisor):
     name = "dispatch"
-    stop_slot = shm.STOP
 
-    def __init__(self, root: str, config, positions: shm.SharedPositions) -> None:
-        super().__init__(root, config, positions, dispatch_worker.run)
+    def __init__(self, root: str, config, channels: shm.Channels, clock) -> None:
+        super().__init__(root, config, channels, clock, dispatch_worker.run)
+
+    def own_channel(self) -> shm.DispatchChannel:
+        return self.channels.dispatch
 
     def resume_point(self) -> str:
-        return f"commit-log offset {self.positions[shm.DISPATCHED]}"
+        return f"commit-log offset {self.channels.dispatch.dispatched}"
+
+    def wait_dispatched(self, target: int, timeout: float, until_started: bool = False) -> bool:
+        """Until ``dispatched`` reaches ``target`` (and with ``until_started``, until the worker
+        says it caught up with the log it started on)."""
+        deadline = time.monotonic() + timeout
+        ch = self.channels.dispatch
+        while ch.dispatched < target or (until_started and not ch.started):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.wake()
+            wait_and_drain(self.progress_r, min(left, 0.05))
+        return True

@@ -45,9 +45,9 @@ def fence() -> None:
 class SyncWaiters:
     """The store's side: slots, their pipes, and the wait."""
 
-    def __init__(self, positions: shm.SharedPositions, ctx) -> None:
-        self.p = positions
-        self.cells = positions.waiters
+    def __init__(self, channels: shm.Channels, ctx) -> None:
+        self.flush = channels.flush
+        self.cells = channels.waiters
         self.cells[:] = 0
         pipes = [ctx.Pipe(duplex=False) for _ in range(len(self.cells))]
         self.readers = [r for r, _ in pipes]
@@ -65,11 +65,11 @@ class SyncWaiters:
         self.cancelled = False
 
     def wait(self, end: int, timeout_s: float, ask) -> bool:
-        """Wait until FLUSHED >= ``end`` (True) or ``timeout_s`` passes (False). ``ask()`` runs
+        """Wait until the flushed end >= ``end`` (True) or ``timeout_s`` passes (False). ``ask()`` runs
         once the slot is published: it requests the flush and wakes the loop."""
-        p = self.p
+        flush = self.flush
         with self._lock:
-            if p[shm.FLUSHED] >= end:
+            if flush.flushed >= end:
                 return True
             if self.cancelled:
                 return False
@@ -81,7 +81,7 @@ class SyncWaiters:
             ask()
             deadline = time.monotonic() + timeout_s
             poller = self._polls[slot] if slot is not None else None
-            while p[shm.FLUSHED] < end and not self.cancelled:
+            while flush.flushed < end and not self.cancelled:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -89,7 +89,7 @@ class SyncWaiters:
                     time.sleep(min(left, OVERFLOW_POLL_S))
                 elif poller.poll(1000.0 * min(left, RECHECK_S)):
                     os.read(self.readers[slot].fileno(), 64)
-            return p[shm.FLUSHED] >= end
+            return flush.flushed >= end
         finally:
             with self._lock:
                 if slot is not None:
@@ -126,8 +126,8 @@ class Waker:
     holds its own duplicates of the pipes' write ends, closed by ``close``, so the store
     closing its ends never leaves this side writing to a descriptor number reused since."""
 
-    def __init__(self, positions: shm.SharedPositions, writers) -> None:
-        self.cells = positions.waiters
+    def __init__(self, channels: shm.Channels, writers) -> None:
+        self.cells = channels.waiters
         self.fds = [os.dup(w.fileno()) for w in writers]
         for fd in self.fds:
             os.set_blocking(fd, False)

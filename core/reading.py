@@ -1,32 +1,32 @@
-"""The read side of MessageStore: pulls, lookups by offset, id and time, queue offsets."""
+"""The Reader: pulls, lookups by offset, id, key and time, queue offsets.
+
+Reads never take the put lock. In a process that does not write the consume queues (beside a
+dispatch worker, or read-only) the reader follows them: it maps new files as they appear and
+reads units only up to what the writer has published.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-import struct
 
 import numpy as np
 
 from mqstore import appender
+from mqstore.contracts import PRECOMPUTES, capabilities_of
 from mqstore.errors import CorruptRecordError, StoreClosedError
 from mqstore.filtering import MATCH_ALL
 from mqstore.format.cq_unit import CQ_UNIT_SIZE
 from mqstore.format.properties import KEY_SEPARATOR
-from mqstore.format.quarantine import QUARANTINE_FLAG, is_quarantine
-from mqstore.format.record import MAGIC_V1, MAGIC_V2, parse_offset_msg_id
-from mqstore.format.verify import verify_record
+from mqstore.format.record import parse_offset_msg_id
 from mqstore.message import GetResult, StoredMessage
-from mqstore.pull import get_messages
+from mqstore.message_reader import read_message
+from mqstore.pull import PullRequest, get_messages
+from mqstore.running_flags import NOT_READABLE
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
-from mqstore.store_put import NOT_READABLE
-from mqstore.workers import shm
 from mqstore.time_search import LOWER, UPPER, offset_by_time, store_time_at
 
 log = logging.getLogger("mqstore.read")
-FILTER_CACHE_SIZE = 100
-_HEAD = struct.Struct(">ii20xq")  # TOTALSIZE, MAGICCODE, PHYSICALOFFSET
-_MAGICS = (MAGIC_V1, MAGIC_V2)
 INT64_MAX = (1 << 63) - 1
 
 
@@ -37,18 +37,25 @@ def check_read_topic(topic: object) -> None:
         raise ValueError(f"topic {topic!r} must be a non-empty string")
 
 
-class ReadMixin:
-    # -- following a writer ----------------------------------------------------------------
-    def _follow_limit(self) -> int | None:
-        """How far consume-queue views may advance, or None when this process writes them: the
-        dispatch worker's published position, or (read-only) the end up to which the commit
-        log checks out."""
-        if self.supervisor is not None:
-            return self.positions[shm.DISPATCHED]
-        if self.read_only:
-            return self.commit_log.follow_tail()
-        return None
+class Reader:
+    def __init__(self, state, view, limits, dispatchers, follow_limit) -> None:
+        """``state``: the store's open/closed state and running flags; ``view``: this
+        process's ``DirectoryView``; ``follow_limit()``: how far consume-queue views may
+        advance, or None when this process writes them (the dispatch worker's published
+        position; read-only, the end up to which the commit log checks out)."""
+        self.state = state
+        self.view = view
+        self.root = view.root
+        self.read_only = state.read_only
+        self.commit_log = view.commit_log
+        self.consume_queues = view.consume_queues
+        self.subscriptions = view.subscriptions
+        self._limits = limits
+        self.dispatchers = dispatchers
+        self._follow_limit = follow_limit
+        self._seen_limit: dict = {}  # the limit each followed queue was last refreshed to
 
+    # -- following a writer ----------------------------------------------------------------
     def _queue(self, topic: str, queue_id: int):
         """The consume queue of a topic/queue, refreshed when another process writes it."""
         key = (topic, queue_id)
@@ -64,15 +71,18 @@ class ReadMixin:
             cq = ConsumeQueue(self.root, topic, queue_id, None, read_only=True)
             cq.follow()
             self.consume_queues[key] = cq
+            self._seen_limit.pop(key, None)
         if self.read_only:
             # Dispatch writes units after the records they name, so units appear while the log
             # stands still: every look checks (an idle one reads a single unit).
             cq.refresh(limit, self.commit_log)
             cq.follow_min_offset(self.commit_log.min_offset)
-        elif cq.seen_limit != limit:
+        elif self._seen_limit.get(key) != limit:
             # The worker publishes its position after writing the units below it.
             cq.refresh(limit)
-            cq.seen_limit = limit
+            if key not in self._seen_limit:  # first look: cleanup may have deleted records
+                cq.follow_min_offset(self.commit_log.min_offset)  # its first units name
+            self._seen_limit[key] = limit
         return cq
 
     def _discover_queues(self) -> None:
@@ -94,21 +104,8 @@ class ReadMixin:
 
     # -- reads -----------------------------------------------------------------------------
     def _check_open(self) -> None:
-        if self._closed:
+        if self.state.closed:
             raise StoreClosedError(f"store {self.root!r} is closed")
-
-    def _compile_filter(self, expression: str | None, expression_type: str):
-        key = (expression_type.upper(), expression)
-        flt = self._filters.get(key)
-        if flt is None:
-            factory = self.hooks.filters.get(expression_type)
-            flt = factory(expression, self.string_hash)
-            self._filters[key] = flt
-            if len(self._filters) > FILTER_CACHE_SIZE:
-                self._filters.popitem(last=False)
-        else:
-            self._filters.move_to_end(key)
-        return flt
 
     def get(self, group: str, topic: str, queue_id: int, offset: int, max_msgs: int = 32, *,
             expression: str | None = None, expression_type: str = "TAG",
@@ -118,7 +115,7 @@ class ReadMixin:
         Returns None when the store is not readable (RocketMQ's null result).
         """
         self._check_open()
-        if self.running_flags & NOT_READABLE:
+        if self.state.running_flags & NOT_READABLE:
             return None
         if not isinstance(group, str):
             raise ValueError(f"group {group!r} must be a string")
@@ -128,30 +125,48 @@ class ReadMixin:
             raise ValueError(f"offset {offset!r} must be an int")
         if isinstance(max_msgs, bool) or not isinstance(max_msgs, int) or max_msgs < 0:
             raise ValueError(f"max_msgs {max_msgs!r} must be an int >= 0")
-        flt = MATCH_ALL if expression is None else self._compile_filter(expression, expression_type)
-        bloom = None
-        if expression is not None and expression_type.upper() == "SQL92":
-            self.subscriptions.reload()
-            entry = self.subscriptions.lookup(group, topic)
-            if entry is not None and entry["expression"] == expression:
-                bloom = (self.subscriptions.positions(entry), entry["registered_at"])
-        return get_messages(self, self._queue(topic, queue_id), int(offset), max_msgs, flt,
-                            self._limits, max_total_bytes,
-                            lambda: self.consume_queue_ext(topic, queue_id), bloom)
+        if expression is None:
+            flt = MATCH_ALL
+        else:
+            flt = self.view.compile_filter(expression, expression_type)
+        bitmap = None
+        if expression is not None and PRECOMPUTES in capabilities_of(flt):
+            bitmap = self._registered_bitmap(group, topic, expression, expression_type)
+        view = self.view
+        return get_messages(self.commit_log, self._queue(topic, queue_id), PullRequest(
+            int(offset), max_msgs, flt, max_total_bytes,
+            lambda: view.consume_queue_ext(topic, queue_id), bitmap), self._limits)
 
-    # -- SQL92 subscriptions -----------------------------------------------------------------
-    def register_subscription(self, group: str, topic: str, expression: str) -> None:
-        """Register a consumer group's SQL92 subscription so dispatch pre-computes its filter
+    def _registered_bitmap(self, group, topic, expression, expression_type):
+        """(bloom positions, registered at) of the group's subscription, when it is this one."""
+        subs = self.subscriptions
+        subs.reload()
+        entry = subs.lookup(group, topic)
+        if (entry is None or entry["expression"] != expression
+                or entry["type"].upper() != expression_type.upper()):
+            return None
+        return subs.positions(entry), entry["registered_at"]
+
+    # -- subscriptions with precomputed bitmaps ----------------------------------------------
+    def register_subscription(self, group: str, topic: str, expression: str,
+                              expression_type: str = "SQL92") -> None:
+        """Register a consumer group's subscription so dispatch pre-computes its filter
         bitmap for every new message of ``topic`` (pulls then skip non-matching messages
-        without reading them). Messages stored earlier are still filtered exactly."""
+        without reading them). Messages stored earlier are still filtered exactly. The filter
+        type must declare ``PRECOMPUTES`` (SQL92 does)."""
         self._check_open()
         if self.read_only:
             raise PermissionError(f"store {self.root!r} is open read-only")
         if not isinstance(group, str) or not group:
             raise ValueError(f"group {group!r} must be a non-empty string")
         appender.check_topic(topic)
-        self._compile_filter(expression, "SQL92")  # refuses a bad expression before saving it
-        self.subscriptions.register(group, topic, expression, self.clock())
+        # Refuses a bad expression before saving it.
+        flt = self.view.compile_filter(expression, expression_type)
+        if PRECOMPUTES not in capabilities_of(flt):
+            raise ValueError(f"expression_type {expression_type!r}: its filter does not "
+                             f"precompute bitmaps; only such subscriptions are registered")
+        self.subscriptions.register(group, topic, expression, self.view.clock(),
+                                    expression_type.upper())
 
     def unregister_subscription(self, group: str, topic: str) -> bool:
         self._check_open()
@@ -162,23 +177,7 @@ class ReadMixin:
         """The message whose record starts at ``phys_offset``; None when no record starts
         there; CorruptRecordError when one does but is damaged (never wrong bytes)."""
         self._check_open()
-        head = self.commit_log.read(phys_offset, _HEAD.size)
-        if head is None:
-            return None
-        size, magic, named = _HEAD.unpack(head)
-        if magic not in _MAGICS or named != phys_offset or size <= 0:
-            return None
-        raw = self.commit_log.read(phys_offset, size)
-        if raw is None:
-            raise CorruptRecordError(f"record at commit-log offset {phys_offset}: size {size} "
-                                     f"runs past the readable end {self.commit_log.max_offset}")
-        raw = bytes(raw)
-        lay = verify_record(raw, phys_offset, size)
-        f = lay.fields
-        if f[4] == QUARANTINE_FLAG and is_quarantine(
-                f[4], f[7], raw[lay.topic_at:lay.topic_at + lay.topic_len].decode("ascii", "replace")):
-            return None
-        return StoredMessage(raw, lay)
+        return read_message(self.commit_log, phys_offset)
 
     def _message_or_none(self, phys_offset: int) -> StoredMessage | None:
         """``message_at`` for lookups that go on past a damaged record (after logging it)."""
@@ -246,10 +245,10 @@ class ReadMixin:
 
     # -- key index -------------------------------------------------------------------------
     def _key_index(self):
-        for d in self.dispatchers:
-            if hasattr(d, "candidates"):
-                return d
-        raise RuntimeError(f"store {self.root!r} has no key index (index.enabled is false)")
+        index = self.dispatchers.key_lookup()
+        if index is None:
+            raise RuntimeError(f"store {self.root!r} has no key index (index.enabled is false)")
+        return index
 
     def query_by_key(self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0,
                      end_ms: int | None = None) -> list[StoredMessage]:

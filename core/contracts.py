@@ -1,0 +1,302 @@
+"""The typed contracts between mqstore's core and its plugins.
+
+Every strategy a plugin registers (``hookspecs.register_*``) is built by a factory of one of the
+shapes below and returns an object of one of the protocols below. A third-party plugin needs
+nothing else from mqstore: it is checked by type checkers against these ``typing.Protocol``
+classes, and by the core at build time (``check_capabilities``).
+
+Optional behaviour is *declared*, never probed: an object that can do more than its protocol
+requires lists it in ``capabilities`` (a frozenset of the names below), and the core calls
+the matching method only then. ``check_capabilities`` refuses an object that declares a
+capability without its method, naming both.
+
+Roles: a dispatcher is built once in each process that needs it, with the role of that
+process for the dispatcher's files:
+
+    WRITER    this process writes the files (the dispatch worker, or the store process with
+              ``dispatch.worker: thread``)
+    FOLLOWER  another process of the same store writes them; read them as they grow (the
+              store process while its dispatch worker runs)
+    READER    a read-only store, beside a writer in another process or none at all
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, ClassVar, Literal, NamedTuple, Protocol
+
+import numpy as np
+
+# What plugins meet in these contracts, importable from here.
+from mqstore.dispatch import DispatchBatch
+from mqstore.format.record import SYSFLAG_TX_MASK, TX_COMMIT, TX_NOT, TX_PREPARED, TX_ROLLBACK
+from mqstore.message import Message, MessageBatch, PutStatus, StoredMessage
+from mqstore.storage.transient_pool import PoolExhaustedError
+
+if TYPE_CHECKING:
+    from mqstore.config import StoreConfig
+    from mqstore.recovery import RecoveryReport
+    from mqstore.storage.commit_log import CommitLog
+    from mqstore.storage.consume_queue import ConsumeQueue
+    from mqstore.storage.cq_ext import ConsumeQueueExt
+    from mqstore.storage.mapped_file import MappedFile
+    from mqstore.storage.transient_pool import TransientPool
+    from mqstore.subscriptions import Subscriptions
+
+Clock = Callable[[], int]
+"""Epoch milliseconds. One clock serves a store and its worker processes (it is pickled to
+them: a module-level function, or ``mqstore.testing.ManualClock``)."""
+StringHash = Callable[[str], int]
+"""The store's tag/key hash (Java's ``String.hashCode`` or murmur3, see ``mqstore.hashing``)."""
+
+Role = Literal["writer", "follower", "reader"]
+WRITER: Role = "writer"
+FOLLOWER: Role = "follower"
+READER: Role = "reader"
+
+# -- capabilities ---------------------------------------------------------------------------
+RESUMES = "resumes"
+"""Dispatcher: ``resume_offset() -> int``, the commit-log offset from which its files need the
+records again (they were lost or cut); dispatch restarts there at open."""
+LOOKS_UP_KEYS = "looks_up_keys"
+"""Dispatcher: ``candidates(topic, key, begin_ms, end_ms) -> list[int]``, commit-log offsets
+that may carry ``key`` (hash matches; the store confirms each message)."""
+DROPS_OLD_FILES = "drops_old_files"
+"""Dispatcher: ``drop_below(min_phys_offset) -> list[str]``, after cleanup deleted the commit
+log below ``min_phys_offset``: delete the files that only cover removed records; returns their
+paths. Called on the ``writer`` role only (in the dispatch loop's process); followers and
+readers notice the files are gone."""
+PRECOMPUTES = "precomputes"
+"""Filter: ``matches_properties(properties: dict[str, str]) -> bool``. Dispatch evaluates a
+registered subscription of this filter type once per new message and keeps the answer as a
+bloom bitmap in the consume-queue extension, so pulls skip non-matching messages unread."""
+
+
+class CapabilityError(TypeError):
+    pass
+
+
+_METHOD_OF = {RESUMES: "resume_offset", LOOKS_UP_KEYS: "candidates",
+              DROPS_OLD_FILES: "drop_below", PRECOMPUTES: "matches_properties"}
+
+
+def capabilities_of(obj: object) -> frozenset[str]:
+    """What ``obj`` declares it can do beyond its protocol (empty when it declares nothing)."""
+    return frozenset(getattr(obj, "capabilities", ()))
+
+
+def check_capabilities(obj: object, what: str) -> frozenset[str]:
+    """The declared capabilities of ``obj``, each checked to come with its method."""
+    declared = capabilities_of(obj)
+    for name in declared:
+        method = _METHOD_OF.get(name)
+        if method is None:
+            raise CapabilityError(f"{what} declares unknown capability {name!r}; known: "
+                                  f"{', '.join(sorted(_METHOD_OF))}")
+        if not callable(getattr(obj, method, None)):
+            raise CapabilityError(f"{what} declares capability {name!r} but has no "
+                                  f"{method}() method")
+    return declared
+
+
+# -- the store, as plugins see it ------------------------------------------------------------
+class CheckpointTimes(Protocol):
+    """The checkpoint fields dispatchers advance (persisted by the store once a second)."""
+
+    logics_msg_timestamp: int
+    index_msg_timestamp: int
+
+
+class StoreView(Protocol):
+    """What a dispatcher (and any plugin given the store) sees of it, in every process.
+
+    One implementation, ``mqstore.store_view.DirectoryView``, serves the store process, its
+    dispatch worker and read-only stores alike.
+    """
+
+    root: str
+    config: "StoreConfig"
+    hash_kind: str
+    string_hash: StringHash
+    clock: Clock
+    recovery_report: "RecoveryReport"
+    checkpoint: CheckpointTimes
+    commit_log: "CommitLog"
+    subscriptions: "Subscriptions"
+
+    def consume_queue(self, topic: str, queue_id: int,
+                      create: bool = False) -> "ConsumeQueue | None": ...
+
+    def consume_queue_ext(self, topic: str, queue_id: int,
+                          create: bool = False) -> "ConsumeQueueExt | None": ...
+
+    def message_at(self, phys_offset: int) -> "StoredMessage | None":
+        """The checked message starting at ``phys_offset`` (None when none starts there;
+        ``CorruptRecordError`` when one does but is damaged)."""
+
+    def compile_filter(self, expression: str | None, expression_type: str) -> "Filter": ...
+
+
+# -- writers ---------------------------------------------------------------------------------
+class WriterContext(NamedTuple):
+    """What a writer factory is given."""
+
+    root: str
+    config: "StoreConfig"
+    commit_log: "CommitLog"
+    wake_committer: Callable[[], None]
+    """Publishes what has been written so far and wakes the flush loop (which commits staged
+    bytes); a writer waiting for staging room calls it."""
+
+
+class Writer(Protocol):
+    """Copies encoded records into the commit log. Called under the put lock.
+
+    Subclass it to inherit the defaults below and write only ``write``.
+    """
+
+    staging: "TransientPool | None" = None
+    """None: bytes are readable once copied. A pool: bytes are staged in its shared-memory
+    buffers, the flush loop (another process) commits them into the segment files, and they
+    become readable as the committed end passes them (``on_committed``)."""
+
+    def write(self, segment: "MappedFile", data: bytes | memoryview) -> int:
+        """Copy ``data`` at the segment's write position; returns that position."""
+        raise NotImplementedError(f"{type(self).__name__} must implement write()")
+
+    def write_blank(self, segment: "MappedFile", data: bytes) -> int:
+        """The end-of-segment blank record (same contract as ``write``)."""
+        return self.write(segment, data)
+
+    def before_roll(self) -> None:
+        """Before a new segment opens; raise ``PoolExhaustedError`` to refuse the put."""
+
+    def on_committed(self, committed: int) -> None:
+        """The flush loop committed every byte below ``committed``."""
+
+    def close(self) -> None:
+        """The store is closing (after its flush loop stopped)."""
+
+
+WriterFactory = Callable[[WriterContext], Writer]
+
+
+# -- queue selectors -------------------------------------------------------------------------
+class QueueSelector(Protocol):
+    def select(self, message: "Message", queue_count: int) -> int:
+        """The queue id (``0 <= id < queue_count``) of a message put without one."""
+
+
+QueueSelectorFactory = Callable[["StoreConfig", StringHash], QueueSelector]
+
+
+# -- filters ---------------------------------------------------------------------------------
+class Filter(Protocol):
+    """A compiled subscription expression. ``get`` asks the cheap question of a whole window
+    of consume-queue units first, then the exact one of each candidate."""
+
+    def match_units(self, tags_codes: np.ndarray) -> np.ndarray | None:
+        """A boolean mask over tag codes (int64), or None when every unit passes. Must never
+        reject a message that matches."""
+
+    def match_message(self, message: "StoredMessage") -> bool: ...
+
+
+class PrecomputedFilter(Filter, Protocol):
+    """A filter declaring ``PRECOMPUTES``."""
+
+    capabilities: ClassVar[frozenset[str]]
+
+    def matches_properties(self, properties: dict[str, str]) -> bool: ...
+
+
+FilterFactory = Callable[[str | None, StringHash], Filter]
+"""``factory(expression, string_hash)``; raises ValueError for a bad expression."""
+
+
+# -- dispatchers -----------------------------------------------------------------------------
+class Dispatcher(Protocol):
+    """Builds derived files (consume queues, indexes) from batches of committed records, in
+    commit-log order. ``dispatch`` must be idempotent for records it has seen (a failed batch
+    is retried, and a restarted worker resumes at the last published position).
+
+    Subclass it to inherit ``capabilities`` (none) and ``close`` (nothing to do).
+    """
+
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+
+    def dispatch(self, batch: "DispatchBatch") -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement dispatch()")
+
+    def close(self) -> None:
+        """The process is done with the dispatcher (flush and close its files)."""
+
+
+DispatcherFactory = Callable[[StoreView, Role], "Dispatcher | None"]
+"""``factory(view, role)``; None when the dispatcher has nothing to do in this role or config."""
+
+
+# -- flush policies --------------------------------------------------------------------------
+class FlushSchedule(NamedTuple):
+    """How the flush loop forces the commit log (RocketMQ's MappedFileQueue.flush rule):
+    every ``interval_s`` when at least ``least_pages`` 4 KiB pages are unflushed, and every
+    ``thorough_s`` whatever is pending."""
+
+    interval_s: float
+    least_pages: int
+    thorough_s: float
+
+
+class Flusher(Protocol):
+    """The flush loop as a put sees it."""
+
+    def wait_flushed(self, end_offset: int, timeout_s: float) -> bool:
+        """Group commit: ask for ``end_offset`` to be forced; True once it is, False on
+        timeout."""
+
+
+class FlushPolicy(Protocol):
+    visible_after_flush: bool
+    """True: consumers see only flushed bytes (RocketMQ's confirm offset under sync flush)."""
+
+    def complete_put(self, end_offset: int, wait: bool) -> "PutStatus":
+        """Called after each put / put_batch (outside the put lock) with the end of its
+        records and the messages' WAIT property; returns the put's status."""
+
+
+class FlushPolicyFactory(Protocol):
+    def __call__(self, config: "StoreConfig", flusher: Flusher) -> FlushPolicy: ...
+
+    def schedule(self, config: "StoreConfig") -> FlushSchedule:
+        """The flush loop's passes (read in the flush loop's process, without a policy)."""
+
+
+# -- cleanup policies ------------------------------------------------------------------------
+class CleanupDecision(NamedTuple):
+    delete: bool
+    """Run a deletion pass now."""
+    reserved_ms: int
+    """Delete segments whose newest record is older than this; 0: the oldest ones whatever
+    their age (the disk is too full)."""
+    disk_full: bool | None
+    """Set (True) or clear (False) the DISK_FULL flag that refuses puts; None: leave it."""
+
+
+class CleanupPolicy(Protocol):
+    def decide(self, now_ms: int, disk_used: float) -> CleanupDecision:
+        """Called every ``cleanup.interval_ms`` with the store clock's time and the used
+        fraction of the store's disk (``mqstore.cleanup.disk_used_ratio``; -1 if unknown)."""
+
+
+CleanupPolicyFactory = Callable[["StoreConfig"], CleanupPolicy]
+
+
+__all__ = [
+    "DispatchBatch", "Message", "MessageBatch", "PutStatus", "StoredMessage", "PoolExhaustedError",
+    "SYSFLAG_TX_MASK", "TX_NOT", "TX_PREPARED", "TX_COMMIT", "TX_ROLLBACK", "Clock", "StringHash", "Role", "WRITER", "FOLLOWER", "READER", "RESUMES", "LOOKS_UP_KEYS",
+    "DROPS_OLD_FILES", "PRECOMPUTES", "CapabilityError", "capabilities_of",
+    "check_capabilities", "CheckpointTimes", "StoreView", "WriterContext", "Writer",
+    "WriterFactory", "QueueSelector", "QueueSelectorFactory", "Filter", "PrecomputedFilter",
+    "FilterFactory", "Dispatcher", "DispatcherFactory", "FlushSchedule", "Flusher",
+    "FlushPolicy", "FlushPolicyFactory", "CleanupDecision", "CleanupPolicy",
+    "CleanupPolicyFactory",
+]
