@@ -64,7 +64,10 @@ class Reader:
         if limit is None:
             return cq
         if cq is None:
-            if not os.path.isdir(os.path.join(self.root, CONSUME_QUEUE_DIR, topic, str(queue_id))):
+            # A directory without files holds no queue (recovery emptied it, or the writer
+            # is creating it): as in the writer's own table.
+            if not self._names_in(os.path.join(self.root, CONSUME_QUEUE_DIR, topic,
+                                               str(queue_id))):
                 return None
             # No load: refresh maps the files as they come, so one deleted or still being
             # created while we look is simply looked at again.

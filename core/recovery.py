@@ -273,14 +273,18 @@ def _durable_end(checkpoint, abnormal: bool) -> int:
 # -- recover -------------------------------------------------------------------------------------
 def _rebuild_point(consume_queues, known_queues: dict, report: RecoveryReport) -> int:
     """The commit-log offset from which dispatch must run again so that no queue misses a
-    unit: queues their own check cut short, and queues the manifest lists that are gone or
-    hold fewer units than it records."""
+    unit: queues their own check cut short or whose files were found short, and queues the
+    manifest lists that are gone or hold fewer units than it records."""
     rebuild_from = NO_END
     by_key = {(cq.topic, cq.queue_id): cq for cq in consume_queues}
     for cq in consume_queues:
         dropped = cq.recover()
         if dropped:
             report.consume_queue_units_dropped[f"{cq.topic}/{cq.queue_id}"] = dropped
+            rebuild_from = min(rebuild_from, max(cq.max_phys, 0))
+        if cq.segments.repaired:  # whatever the manifest says: units past the cut are gone
+            report.queues_rebuilt[f"{cq.topic}/{cq.queue_id}"] = (
+                f"{len(cq.segments.repaired)} file(s) found short")
             rebuild_from = min(rebuild_from, max(cq.max_phys, 0))
     for (topic, queue_id), (first_phys, max_offset) in known_queues.items():
         cq = by_key.get((topic, queue_id))

@@ -22,6 +22,7 @@ never run in other threads, so their sections need no deferral.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import signal
 import threading
 
@@ -134,3 +135,9 @@ def _request_terminate(_signum, _frame) -> None:
 
 def terminate_requested() -> bool:
     return _terminate_requested
+
+
+def parent_alive() -> bool:
+    """False once the process that started this worker is gone (its sentinel closed)."""
+    parent = multiprocessing.parent_process()
+    return parent is None or parent.is_alive()

@@ -33,13 +33,18 @@ def store_dir(tmp_path):
 
 
 @pytest.fixture
-def make_store(store_dir, manual_clock):
+def make_store(request, store_dir, manual_clock):
     """``make_store(overrides=None, root=None, read_only=False, clock=manual_clock)``.
 
     Overrides merge over small test defaults (1 MiB segments, Java hash so RocketMQ's
-    vectors apply, 24 GiB of "physical memory"). Every store is closed at teardown.
+    vectors apply, 24 GiB of "physical memory"). The loops run as the default configuration
+    runs them, in worker processes; a test that needs them on threads of the test process
+    (it patches code they run, or registers plugin modules only this process can import)
+    says so with ``@pytest.mark.loops("thread")``. Every store is closed at teardown.
     """
     opened: list[MessageStore] = []
+    marker = request.node.get_closest_marker("loops")
+    loops = marker.args[0] if marker is not None else "process"
 
     def factory(overrides=None, *, root=None, read_only=False, clock=manual_clock,
                 hash_kind="java"):
@@ -49,8 +54,8 @@ def make_store(store_dir, manual_clock):
             "get": {"physical_memory_bytes": 24 << 30},
             "plugins": {"load_entry_points": False},
             "index": {"max_hash_slots": 4096, "max_index_entries": 16384},
-            "dispatch": {"worker": "thread"},
-            "flush": {"worker": "thread"},
+            "dispatch": {"worker": loops},
+            "flush": {"worker": loops},
         }
         cfg = load_config(overrides=base).replace(**(overrides or {}))
         store = MessageStore.open(root or store_dir, config=cfg, read_only=read_only, clock=clock)

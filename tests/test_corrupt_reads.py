@@ -66,6 +66,7 @@ def test_a_flipped_bit_is_never_served(make_store, store_dir, flip_at):
         assert [q for q, _b in served] == [0, 1, 2]
 
 
+@pytest.mark.loops("thread")
 def test_stale_position_in_a_consume_queue_is_not_served(make_store, store_dir):
     store = make_store()
     a = store.put(Message(topic="T", body=b"a", queue_id=0))
@@ -79,6 +80,7 @@ def test_stale_position_in_a_consume_queue_is_not_served(make_store, store_dir):
     assert [c[:2] for c in res.corrupt] == [(1, a.phys_offset + 1)]
 
 
+@pytest.mark.loops("thread")
 def test_a_unit_copied_from_another_queue_is_not_served(make_store, store_dir):
     store = make_store()
     a = store.put(Message(topic="T", body=b"queue 1", queue_id=1))

@@ -37,6 +37,7 @@ def test_sync_wait_false_returns_before_the_flush(make_store, monkeypatch):
     assert [m.queue_offset for m in store.get("g", "T", 0, 0).messages] == [0]
 
 
+@pytest.mark.loops("thread")
 def test_sync_flush_timeout_keeps_the_message(make_store, monkeypatch):
     store = make_store({"flush": {"policy": "sync", "sync_timeout_ms": 50, "interval_ms": 60_000}})
     real_force = flush_worker.force

@@ -393,6 +393,7 @@ def test_b35_unmatched_scan_stops_at_the_filter_window(make_store):
 SMALL_LOG = {"commit_log": {"segment_bytes": 1024}}
 
 
+@pytest.mark.loops("thread")
 def test_b36_units_into_a_dropped_segment_are_message_was_removing(make_store):
     store = make_store({**SMALL_LOG, "consume_queue": {"file_units": 10}})
     puts = put_n(store, 25)
@@ -417,6 +418,7 @@ def test_b36_units_into_a_dropped_segment_are_message_was_removing(make_store):
     assert r.next_begin_offset == 20
 
 
+@pytest.mark.loops("thread")
 def test_removed_units_are_skipped_and_later_units_returned(make_store):
     store = make_store(SMALL_LOG)
     puts = put_n(store, 25)
@@ -430,6 +432,7 @@ def test_removed_units_are_skipped_and_later_units_returned(make_store):
     assert r.next_begin_offset == 25
 
 
+@pytest.mark.loops("thread")
 def test_units_rejected_by_tag_code_after_a_removed_segment_are_no_matched(make_store):
     # Spec 10.6 step f: a unit rejected by its tags code sets NO_MATCHED_MESSAGE while nothing
     # has been collected, even after an earlier unit reported MESSAGE_WAS_REMOVING.

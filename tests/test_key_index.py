@@ -96,6 +96,7 @@ def test_49_time_window_is_exact_to_the_millisecond(make_store, manual_clock):
     assert offsets(store.query_by_key("T", "k2", begin_ms=t0 + 2500, end_ms=t0 + 2500)) == [r2.phys_offset]
 
 
+@pytest.mark.loops("thread")
 def test_51_rolled_files_are_all_searched(make_store, store_dir, manual_clock):
     store = make_store({"index": {"max_hash_slots": 4, "max_index_entries": 5}})
     rs = []
@@ -208,6 +209,7 @@ def test_cleanup_removes_index_files_below_the_log(make_store, store_dir, manual
     assert offsets(store.query_by_key("T", "k59")) == [rs[59].phys_offset]
 
 
+@pytest.mark.loops("thread")
 def test_a_plugin_registers_another_index_builder(make_store):
     import sys
     import types

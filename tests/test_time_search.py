@@ -57,6 +57,7 @@ def test_b41_equal_timestamps_lower_first_upper_last(make_store, manual_clock):
     assert both(store, 201) == (4, 3)
 
 
+@pytest.mark.loops("thread")
 def test_b42_empty_or_unknown_queue_is_zero(make_store, manual_clock):
     store = make_store()
     put_at(store, manual_clock, [100, 200, 300])
@@ -143,6 +144,7 @@ def three_files(make_store, manual_clock):
     (700, 6, 6),
     (800, 7, 6),   # after the last message: LOWER = max
 ])
+@pytest.mark.loops("thread")
 def test_search_across_consume_queue_files(three_files, ts, lower, upper):
     assert both(three_files, ts) == (lower, upper)
 
@@ -157,6 +159,7 @@ def test_search_when_the_last_file_is_full(make_store, manual_clock):
     assert both(store, 99) == (0, 0)
 
 
+@pytest.mark.loops("thread")
 def test_equal_timestamps_spanning_two_files(make_store, manual_clock):
     # Files of 4 units: [100, 200, 200, 200] [200, 200, 300, 400]
     store = make_store({"consume_queue": {"file_units": 4}})
@@ -168,6 +171,7 @@ def test_equal_timestamps_spanning_two_files(make_store, manual_clock):
     assert both(store, 300) == (6, 6)
 
 
+@pytest.mark.loops("thread")
 def test_equal_timestamps_filling_a_whole_file(make_store, manual_clock):
     # Files of 3 units: [100, 200, 200] [200, 200, 200] [200, 300]
     store = make_store({"consume_queue": {"file_units": 3}})

@@ -1,4 +1,4 @@
-"""The dispatch loop as a worker process (spawned by the supervisor).
+"""The dispatch loop as a worker process (started by the supervisor).
 
 The worker maps the commit log read-only, owns the consume queues and the dispatchers' files
 (key index, third-party index builders) and publishes its position in shared memory. It builds
@@ -25,7 +25,7 @@ from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper
 from mqstore.store_view import DirectoryView
-from mqstore.uninterrupted import terminate_requested, worker_signals
+from mqstore.uninterrupted import parent_alive, terminate_requested, worker_signals
 from mqstore.workers import shm
 from mqstore.workers.pipes import poke, wait_and_drain
 
@@ -128,7 +128,7 @@ def _serve(view, loop, dispatchers, hooks, channels, wake_r, progress_w, parent_
     nap_s = config.dispatch.interval_ms / 1000.0
     last_work = time.monotonic()
     while not ch.stop and not terminate_requested():
-        if os.getppid() != parent_pid:
+        if not parent_alive():
             log.error("store process %d is gone; dispatch worker exits", parent_pid)
             return
         segs = view.commit_log.segments

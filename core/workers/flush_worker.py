@@ -28,7 +28,7 @@ import time
 from mqstore.contracts import FlushSchedule
 from mqstore.storage.mapped_file import segment_name
 from mqstore.storage.transient_pool import TransientPool
-from mqstore.uninterrupted import terminate_requested, worker_signals
+from mqstore.uninterrupted import parent_alive, terminate_requested, worker_signals
 from mqstore.workers import shm, sync_waiters
 from mqstore.workers.pipes import poke, wait_and_drain
 
@@ -191,7 +191,7 @@ class FlushService:
             stop = ch.stop
             if stop == 2:
                 return
-            if (parent_pid is not None and os.getppid() != parent_pid) or terminate_requested():
+            if (parent_pid is not None and not parent_alive()) or terminate_requested():
                 self._finish(progress_w, parent_pid)
                 return
             now = time.monotonic()
