@@ -10,6 +10,7 @@ from mqstore import GetStatus, Message, MessageBatch
 from mqstore.format.cq_ext import (
     BLOOM_BYTES, BLOOM_K, BLOOM_M, bloom_positions, encode_unit, from_address, to_address,
 )
+from mqstore.errors import PluginError
 from mqstore.format.cq_unit import EXT_ADDRESS_MAX
 from mqstore.plugins.sql92 import FilterSyntaxError
 
@@ -145,3 +146,28 @@ def test_a_read_only_store_resolves_extension_units(make_store, store_dir, manua
         assert pull_all(reader, "X", "A", expression_type="TAG")[0] == list(range(20))
     finally:
         reader.close()
+
+
+def test_disabling_the_sql92_plugin_takes_sql92_out_of_dispatch_too(make_store, store_dir):
+    store = make_store()
+    store.register_subscription("G", "T", EXPR)
+    store.close()
+    ext_dir = store_dir / "consumequeue_ext"
+    assert not ext_dir.exists()
+
+    store = make_store({"plugins": {"disable": ["mqstore.plugins.filter_sql92"]}})
+    with pytest.raises(PluginError, match="unknown filter 'SQL92'"):
+        store.register_subscription("G", "T", "b > 1")
+    put_range(store, 0, 10)
+    store.wait_dispatched()
+    # The saved subscription names a filter type no plugin provides: no bitmaps are made.
+    assert not ext_dir.exists()
+    with pytest.raises(PluginError, match="unknown filter 'SQL92'"):
+        store.get("G", "T", 0, 0, 32, expression=EXPR, expression_type="SQL92")
+
+
+def test_only_filters_that_precompute_can_be_registered(make_store):
+    store = make_store()
+    with pytest.raises(ValueError, match="expression_type 'TAG'.*does not precompute"):
+        store.register_subscription("G", "T", "TagA", expression_type="TAG")
+    assert store.subscriptions.lookup("G", "T") is None

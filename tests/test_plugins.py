@@ -742,3 +742,78 @@ def test_demo_cleanup_policy_decisions(demo_module, monkeypatch):
         monkeypatch.setenv(demo.MAX_AGE_ENV, bad)
         with pytest.raises(ValueError, match=demo.MAX_AGE_ENV):
             demo.MaxAgeCleanup(config)
+
+
+# -- contracts enforced at build time, cleanup's promise to after_cleanup --------------------
+
+@pytest.mark.loops("thread")  # the plugin object lives in this process only
+def test_a_capability_declared_without_its_method_is_refused(make_store, add_plugin):
+    class Boasting:
+        capabilities = frozenset({"looks_up_keys"})
+
+        def __init__(self, view, role):
+            pass
+
+        def dispatch(self, batch):
+            pass
+
+        def close(self):
+            pass
+
+    class Plugin:
+        @hookimpl
+        def register_dispatchers(self, registry):
+            registry.add("boasting", Boasting)
+
+    name = add_plugin("boasting_dispatcher_plugin", Plugin())
+    with pytest.raises(PluginError, match="dispatcher 'boasting' declares capability "
+                                          "'looks_up_keys' but has no candidates\\(\\) method"):
+        make_store(with_modules(name))
+
+
+AFTER_CLEANUP_PLUGIN = '''
+import json, os
+from mqstore import hookimpl
+
+ROOT = os.environ["CLEANUP_PROBE_ROOT"]
+
+
+@hookimpl
+def after_cleanup(min_phys_offset):
+    # What this hook sees of the derived files, in the process that runs it.
+    index = sorted(os.listdir(os.path.join(ROOT, "index")))
+    queue = sorted(os.listdir(os.path.join(ROOT, "consumequeue", "T", "0")))
+    with open(os.path.join(ROOT, "after_cleanup.json"), "w") as f:
+        json.dump({"min": min_phys_offset, "pid": os.getpid(), "index": index,
+                   "queue": queue}, f)
+'''
+
+
+def test_after_cleanup_runs_once_the_derived_files_are_dropped(make_store, store_dir, tmp_path,
+                                                               monkeypatch):
+    plugin_dir = tmp_path / "plugins"
+    plugin_dir.mkdir()
+    (plugin_dir / "cleanup_probe_plugin.py").write_text(AFTER_CLEANUP_PLUGIN)
+    monkeypatch.syspath_prepend(str(plugin_dir))  # the dispatch worker imports it too
+    monkeypatch.setenv("CLEANUP_PROBE_ROOT", str(store_dir))
+    store = make_store({**with_modules("cleanup_probe_plugin"),
+                        "commit_log": {"segment_bytes": 4096},
+                        "consume_queue": {"file_units": 16},
+                        "index": {"max_hash_slots": 4, "max_index_entries": 6}})
+    for i in range(120):
+        assert store.put(Message("T", b"y" * 200, keys=[f"k{i}"], queue_id=0)).status \
+            is PutStatus.PUT_OK
+    store.wait_dispatched()
+    index_before = sorted(os.listdir(store_dir / "index"))
+    queue_before = sorted(os.listdir(store_dir / "consumequeue" / "T" / "0"))
+
+    removed = store.delete_expired_segments(force=True, max_segments=3)
+
+    assert len(removed) == 3
+    seen = json.loads((store_dir / "after_cleanup.json").read_text())  # written before return
+    assert seen["min"] == store.min_phys_offset == 3 * 4096
+    assert seen["pid"] == store.worker_status()["pid"]  # the dispatch loop's process
+    # The hook saw the files as they are now: the old ones were already gone.
+    assert seen["index"] == sorted(os.listdir(store_dir / "index")) != index_before
+    assert seen["queue"] == sorted(os.listdir(store_dir / "consumequeue" / "T" / "0"))
+    assert seen["queue"] != queue_before
