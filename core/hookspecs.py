@@ -35,7 +35,8 @@ def register_writers(registry: "Registry") -> None:
         :data:`~mqstore.contracts.WriterFactory`: ``factory(ctx: WriterContext) -> Writer``.
         The YAML key ``writer.kind`` picks one by name.
 
-    Runs in: the store process.
+    Runs in: every process that builds a plugin manager; the writer works in the store
+    process.
     """
 
 
@@ -48,7 +49,8 @@ def register_queue_selectors(registry: "Registry") -> None:
         ``factory(config, string_hash) -> QueueSelector``. The YAML key
         ``queue_select.selector`` picks one.
 
-    Runs in: the store process.
+    Runs in: every process that builds a plugin manager; the selector works in the store
+    process.
     """
 
 
@@ -99,7 +101,8 @@ def register_cleanup_policies(registry: "Registry") -> None:
         :data:`~mqstore.contracts.CleanupPolicyFactory`: ``factory(config) ->
         CleanupPolicy``. The YAML key ``cleanup.policy`` picks one (default ``rocketmq``).
 
-    Runs in: the store process.
+    Runs in: every process that builds a plugin manager; the policy decides in the store
+    process, every ``cleanup.interval_ms``, with the store clock's time.
     """
 
 
