@@ -247,7 +247,10 @@ class Appender:
         shield.enter()  # NOTE [ Uninterrupted puts ]
         try:
             with self.lock:
-                now = self.begin_in_lock = self._now_locked()
+                now = self.clock()
+                if now < self._last_store_ts:  # store times never go backwards in log order,
+                    now = self._last_store_ts  # so time search can bisect
+                self._last_store_ts = self.begin_in_lock = now
                 try:
                     table = self.queue_offsets
                     bases = [table.get(k, 0) for k in keys]
@@ -263,14 +266,14 @@ class Appender:
                         log.abandon_locked(segs, writer)
                         raise
                     # From here on only copies and assignments: nothing can fail half way.
-                    last = len(segs) - 1
-                    for i, (seg, record) in enumerate(zip(segs, records)):
-                        writer.write(seg, record)
-                        if i < last:
-                            log.close_segment_locked(seg, writer)
+                    seg = segs[-1]
+                    for earlier, record in zip(segs[:-1], records):
+                        writer.write(earlier, record)
+                        log.close_segment_locked(earlier, writer)
+                    writer.write(seg, records[-1])
                     for key, base, count in zip(keys, bases, counts):
                         table[key] = base + count
-                    end = segs[-1].start + segs[-1].wrote
+                    end = seg.start + seg.wrote
                     self.last_append = (end, now)
                 finally:
                     self.begin_in_lock = 0
@@ -278,14 +281,6 @@ class Appender:
         finally:
             shield.leave()
         return bases, first, now
-
-    def _now_locked(self) -> int:
-        # Store times never go backwards in log order, so time search can bisect.
-        now = self.clock()
-        if now < self._last_store_ts:
-            now = self._last_store_ts
-        self._last_store_ts = now
-        return now
 
     def lock_held_ms(self) -> int:
         """How long the current append has held the put lock (0 when free)."""

@@ -79,6 +79,11 @@ class Opener:
             store._release_files()
             store._unlock()
             raise
+        # The hot calls go straight to their service, past the facade's delegation.
+        for name in ("put", "put_batch"):
+            setattr(store, name, getattr(store._appender, name))
+        for name in ("get", "message_at"):
+            setattr(store, name, getattr(store._reader, name))
         state.closed = False
 
     def _files(self) -> None:

@@ -88,10 +88,8 @@ class PullRequest(NamedTuple):
     bitmap: tuple | None = None  # (bloom positions, registered at) of a registered subscription
 
 
-def _out_of_range(cq, offset: int, correct) -> GetResult | None:
+def _out_of_range(offset: int, min_off: int, max_off: int, correct) -> GetResult | None:
     """RocketMQ's answers for an offset outside ``[min, max)`` (or an empty queue)."""
-    min_off = cq.min_offset if cq is not None else 0
-    max_off = cq.max_offset if cq is not None else 0
     if max_off == 0:
         return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, correct(offset, 0), min_off, max_off)
     if offset < min_off:
@@ -105,10 +103,13 @@ def _out_of_range(cq, offset: int, correct) -> GetResult | None:
 
 def get_messages(commit_log, cq, req: PullRequest, limits: PullLimits) -> GetResult:
     offset = req.offset
-    early = _out_of_range(cq, offset, limits.correct)
+    # The queue's bounds before the log's end: a unit is dispatched only after its record is
+    # written, so every unit below max_offset points below the log's end read after.
+    min_off, max_off = (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
+    early = _out_of_range(offset, min_off, max_off, limits.correct)
     if early is not None:
         return early
-    scan = _Scan(commit_log, cq, req, limits)
+    scan = _Scan(commit_log, cq, req, limits, min_off, max_off)
     seg = cq.segments.find(offset * CQ_UNIT_SIZE)
     first = offset * CQ_UNIT_SIZE - seg.start if seg is not None else 0
     if seg is None or first >= seg.wrote:
@@ -149,11 +150,9 @@ class _Scan:
                  "next_phys_file_start", "base", "positions", "gap_sizes", "gap_in_mem",
                  "gap_hint")
 
-    def __init__(self, commit_log, cq, req: PullRequest, limits: PullLimits) -> None:
-        # The queue's bounds before the log's end: a unit is dispatched only after its record
-        # is written, so every unit below max_offset points below max_py.
-        self.result = GetResult(GetStatus.NO_MATCHED_MESSAGE, req.offset, cq.min_offset,
-                                cq.max_offset)
+    def __init__(self, commit_log, cq, req: PullRequest, limits: PullLimits, min_off: int,
+                 max_off: int) -> None:
+        self.result = GetResult(GetStatus.NO_MATCHED_MESSAGE, req.offset, min_off, max_off)
         self.max_py = commit_log.max_offset
         self.topic, self.queue_id = cq.topic.encode(), cq.queue_id
         mtb = req.max_total_bytes
@@ -255,9 +254,23 @@ class _Scan:
         self.nxt = nxt = self.base + c + 1
         if pos < self.next_phys_file_start:
             return False
-        msg = self._read(pos, size, nxt - 1)
-        if msg is None:
+        # The record, from the segment last read (inline: this runs once per message).
+        log_seg = self.log_seg
+        if log_seg is None or not self.log_start <= pos < self.log_end:
+            log_seg = self._segment_of(pos)
+        if log_seg is None or pos + size > self.log_end:
+            if not messages:
+                self.result.status = GetStatus.MESSAGE_WAS_REMOVING
+            self.next_phys_file_start = pos + self.seg_bytes - pos % self.seg_bytes
             return False
+        at = pos - self.log_start
+        raw = log_seg.mm[at:at + size]
+        try:
+            lay = verify_queue_record(raw, pos, size, self.topic, self.queue_id, nxt - 1)
+        except CorruptRecordError as exc:
+            _pass_over(self.result, nxt - 1, pos, str(exc))
+            return False
+        msg = StoredMessage(raw, lay)
         if not self.flt.match_message(msg):
             if not messages:
                 self.result.status = GetStatus.NO_MATCHED_MESSAGE
@@ -268,27 +281,13 @@ class _Scan:
         self.result.status = GetStatus.FOUND
         return False
 
-    def _read(self, pos: int, size: int, queue_offset: int) -> StoredMessage | None:
-        """The verified record at ``pos``, or None when it cannot be served (reported when
-        damaged; a removed segment sends the scan past the rest of it)."""
-        log_seg = self.log_seg
-        if log_seg is None or not self.log_start <= pos < self.log_end:
-            self.log_seg = log_seg = self.find_segment(pos)
-            if log_seg is not None:  # one read of the readable end per segment per call
-                self.log_start, self.log_end = log_seg.start, log_seg.start + log_seg.committed
-        if log_seg is None or pos + size > self.log_end:
-            if not self.messages:
-                self.result.status = GetStatus.MESSAGE_WAS_REMOVING
-            self.next_phys_file_start = pos + self.seg_bytes - pos % self.seg_bytes
-            return None
-        at = pos - self.log_start
-        raw = log_seg.mm[at:at + size]
-        try:
-            lay = verify_queue_record(raw, pos, size, self.topic, self.queue_id, queue_offset)
-        except CorruptRecordError as exc:
-            _pass_over(self.result, queue_offset, pos, str(exc))
-            return None
-        return StoredMessage(raw, lay)
+    def _segment_of(self, pos: int):
+        """The commit-log segment holding ``pos``, remembered with its readable end (read
+        once per segment per pull); None when it is gone."""
+        self.log_seg = log_seg = self.find_segment(pos)
+        if log_seg is not None:
+            self.log_start, self.log_end = log_seg.start, log_seg.start + log_seg.committed
+        return log_seg
 
 
 def _pass_over(result: GetResult, queue_offset: int, phys_offset: int, why: str) -> None:

@@ -49,6 +49,9 @@ class Runtime:
         self.flushed_where = self.commit_log.max_offset
         self.channels = shm.Channels.create(
             store_segment_name(self.root, shm.POSITIONS_SEGMENT))
+        self._append_channel = self.channels.append  # the put path's, looked up once
+        self._dispatch_channel = self.channels.dispatch
+        self._staged = writer.staging is not None
         self.supervisor: DispatchSupervisor | None = None
         self.dispatch_loop: DispatchLoop | None = None
         self.dispatch_thread: DispatchThread | None = None
@@ -124,16 +127,16 @@ class Runtime:
 
     def appended(self, end: int) -> None:
         """After an append: publish the written and visible ends, wake the loops."""
-        ch = self.channels.append
-        if ch.publish_written(end) and self.writer.staging is not None:
+        confirmed = (self.flushed_where if self.visible_after_flush
+                     else self.commit_log.max_offset)  # the committed end, when staged
+        if self._append_channel.publish(end, confirmed) and self._staged:
             self.flush_client.wake_if_idle()  # wakeCommitWhenPutMessage
-        ch.publish_confirmed(self.confirm_offset())
         self._wake_dispatch()
 
     def _wake_dispatch(self) -> None:
         if self.supervisor is not None:
             # Publish before reading the idle flag: see the handshake in dispatch_worker.
-            if self.channels.dispatch.idle:
+            if self._dispatch_channel.idle:
                 self.supervisor.wake()
             return
         thread = self.dispatch_thread

@@ -152,6 +152,16 @@ class AppendChannel(_Channel):
             return True
         return False
 
+    def publish(self, written: int, confirmed: int) -> bool:
+        """Both ends at once (the put path); True if ``written`` moved."""
+        values = self._positions.values
+        moved = written > values[WRITTEN]
+        if moved:
+            values[WRITTEN] = written
+        if confirmed > values[CONFIRMED]:
+            values[CONFIRMED] = confirmed
+        return moved
+
     def publish_confirmed(self, end: int) -> None:
         values = self._positions.values
         if end > values[CONFIRMED]:
