@@ -251,13 +251,12 @@ class Runtime:
             cleanup.drop_derived(self.view, self.dispatchers, self.hooks, min_phys)
             ch.dropped = min_phys
             return
-        self.supervisor.wake()
         deadline = time.monotonic() + CLEANUP_ACK_TIMEOUT_S
         while ch.dropped < min_phys and time.monotonic() < deadline:
             if self.supervisor.gave_up is not None:
                 return
             self.supervisor.wake()
-            time.sleep(0.002)
+            wait_and_drain(self.supervisor.progress_r, 0.01)  # the worker pokes once it acks
         if ch.dropped < min_phys:
             log.warning("the dispatch worker has not dropped the files below %d within %.0f "
                         "s; it will when it can", min_phys, CLEANUP_ACK_TIMEOUT_S)
