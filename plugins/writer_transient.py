@@ -15,7 +15,6 @@ fails with CREATE_MAPPED_FILE_FAILED and writes nothing; it never hangs.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import numpy as np

@@ -7,12 +7,13 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from multiprocessing import resource_tracker
+from multiprocessing import forkserver, resource_tracker
 
 import pytest
 
 from mqstore import Message, MessageStore, PutStatus, load_config
 from mqstore.workers import shm, sync_waiters
+from mqstore.workers.supervisor import worker_context
 from mqstore.workers.sync_waiters import SyncWaiters, Waker
 
 
@@ -155,6 +156,8 @@ def test_sync_puts_from_many_threads_are_all_durable_and_leave_no_descriptors(tm
     cfg = load_config(overrides={"flush": {"policy": "sync"}, "plugins": {"load_entry_points": False},
                                  "commit_log": {"segment_bytes": 1 << 20}})
     resource_tracker.ensure_running()  # its pipe lives as long as this process
+    worker_context()
+    forkserver.ensure_running()  # so does the connection to the workers' fork server
     gc.collect()  # what earlier tests left for the collector goes first
     fds_before = len(os.listdir("/proc/self/fd"))
     store = MessageStore.open(str(tmp_path / "s"), config=cfg)

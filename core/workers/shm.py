@@ -81,12 +81,6 @@ class SharedPositions:
     def name(self) -> str:
         return self.shm.name
 
-    def __getitem__(self, slot: int) -> int:
-        return int(self.values[slot])
-
-    def __setitem__(self, slot: int, value: int) -> None:
-        self.values[slot] = value
-
     def set_note(self, which: int, text: str) -> None:
         raw = text.encode("utf-8", errors="replace")[:NOTE_BYTES - 1]
         at = which * NOTE_BYTES
