@@ -120,16 +120,14 @@ class Runtime:
     # -- what the other parts call -----------------------------------------------------------
     def confirm_offset(self) -> int:
         """End of what consumers may see: flushed bytes when the flush policy says so (sync
-        flush), written bytes otherwise."""
+        flush), else the readable end (written; committed, with a staging writer)."""
         if self.visible_after_flush:
             return self.flushed_where
         return self.commit_log.max_offset
 
     def appended(self, end: int) -> None:
         """After an append: publish the written and visible ends, wake the loops."""
-        confirmed = (self.flushed_where if self.visible_after_flush
-                     else self.commit_log.max_offset)  # the committed end, when staged
-        if self._append_channel.publish(end, confirmed) and self._staged:
+        if self._append_channel.publish(end, self.confirm_offset()) and self._staged:
             self.flush_client.wake_if_idle()  # wakeCommitWhenPutMessage
         self._wake_dispatch()
 

@@ -219,10 +219,6 @@ class Channels:
     def create(cls, name: str | None = None) -> "Channels":
         return cls(SharedPositions(name, create=True))
 
-    @classmethod
-    def attach(cls, name: str) -> "Channels":
-        return cls(SharedPositions(name))
-
     @property
     def name(self) -> str:
         return self.positions.name

@@ -215,10 +215,6 @@ class WorkerSupervisor:
     def wake(self) -> None:
         poke(self.wake_w)
 
-    def wake_if_idle(self) -> None:
-        if self.own_channel().idle:
-            poke(self.wake_w)
-
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
 
