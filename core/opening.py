@@ -138,6 +138,7 @@ class Opener:
                 if seg.end > report.scan_from:
                     seg.force()
             store.checkpoint.confirm_phy_offset = store.commit_log.max_offset
+            store.checkpoint.note_appended(store.commit_log.max_offset)
 
     def _parts(self) -> None:
         """The view, the dispatchers of this process's role, the reader."""

@@ -10,9 +10,14 @@ Follows RocketMQ 5.x (spec 10.11) with these changes, all in the direction of lo
   to ``quarantine/<offset>`` and rewritten as a blank (to its segment's end) or a quarantine
   record, so every reader walks over it; segment files missing between others are recreated
   closed. Records after the region keep their offsets.
-- Only a torn tail is cut: the bytes after the last intact record that lie past the durable
-  end. The checkpoint's confirmPhyOffset holds the flushed offset (every byte below it was on
-  disk); after a clean close every byte was. A damaged tail below that end is quarantined.
+- Only a torn tail is cut: damage at or past the durable end, and everything after it. That end
+  is the later of the checkpoint's confirmPhyOffset (the flushed offset: every byte below it
+  was on disk) and its ``appended`` field (the end of the last append the writer completed:
+  every byte below it was whole in the page cache); after a clean close every byte was. Past
+  it lies at most the one put the crash interrupted, whose bytes may have landed in any order
+  (a copy stores its first bytes last), so intact records after damage there are not kept:
+  they belong to a put that was never acknowledged. Damage below the end is bit rot and is
+  quarantined.
 - What was cut, quarantined or rebuilt is returned as a :class:`RecoveryReport`.
 
 Steps: recover each consume queue (cut after its last valid unit); pick the commit-log segment
@@ -144,9 +149,10 @@ def _next_start(segq, pos: int) -> int | None:
 
 
 def _walk(segq, pos: int, check_crc: bool, report: RecoveryReport,
-          stop: int = NO_END) -> tuple[int, list[_Region], int]:
+          stop: int = NO_END, durable: int = NO_END) -> tuple[int, list[_Region], int]:
     """Walk records from ``pos`` to the last intact one (or ``stop``), re-synchronising after
-    damage; returns where it ended, the damaged regions passed and the records checked."""
+    damage below ``durable`` (damage at or past it is a torn tail: the walk ends there);
+    returns where it ended, the damaged regions passed and the records checked."""
     regions: list[_Region] = []
     checked = 0
     seg, readable = None, 0
@@ -174,7 +180,7 @@ def _walk(segq, pos: int, check_crc: bool, report: RecoveryReport,
             continue
         reason = size if kind != SCAN_BLANK else f"blank record of {size} bytes at {pos} " \
             f"does not close its segment"
-        nxt = _resync(segq, seg, at)
+        nxt = _resync(segq, seg, at) if pos < durable else None
         if nxt is None:
             report.stop_reason = reason
             return pos, regions, checked
@@ -267,7 +273,7 @@ def _durable_end(checkpoint, abnormal: bool) -> int:
     """Every byte below this offset was on disk before the store went down."""
     if not abnormal:
         return NO_END  # a clean close flushed everything
-    return max(0, checkpoint.confirm_phy_offset)
+    return max(0, checkpoint.confirm_phy_offset, checkpoint.appended_offset)
 
 
 # -- recover -------------------------------------------------------------------------------------
@@ -328,12 +334,13 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
     for begin, end in _structural_damage(segq, report.scan_from):
         mend_range(commit_log, begin, end, check_crc=check_crc, read_only=read_only,
                    report=report)
-    pos, regions, report.records_checked = _walk(segq, report.scan_from, check_crc, report)
+    durable = _durable_end(checkpoint, abnormal)
+    pos, regions, report.records_checked = _walk(segq, report.scan_from, check_crc, report,
+                                                 durable=durable)
     for region in regions:
         _mend(segq, region, root, report, read_only)
 
     # After the last intact record: bit rot below the durable end, a torn tail above it.
-    durable = _durable_end(checkpoint, abnormal)
     stop_seg = segq.find(pos)
     if stop_seg is not None:
         extent = stop_seg.start + _nonzero_extent(stop_seg, pos - stop_seg.start)

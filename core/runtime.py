@@ -127,6 +127,7 @@ class Runtime:
 
     def appended(self, end: int) -> None:
         """After an append: publish the written and visible ends, wake the loops."""
+        self.checkpoint.note_appended(end)
         if self._append_channel.publish(end, self.confirm_offset()) and self._staged:
             self.flush_client.wake_if_idle()  # wakeCommitWhenPutMessage
         self._wake_dispatch()

@@ -207,6 +207,18 @@ def test_checkpoint_layout(tmp_path):
     assert raw[40:] == bytes(4056)
 
 
+def test_checkpoint_appended_field_lives_in_rocketmq_padding(tmp_path):
+    """mqstore's ``appended`` (@40) is in the file at once (no flush: a crash right after an
+    append must find it) and zero again after a clean close."""
+    cp = Checkpoint(str(tmp_path))
+    cp.note_appended(0x0A0B0C0D0E)
+    raw = (tmp_path / "checkpoint").read_bytes()
+    assert raw[40:48] == bytes.fromhex("0000000a0b0c0d0e") and raw[48:] == bytes(4048)
+    assert Checkpoint(str(tmp_path), read_only=True).appended_offset == 0x0A0B0C0D0E
+    cp.close()
+    assert (tmp_path / "checkpoint").read_bytes()[40:] == bytes(4056)
+
+
 def test_checkpoint_reads_rocketmq_4x_three_field_file(tmp_path):
     (tmp_path / "checkpoint").write_bytes(struct.pack(">qqq", 11, 22, 33) + bytes(4096 - 24))
     cp = Checkpoint(str(tmp_path), read_only=True)

@@ -59,8 +59,8 @@ def put(store, queue_id, body, *, topic="T", tags=None, sysflag=0):
 
 def crash_copy(store, dest: Path) -> Path:
     """What a killed writer leaves: flushed data, ``abort`` present, no lock holder, and a
-    checkpoint that never recorded the flushed end (damage at the tail counts as torn;
-    ``set_durable_end`` says otherwise)."""
+    checkpoint that recorded neither the flushed end nor a complete append (damage at the tail
+    counts as torn; ``set_durable_end`` says otherwise)."""
     store.wait_dispatched()
     store.flush_commit_log(0)
     shutil.copytree(store.root, dest)
@@ -214,11 +214,13 @@ def test_torn_last_record_is_cut_and_writes_continue_there(make_store, store_dir
 
 
 # -- 55: body CRC ----------------------------------------------------------------------------
-def set_durable_end(root: Path, offset: int) -> None:
-    """Write the checkpoint's confirmPhyOffset: the flushed end recovery trusts."""
+def set_durable_end(root: Path, offset: int, appended: int | None = None) -> None:
+    """Write the checkpoint's confirmPhyOffset (the flushed end) and its ``appended`` field
+    (the end of the last complete append; by default the same): recovery trusts the later.
+    Bytes past both belong to a put the crash interrupted."""
     with open(Path(root) / "checkpoint", "r+b") as f:
         f.seek(32)
-        f.write(struct.pack(">q", offset))
+        f.write(struct.pack(">qq", offset, offset if appended is None else appended))
 
 
 @BOTH_MODES
@@ -263,6 +265,50 @@ def test_flipped_body_byte_of_last_record(make_store, tmp_path, check_crc, durab
     tail = crashed.get("g", "T", 0, 7, 32)
     assert [c[:2] for c in tail.corrupt] == [(7, last.phys_offset)]
     assert put(crashed, 0, b"next").queue_offset == 8
+
+
+@BOTH_MODES
+@pytest.mark.parametrize("completed", [False, True])
+def test_a_batch_whose_first_bytes_never_landed(make_store, tmp_path, completed):
+    """A crash inside a put's copy can leave its later records whole and its first bytes zero
+    (a copy may store its first bytes last). If the writer never completed that put, its
+    records are a torn tail, all of them cut, and their queue offsets are given out again; if
+    it did (the checkpoint's ``appended`` covers it), the zeros are damage to acknowledged
+    bytes: the first record is quarantined and the other three are kept."""
+    seg = 1 << 20
+    store = make_store()
+    acked = [(put(store, i % 2, b"before-%02d" % i), b"before-%02d" % i) for i in range(6)]
+    batch = store.put_batch([Message("T", b"batch-%d" % i, queue_id=1, born_timestamp=BORN)
+                             for i in range(4)])
+    assert batch.status is PutStatus.PUT_OK
+    first_phys, first_size = int(batch.phys_offsets[0]), int(batch.sizes[0])
+    first_offset = int(batch.queue_offsets[0])
+    batch_end = int(batch.phys_offsets[-1] + batch.sizes[-1])
+    root = crash_copy(store, tmp_path / "crashed")
+    set_durable_end(root, acked[2][0].phys_offset,
+                    appended=batch_end if completed else first_phys)
+    write_at(root, first_phys, bytes(32), seg)
+
+    crashed = make_store(root=root)
+    report = crashed.recovery_report
+    crashed.wait_dispatched()
+    if not completed:
+        assert report.quarantined == []
+        assert report.commit_log_end == crashed.max_phys_offset == first_phys
+        assert 0 < report.truncated_bytes <= batch_end - first_phys  # its non-zero bytes
+        assert read_at(root, first_phys, batch_end - first_phys, seg) == bytes(
+            batch_end - first_phys)
+        assert_holds_exactly(crashed, acked, 6)
+        assert put(crashed, 1, b"again").queue_offset == first_offset
+        return
+    assert [(q.offset, q.length) for q in report.quarantined] == [(first_phys,
+                                                                   first_size)]
+    assert report.truncated_bytes == 0
+    assert crashed.max_phys_offset == batch_end
+    assert crashed.message_at(first_phys) is None
+    assert crashed.max_offset("T", 1) == first_offset + 4
+    assert [m.body for m in read_all(crashed, 1)][-3:] == [b"batch-1", b"batch-2", b"batch-3"]
+    assert put(crashed, 1, b"next").queue_offset == first_offset + 4
 
 
 # -- 56: consume queues rebuilt --------------------------------------------------------------

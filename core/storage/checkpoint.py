@@ -7,8 +7,15 @@ checkpoint (exactly 4096 bytes, big-endian longs, rest zero):
     | @8   | logicsMsgTimestamp   | store time of the last consume-queue write  |
     | @16  | indexMsgTimestamp    | end time of the last full index file        |
     | @24  | masterFlushedOffset  |                                             |
-    | @32  | confirmPhyOffset     |                                             |
+    | @32  | confirmPhyOffset     | flushed end of the commit log               |
+    | @40  | (mqstore) appended   | end of the last complete append, zero after |
+    |      |                      | a clean close                               |
     +------+----------------------+---------------------------------------------+
+
+The first five fields are RocketMQ's. ``appended`` lies in what RocketMQ leaves zero and ignores:
+the writer stores it after every append (a store into the map, no system call), so after a
+crash it tells a record the writer completed (damaged since: bit rot) from a put the crash
+interrupted (a torn write, to be cut). A clean close zeroes it: the file is RocketMQ's again.
 
 abort: exists while a writer has the store open (holds its PID); a leftover one means the
 last exit was not clean. lock: an exclusive OS lock on byte range [0, 1) while open for
@@ -37,6 +44,8 @@ META_FILE = "mqstore.json"
 CHECKPOINT_BYTES = 4096
 WORKER_EXIT_WAIT_S = 10.0
 _FIELDS = struct.Struct(">qqqqq")
+_APPENDED = struct.Struct(">q")
+_APPENDED_AT = _FIELDS.size
 
 
 class Checkpoint:
@@ -48,14 +57,16 @@ class Checkpoint:
         self.index_msg_timestamp = 0
         self.master_flushed_offset = 0
         self.confirm_phy_offset = 0
+        self.appended_offset = 0
         self._mm = None
         self._fd = -1
         if os.path.exists(self.path):
             with open(self.path, "rb") as f:
-                head = f.read(_FIELDS.size)
-            head = head.ljust(_FIELDS.size, b"\0")
+                head = f.read(_FIELDS.size + _APPENDED.size)
+            head = head.ljust(_FIELDS.size + _APPENDED.size, b"\0")
             (self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp,
-             self.master_flushed_offset, self.confirm_phy_offset) = _FIELDS.unpack(head)
+             self.master_flushed_offset, self.confirm_phy_offset) = _FIELDS.unpack_from(head)
+            (self.appended_offset,) = _APPENDED.unpack_from(head, _APPENDED_AT)
         if not read_only:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -85,8 +96,14 @@ class Checkpoint:
         )
         self._mm.flush()
 
+    def note_appended(self, end: int) -> None:
+        """Record the end of the last complete append (see the module docstring)."""
+        if self._mm is not None:
+            _APPENDED.pack_into(self._mm, _APPENDED_AT, end)
+
     def close(self) -> None:
         if self._mm is not None:
+            _APPENDED.pack_into(self._mm, _APPENDED_AT, 0)
             self.flush()
             self._mm.close()
             os.close(self._fd)
