@@ -10,10 +10,12 @@ over and reported in ``GetResult.corrupt``, as the next offset moves past it.
 from __future__ import annotations
 
 import logging
+import struct
 from typing import Callable, NamedTuple
 
 import numpy as np
 
+from mqstore import pull_rows
 from mqstore.errors import CorruptRecordError
 from mqstore.filtering import MATCH_ALL
 from mqstore.format.cq_ext import bitmap_matches
@@ -23,11 +25,15 @@ from mqstore.message import GetResult, GetStatus, StoredMessage
 
 log = logging.getLogger("mqstore.pull")
 MAX_PULL_BYTES = 128 * 1024 * 1024
+_UNIT = struct.Struct(">qiq")  # a consume-queue unit: commit-log offset, size, tag code
+# Below this many messages a pull walks unit by unit: the column-wise checks cost a fixed
+# few dozen numpy calls, which only pay for themselves over longer batches.
+COLUMNS_FROM = 64
 
 
 class PullLimits:
     __slots__ = ("window_bytes", "mem_bytes", "mem_count", "disk_bytes", "disk_count",
-                 "in_memory_bytes", "correct")
+                 "in_memory_bytes", "correct", "bulk")
 
     def __init__(self, cfg, physical_memory_bytes: int, slave_no_check: bool) -> None:
         self.window_bytes = cfg.max_filter_bytes
@@ -38,6 +44,20 @@ class PullLimits:
         self.in_memory_bytes = physical_memory_bytes * cfg.access_in_memory_max_ratio // 100
         # A slave that does not check offsets keeps the consumer's offset unchanged.
         self.correct = (lambda old, new: old) if slave_no_check else (lambda old, new: new)
+        self.bulk = self  # see bulk_limits
+
+    def bulk_limits(self) -> "PullLimits":
+        """The limits of a bulk read: only its own count and bytes. getMessage's transfer
+        limits (32 messages from memory, 8 from disk) size a network response; a read in the
+        reader's own process has no response to size."""
+        bulk = object.__new__(PullLimits)
+        for name in self.__slots__:
+            setattr(bulk, name, getattr(self, name))
+        bulk.mem_bytes = bulk.disk_bytes = MAX_PULL_BYTES
+        bulk.mem_count = bulk.disk_count = 1 << 62
+        bulk.bulk = bulk
+        self.bulk = bulk
+        return bulk
 
 
 def _window_mask(units, flt, ext_loader, bloom):
@@ -86,6 +106,7 @@ class PullRequest(NamedTuple):
     max_total_bytes: int | None = None
     ext_loader: Callable | None = None  # the queue's extension, loaded on first use
     bitmap: tuple | None = None  # (bloom positions, registered at) of a registered subscription
+    verify_crc: bool = True  # bodies are checked against their CRC before they are served
 
 
 def _out_of_range(offset: int, min_off: int, max_off: int, correct) -> GetResult | None:
@@ -102,6 +123,24 @@ def _out_of_range(offset: int, min_off: int, max_off: int, correct) -> GetResult
 
 
 def get_messages(commit_log, cq, req: PullRequest, limits: PullLimits) -> GetResult:
+    """RocketMQ's getMessage: the messages as objects."""
+    if req.max_msgs == 1 and req.flt is MATCH_ALL and cq is not None:
+        min_off, max_off = cq.min_offset, cq.max_offset
+        if min_off <= req.offset < max_off:
+            one = _one(commit_log, cq, req, limits, min_off, max_off)
+            if one is not None:
+                return one
+    scan = scan_queue(commit_log, cq, req, limits)
+    if isinstance(scan, GetResult):
+        return scan
+    result = scan.finish()
+    result.messages = pull_rows.messages(scan.parts, scan.topic)
+    return result
+
+
+def scan_queue(commit_log, cq, req: PullRequest, limits: PullLimits):
+    """Walk the queue from ``req.offset`` by getMessage's rules: the finished ``_Scan`` (its
+    ``parts`` hold the rows served), or a GetResult when nothing could be read."""
     offset = req.offset
     # The queue's bounds before the log's end: a unit is dispatched only after its record is
     # written, so every unit below max_offset points below the log's end read after.
@@ -128,7 +167,36 @@ def get_messages(commit_log, cq, req: PullRequest, limits: PullLimits) -> GetRes
         if not scan.take(units, c0):
             break
         c0, chunk = c0 + len(units), chunk * 4  # a filtered scan widens fast
-    return scan.finish()
+    scan.done()
+    return scan
+
+
+def _one(commit_log, cq, req: PullRequest, limits: PullLimits, min_off: int, max_off: int):
+    """A one-message pull of an ordinary unit whose record checks out, as a finished GetResult;
+    None for anything else (the general walk handles it and says why)."""
+    offset = req.offset
+    seg = cq.segments.find(offset * CQ_UNIT_SIZE)
+    if seg is None:
+        return None
+    at = offset * CQ_UNIT_SIZE - seg.start
+    if at >= seg.wrote:
+        return None
+    pos, size, _code = _UNIT.unpack_from(seg.mm, at)
+    log_seg = commit_log.segments.find(pos)
+    if log_seg is None or size == FILLER_SIZE or size <= 0 or pos < 0:
+        return None
+    rel = pos - log_seg.start
+    if rel + size > log_seg.committed:
+        return None
+    try:
+        raw = log_seg.mm[rel:rel + size]
+        lay = verify_queue_record(raw, pos, size, cq.topic.encode(), cq.queue_id, offset)
+    except ValueError:  # damaged (CorruptRecordError), or a segment closed since the lookup
+        return None
+    result = GetResult(GetStatus.FOUND, limits.correct(offset, offset + 1), min_off, max_off,
+                       [StoredMessage(raw, lay)])
+    result.suggest_pulling_from_slave = commit_log.max_offset - pos > limits.in_memory_bytes
+    return result
 
 
 def _found_null(result: GetResult, cq, offset: int, correct) -> GetResult:
@@ -141,14 +209,20 @@ def _found_null(result: GetResult, cq, offset: int, correct) -> GetResult:
 
 
 class _Scan:
-    """One pull's walk over its window: the batch so far, where the next pull begins, and
-    the commit-log segment last read (consecutive units mostly share it)."""
+    """One pull's walk over its window: the rows served so far (``parts``), where the next
+    pull begins, and the commit-log segment last read (consecutive units mostly share it).
 
-    __slots__ = ("result", "messages", "flt", "req", "limits", "max_msgs", "max_pull",
-                 "max_py", "mem_limit", "topic", "queue_id", "find_segment", "seg_bytes",
-                 "log_seg", "log_start", "log_end", "total", "nxt", "max_phys_pulling",
-                 "next_phys_file_start", "base", "positions", "gap_sizes", "gap_in_mem",
-                 "gap_hint")
+    A chunk of units is served column-wise (``_take_columns``) when every unit in it is an
+    ordinary reference into one readable segment and every candidate record checks out;
+    anything else (fillers, removed or damaged records, a segment boundary) is walked unit by
+    unit, which reports each problem. Both follow the same rules, so they serve the same rows.
+    """
+
+    __slots__ = ("result", "parts", "slow", "codes", "n", "flt", "req", "limits", "max_msgs",
+                 "max_pull", "max_py", "mem_limit", "topic", "queue_id", "find_segment",
+                 "seg_bytes", "log_seg", "log_start", "log_end", "total", "nxt",
+                 "max_phys_pulling", "next_phys_file_start", "base", "positions", "gap_sizes",
+                 "gap_in_mem", "gap_hint")
 
     def __init__(self, commit_log, cq, req: PullRequest, limits: PullLimits, min_off: int,
                  max_off: int) -> None:
@@ -157,7 +231,10 @@ class _Scan:
         self.topic, self.queue_id = cq.topic.encode(), cq.queue_id
         mtb = req.max_total_bytes
         self.max_pull = MAX_PULL_BYTES if mtb is None else min(max(mtb, 100), MAX_PULL_BYTES)
-        self.messages = self.result.messages
+        self.parts: list = []
+        self.slow: pull_rows.Walked | None = None  # the rows the unit-by-unit walk adds to
+        self.codes: list = []
+        self.n = 0
         self.req, self.flt, self.max_msgs, self.limits = req, req.flt, req.max_msgs, limits
         self.mem_limit = limits.in_memory_bytes
         self.find_segment = commit_log.segments.find
@@ -168,16 +245,23 @@ class _Scan:
         self.next_phys_file_start = -1
         self.nxt = req.offset
 
-    def finish(self) -> GetResult:
+    def done(self) -> None:
         result = self.result
         result.next_begin_offset = self.nxt
         result.suggest_pulling_from_slave = self.max_py - self.max_phys_pulling > self.mem_limit
-        return result
+
+    def finish(self) -> GetResult:
+        return self.result
 
     def take(self, units, c_start: int) -> bool:
         """Walk one chunk of units (``c_start`` units into the window); False once the batch
         is full, which ends the pull."""
         self.base = self.req.offset + c_start
+        served = self._take_columns(units)
+        if served is not None:
+            return served
+        self.slow = None
+        self.codes = units["tags_code"].tolist()
         self.positions = positions = units["phys_offset"].tolist()
         sizes = units["size"].tolist()
         visit = self.visit
@@ -200,6 +284,93 @@ class _Scan:
             i = c + 1
         return not (len(positions) > i and skip(i, len(positions)))
 
+    # -- column-wise ----------------------------------------------------------------------
+    def _take_columns(self, units) -> bool | None:
+        """Serve the chunk column-wise; None (nothing changed) when it needs the walk."""
+        if (self.next_phys_file_start >= 0 or len(units) < 2
+                or self.max_msgs - self.n < COLUMNS_FROM):
+            return None
+        pos = units["phys_offset"].astype(np.int64)
+        sizes = units["size"].astype(np.int64)
+        if int(sizes.min()) < pull_rows.MIN_RECORD or sizes.max() == FILLER_SIZE:
+            return None
+        log_seg = self.log_seg
+        first = int(pos[0])
+        if log_seg is None or not self.log_start <= first < self.log_end:
+            log_seg = self._segment_of(first)
+        if (log_seg is None or int(pos.min()) < self.log_start
+                or int((pos + sizes).max()) > self.log_end):
+            return None
+        try:
+            # Held from here on, the array keeps the map readable if cleanup closes it.
+            data = pull_rows.segment_bytes(log_seg.mm)
+        except ValueError:  # closed since the lookup: the walk says so
+            return None
+        mask = _window_mask(units, self.flt, self.req.ext_loader, self.req.bitmap)
+        offsets = self.base + np.arange(len(pos), dtype=np.int64)
+        rows = pull_rows.Rows(log_seg.start, data, pos, sizes, offsets, units["tags_code"],
+                              len(self.topic))
+        accepted = np.ones(len(pos), dtype=bool) if mask is None else np.asarray(mask, bool)
+        in_mem = (self.max_py - pos) <= self.mem_limit
+        checked = np.zeros(len(pos), dtype=bool)
+        flt = None if self.flt is MATCH_ALL else self.flt
+        filtered = 0
+        while True:
+            stop = self._full_at(accepted, sizes, in_mem)
+            todo = np.flatnonzero(accepted[:stop] & ~checked[:stop])
+            if not len(todo):
+                break
+            if not rows.check(todo, self.topic, self.queue_id, self.req.verify_crc):
+                return None  # the walk names what is wrong with which record
+            checked[todo] = True
+            rejected = rows.reject(todo, flt) if flt is not None else ()
+            if not len(rejected):
+                break
+            accepted[rejected] = False
+            filtered += len(rejected)
+        served = np.flatnonzero(accepted[:stop])
+        result = self.result
+        result.filtered_count += filtered
+        if len(served):
+            self.parts.append(rows.take(served))
+            self.n += len(served)
+            self.total += int(sizes[served].sum())
+            result.status = GetStatus.FOUND
+        if stop:
+            self.max_phys_pulling = int(pos[stop - 1])
+            self.nxt = self.base + stop
+            if not self.n:
+                result.status = GetStatus.NO_MATCHED_MESSAGE
+        return stop == len(pos)
+
+    def _full_at(self, accepted, sizes, in_mem) -> int:
+        """The first unit at which the batch counts as full (isTheBatchFull) when exactly the
+        ``accepted`` units are served; the chunk's length when none."""
+        lim = self.limits
+        k = len(accepted)
+        if accepted.all() and (in_mem.all() or not in_mem.any()):
+            # Every unit served, one set of limits: full where the count or the bytes reach it.
+            mem = bool(in_mem[0])
+            n = self.n
+            count_at = min(self.max_msgs, lim.mem_count if mem else lim.disk_count) - n
+            room = min(self.max_pull, lim.mem_bytes if mem else lim.disk_bytes) - self.total
+            bytes_at = int(np.searchsorted(np.cumsum(sizes), room, side="right"))
+            stop = min(max(count_at, 0), bytes_at, k)
+            if n or stop:
+                return stop
+            # The first message of a pull is always served, whatever its size.
+            return min(max(count_at, 1), max(bytes_at, 1), k) if count_at > 0 else 1
+        a = accepted.astype(np.int64)
+        n_before = self.n + np.cumsum(a) - a
+        sized = a * sizes
+        with_it = self.total + np.cumsum(sized) - sized + sizes
+        full = (n_before > 0) & ((n_before + 1 > self.max_msgs) | (with_it > self.max_pull) | (
+            np.where(in_mem, (with_it > lim.mem_bytes) | (n_before >= lim.mem_count),
+                     (with_it > lim.disk_bytes) | (n_before >= lim.disk_count))))
+        hit = np.flatnonzero(full)
+        return int(hit[0]) if len(hit) else len(accepted)
+
+    # -- unit by unit ---------------------------------------------------------------------
     def _prepare_gaps(self, units) -> None:
         limits = self.limits
         self.gap_sizes = sizes = units["size"].astype(np.int64)
@@ -213,7 +384,7 @@ class _Scan:
     def skip(self, i: int, c: int) -> bool:
         """Pass over the rejected units ``[i, c)`` of the chunk; True when the batch counts
         as full inside them (the next pull then begins at the unit that filled it)."""
-        n = len(self.messages)
+        n = self.n
         if n:
             biggest, small_bytes, small_count = self.gap_hint
             if n + 1 > self.max_msgs or n >= small_count or self.total + biggest > small_bytes:
@@ -238,11 +409,11 @@ class _Scan:
             # A placeholder for an offset whose message was lost, or a damaged unit.
             self.max_phys_pulling = max(self.max_phys_pulling, pos)
             self.nxt = self.base + c + 1
-            _pass_over(self.result, self.nxt - 1, pos, "no message is stored at this offset"
+            _pass_over(self.result, self.n, self.nxt - 1, pos,
+                       "no message is stored at this offset"
                        if size == FILLER_SIZE else f"damaged unit (size {size})")
             return False
-        messages = self.messages
-        n = len(messages)
+        n = self.n
         if n:  # the first message is always accepted; later ones only while the batch has room
             total, limits = self.total + size, self.limits
             if n + 1 > self.max_msgs or total > self.max_pull or (
@@ -258,25 +429,36 @@ class _Scan:
         log_seg = self.log_seg
         if log_seg is None or not self.log_start <= pos < self.log_end:
             log_seg = self._segment_of(pos)
-        if log_seg is None or pos + size > self.log_end:
-            if not messages:
+        raw = None
+        if log_seg is not None and pos + size <= self.log_end:
+            at = pos - self.log_start
+            try:
+                raw = log_seg.mm[at:at + size]
+            except ValueError:  # cleanup closed the segment since it was looked up
+                raw = None
+        if raw is None:
+            if not n:
                 self.result.status = GetStatus.MESSAGE_WAS_REMOVING
             self.next_phys_file_start = pos + self.seg_bytes - pos % self.seg_bytes
             return False
-        at = pos - self.log_start
-        raw = log_seg.mm[at:at + size]
         try:
             lay = verify_queue_record(raw, pos, size, self.topic, self.queue_id, nxt - 1)
         except CorruptRecordError as exc:
-            _pass_over(self.result, nxt - 1, pos, str(exc))
+            _pass_over(self.result, n, nxt - 1, pos, str(exc))
             return False
         msg = StoredMessage(raw, lay)
         if not self.flt.match_message(msg):
-            if not messages:
+            if not n:
                 self.result.status = GetStatus.NO_MATCHED_MESSAGE
             self.result.filtered_count += 1
             return False
-        messages.append(msg)
+        slow = self.slow
+        if slow is None:
+            slow = self.slow = pull_rows.Walked()
+            self.parts.append(slow)
+        slow.append(msg)
+        slow.codes.append(self.codes[c])
+        self.n = n + 1
         self.total += size
         self.result.status = GetStatus.FOUND
         return False
@@ -290,8 +472,9 @@ class _Scan:
         return log_seg
 
 
-def _pass_over(result: GetResult, queue_offset: int, phys_offset: int, why: str) -> None:
-    if not result.messages:
+def _pass_over(result: GetResult, served: int, queue_offset: int, phys_offset: int,
+               why: str) -> None:
+    if not served:
         result.status = GetStatus.NO_MATCHED_MESSAGE
     result.corrupt.append((queue_offset, phys_offset, why))
     log.warning("pull passes over queue offset %d: %s", queue_offset, why)

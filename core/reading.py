@@ -19,9 +19,12 @@ from mqstore.filtering import MATCH_ALL
 from mqstore.format.cq_unit import CQ_UNIT_SIZE
 from mqstore.format.properties import KEY_SEPARATOR
 from mqstore.format.record import parse_offset_msg_id
+from mqstore import pull_rows
+from mqstore.format.cq_unit import EXT_ADDRESS_MAX
 from mqstore.message import GetResult, StoredMessage
 from mqstore.message_reader import read_message
-from mqstore.pull import PullRequest, get_messages
+from mqstore.pull import PullRequest, get_messages, scan_queue
+from mqstore.read_batch import ReadBatch
 from mqstore.running_flags import NOT_READABLE
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
 from mqstore.time_search import LOWER, UPPER, offset_by_time, store_time_at
@@ -51,6 +54,7 @@ class Reader:
         self.consume_queues = view.consume_queues
         self.subscriptions = view.subscriptions
         self._limits = limits
+        limits.bulk_limits()
         self.dispatchers = dispatchers
         self._follow_limit = follow_limit
         self._seen_limit: dict = {}  # the limit each followed queue was last refreshed to
@@ -117,9 +121,61 @@ class Reader:
 
         Returns None when the store is not readable (RocketMQ's null result).
         """
-        self._check_open()
+        if self.state.closed:
+            raise StoreClosedError(f"store {self.root!r} is closed")
         if self.state.running_flags & NOT_READABLE:
             return None
+        req = self._request(group, topic, queue_id, offset, max_msgs, expression,
+                            expression_type, max_total_bytes)
+        return get_messages(self.commit_log, self._queue(topic, queue_id), req, self._limits)
+
+    def read(self, topic: str, queue_id: int, offset: int, max_msgs: int = 1024, *,
+             expression: str | None = None, expression_type: str = "TAG",
+             group: str | None = None, max_total_bytes: int | None = None,
+             verify: bool = True) -> ReadBatch | None:
+        """Up to ``max_msgs`` messages of ``topic``/``queue_id`` from queue ``offset``, as
+        columns (a ``ReadBatch``): the rows ``get`` would return, by the same rules (status,
+        next offset, batch limits, filters, damaged records passed over), without building a
+        message object per row. ``group`` names the consumer group whose registered SQL92
+        subscription may skip records by bitmap. ``verify=False`` serves bodies without
+        checking their CRC (every other check stays). None when the store is not readable.
+        """
+        if self.state.closed:
+            raise StoreClosedError(f"store {self.root!r} is closed")
+        if self.state.running_flags & NOT_READABLE:
+            return None
+        req = self._request(group if group is not None else "", topic, queue_id, offset,
+                            max_msgs, expression, expression_type, max_total_bytes, verify)
+        scan = scan_queue(self.commit_log, self._queue(topic, queue_id), req,
+                          self._limits.bulk)
+        if isinstance(scan, GetResult):
+            return ReadBatch(scan.status, scan.next_begin_offset, scan.min_offset,
+                             scan.max_offset, _message_at=self._message_or_none)
+        r = scan.finish()
+        return ReadBatch(r.status, r.next_begin_offset, r.min_offset, r.max_offset,
+                         filtered_count=r.filtered_count, corrupt=r.corrupt,
+                         suggest_pulling_from_slave=r.suggest_pulling_from_slave,
+                         _message_at=self._message_or_none,
+                         **pull_rows.columns(scan.parts, self._tag_codes(topic, queue_id)))
+
+    def _tag_codes(self, topic: str, queue_id: int):
+        """The rows' tag codes from their units' (extension addresses resolved)."""
+        def resolve(codes: np.ndarray) -> np.ndarray:
+            is_ext = codes <= EXT_ADDRESS_MAX
+            if not is_ext.any():
+                return codes
+            ext = self.view.consume_queue_ext(topic, queue_id)
+            codes = codes.astype(np.int64)
+            if ext is not None:
+                present, real, _times, _bitmaps = ext.resolve(codes[is_ext])
+                codes[is_ext] = np.where(present, real, 0)
+            else:
+                codes[is_ext] = 0
+            return codes
+        return resolve
+
+    def _request(self, group, topic, queue_id, offset, max_msgs, expression, expression_type,
+                 max_total_bytes, verify: bool = True) -> PullRequest:
         if not isinstance(group, str):
             raise ValueError(f"group {group!r} must be a string")
         check_read_topic(topic)
@@ -133,12 +189,12 @@ class Reader:
         else:
             flt = self.view.compile_filter(expression, expression_type)
         bitmap = None
-        if expression is not None and PRECOMPUTES in capabilities_of(flt):
+        if expression is not None and group and PRECOMPUTES in capabilities_of(flt):
             bitmap = self._registered_bitmap(group, topic, expression, expression_type)
         view = self.view
-        return get_messages(self.commit_log, self._queue(topic, queue_id), PullRequest(
-            int(offset), max_msgs, flt, max_total_bytes,
-            lambda: view.consume_queue_ext(topic, queue_id), bitmap), self._limits)
+        return PullRequest(int(offset), max_msgs, flt, max_total_bytes,
+                           lambda: view.consume_queue_ext(topic, queue_id), bitmap,
+                           bool(verify))
 
     def _registered_bitmap(self, group, topic, expression, expression_type):
         """(bloom positions, registered at) of the group's subscription, when it is this one."""

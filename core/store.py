@@ -285,8 +285,8 @@ class MessageStore:
         return f"MessageStore({self.root!r}, {state})"
 
 
-_READS = ("get", "message_at", "message_by_id", "offset_by_time", "min_offset", "max_offset",
-          "earliest_message_time", "topics", "queue_ids", "query_by_key",
+_READS = ("get", "read", "message_at", "message_by_id", "offset_by_time", "min_offset",
+          "max_offset", "earliest_message_time", "topics", "queue_ids", "query_by_key",
           "query_by_unique_key", "register_subscription", "unregister_subscription",
           "_key_index", "_queue")
 

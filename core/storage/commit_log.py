@@ -116,7 +116,10 @@ class CommitLog:
         at = phys_offset - seg.start
         if at + size > seg.committed or size <= 0:
             return None
-        return seg.view[at:at + size]
+        try:
+            return seg.view[at:at + size]
+        except ValueError:  # cleanup closed the segment since the lookup: it is gone
+            return None
 
     # Records a follower checks per look: one far behind catches up over several looks.
     _FOLLOW_RECORDS = 1 << 15

@@ -1,0 +1,95 @@
+"""Record headers and bodies of the records a pull serves, as numpy columns.
+
+The fixed part of a V1 record with IPv4 hosts (the common case: RocketMQ writes V2 only for
+topics longer than 127 bytes, IPv6 only for IPv6 hosts) is 88 bytes, TOTALSIZE to BODYLENGTH;
+``HEADER_V4`` is that layout as a numpy structured dtype (``record.header_dtype``). Rows are taken from a segment's map
+through a strided window, one contiguous copy per row, so a thousand headers cost about as much
+as a few dozen Python calls. Records of any other shape are left to the per-record code
+(``format.record``, ``format.verify``), which names what is wrong.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from mqstore.format.record import MAGIC_V1, header_dtype
+
+HEADER_V4 = header_dtype(False, False)
+HEADER_V4_BYTES = HEADER_V4.itemsize  # 88
+_HOST_BITS = 0x30  # sysflag bits 4 and 5: born / store host is IPv6
+# A V1 record is at least its header, a one-byte topic length and a two-byte properties length.
+MIN_V1_RECORD = HEADER_V4_BYTES + 3
+
+
+def segment_bytes(mm) -> np.ndarray:
+    """The segment's map as bytes (no copy). The array holds the map open past a close: a
+    segment deleted meanwhile stays readable until the array is dropped."""
+    return np.frombuffer(mm, dtype=np.uint8)
+
+
+def rows(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """``width`` bytes at each of the offsets ``at`` of ``data``, as an (n, width) array;
+    every ``at + width`` must lie within ``data``."""
+    window = as_strided(data, shape=(max(len(data) - width + 1, 0), width),
+                        strides=(1, 1), writeable=False)
+    return window[at]
+
+
+def headers(data: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The 88-byte headers of the records at ``at`` (each at least MIN_V1_RECORD bytes into
+    ``data``), decoded as HEADER_V4 whatever their shape: check ``v1_ipv4_ok`` first."""
+    return rows(data, at, HEADER_V4_BYTES).view(HEADER_V4).reshape(-1)
+
+
+def v1_ipv4_ok(data: np.ndarray, at: np.ndarray, head: np.ndarray, sizes: np.ndarray,
+               topic: bytes) -> np.ndarray:
+    """Which records are well-formed V1/IPv4 records of ``topic`` exactly ``sizes`` long, whose
+    lengths add up (body, topic, properties). Identity (offsets, queue) is the caller's."""
+    body_len = head["body_len"].astype(np.int64)
+    tlen = len(topic)
+    tail_at = at + HEADER_V4_BYTES + body_len  # the topic-length byte
+    ok = ((head["magic"] == MAGIC_V1) & ((head["sysflag"] & _HOST_BITS) == 0)
+          & (head["total_size"] == sizes) & (body_len >= 0)
+          & (HEADER_V4_BYTES + body_len + 3 + tlen <= sizes))
+    if not ok.all():
+        return ok
+    tail = rows(data, tail_at, tlen + 3)
+    expected = np.frombuffer(bytes([tlen]) + topic, dtype=np.uint8)
+    ok &= (tail[:, :tlen + 1] == expected).all(axis=1)
+    props_len = tail[:, tlen + 1].astype(np.int64) << 8 | tail[:, tlen + 2]
+    ok &= HEADER_V4_BYTES + body_len + 3 + tlen + props_len == sizes
+    return ok
+
+
+def crc_ok(data: np.ndarray, body_at: list, body_len: list, crcs: list) -> bool:
+    """True when every body's CRC-32 (sign bit dropped, as RocketMQ stores it) matches."""
+    mv = memoryview(data)
+    try:
+        crc32 = zlib.crc32
+        return all(crc32(mv[a:a + n]) & 0x7FFFFFFF == c
+                   for a, n, c in zip(body_at, body_len, crcs))
+    finally:
+        mv.release()
+
+
+def gather(data: np.ndarray, starts: np.ndarray,
+           lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The byte ranges ``[starts, starts + lengths)`` of ``data`` packed into one uint8 array,
+    and the n + 1 int32 offsets of each range in it (Arrow's binary layout)."""
+    offsets = np.zeros(len(starts) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    if len(starts) and (lengths == lengths[0]).all():
+        # Equal lengths (fixed-size payloads are common): one strided row copy.
+        width = int(lengths[0])
+        if width == 0:
+            return np.empty(0, dtype=np.uint8), offsets
+        return rows(data, starts, width).reshape(-1), offsets
+    mv = memoryview(data)
+    try:
+        packed = b"".join([mv[a:a + n] for a, n in zip(starts.tolist(), lengths.tolist())])
+        return np.frombuffer(packed, dtype=np.uint8), offsets
+    finally:
+        mv.release()
