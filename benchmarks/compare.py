@@ -53,6 +53,14 @@ BENCHES = {
     "filter": ("bench_filter.py", ["--quick"], ["--count", "20000"]),
     "index": ("bench_index.py", ["--quick", "--entries", "400000", "--queries", "2000"],
               ["--count", "50000", "--entries", "100000", "--queries", "500"]),
+    # Reads against SQLite: read (skipped on revisions without it), get, message_at,
+    # offset_by_time, query_by_key.
+    "read_sqlite": ("bench_read_sqlite.py", ["--count", "100000", "--queries", "10000"],
+                    ["--quick"]),
+    # Appends against SQLite, each timed until readable: put_batch of columns and of
+    # Message objects, 128 B and 1 KiB (one round per run: compare.py repeats the runs).
+    "append_sqlite": ("bench_append_sqlite.py", ["--rounds", "1"],
+                      ["--count", "20000", "--rounds", "1"]),
 }
 DEFAULT_SET = "put_get,dispatch_lag,sync_flush"
 

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from mqstore import appender
-from mqstore.batch_columns import columns_from_batch, columns_from_prepared, encode_columns
+from mqstore.batch_columns import columns_from_batch, columns_from_messages, encode_columns
 from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
 from mqstore.errors import StoreClosedError
 from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult, PutStatus
@@ -216,8 +216,7 @@ class Appender:
         if isinstance(messages, MessageBatch):
             cols = columns_from_batch(messages, self.put_ctx)
         else:
-            cols = columns_from_prepared(appender.prepare_batch(messages, self.put_ctx),
-                                         messages)
+            cols = columns_from_messages(messages, self.put_ctx)
         if cols.queue_ids is None:
             queues, select = self.queues_per_topic, self.selector.select
             cols.queue_ids = np.fromiter(

@@ -13,22 +13,140 @@ the background, so a worker process can run it unchanged.
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import weakref
 from dataclasses import dataclass
+from itertools import chain
 from typing import Callable, Sequence
 
 import numpy as np
 
 from mqstore.errors import CorruptRecordError
 from mqstore.format.properties import PROPERTY_DELAY, PROPERTY_TAGS, find_property
+from mqstore.format.property_keys import SEGMENT_SEP, last_values
 from mqstore.format.quarantine import find_record
-from mqstore.format.record import SCAN_BAD, SCAN_BLANK, scan_record
-from mqstore.format.record_columns import heads, walk
+from mqstore.format.record import (
+    MAGIC_V1, MAGIC_V2, POS_BORN_HOST, POS_PHYS_OFFSET, POS_QUEUE_ID, POS_QUEUE_OFFSET,
+    POS_SYSFLAG, SCAN_BAD, SCAN_BLANK, SYSFLAG_BORNHOST_V6, scan_record, unpack_record,
+)
+from mqstore.format.record_columns import MIN_RECORD_BYTES, heads, walk
 
 log = logging.getLogger("mqstore.dispatch")
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+_TAGS = PROPERTY_TAGS.encode()
+_SIZE_MAGIC = struct.Struct(">ii")
+# walk_runs: records checked by the first array pass (a producer's batch is usually one run),
+# by the first one after a run broke (then growing while the sizes stay equal), the run below
+# which sizes count as mixed, and the records then walked one by one before looking again.
+_RUN_FIRST = 1024
+_RUN_AGAIN = 64
+_RUN_MOST = 1 << 16
+_RUN_SHORT = 8
+_MIXED_STRETCH_RECORDS = 128
+
+
+def walk_runs(buf, u8: np.ndarray, begin: int, limit: int, soft_stop: int
+              ) -> tuple[np.ndarray, int]:
+    """``record_columns.walk`` (same positions, same stop) as an int64 array.
+
+    Following TOTALSIZE is sequential, but a producer's batch is mostly records of one size
+    back to back: from a record of size s, the next ones start every s bytes for as long as
+    their size fields say s, so one array pass over ``(size, magic)`` at that stride checks a
+    whole run. A run is tried only where the next record has the same size; elsewhere (sizes
+    that keep changing) stretches are walked record by record, as ``walk`` does.
+    """
+    limit = min(limit, len(buf))
+    runs: list[np.ndarray] = []
+    pos, chunk = begin, _RUN_FIRST
+    while pos + 8 <= limit and pos < soft_stop:
+        total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+        if (magic != MAGIC_V1 and magic != MAGIC_V2) or total < MIN_RECORD_BYTES \
+                or pos + total > limit:
+            break
+        following = pos + total
+        if following + 8 <= limit and following < soft_stop \
+                and _SIZE_MAGIC.unpack_from(buf, following)[0] == total:
+            # records of this size that would end inside limit and start before soft_stop
+            m = min(chunk, (limit - pos) // total, -(-(soft_stop - pos) // total))
+            fields = u8[pos:pos + m * total].reshape(m, total)[:, :8].copy().view(">i4")
+            ok = (fields[:, 0] == total) & (
+                (fields[:, 1] == MAGIC_V1) | (fields[:, 1] == MAGIC_V2))
+            bad = np.flatnonzero(~ok)
+            run = int(bad[0]) if len(bad) else m  # >= 1: the first record was checked above
+            runs.append(pos + total * np.arange(run, dtype=np.int64))
+            pos += run * total
+            if run == m:
+                chunk = min(chunk * 4, _RUN_MOST)
+                continue
+            chunk = _RUN_AGAIN
+            if run >= _RUN_SHORT:
+                continue
+        more, pos = walk(buf, pos, limit, min(soft_stop, pos + _MIXED_STRETCH_RECORDS * total))
+        runs.append(np.array(more, dtype=np.int64))
+    out = runs[0] if len(runs) == 1 else (
+        np.concatenate(runs) if runs else np.empty(0, dtype=np.int64))
+    return out, pos
+
+
+def _slices(mm, u8: np.ndarray, at: np.ndarray, length: np.ndarray) -> list[bytes]:
+    """``mm[at:at + length]`` of every record: when all are the first one's bytes (one topic,
+    one property block), found with one array compare, the list repeats that one object;
+    else the slices are taken by C loops (map), not by a Python loop per record."""
+    first, size = int(at[0]), int(length[0])
+    raw = mm[first:first + size]
+    if (length == size).all() and (
+            u8[at[:, None] + np.arange(size)] == np.frombuffer(raw, dtype=np.uint8)).all():
+        return [raw] * len(at)
+    return list(map(mm.__getitem__, map(slice, at.tolist(), (at + length).tolist())))
+
+
+def _column(rows: np.ndarray, at: int, dtype: str) -> np.ndarray:
+    width = np.dtype(dtype).itemsize
+    return np.ascontiguousarray(rows[:, at:at + width]).view(dtype).ravel()
+
+
+def heads_alike(buf, u8: np.ndarray, positions: np.ndarray) -> tuple[dict, int] | None:
+    """``record_columns.heads`` for records laid back to back with one layout (the usual
+    batch: one size, host families, body, topic and properties lengths), or None.
+
+    The records are rows of one 2-D view of the segment; they share the first record's
+    layout when the bytes that decide it (size, magic, sysflag, the three length fields) are
+    the same in every row, and then every record is valid exactly when the first is, which
+    ``unpack_record`` (accepting what ``heads`` accepts) checks; each column is then one
+    strided copy.
+    """
+    n, start = len(positions), int(positions[0])
+    try:
+        lay = unpack_record(buf, start)
+    except ValueError:
+        return None
+    size, sysflag, body_len = lay.fields[0], lay.fields[7], lay.fields[16]
+    # The gaps say nothing of the last record's size: the row compare below checks it, on
+    # rows that must then lie inside the buffer.
+    if n > 1 and (start + n * size > len(u8) or not (np.diff(positions) == size).all()):
+        return None
+    rows = u8[start:start + n * size].reshape(n, size)
+    ts_at = POS_BORN_HOST + (20 if sysflag & SYSFLAG_BORNHOST_V6 else 8)
+    body_len_at = lay.body_at - start - 4
+    topic_at, props_at = lay.topic_at - start, lay.props_at - start
+    decided = np.r_[0:8, POS_SYSFLAG:POS_SYSFLAG + 4, body_len_at:body_len_at + 4,
+                    body_len_at + 4 + body_len:topic_at, props_at - 2:props_at]
+    if n > 1 and not (rows[1:, decided] == rows[0, decided]).all():
+        return None
+    return {
+        "size": np.full(n, size, dtype=np.int64),
+        "queue_id": _column(rows, POS_QUEUE_ID, ">i4"),
+        "queue_offset": _column(rows, POS_QUEUE_OFFSET, ">i8"),
+        "phys_offset": _column(rows, POS_PHYS_OFFSET, ">i8"),
+        "sysflag": np.full(n, sysflag, dtype=np.int32),
+        "store_timestamp": _column(rows, ts_at, ">i8"),
+        "topic_at": positions + topic_at,
+        "topic_len": np.full(n, lay.topic_len, dtype=np.int64),
+        "props_at": positions + props_at,
+        "props_len": np.full(n, lay.props_len, dtype=np.int64),
+    }, n
 
 
 @dataclass(frozen=True)
@@ -53,12 +171,18 @@ class DispatchBatch:
     @classmethod
     def concat(cls, begin: int, end: int, parts: list[dict]) -> "DispatchBatch":
         def col(name, dtype):
-            return np.concatenate([p[name] for p in parts]).astype(dtype, copy=False)
+            arrays = [p[name] for p in parts]
+            return (arrays[0] if len(arrays) == 1 else np.concatenate(arrays)).astype(
+                dtype, copy=False)
+
+        def joined(name):  # one part per segment touched: usually just one
+            return parts[0][name] if len(parts) == 1 else list(
+                chain.from_iterable(p[name] for p in parts))
         return cls(
             begin, end, col("phys_offset", np.int64), col("size", np.int32),
             col("queue_id", np.int32), col("queue_offset", np.int64), col("tags_code", np.int64),
             col("store_timestamp", np.int64), col("sysflag", np.int32),
-            [t for p in parts for t in p["topics"]], [x for p in parts for x in p["properties"]],
+            joined("topics"), joined("properties"),
         )
 
 
@@ -80,15 +204,43 @@ class TagsCoder:
                     level = 0
                 if level > 0:
                     return store_timestamp + self._delays[level - 1]
-        tags = find_property(props, PROPERTY_TAGS.encode())
-        if not tags:
-            return 0
+        tags = find_property(props, _TAGS)
+        return self._tags_code(tags) if tags else 0
+
+    def _tags_code(self, tags: bytes) -> int:
         code = self._cache.get(tags)
         if code is None:
             if len(self._cache) > 65536:
                 self._cache.clear()
             code = self._cache[tags] = self._hash(tags.decode("utf-8", errors="replace"))
         return code
+
+    def codes(self, topics: Sequence[str], props: list[bytes], store_timestamps: np.ndarray
+              ) -> np.ndarray:
+        """``code`` of every record, with array passes over all their properties at once."""
+        n = len(props)
+        if n and props.count(props[0]) == n:  # one property block for all (no keys)
+            tags = find_property(props[0], _TAGS)
+            out = np.full(n, self._tags_code(tags) if tags else 0, dtype=np.int64)
+        else:
+            out = np.zeros(n, dtype=np.int64)
+            lengths = np.fromiter(map(len, props), dtype=np.int64, count=n)
+            ends = np.cumsum(lengths)
+            joined = b"".join(props)
+            data = np.frombuffer(joined, dtype=np.uint8)
+            rows, begin, end = last_values(data, ends - lengths, ends,
+                                           np.flatnonzero(data == SEGMENT_SEP), _TAGS)
+            if len(rows):
+                values = list(map(joined.__getitem__, map(slice, begin.tolist(), end.tolist())))
+                codes = list(map(self._cache.get, values))
+                if None in codes:  # tags not seen before: hashed once each
+                    codes = [self._tags_code(v) if c is None else c
+                             for v, c in zip(values, codes)]
+                out[rows] = codes
+        if SCHEDULE_TOPIC in topics:  # due times instead of tags codes: record by record
+            for i in [i for i, t in enumerate(topics) if t == SCHEDULE_TOPIC]:
+                out[i] = self.code(SCHEDULE_TOPIC, props[i], int(store_timestamps[i]))
+        return out
 
 
 class DispatchLoop:
@@ -133,16 +285,16 @@ class DispatchLoop:
                 break
             limit = min(seg.committed, end - seg.start)
             at = pos - seg.start
-            positions, wend = walk(seg.mm, at, limit, stop - seg.start)
-            if positions:
-                rel = np.array(positions, dtype=np.int64)
-                cols, n = heads(self._bytes_of(seg), rel)
+            u8 = self._bytes_of(seg)
+            rel, wend = walk_runs(seg.mm, u8, at, limit, stop - seg.start)
+            if len(rel):
+                cols, n = heads_alike(seg.mm, u8, rel) or heads(u8, rel)
                 wrong = np.flatnonzero(cols["phys_offset"] != rel[:n] + seg.start)
                 if len(wrong):
                     n = int(wrong[0])
                     cols = {k: v[:n] for k, v in cols.items()}
-                if n < len(positions):
-                    wend = positions[n]
+                if n < len(rel):
+                    wend = int(rel[n])
                 if n:
                     parts.append(self._columns(seg, cols))
             pos = seg.start + wend
@@ -209,25 +361,21 @@ class DispatchLoop:
         return cached[1]
 
     def _columns(self, seg, cols: dict) -> dict:
-        mm = seg.mm
-        topic_names = self._topic_names
-        topics, props, tags = [], [], []
-        code = self.tags_coder.code
-        for t_at, t_len, p_at, p_len, ts in zip(
-                cols["topic_at"].tolist(), cols["topic_len"].tolist(), cols["props_at"].tolist(),
-                cols["props_len"].tolist(), cols["store_timestamp"].tolist()):
-            raw_topic = mm[t_at:t_at + t_len]
-            topic = topic_names.get(raw_topic)
-            if topic is None:
-                topic = topic_names[raw_topic] = raw_topic.decode("utf-8", errors="replace")
-            raw_props = mm[p_at:p_at + p_len]
-            topics.append(topic)
-            props.append(raw_props)
-            tags.append(code(topic, raw_props, ts))
+        mm, u8 = seg.mm, self._bytes_of(seg)
+        topics = _slices(mm, u8, cols["topic_at"], cols["topic_len"])
+        topics = ([self._topic_name(topics[0])] * len(topics) if topics.count(topics[0]) == len(
+            topics) else list(map(self._topic_name, topics)))
+        props = _slices(mm, u8, cols["props_at"], cols["props_len"])
         cols["topics"] = topics
         cols["properties"] = props
-        cols["tags_code"] = np.array(tags, dtype=np.int64)
+        cols["tags_code"] = self.tags_coder.codes(topics, props, cols["store_timestamp"])
         return cols
+
+    def _topic_name(self, raw: bytes) -> str:
+        topic = self._topic_names.get(raw)
+        if topic is None:
+            topic = self._topic_names[raw] = raw.decode("utf-8", errors="replace")
+        return topic
 
     def run_until(self, offset: int) -> None:
         """Dispatch inline up to ``offset``; a failing dispatcher's exception is raised."""

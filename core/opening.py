@@ -22,6 +22,7 @@ from mqstore.reading import Reader
 from mqstore.recovery import RecoveryReport, mend_range, recover
 from mqstore.running_flags import NOT_WRITEABLE
 from mqstore.runtime import Runtime
+from mqstore.storage import clean_marker
 from mqstore.storage.checkpoint import Checkpoint, StoreLock, abort_exists, create_abort
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
@@ -89,6 +90,9 @@ class Opener:
     def _files(self) -> None:
         """Commit log, consume queues and the store's recorded settings."""
         store, config, ro = self.store, self.config, self.state.read_only
+        # Taken (for writing: removed, durably) before any file changes, so a crash from here
+        # on never finds a marker describing files this open went on to change.
+        self.marker, self.marker_problem = clean_marker.take(self.root, remove=not ro)
         meta, meta_problem = load_meta(self.root)
         store.hooks = PluginHooks(make_plugin_manager(
             modules=config.plugins.modules, disable=config.plugins.disable,
@@ -127,7 +131,7 @@ class Opener:
         report: RecoveryReport = recover(
             store.commit_log, list(self.queues.values()), store.checkpoint,
             abnormal=self.abnormal, check_crc=self.config.commit_log.check_crc_on_recover,
-            read_only=ro, known_queues=known_queues)
+            read_only=ro, known_queues=known_queues, marker=self._usable_marker())
         report.notes[:0] = self.notes
         store.recovery_report = report
         if not store.commit_log.segments.segments:
@@ -139,6 +143,21 @@ class Opener:
                     seg.force()
             store.checkpoint.confirm_phy_offset = store.commit_log.max_offset
             store.checkpoint.note_appended(store.commit_log.max_offset)
+
+    def _usable_marker(self) -> dict | None:
+        """The clean-shutdown marker, unless what it cannot know rules it out already."""
+        why = self.marker_problem
+        if self.marker is not None:
+            if self.abnormal:
+                why = "the abort file is there (the last exit was not clean)"
+            elif self.config.index.enabled and not self.marker["index"]["active"]:
+                why = "the key index was not active when the store closed"
+            else:
+                return self.marker
+        if why is not None:
+            self.notes.append(f"clean-shutdown marker {clean_marker.MARKER_FILE} not trusted: "
+                              f"{why}; full recovery")
+        return None
 
     def _parts(self) -> None:
         """The view, the dispatchers of this process's role, the reader."""
@@ -214,7 +233,8 @@ class Opener:
                        check_crc=config.commit_log.check_crc_on_recover, read_only=False,
                        report=report)
         create_abort(self.root)
-        report.redispatch_bytes, report.redispatch_seconds = runtime.start(start, report.abnormal)
+        report.redispatch_bytes, report.redispatch_seconds = runtime.start(
+            start, report.abnormal, report.trusted_end)
         store._appender.queue_offsets.update(self._queue_offsets())
 
     def _queue_offsets(self) -> dict:

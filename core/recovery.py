@@ -20,10 +20,13 @@ Follows RocketMQ 5.x (spec 10.11) with these changes, all in the direction of lo
   quarantined.
 - What was cut, quarantined or rebuilt is returned as a :class:`RecoveryReport`.
 
-Steps: recover each consume queue (cut after its last valid unit); pick the commit-log segment
-to validate from (normal exit: the newest whose first record is already dispatched to every
-queue that needs it; abnormal exit: also no later than the checkpoint's minimum time); walk and
-mend the records from there; cut the torn tail; drop consume-queue units past the end.
+Steps: recover each consume queue (cut after its last valid unit); if a clean-shutdown marker
+(``storage.clean_marker``) is offered and matches the files, stop there: the log ends where it
+says and nothing is walked. Otherwise pick the commit-log segment to validate from (normal
+exit: the newest whose first record is already dispatched to every queue that needs it;
+abnormal exit: also no later than the checkpoint's minimum time, RocketMQ's rule, so only what
+the checkpoint does not cover is walked, at segment granularity); walk and mend the records
+from there; cut the torn tail; drop consume-queue units past the end.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from mqstore.format.quarantine import (
     MIN_QUARANTINE_BYTES, QUARANTINE_DIR, blank_closes, filler_for, find_record,
 )
 from mqstore.format.record import SCAN_BAD, SCAN_BLANK, SCAN_OK, encode_blank, scan_record
+from mqstore.storage import clean_marker
 
 ZERO_PROBE_BYTES = 64 * 1024
 NO_END = 1 << 62
@@ -67,6 +71,10 @@ class RecoveryReport:
     recreated_segments: list[str] = field(default_factory=list)
     queues_rebuilt: dict[str, str] = field(default_factory=dict)  # queue -> why
     notes: list[str] = field(default_factory=list)
+    # The commit-log end a trusted clean-shutdown marker vouched for (``storage.clean_marker``):
+    # nothing was walked, and every dispatcher active at the last close, whose files are as
+    # it left them, had dispatched everything below it. -1: no marker was trusted.
+    trusted_end: int = -1
 
     @property
     def clean(self) -> bool:
@@ -307,10 +315,34 @@ def _rebuild_point(consume_queues, known_queues: dict, report: RecoveryReport) -
     return rebuild_from
 
 
+def _trust(report: RecoveryReport, commit_log, consume_queues, marker: dict) -> RecoveryReport:
+    """The marker describes the files: the log ends where it says and everything below is
+    dispatched, so nothing is walked, no queue is checked again, dispatch resumes at the end."""
+    end = marker["end"]
+    commit_log.segments.truncate_to(end)  # loaded segments count as full until told
+    clean_marker.restore(marker, consume_queues)
+    report.scan_from = report.commit_log_end = report.redispatch_from = end
+    report.trusted_end = end
+    report.notes.append(f"clean-shutdown marker {clean_marker.MARKER_FILE} trusted: the commit "
+                        f"log ends at {end}, no record walked")
+    return report
+
+
 def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc: bool,
-            read_only: bool, known_queues: dict | None = None) -> RecoveryReport:
-    """``known_queues``: the queue manifest (``storage.queue_manifest``), if any."""
+            read_only: bool, known_queues: dict | None = None,
+            marker: dict | None = None) -> RecoveryReport:
+    """``known_queues``: the queue manifest (``storage.queue_manifest``), if any; ``marker``:
+    a clean-shutdown marker, trusted if it matches the files (the caller checked ``abort``)."""
     report = RecoveryReport(abnormal=abnormal)
+    if marker is not None:
+        try:
+            why = clean_marker.mismatch(marker, commit_log, consume_queues)
+        except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:  # never a crash
+            why = f"it cannot be checked ({exc!r})"
+        if why is None:
+            return _trust(report, commit_log, consume_queues, marker)
+        report.notes.append(f"clean-shutdown marker {clean_marker.MARKER_FILE} not trusted: "
+                            f"{why}; full recovery")
     rebuild_from = _rebuild_point(consume_queues, known_queues or {}, report)
     dispatch_from = max((cq.max_phys for cq in consume_queues), default=-1)
     dispatch_from = min(dispatch_from, rebuild_from)

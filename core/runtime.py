@@ -65,15 +65,17 @@ class Runtime:
             tick_s=min(1.0, config.cleanup.interval_ms / 1000.0))
 
     # -- starting ----------------------------------------------------------------------------
-    def start(self, start: int, abnormal: bool) -> tuple[int, float]:
+    def start(self, start: int, abnormal: bool, trusted_end: int = -1) -> tuple[int, float]:
         """Publish the initial positions, dispatch ``[start, end)`` (recovery's re-dispatch:
         queue offsets must be known before the first put), start the loops. Returns the
-        bytes re-dispatched and the seconds it took."""
+        bytes re-dispatched and the seconds it took. ``trusted_end``: the report's (the
+        dispatch worker's dispatchers resume from it as the store process's did)."""
         ch = self.channels
         end = self.commit_log.max_offset
         ch.append.written = ch.flush.committed = ch.flush.flushed = end
         ch.append.confirmed = self.confirm_offset()
         ch.append.abnormal = int(abnormal)
+        ch.append.trusted_end = trusted_end
         ch.dispatch.dispatched = start
         ch.dispatch.logics_ts = self.checkpoint.logics_msg_timestamp
         ch.dispatch.index_ts = self.checkpoint.index_msg_timestamp

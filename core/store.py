@@ -30,6 +30,7 @@ from mqstore.running_flags import (  # noqa: F401 - flags are part of the store'
     WRITE_LOGICS_QUEUE_ERROR, StoreState,
 )
 from mqstore.runtime import Runtime
+from mqstore.storage import clean_marker
 from mqstore.storage.checkpoint import remove_abort
 from mqstore.uninterrupted import shield
 from mqstore.workers import shm
@@ -209,6 +210,7 @@ class MessageStore:
         state.closed = True  # every call now raises StoreClosedError
         _open_stores.discard(self)
         clean = False
+        ends = None
         runtime = self._runtime
         try:
             if runtime is not None:
@@ -217,13 +219,30 @@ class MessageStore:
                 last_end = self._appender.last_append[0]
                 caught_up = runtime.stop(last_end)
                 clean = caught_up and not state.running_flags & (UNWRITABLE & ~DISK_FULL)
+                if clean:
+                    ends = self._ends()
         finally:
             self._release_files()
             if clean:
+                # Before ``abort`` goes: a crash between the two leaves both, and a marker
+                # beside ``abort`` is never trusted. Written once every file is closed.
+                if ends is not None:
+                    clean_marker.leave(self.root, ends[0], segment_bytes=ends[1],
+                                       index_active=ends[2],
+                                       max_record_bytes=self.config.commit_log.max_message_bytes)
                 remove_abort(self.root)
             if runtime is not None:
                 shield.uninstall()
             self._unlock()
+
+    def _ends(self) -> tuple[int, int, bool] | None:
+        """What the clean-shutdown marker records from this process (the rest is read from
+        the files once closed): the commit-log end, the segment size and whether a key
+        index was built; None when bytes are still staged past the readable end."""
+        segq = self.commit_log.segments
+        if segq.max_offset != segq.write_end:
+            return None
+        return segq.max_offset, segq.segment_bytes, self.dispatchers.key_lookup() is not None
 
     def _crash(self) -> None:
         """End abruptly, as a killed process would: no final flush, ``abort`` stays."""

@@ -37,32 +37,33 @@ class ConsumeQueueBuilder:
         queued = np.flatnonzero((tx == TX_NOT) | (tx == TX_COMMIT))
         if not len(queued):
             return
-        groups: dict[tuple[str, int], list[int]] = {}
-        topics = batch.topics
-        qids = batch.queue_ids.tolist()
-        for i in queued.tolist():
-            key = (topics[i], qids[i])
-            group = groups.get(key)
-            if group is None:
-                groups[key] = [i]
-            else:
-                group.append(i)
         subs = self.store.subscriptions
         subs.reload()
-        subs_by_topic = {t: _compiled(self.store, subs, t) for t in {k[0] for k in groups}}
-        for (topic, queue_id), rows in groups.items():
-            idx = np.asarray(rows)
-            qoffs = batch.queue_offsets[idx]
-            units = np.empty(len(idx), dtype=CQ_DTYPE)
-            units["phys_offset"] = batch.phys_offsets[idx]
-            units["size"] = batch.sizes[idx]
-            units["tags_code"] = batch.tags_codes[idx]
+        topics = batch.topics
+        rows, bounds = _queue_groups(topics, batch.queue_ids, queued)
+        # Every unit of the batch in one array, grouped by queue (array passes for all
+        # queues at once); each queue then takes its slice.
+        units = np.empty(len(rows), dtype=CQ_DTYPE)
+        units["phys_offset"] = batch.phys_offsets[rows]
+        units["size"] = batch.sizes[rows]
+        units["tags_code"] = batch.tags_codes[rows]
+        qoffs = batch.queue_offsets[rows]
+        cuts = np.flatnonzero(np.diff(qoffs) != 1) + 1  # runs of consecutive queue offsets
+        subs_by_topic: dict = {}
+        for lo, hi in bounds:
+            first = int(rows[lo])
+            topic, queue_id = topics[first], int(batch.queue_ids[first])
+            compiled = subs_by_topic.get(topic)
+            if compiled is None:
+                compiled = subs_by_topic[topic] = _compiled(self.store, subs, topic)
             cq = self.store.consume_queue(topic, queue_id, create=True)
-            if subs_by_topic.get(topic):
-                self._attach_bitmaps(batch, rows, units, cq, topic, queue_id, subs_by_topic[topic])
-            breaks = np.flatnonzero(np.diff(qoffs) != 1) + 1
-            for run in np.split(np.arange(len(idx)), breaks):
-                cq.put_units(int(qoffs[run[0]]), units[run])
+            group = units[lo:hi]
+            if compiled:
+                self._attach_bitmaps(batch, rows[lo:hi].tolist(), group, cq, topic, queue_id,
+                                     compiled)
+            starts = [lo, *cuts[(cuts > lo) & (cuts < hi)].tolist()]
+            for a, b in zip(starts, starts[1:] + [hi]):
+                cq.put_units(int(qoffs[a]), units[a:b])
         self.store.checkpoint.logics_msg_timestamp = int(batch.store_timestamps[queued[-1]])
 
     def _attach_bitmaps(self, batch, rows, units, cq, topic, queue_id, compiled) -> None:
@@ -82,6 +83,26 @@ class ConsumeQueueBuilder:
 
     def close(self) -> None:
         pass
+
+
+def _queue_groups(topics, queue_ids: np.ndarray, rows: np.ndarray
+                  ) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """``rows`` ordered by (topic, queue id), each group's rows ascending, and each group's
+    ``[lo, hi)`` in that order, groups in the order of their first row. Array passes, with one
+    C-level map for batches of many topics."""
+    names = dict.fromkeys(topics)
+    key = queue_ids[rows].astype(np.int64) & 0xFFFFFFFF
+    if len(names) > 1:
+        ids = {t: i for i, t in enumerate(names)}
+        topic_ids = np.fromiter(map(ids.__getitem__, topics), dtype=np.int64, count=len(topics))
+        key |= topic_ids[rows] << 32
+    order = np.argsort(key, kind="stable")
+    ordered = key[order]
+    cuts = (np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist()
+    bounds = list(zip([0, *cuts], [*cuts, len(order)]))
+    rows = rows[order]
+    bounds.sort(key=lambda b: int(rows[b[0]]))
+    return rows, bounds
 
 
 def _compiled(store, subs, topic: str) -> list:

@@ -8,8 +8,9 @@ On open it loads the files (slot and entry counts from the config, or from the f
 RocketMQ's 4 entries per slot when they differ), drops files a crash may have left half written
 (after an abnormal exit: those newer than the checkpoint's index time) and files that fail their
 consistency check, and asks dispatch to resume from the end of what is left, so every message in
-the commit log is indexed again. ``candidates`` answers lookups newest first; the store then
-reads each message and keeps only real key matches.
+the commit log is indexed again; after a trusted clean-shutdown marker, with no file dropped,
+from the end it vouches for (see ``_indexed_until``). ``candidates`` answers lookups newest
+first; the store then reads each message and keeps only real key matches.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from mqstore.format import index_layout as L
 from mqstore.format.record import SYSFLAG_TX_MASK, TX_ROLLBACK
 from mqstore.format.murmur3 import hash_ranges
+from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 from mqstore.format.property_keys import key_ranges
 from mqstore.contracts import DROPS_OLD_FILES, LOOKS_UP_KEYS, RESUMES, WRITER
 from mqstore.hashing import HASH_MMH3, bytes_hasher
@@ -56,8 +58,8 @@ class KeyIndex:
         self._topic_prefixes: dict[str, bytes] = {}
         self._lock = threading.Lock()  # guards the file list against concurrent lookups
         self.files: list[IndexFile] = []
-        self._load(store.recovery_report)
-        self._next_phys = self._indexed_until(store)
+        kept_all = self._load(store.recovery_report)
+        self._next_phys = self._indexed_until(store, kept_all)
 
     # -- open ------------------------------------------------------------------------------
     def _open_file(self, path: str) -> IndexFile:
@@ -66,9 +68,10 @@ class KeyIndex:
             return IndexFile.load(path, self.slots, self.entries, read_only=self.read_only)
         return IndexFile.load(path, read_only=self.read_only)
 
-    def _load(self, report) -> None:
+    def _load(self, report) -> bool:
+        """Load the files; False when one was dropped (it and what follows are rebuilt)."""
         if not os.path.isdir(self.directory):
-            return
+            return True
         names = sorted(n for n in os.listdir(self.directory) if n.isdigit())
         keep_until = self.store.checkpoint.index_msg_timestamp
         for i, name in enumerate(names):
@@ -95,12 +98,24 @@ class KeyIndex:
                     os.unlink(later_path)
             if not self.read_only and os.path.exists(path):
                 os.unlink(path)
-            break
+            return False
+        return True
 
-    def _indexed_until(self, store) -> int:
-        """End of the indexed part of the log. The header only names the last indexed
-        record's start; after a clean exit that record is complete, after a crash its keys
-        may be cut (they can straddle two files), so it is indexed again."""
+    def _indexed_until(self, store, kept_all: bool) -> int:
+        """End of the indexed part of the log.
+
+        After a trusted clean-shutdown marker (``trusted_end``), with every file kept: the
+        files are those the index had at the close, when every record below that end had
+        been indexed, whether or not it had keys; so nothing is indexed again, even when
+        no message ever had a key (no file to say so) or the last keys are long past.
+
+        Otherwise from the files: the header only names the last indexed record's start;
+        after a clean exit that record is complete, after a crash its keys may be cut (they
+        can straddle two files), so it is indexed again. No file with an entry: everything
+        is indexed again (the directory may have been deleted)."""
+        trusted = store.recovery_report.trusted_end
+        if trusted >= 0 and kept_all:
+            return trusted
         if not self.files or self.files[-1].index_count <= L.FIRST_INDEX:
             return -1
         last = self.files[-1].end_phys_offset
@@ -117,45 +132,53 @@ class KeyIndex:
     def dispatch(self, batch) -> None:
         todo = (batch.phys_offsets >= self._next_phys) & (
             (batch.sysflags & SYSFLAG_TX_MASK) != TX_ROLLBACK)
-        rows = np.flatnonzero(todo).tolist()
-        if rows:
+        rows = np.flatnonzero(todo)
+        if len(rows) and _may_hold_keys(batch.properties):
             self._index_rows(batch, rows)
         self._next_phys = max(self._next_phys, batch.end)
 
-    def _index_rows(self, batch, rows: list[int]) -> None:
+    def _index_rows(self, batch, rows: np.ndarray) -> None:
         """Entries for the keys of ``rows``: per record its UNIQ_KEY, then each KEYS token."""
         props, topics = batch.properties, batch.topics
         every = len(rows) == len(props)  # the usual case: no rollback, nothing indexed twice
-        keys = key_ranges(props if every else [props[i] for i in rows])
+        picked = rows.tolist()
+        keys = key_ranges(props if every else [props[i] for i in picked])
         if not len(keys.message):
             return
-        row_topics = topics if every else [topics[i] for i in rows]
+        row_topics = topics if every else [topics[i] for i in picked]
         hashes = self._hash_keys(keys, row_topics)
         hashes = np.where(hashes == L.INT32_MIN, 0, np.abs(hashes))
-        src = np.asarray(rows, dtype=np.int64)[keys.message]
+        src = rows[keys.message]
         self._put_many(hashes, batch.phys_offsets[src], batch.store_timestamps[src])
 
     def _hash_keys(self, keys, row_topics: list[str]) -> np.ndarray:
-        """The store hash of ``topic#key`` for every key found."""
-        if not self._vector_hash:  # Java's String.hashCode needs decoded text: key by key
-            raw = keys.data.tobytes()
-            hash_bytes, prefix = self._hash_bytes, self._prefix
-            return np.fromiter(
-                (hash_bytes(prefix(row_topics[m]) + raw[s:s + n]) for m, s, n in
-                 zip(keys.message.tolist(), keys.start.tolist(), keys.length.tolist())),
-                dtype=np.int64, count=len(keys.message))
+        """The store hash of ``topic#key`` for every key found, topic by topic."""
         names = set(row_topics)
         if len(names) == 1:
-            return hash_ranges(keys.data, keys.start, keys.length, self._prefix(names.pop()))
-        ids: dict[str, int] = {}
-        topic_of_row = np.fromiter((ids.setdefault(t, len(ids)) for t in row_topics),
-                                   dtype=np.int64, count=len(row_topics))
+            return self._hash_ranges(keys, names.pop(), np.arange(len(keys.message)))
+        ids = {name: i for i, name in enumerate(dict.fromkeys(row_topics))}
+        topic_of_row = np.fromiter(map(ids.__getitem__, row_topics), dtype=np.int64,
+                                   count=len(row_topics))
         topic_of_key = topic_of_row[keys.message]
         hashes = np.empty(len(keys.message), dtype=np.int64)
         for name, tid in ids.items():
             sel = np.flatnonzero(topic_of_key == tid)
-            hashes[sel] = hash_ranges(keys.data, keys.start[sel], keys.length[sel],
-                                      self._prefix(name))
+            hashes[sel] = self._hash_ranges(keys, name, sel)
+        return hashes
+
+    def _hash_ranges(self, keys, topic: str, sel: np.ndarray) -> np.ndarray:
+        """Hashes of keys ``sel`` (all of ``topic``), with array passes over all of them;
+        with Java's hash only ASCII keys are (one code unit per byte), the rest key by key."""
+        starts, lengths = keys.start[sel], keys.length[sel]
+        if self._vector_hash:
+            return hash_ranges(keys.data, starts, lengths, self._prefix(topic))
+        hashes, ascii_ = java_hash_ranges(keys.data, starts, lengths,
+                                          self._hash(topic + "#") & 0xFFFFFFFF)
+        if not ascii_.all():
+            prefix = self._prefix(topic)
+            for i in np.flatnonzero(~ascii_).tolist():
+                at = int(starts[i])
+                hashes[i] = self._hash_bytes(prefix + keys.data[at:at + int(lengths[i])].tobytes())
         return hashes
 
     def _prefix(self, topic: str) -> bytes:
@@ -248,6 +271,37 @@ class KeyIndex:
     def close(self) -> None:
         for f in self.files:
             f.close()
+
+
+def java_hash_ranges(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, state: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Java ``String.hashCode`` of a prefix (its hash ``state``, unsigned) followed by each
+    range ``data[start:start + length]``, as int64, and which ranges are ASCII: only theirs
+    are right (a byte is then a UTF-16 code unit). ``h = 31 * h + c`` over a key of length L
+    is ``state * 31**L + sum(c[j] * 31**(L-1-j))`` mod 2**32: one product per key length."""
+    out = np.empty(len(starts), dtype=np.int64)
+    ascii_ = np.ones(len(starts), dtype=bool)
+    for length in np.unique(lengths).tolist():
+        rows = np.flatnonzero(lengths == length)
+        chars = data[starts[rows, None] + np.arange(length)]
+        ascii_[rows] = (chars < 0x80).all(axis=1)
+        powers = [pow(31, length - 1 - j, 1 << 32) for j in range(length)]
+        # each term < 2**40, so a sum of fewer than 2**23 of them fits 64 bits
+        h = chars.astype(np.uint64) @ np.array(powers, dtype=np.uint64)
+        h = (h + (state * pow(31, length, 1 << 32) & 0xFFFFFFFF)) & 0xFFFFFFFF
+        out[rows] = h.astype(np.uint32).view(np.int32)
+    return out, ascii_
+
+
+_UNIQ_KEY_NAME = PROPERTY_UNIQ_KEY.encode() + b"\x01"
+_KEYS_NAME = PROPERTY_KEYS.encode() + b"\x01"
+
+
+def _may_hold_keys(props) -> bool:
+    """False when no record's properties name a key at all (the common case without keys):
+    a substring search over them all, instead of the array passes of ``key_ranges``."""
+    joined = props[0] if props.count(props[0]) == len(props) else b"".join(props)
+    return _UNIQ_KEY_NAME in joined or _KEYS_NAME in joined
 
 
 @hookimpl(trylast=True)

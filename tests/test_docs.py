@@ -17,7 +17,8 @@ from mqstore.plugins_manager import make_plugin_manager
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PLUGIN_HOOKS = DOCS / "plugin_hooks.md"
 FILE_FORMATS = DOCS / "file_formats.md"
-DIAGRAM_MODULES = ("mqstore.format.record", "mqstore.format.cq_unit", "mqstore.storage.checkpoint")
+DIAGRAM_MODULES = ("mqstore.format.record", "mqstore.format.cq_unit", "mqstore.storage.checkpoint",
+                   "mqstore.storage.clean_marker")
 
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
@@ -109,6 +110,7 @@ def contains_run(lines: list[str], run: list[str]) -> bool:
     ("mqstore.format.record", 21),
     ("mqstore.format.cq_unit", 3),
     ("mqstore.storage.checkpoint", 7),
+    ("mqstore.storage.clean_marker", 19),
 ])
 def test_file_formats_doc_repeats_the_module_diagrams(module_name, min_lines):
     doc = importlib.import_module(module_name).__doc__
@@ -125,6 +127,7 @@ def test_file_formats_doc_repeats_the_module_diagrams(module_name, min_lines):
 def test_file_formats_doc_covers_every_file():
     sections = doc_sections(FILE_FORMATS.read_text())
     for title in ("Commit-log record", "Blank record", "Offset message id", "Consume-queue unit",
-                  "Checkpoint", "Abort marker", "Lock file", "mqstore.json"):
+                  "Checkpoint", "Abort marker", "Clean-shutdown marker", "Lock file",
+                  "mqstore.json"):
         assert title in sections, title
         assert re.search(r"^\+-+", sections[title], re.M), f"{title}: no box diagram"

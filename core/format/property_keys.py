@@ -34,8 +34,10 @@ def _find(data: np.ndarray, pattern: bytes) -> np.ndarray:
     return at
 
 
-def _values(data, starts, ends, seps, name: bytes):
-    """(message, value start, value end) of the last non-empty ``name`` value per message."""
+def last_values(data, starts, ends, seps, name: bytes):
+    """(message, value start, value end) of the last non-empty ``name`` value per message:
+    what ``properties.find_property`` finds in each, for messages whose properties lie at
+    ``[starts, ends)`` of ``data`` (``seps``: where ``data`` holds ``\\x02``)."""
     pos = _find(data, name + b"\x01")
     msg = np.searchsorted(ends, pos, side="right")
     if not len(pos):
@@ -59,8 +61,8 @@ def key_ranges(properties: list[bytes]) -> KeyRanges:
     starts = ends - lengths
     data = np.frombuffer(b"".join(properties), dtype=np.uint8)
     seps = np.flatnonzero(data == SEGMENT_SEP)
-    u_msg, u_begin, u_end = _values(data, starts, ends, seps, PROPERTY_UNIQ_KEY.encode())
-    k_msg, k_begin, k_end = _values(data, starts, ends, seps, PROPERTY_KEYS.encode())
+    u_msg, u_begin, u_end = last_values(data, starts, ends, seps, PROPERTY_UNIQ_KEY.encode())
+    k_msg, k_begin, k_end = last_values(data, starts, ends, seps, PROPERTY_KEYS.encode())
     # Tokens lie between consecutive cut points of one value: the byte before it, its spaces,
     # its end. Values never overlap, so each value's cuts are contiguous once sorted.
     spaces = np.flatnonzero(data == SPACE) if len(k_begin) else np.empty(0, dtype=np.int64)

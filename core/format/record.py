@@ -125,6 +125,18 @@ def header_dtype(born_v6: bool, store_v6: bool) -> np.dtype:
     return dt
 
 
+@lru_cache(maxsize=64)
+def record_dtype(born_v6: bool, store_v6: bool, body_len: int, tail_len: int) -> np.dtype:
+    """A whole record with a body of ``body_len`` bytes and a tail (TOPICLENGTH .. PROPERTIES)
+    of ``tail_len``, as a packed numpy record: a batch of records alike is one array of them."""
+    fields = header_dtype(born_v6, store_v6).descr
+    if body_len:
+        fields = fields + [("body", f"S{body_len}")]  # stored as given; NULs are never cut
+    dt = np.dtype(fields + [("tail", f"V{tail_len}")])
+    assert dt.itemsize == header_struct(born_v6, store_v6).size + body_len + tail_len
+    return dt
+
+
 def topic_field(topic: bytes, v2: bool) -> bytes:
     """TOPICLENGTH + TOPIC for the chosen version."""
     return (_SHORT.pack(len(topic)) if v2 else bytes((len(topic),))) + topic

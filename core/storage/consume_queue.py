@@ -101,6 +101,33 @@ class ConsumeQueue:
         self._refresh_max_phys()
         return dropped
 
+    def tail(self) -> tuple[int, int]:
+        """``(max offset, max phys)`` as the files stand, unchecked: the write position is
+        after the last unit ever written (an unwritten unit is zeros; a written one never has
+        size 0). For the clean-shutdown marker (``storage.clean_marker``), describing files
+        whose only writer, dispatch, has stopped."""
+        max_offset, max_phys = 0, -1
+        for seg in reversed(self.segments.segments):
+            units = self.stored_units(seg)
+            written = np.flatnonzero(units["size"] != 0)
+            if not len(written):
+                continue
+            if not max_offset:
+                max_offset = (seg.start + (int(written[-1]) + 1) * CQ_UNIT_SIZE) // CQ_UNIT_SIZE
+            real = written[units["size"][written] != FILLER_SIZE]
+            if len(real):
+                last = units[int(real[-1])]
+                max_phys = int(last["phys_offset"]) + int(last["size"])
+                break
+        return max_offset, max_phys
+
+    def restore(self, max_offset: int, max_phys: int) -> None:
+        """Take the positions a trusted clean-shutdown marker recorded instead of checking
+        the units (``recover``): the files are as they were when the marker described them."""
+        self.segments.truncate_to(max_offset * CQ_UNIT_SIZE)
+        self._prune_arrays()
+        self.max_phys = max_phys
+
     def _refresh_max_phys(self) -> None:
         self.max_phys = -1
         for seg in reversed(self.segments.segments):

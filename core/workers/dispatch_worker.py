@@ -49,13 +49,14 @@ class _SharedCheckpoint:
 
 
 def _view(root: str, config: StoreConfig, channels: shm.Channels, clock, abnormal: bool,
-          hooks: PluginHooks) -> DirectoryView:
+          hooks: PluginHooks, trusted_end: int) -> DirectoryView:
     """The worker's own view of the store: its maps, its consume queues (it writes them)."""
     meta = read_meta(root) or {}
     # The store process recorded the sizes in mqstore.json before starting this worker.
     commit_log = CommitLog(os.path.join(root, "commitlog"), None, read_only=True,
                            known_bytes=meta.get("commit_log_segment_bytes"))
     commit_log.load()
+    _forget_growing_tail(commit_log.segments)
     cq_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
         config.consume_queue.file_units * CQ_UNIT_SIZE)
     queues = load_consume_queues(root, cq_bytes, read_only=False,
@@ -63,9 +64,22 @@ def _view(root: str, config: StoreConfig, channels: shm.Channels, clock, abnorma
     return DirectoryView(
         root, config, clock=clock, hash_kind=meta.get("hash", "java"), commit_log=commit_log,
         checkpoint=_SharedCheckpoint(channels.dispatch),
-        recovery_report=RecoveryReport(abnormal=abnormal), cq_file_bytes=cq_bytes,
+        recovery_report=RecoveryReport(abnormal=abnormal, trusted_end=trusted_end),
+        cq_file_bytes=cq_bytes,
         consume_queues=queues, filters=hooks.filters, writes_queues=True,
         manifest=ManifestKeeper(root))
+
+
+def _forget_growing_tail(segments) -> None:
+    """Let go of a last segment mapped shorter than the segment size: the store process is
+    creating it (a first put may run while this worker starts, and the file grows while its
+    blocks are reserved; any short file found at the open was extended before this worker
+    started). Mapped as it stood, its end would hide every record past it for good; the
+    next ``refresh`` maps it once it is whole."""
+    last = segments.segments[-1] if segments.segments else None
+    if last is not None and last.size < segments.segment_bytes:
+        segments.segments = segments.segments[:-1]
+        last.close()
 
 
 def _after_dispatch(view, hook):
@@ -94,10 +108,16 @@ def _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, cloc
     hooks = PluginHooks(make_plugin_manager(
         modules=config.plugins.modules, disable=config.plugins.disable,
         load_entry_points=config.plugins.load_entry_points))
+    # A restarted worker finds the files as its predecessor left them, not as the marker
+    # described them: only the first one may take the open's trusted end.
     view = _view(root, config, channels, clock, restarted or bool(channels.append.abnormal),
-                 hooks)
+                 hooks, -1 if restarted else channels.append.trusted_end)
     dispatched = ch.dispatched
+    trusted = view.recovery_report.trusted_end >= 0
     for cq in view.consume_queues.values():
+        if trusted:  # the store process found them as a clean close left them: not rechecked
+            cq.restore(*cq.tail())
+            continue
         cq.recover()  # loaded files count as full until their units are checked
         if restarted:  # a killed predecessor may have left units past its published position
             cq.truncate_to_phys(dispatched)

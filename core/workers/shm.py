@@ -10,6 +10,9 @@ they belong to (``Channels``), never by index:
     append    written         store      end of appended commit-log bytes
               confirmed       store      end of bytes consumers may see (dispatch stops here)
               abnormal        store      1 when the store opened after an unclean exit
+              trusted_end     store      the end a trusted clean-shutdown marker vouched for
+                                         at open (-1: none); the first worker's dispatchers
+                                         take their unchanged files as complete up to it
     flush     committed       flush      end of bytes in the segment files (transient pool:
                                          copied from the pool; mmap writer: equal to written)
               flushed         flush      end of bytes forced to disk
@@ -51,7 +54,7 @@ from mqstore.storage.shared_segment import close_segment, open_segment
 (WRITTEN, CONFIRMED, ABNORMAL, COMMITTED, FLUSHED, FLUSH_REQUEST, FLUSH_ASK, FLUSH_ASK_LEAST,
  FLUSH_DONE, FLUSH_STOP, FLUSH_IDLE, FLUSH_COUNT, FLUSH_ERROR, DISPATCHED, DISPATCH_IDLE,
  LOGICS_TS, INDEX_TS, DISPATCH_STOP, DISPATCH_FAILS, DISPATCH_STARTED, MIN_PHYS,
- DROPPED) = range(22)
+ DROPPED, TRUSTED_END) = range(23)
 POSITIONS_SEGMENT = "positions"  # the kind in ``store_segment_name``
 SLOTS = 32
 WAITER_SLOTS = 32
@@ -137,6 +140,7 @@ class AppendChannel(_Channel):
     written = _Slot(WRITTEN)
     confirmed = _Slot(CONFIRMED)
     abnormal = _Slot(ABNORMAL)
+    trusted_end = _Slot(TRUSTED_END)
 
     def publish_written(self, end: int) -> bool:
         """Move ``written`` forward (it never goes back); True if it moved."""

@@ -16,9 +16,8 @@ cleanup policy     ``max_age``            ``cleanup.policy: max_age``
 * ``REGEX``: ``expression="color=^r"`` matches the messages whose ``color`` property matches
   the pattern (``re.search``). It has no tag-code shortcut, so ``match_units`` passes every
   unit and ``match_message`` decides.
-* ``first_byte``: queue = first body byte % queue count. A columnar ``MessageBatch`` shows
-  selectors bodiless views of its messages, so this selector refuses an empty body (pass
-  ``queue_ids`` with such batches).
+* ``first_byte``: queue = first body byte % queue count; an empty body has none, so this
+  selector refuses it (pass ``queue_id``, or ``queue_ids`` with a ``MessageBatch``).
 * ``demo_tag_counter``: counts the consumable messages of each tag (untagged messages,
   prepared and rolled-back transaction halves are not counted) in ``demo_tag_counts.json``
   under the store root, replaced atomically after each batch that brought new records. Built
