@@ -33,7 +33,7 @@ COLUMNS_FROM = 64
 
 class PullLimits:
     __slots__ = ("window_bytes", "mem_bytes", "mem_count", "disk_bytes", "disk_count",
-                 "in_memory_bytes", "correct", "bulk")
+                 "in_memory_bytes", "correct")
 
     def __init__(self, cfg, physical_memory_bytes: int, slave_no_check: bool) -> None:
         self.window_bytes = cfg.max_filter_bytes
@@ -44,7 +44,6 @@ class PullLimits:
         self.in_memory_bytes = physical_memory_bytes * cfg.access_in_memory_max_ratio // 100
         # A slave that does not check offsets keeps the consumer's offset unchanged.
         self.correct = (lambda old, new: old) if slave_no_check else (lambda old, new: new)
-        self.bulk = self  # see bulk_limits
 
     def bulk_limits(self) -> "PullLimits":
         """The limits of a bulk read: only its own count and bytes. getMessage's transfer
@@ -55,8 +54,6 @@ class PullLimits:
             setattr(bulk, name, getattr(self, name))
         bulk.mem_bytes = bulk.disk_bytes = MAX_PULL_BYTES
         bulk.mem_count = bulk.disk_count = 1 << 62
-        bulk.bulk = bulk
-        self.bulk = bulk
         return bulk
 
 

@@ -41,7 +41,6 @@ class ReadBatch:
     # Queue offsets passed over because what they point at cannot be served (as in GetResult).
     corrupt: list = field(default_factory=list)
     suggest_pulling_from_slave: bool = False
-    _records: list | None = field(default=None, repr=False)  # the rows' records, when kept
     _message_at: object = field(default=None, repr=False)
 
     def __len__(self) -> int:
@@ -55,8 +54,6 @@ class ReadBatch:
         """Row ``i`` as a full message (every stored field), decoded now."""
         if not -len(self) <= i < len(self):
             raise IndexError(f"row {i} of a batch of {len(self)}")
-        if self._records is not None:
-            return self._records[i]
         msg = self._message_at(int(self.phys_offsets[i]))
         if msg is None:
             raise LookupError(f"the record of row {i} (commit-log offset "

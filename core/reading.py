@@ -54,7 +54,7 @@ class Reader:
         self.consume_queues = view.consume_queues
         self.subscriptions = view.subscriptions
         self._limits = limits
-        limits.bulk_limits()
+        self._bulk_limits = limits.bulk_limits()
         self.dispatchers = dispatchers
         self._follow_limit = follow_limit
         self._seen_limit: dict = {}  # the limit each followed queue was last refreshed to
@@ -147,7 +147,7 @@ class Reader:
         req = self._request(group if group is not None else "", topic, queue_id, offset,
                             max_msgs, expression, expression_type, max_total_bytes, verify)
         scan = scan_queue(self.commit_log, self._queue(topic, queue_id), req,
-                          self._limits.bulk)
+                          self._bulk_limits)
         if isinstance(scan, GetResult):
             return ReadBatch(scan.status, scan.next_begin_offset, scan.min_offset,
                              scan.max_offset, _message_at=self._message_or_none)
