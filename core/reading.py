@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import numpy as np
 
@@ -58,6 +59,7 @@ class Reader:
         self.dispatchers = dispatchers
         self._follow_limit = follow_limit
         self._seen_limit: dict = {}  # the limit each followed queue was last refreshed to
+        self._follow_lock = threading.Lock()
 
     # -- following a writer ----------------------------------------------------------------
     def _queue(self, topic: str, queue_id: int):
@@ -67,29 +69,35 @@ class Reader:
         limit = self._follow_limit()
         if limit is None:
             return cq
-        if cq is None:
-            # A directory without files holds no queue (recovery emptied it, or the writer
-            # is creating it): as in the writer's own table.
-            if not self._names_in(os.path.join(self.root, CONSUME_QUEUE_DIR, topic,
-                                               str(queue_id))):
-                return None
-            # No load: refresh maps the files as they come, so one deleted or still being
-            # created while we look is simply looked at again.
-            cq = ConsumeQueue(self.root, topic, queue_id, None, read_only=True)
-            cq.follow()
-            self.consume_queues[key] = cq
-            self._seen_limit.pop(key, None)
-        if self.read_only:
-            # Dispatch writes units after the records they name, so units appear while the log
-            # stands still: every look checks (an idle one reads a single unit).
-            cq.refresh(limit, self.commit_log)
-            cq.follow_min_offset(self.commit_log.min_offset)
-        elif self._seen_limit.get(key) != limit:
-            # The worker publishes its position after writing the units below it.
-            cq.refresh(limit)
-            if key not in self._seen_limit:  # first look: cleanup may have deleted records
-                cq.follow_min_offset(self.commit_log.min_offset)  # its first units name
-            self._seen_limit[key] = limit
+        if not self.read_only and cq is not None and self._seen_limit.get(key) == limit:
+            return cq  # nothing published since the last look
+        # One refresh at a time: a look from a window another thread has already moved past
+        # would set a file's written position back.
+        with self._follow_lock:
+            cq = self.consume_queues.get(key)
+            if cq is None:
+                # A directory without files holds no queue (recovery emptied it, or the
+                # writer is creating it): as in the writer's own table.
+                if not self._names_in(os.path.join(self.root, CONSUME_QUEUE_DIR, topic,
+                                                   str(queue_id))):
+                    return None
+                # No load: refresh maps the files as they come, so one deleted or still being
+                # created while we look is simply looked at again.
+                cq = ConsumeQueue(self.root, topic, queue_id, None, read_only=True)
+                cq.follow()
+                self.consume_queues[key] = cq
+                self._seen_limit.pop(key, None)
+            if self.read_only:
+                # Dispatch writes units after the records they name, so units appear while the
+                # log stands still: every look checks (an idle one reads a single unit).
+                cq.refresh(limit, self.commit_log)
+                cq.follow_min_offset(self.commit_log.min_offset)
+            elif self._seen_limit.get(key) != limit:
+                # The worker publishes its position after writing the units below it.
+                cq.refresh(limit)
+                if key not in self._seen_limit:  # first look: cleanup may have deleted
+                    cq.follow_min_offset(self.commit_log.min_offset)  # its first units' records
+                self._seen_limit[key] = limit
         return cq
 
     def _discover_queues(self) -> None:

@@ -3,12 +3,17 @@
 LOWER: the first offset whose message was stored at or after ``ts``; UPPER: the last offset
 stored at or before ``ts``. Store times are read from the commit log (a unit whose record is
 gone counts as older than any ``ts``); the answer is clamped to ``[min_offset, max_offset]``.
+
+``probing_offset_by_time`` is the search as the spec describes it, one commit-log read per
+probe; it defines every answer. ``offset_by_time`` answers from ``time_index`` where that
+gives the same answer, and probes where it cannot tell.
 """
 
 from __future__ import annotations
 
 import struct
 
+from mqstore import time_index
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 from mqstore.format.record import POS_SYSFLAG, store_timestamp_pos
 
@@ -32,6 +37,11 @@ def store_time_at(commit_log, phys_offset: int) -> int:
 
 
 def offset_by_time(commit_log, cq, ts: int, boundary: str) -> int:
+    found = time_index.search(commit_log, cq, ts, boundary == UPPER)
+    return probing_offset_by_time(commit_log, cq, ts, boundary) if found is None else found
+
+
+def probing_offset_by_time(commit_log, cq, ts: int, boundary: str) -> int:
     if cq is None or not cq.segments.segments:
         return 0
     min_off, max_off = cq.min_offset, cq.max_offset

@@ -1,0 +1,493 @@
+"""A sparse store-time column per consume queue, so a search by time (spec 10.7) reads a
+handful of records instead of one per binary-search probe.
+
+The probing search in ``time_search`` defines the answers; this one gives the same answer or
+none (``search`` returns None and the caller probes). A unit's time is the one the probing
+search sees: a filler takes the time of the unit before it in its file (-2 for none), a record
+below the log's minimum is -2. Per consume-queue file the column holds the time of every
+``STRIDE``-th unit, gathered with vectorised reads of the mapped files. Where a file's times
+never decrease and every record in it was readable when gathered, any search for the point
+where times reach ``ts`` ends where the binary search ends, so the answer comes from a
+bisection of the column and a few probes within one stride. A file whose times go backwards,
+or with a unit whose record could not be read, is left to the probing search: its path through
+such a file is what defines the answer. So is a timestamp below 0, which -2 does not precede.
+
+Why the column stays true: the units below a file's written position and the records they name
+do not change at run time, except that cleanup removes records from the front, which turns a
+prefix of the times into -2 (phys offsets never decrease along a file: checked). Appends are
+gathered at the next search; a file replaced, cut or cut and written again (its last unit
+differs) is gathered again, and so is every file when a commit-log segment other than the
+oldest goes.
+
+Cost: a search bisects the column and probes log2(STRIDE) = 5 units; a probe reads a unit
+and its record's timestamp (the probing search reads ~log2(n) of each). Memory: 4 bytes per
+STRIDE units (0.6 % of the 20-byte units they stand for) while a file's times span less than
+24 days, else 8; a few fields per file.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import weakref
+from array import array
+from bisect import bisect_left, bisect_right
+
+import numpy as np
+
+from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
+from mqstore.format.record import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6, host_width
+
+STRIDE = 32
+# Units gathered per vectorised pass: bounds the temporary arrays (~50 bytes a unit).
+_GATHER_UNITS = 1 << 16
+# Up to this many new units are gathered one by one: a vectorised pass costs ~100 us before
+# its first unit, a unit alone ~1.5 us (a queue asked often while it grows gains them).
+_FEW_UNITS = 48
+# The phys offset of a filler with no real unit before it in its file: it reads as removed
+# whatever the log's minimum (-1 at least).
+_NO_PHYS = -(1 << 62)
+_REMOVED = -2  # the probing search's time for a removed record (or none)
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+_HEAD = POS_SYSFLAG + 4  # what the probing search reads to find the timestamp
+_TS_V4 = POS_BORN_HOST + host_width(False)
+_TS_V6 = POS_BORN_HOST + host_width(True)
+_FLAG_BYTE = POS_SYSFLAG + 3  # the big-endian sysflag's low byte holds the v6 bit
+_UNIT = struct.Struct(">qi")
+_LONG = struct.Struct(">q")
+
+# id(queue) -> (weak reference, its times): a queue object is dropped when its files are
+# reloaded, and its times with it.
+_indexes: dict[int, tuple] = {}
+_indexes_lock = threading.Lock()
+
+
+def search(commit_log, cq, ts: int, upper: bool) -> int | None:
+    """The offset the probing search answers for ``ts`` (clamped as it is), or None when
+    the column cannot tell it and the probing search must run."""
+    if cq is None or ts < 0 or not cq.segments.segments:
+        return None
+    min_off, max_off = cq.min_offset, cq.max_offset
+    entry = _indexes.get(id(cq))
+    index = entry[1] if entry is not None and entry[0]() is cq else _index_of(cq)
+    with index.lock:
+        found = index.find(commit_log, cq, ts, upper)
+    return None if found is None else max(min_off, min(found, max_off))
+
+
+def _index_of(cq) -> _QueueTimes:
+    key = id(cq)
+
+    def forget(ref) -> None:
+        # No lock: the collector may run this while this thread holds it.
+        if _indexes.get(key, (None,))[0] is ref:
+            _indexes.pop(key, None)
+
+    with _indexes_lock:
+        entry = _indexes.get(key)
+        if entry is None or entry[0]() is not cq:
+            entry = _indexes[key] = (weakref.ref(cq, forget), _QueueTimes())
+        return entry[1]
+
+
+class _FileTimes:
+    """Units ``[0, n)`` of one consume-queue file, each naming a record that was readable, or
+    already removed, when gathered. ``first``/``last``: (phys offset, time) giving units 0 and
+    n-1 their times; ``monotone``: phys offsets and times never decrease, every time is -2 or
+    a record's time >= 0; ``times``: the column (monotone files only), ``base`` added to its
+    int32 entries (-2 is _I32_MIN; 0 once it holds int64 times); ``kept``: (log minimum,
+    strides, the first stride not removed)."""
+
+    __slots__ = ("seg", "n", "whole", "first", "last", "last_unit", "monotone", "times", "base",
+                 "kept")
+
+    def __init__(self, seg) -> None:
+        self.seg = seg
+        self.n = 0
+        self.whole = False  # n reached the file's written units at the last sync
+        self.first = self.last = (_NO_PHYS, _REMOVED)
+        self.last_unit = None
+        self.monotone = True
+        self.times = array("i")
+        self.base = None
+        self.kept = (None, -1, 0)
+
+    def unchanged(self, seg) -> bool:
+        """Whether ``seg`` still holds the units gathered (not replaced, cut or rewritten)."""
+        if self.seg is not seg or self.n > seg.wrote // CQ_UNIT_SIZE:
+            return False
+        return not self.n or _UNIT.unpack_from(
+            seg.mm, (self.n - 1) * CQ_UNIT_SIZE) == self.last_unit
+
+    def stride_time(self, j: int) -> int:
+        v = self.times[j]
+        return _REMOVED if v == _I32_MIN else v + (self.base or 0)
+
+    def add_strides(self, values: np.ndarray) -> None:
+        """Append the times of the next strides (never decreasing)."""
+        if not len(values):
+            return
+        if self.times.typecode == "i":
+            real = values >= 0
+            if self.base is None and real.any():
+                self.base = int(values[real][0])
+            if values[-1] < 0 or int(values[-1]) - self.base < _I32_MAX:
+                rel = np.where(real, values - (self.base or 0), _I32_MIN)
+                self.times.frombytes(rel.astype(np.int32).tobytes())
+                return
+            # Times spanning more than int32 milliseconds: int64 from here on.
+            self.times = array("q", [self.stride_time(j) for j in range(len(self.times))])
+            self.base = 0
+        self.times.frombytes(values.astype(np.int64).tobytes())
+
+
+class _QueueTimes:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.files: list[_FileTimes] = []  # the files holding units, in order
+        self._segs = None  # the queue's segment list when synced
+        self._tail = (-1, None)  # its last segment's written bytes and last unit then
+        self._complete = False
+        self._log = None  # the commit log's segment list when synced
+
+    def _sync(self, commit_log, cq, min_phys: int) -> None:
+        """Gather what was appended; forget files that are gone, replaced or cut. Of the
+        commit log's segments only the oldest may go and only new ones come: else every time
+        is gathered again."""
+        segs = cq.segments.segments
+        tail = _tail(segs)
+        log = commit_log.segments.segments
+        if log is not self._log and not _log_moved_on(self._log, log):
+            self.files = []
+        self._log = log
+        known = {ft.seg.start: ft for ft in self.files}
+        files = []
+        complete = True
+        for seg in segs:
+            end = seg.wrote // CQ_UNIT_SIZE
+            if not end:
+                continue
+            ft = known.get(seg.start)
+            if ft is None or not ft.unchanged(seg):
+                ft = _FileTimes(seg)
+            if ft.n < end:
+                _gather(ft, cq.units_of(seg), end, commit_log, min_phys)
+            ft.whole = ft.n == end
+            complete = complete and ft.whole
+            files.append(ft)
+        self.files, self._segs, self._tail, self._complete = files, segs, tail, complete
+
+    def find(self, commit_log, cq, ts: int, upper: bool) -> int | None:
+        """The probing search's choice of file and its search in it, over gathered times
+        (before clamping); None where they do not tell."""
+        min_phys = commit_log.min_offset
+        segs = cq.segments.segments
+        # The segment list is replaced whenever a file comes or goes; otherwise only the last
+        # segment's written position moves (its last unit tells a cut written over again).
+        if not (self._complete and segs is self._segs
+                and commit_log.segments.segments is self._log and _tail(segs) == self._tail):
+            self._sync(commit_log, cq, min_phys)
+        files = self.files
+        if not files:
+            return None
+        if not upper:
+            chosen = files[-1]
+            for ft in files[:-1]:
+                if not ft.whole:
+                    return None
+                last_phys, last_time = ft.last
+                if (last_time if last_phys >= min_phys else _REMOVED) >= ts:
+                    chosen = ft
+                    break
+        else:
+            chosen = None
+            min_logic = cq.min_logic_offset
+            for ft in reversed(files):
+                low = max(0, min_logic - ft.seg.start) // CQ_UNIT_SIZE
+                if low * CQ_UNIT_SIZE < ft.seg.wrote:
+                    t = _time(ft, low, min_phys, commit_log)
+                    if t is None:
+                        return None
+                    if t <= ts:
+                        chosen = ft
+                        break
+            if chosen is None:
+                return 0
+        if not (chosen.monotone and chosen.whole):
+            return None
+        return _in_file(chosen, max(0, cq.min_logic_offset - chosen.seg.start) // CQ_UNIT_SIZE,
+                        ts, upper, min_phys, commit_log)
+
+
+def _log_moved_on(old, new) -> bool:
+    """Whether the commit-log segment list ``new`` is ``old`` less some of its first segments
+    and with segments added after its last (cleanup and appends, as opposed to a segment
+    replaced, cut or missing)."""
+    if not old:
+        return True
+    if not new:
+        return False
+    for j, seg in enumerate(old):
+        if seg is new[0]:
+            kept = old[j:]
+            return len(new) >= len(kept) and all(a is b for a, b in zip(kept, new))
+    return new[0].start >= old[-1].end  # every old segment is gone
+
+
+def _tail(segs) -> tuple:
+    if not segs:
+        return -1, None
+    last = segs[-1]
+    n = last.wrote // CQ_UNIT_SIZE
+    return last.wrote, _UNIT.unpack_from(last.mm, (n - 1) * CQ_UNIT_SIZE) if n else None
+
+
+def _in_file(ft: _FileTimes, low: int, ts: int, upper: bool, min_phys: int,
+             commit_log) -> int | None:
+    """``time_search._search`` over units ``[low, n)`` of a monotone file: its edge cases,
+    then the first unit whose time is >= ts (upper: > ts), where its binary search ends on
+    times that never decrease."""
+    base = ft.seg.start // CQ_UNIT_SIZE
+    high = ft.n - 1
+    if high < low:
+        return 0
+    last_phys, last_time = ft.last
+    if (last_time if last_phys >= min_phys else _REMOVED) < ts:
+        return base + high if upper else base + high + 1
+    if low:
+        t_low = _time(ft, low, min_phys, commit_log)
+        if t_low is None:
+            return None
+    else:
+        phys, t_low = ft.first
+        if phys < min_phys:
+            t_low = _REMOVED
+    if t_low > ts:
+        return 0 if upper else base
+    # Strides before `kept` are removed (-2, below any ts); from there on the column holds
+    # the times, so bisecting it finds the stride where ts is reached.
+    times, kept = ft.times, ft.kept
+    if kept[0] != min_phys or kept[1] != len(times):
+        kept = _first_kept(ft, min_phys)
+    j = (bisect_right if upper else bisect_left)(
+        times, ts - (ft.base or 0), max(kept[2], -(-low // STRIDE)), len(times))
+    lo = max(low, (j - 1) * STRIDE + 1)
+    hi = min(j * STRIDE, high + 1)
+    # _probe inlined, keeping the log segment from one probe to the next: these few probes
+    # are most of a search's time.
+    mm, unit, stamp = ft.seg.mm, _UNIT.unpack_from, _LONG.unpack_from
+    bound = ts + 1 if upper else ts  # times are ints: t <= ts is t < ts + 1
+    log_mm, log_start, log_end = None, 0, 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        phys, size = unit(mm, mid * CQ_UNIT_SIZE)
+        if size == FILLER_SIZE or phys < min_phys:
+            t = _probe(mm, mid, min_phys, commit_log)
+            if t is None:
+                return None
+        else:
+            if not log_start <= phys < log_end:
+                seg = _log_segment(commit_log, phys)
+                if seg is None:
+                    return None
+                log_mm, log_start, log_end = seg.mm, seg.start, seg.start + seg.size
+            at = phys - log_start
+            t = stamp(log_mm, at + (_TS_V6 if log_mm[at + _FLAG_BYTE] & SYSFLAG_BORNHOST_V6
+                                    else _TS_V4))[0]
+        if t < bound:
+            lo = mid + 1
+        else:
+            hi = mid
+    return base + lo - 1 if upper else base + lo
+
+
+def _time(ft: _FileTimes, idx: int, min_phys: int, commit_log) -> int | None:
+    """The time of gathered unit ``idx`` of a file, from what is kept when it can be."""
+    if idx >= ft.n:
+        return None
+    if idx == ft.n - 1 or idx == 0:
+        phys, t = ft.last if idx else ft.first
+        return t if phys >= min_phys else _REMOVED
+    if ft.monotone and idx % STRIDE == 0:
+        j = idx // STRIDE
+        return ft.stride_time(j) if j >= _first_kept(ft, min_phys)[2] else _REMOVED
+    return _probe(ft.seg.mm, idx, min_phys, commit_log)
+
+
+def _first_kept(ft: _FileTimes, min_phys: int) -> tuple:
+    """``ft.kept``: the first stride of a monotone file whose record is not below
+    ``min_phys`` (phys offsets never decrease there), found again when the minimum or the
+    column moved."""
+    strides = len(ft.times)
+    if ft.kept[0] == min_phys and ft.kept[1] == strides:
+        return ft.kept
+    lo, hi = 0, strides
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _phys_of(ft.seg.mm, mid * STRIDE) < min_phys:
+            lo = mid + 1
+        else:
+            hi = mid
+    ft.kept = (min_phys, strides, lo)
+    return ft.kept
+
+
+# -- single units ------------------------------------------------------------------------------
+def _phys_of(mm, idx: int) -> int:
+    """The phys offset whose record gives unit ``idx`` its time (fillers take the one before)."""
+    while idx >= 0:
+        phys, size = _UNIT.unpack_from(mm, idx * CQ_UNIT_SIZE)
+        if size != FILLER_SIZE:
+            return phys
+        idx -= 1
+    return _NO_PHYS
+
+
+def _probe(mm, idx: int, min_phys: int, commit_log) -> int | None:
+    """The time of a gathered unit: its record was readable then and stays so unless cleanup
+    removes it. None if its segment is gone all the same (a cleanup under way)."""
+    phys = _phys_of(mm, idx)
+    if phys < min_phys:
+        return _REMOVED
+    seg = _log_segment(commit_log, phys)
+    if seg is None:
+        return None
+    at = phys - seg.start
+    pos = _TS_V6 if seg.mm[at + _FLAG_BYTE] & SYSFLAG_BORNHOST_V6 else _TS_V4
+    return _LONG.unpack_from(seg.mm, at + pos)[0]
+
+
+def _log_segment(commit_log, phys: int):
+    """``SegmentQueue.find`` for the commit log, its usual case inlined."""
+    log = commit_log.segments
+    segs = log.segments
+    i = (phys - segs[0].start) // log.segment_bytes if segs else -1
+    if 0 <= i < len(segs) and segs[i].start <= phys < segs[i].start + segs[i].size:
+        return segs[i]
+    return log.find(phys)
+
+
+# -- gathering ---------------------------------------------------------------------------------
+def _gather(ft: _FileTimes, units: np.ndarray, end: int, commit_log, min_phys: int) -> None:
+    """Extend ``ft`` over units ``[ft.n, end)``, stopping before the first whose record cannot
+    be read (a later sync tries it again)."""
+    if end - ft.n <= _FEW_UNITS:
+        _gather_few(ft, end, commit_log, min_phys)
+        return
+    while ft.n < end:
+        a = ft.n
+        chunk = units[a:min(end, a + _GATHER_UNITS)]
+        phys = chunk["phys_offset"].astype(np.int64)
+        real = chunk["size"] != FILLER_SIZE
+        times = np.full(len(chunk), _REMOVED, dtype=np.int64)
+        readable = np.ones(len(chunk), dtype=bool)
+        needed = np.flatnonzero(real & (phys >= min_phys))
+        if len(needed):
+            times[needed], readable[needed] = _record_times(commit_log, phys[needed])
+        bad = np.flatnonzero(~readable)
+        m = int(bad[0]) if len(bad) else len(chunk)
+        if m == 0:
+            return
+        real, phys, times = real[:m], phys[:m], times[:m]
+        # Each unit's time comes from the last real unit at or before it (-1: one before
+        # this chunk, whose phys offset and time are `last`).
+        src = np.where(real, np.arange(m), -1)
+        np.maximum.accumulate(src, out=src)
+        carried = src < 0
+        eff_phys = np.where(carried, ft.last[0], phys[src])
+        eff_time = np.where(carried, ft.last[1], times[src])
+        if ft.monotone:
+            ft.monotone = bool(
+                eff_phys[0] >= ft.last[0] and eff_time[0] >= ft.last[1]
+                and (times[real & (phys >= min_phys)] >= 0).all()
+                and (np.diff(eff_phys) >= 0).all() and (np.diff(eff_time) >= 0).all())
+            if ft.monotone:
+                ft.add_strides(eff_time[-(-a // STRIDE) * STRIDE - a::STRIDE])
+            else:
+                ft.times = array("i")  # only monotone files are searched with it
+        if a == 0:
+            ft.first = (int(eff_phys[0]), int(eff_time[0]))
+        ft.last = (int(eff_phys[-1]), int(eff_time[-1]))
+        ft.last_unit = (int(chunk["phys_offset"][m - 1]), int(chunk["size"][m - 1]))
+        ft.n = a + m
+        if m < len(chunk):
+            return
+
+
+def _gather_few(ft: _FileTimes, end: int, commit_log, min_phys: int) -> None:
+    """``_gather`` one unit at a time, to the same effect."""
+    mm = ft.seg.mm
+    last_phys, last_time = ft.last
+    for i in range(ft.n, end):
+        unit = _UNIT.unpack_from(mm, i * CQ_UNIT_SIZE)
+        phys, size = unit
+        if size != FILLER_SIZE:
+            t = _REMOVED
+            if phys >= min_phys:
+                t = _record_time(commit_log, phys)
+                if t is None:
+                    return
+            if ft.monotone and (phys < last_phys or t < last_time or (phys >= min_phys and t < 0)):
+                ft.monotone, ft.times = False, array("i")
+            last_phys, last_time = phys, t
+        if ft.monotone and i % STRIDE == 0:
+            ft.add_strides(np.array([last_time], dtype=np.int64))
+        if i == 0:
+            ft.first = (last_phys, last_time)
+        ft.last, ft.last_unit, ft.n = (last_phys, last_time), unit, i + 1
+
+
+def _record_time(commit_log, phys: int) -> int | None:
+    """``_record_times`` for one record: its time, or None when it cannot be read so."""
+    if not commit_log.min_offset <= phys < commit_log.max_offset:
+        return None
+    seg = _log_segment(commit_log, phys)
+    if seg is None:
+        return None
+    at = phys - seg.start
+    try:
+        limit = min(seg.committed, len(seg.mm))
+        if at + _HEAD > limit:
+            return None
+        pos = at + (_TS_V6 if seg.mm[at + _FLAG_BYTE] & SYSFLAG_BORNHOST_V6 else _TS_V4)
+        return _LONG.unpack_from(seg.mm, pos)[0] if pos + 8 <= limit else None
+    except ValueError:  # cleanup closed the segment meanwhile
+        return None
+
+
+def _record_times(commit_log, phys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Store times of the records at ``phys``, and which could be read as ``store_time_at``
+    reads them: within ``[min, max)``, the head and the timestamp within one segment's
+    readable bytes (a timestamp in the next segment, as any failure, leaves the unit to the
+    probing search)."""
+    times = np.full(len(phys), -1, dtype=np.int64)
+    ok = np.zeros(len(phys), dtype=bool)
+    segs = commit_log.segments.segments
+    if not segs:
+        return times, ok
+    starts = np.fromiter((s.start for s in segs), dtype=np.int64, count=len(segs))
+    which = np.searchsorted(starts, phys, side="right") - 1
+    inside = np.flatnonzero(
+        (phys >= commit_log.min_offset) & (phys < commit_log.max_offset) & (which >= 0))
+    inside = inside[np.argsort(which[inside], kind="stable")]
+    for sel in np.split(inside, np.flatnonzero(np.diff(which[inside])) + 1):
+        if not len(sel):
+            continue
+        seg = segs[int(which[sel[0]])]
+        at = phys[sel] - seg.start
+        try:
+            limit = min(seg.committed, len(seg.mm))
+            head = at + _HEAD <= limit
+            sel, at = sel[head], at[head]
+            flags = np.frombuffer(seg.mm, dtype=np.uint8)[at + _FLAG_BYTE]
+            pos = at + np.where(flags & SYSFLAG_BORNHOST_V6, _TS_V6, _TS_V4)
+            whole = pos + 8 <= limit
+            sel, pos = sel[whole], pos[whole]
+            # Records sit at any byte: an int64 view stepping one byte reads each in place.
+            wide = np.ndarray((max(0, len(seg.mm) - 7),), dtype=">i8", buffer=seg.mm,
+                              strides=(1,))
+            times[sel] = wide[pos]
+        except ValueError:  # cleanup closed the segment meanwhile: not readable after all
+            continue
+        ok[sel] = True
+    return times, ok

@@ -1,0 +1,670 @@
+"""The time-column search (``mqstore.time_index``) answers exactly as the probing search did.
+
+``probing_offset_by_time`` (one commit-log read per probe, as spec 10.7 describes the search)
+defines the answers; the behaviour and fixture tests pin it. Every answer of ``offset_by_time``
+is compared with it, over stores built unit by unit (fillers,
+cleanup, cut queues, units whose records cannot be read, times going backwards, several
+consume-queue files) and over real stores (repeated timestamps on a manual clock, cleanup,
+appends while a dispatch worker in another process builds the queues, read-only followers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mqstore import Message, MessageBatch, MessageStore, PutStatus, load_config, time_index
+from mqstore.format.cq_unit import CQ_DTYPE, CQ_UNIT_SIZE, FILLER_SIZE
+from mqstore.format.hosts import Host
+from mqstore.format.record import encode_record
+from mqstore.storage.commit_log import CommitLog
+from mqstore.storage.consume_queue import ConsumeQueue
+from mqstore.time_search import offset_by_time
+from mqstore.time_search import probing_offset_by_time as reference
+
+LOWER, UPPER = "lower", "upper"
+BOUNDS = (LOWER, UPPER)
+
+
+# -- stores built unit by unit ---------------------------------------------------------------
+V4 = Host(bytes([10, 0, 0, 1]), 7)
+V6 = Host(bytes(15) + b"\x01", 7)
+STORE_HOST = Host(bytes([10, 0, 0, 2]), 10911)
+
+
+class Built:
+    """A commit log and consume queues written directly: any unit may name anything."""
+
+    def __init__(self, root: str, segment_bytes: int, file_units: int) -> None:
+        self.root = root
+        self.log = CommitLog(os.path.join(root, "commitlog"), segment_bytes)
+        self.file_bytes = file_units * CQ_UNIT_SIZE
+        self.queues: dict[int, ConsumeQueue] = {}
+        self.records: dict[int, list[int]] = {}  # queue -> phys offsets of its records
+        self.times: set[int] = set()
+
+    def queue(self, q: int) -> ConsumeQueue:
+        if q not in self.queues:
+            self.queues[q] = ConsumeQueue(self.root, "T", q, self.file_bytes)
+            self.records[q] = []
+        return self.queues[q]
+
+    def record(self, q: int, store_ts: int, v6: bool = False, body: int = 8) -> None:
+        """A record stored at ``store_ts`` and its unit."""
+        cq = self.queue(q)
+        fields = dict(queue_id=q, flag=0, queue_offset=cq.max_offset, sysflag=0,
+                      born_timestamp=store_ts, born_host=V6 if v6 else V4,
+                      store_timestamp=store_ts, store_host=STORE_HOST, reconsume_times=0,
+                      prepared_tx_offset=0, body=b"b" * body, topic=b"T", properties=b"")
+        size = len(encode_record(phys_offset=0, **fields))
+        seg = self.log.reserve_locked(size)
+        phys = seg.start + seg.wrote
+        seg.write(encode_record(phys_offset=phys, **fields))
+        self.records[q].append(phys)
+        self.times.add(store_ts)
+        self.unit(q, phys, size)
+
+    def unit(self, q: int, phys: int, size: int) -> None:
+        units = np.zeros(1, dtype=CQ_DTYPE)
+        units["phys_offset"], units["size"] = phys, size
+        self.queue(q)._append(units)
+
+    def fillers(self, q: int, count: int) -> None:
+        for _ in range(count):
+            self.unit(q, 0, FILLER_SIZE)
+
+    def cleanup(self, count: int, fix: str) -> None:
+        """Delete the oldest commit-log segments (never the last); ``fix``: what the queues
+        are told (nothing, as a follower that has not looked yet; their min offset; their
+        files below the new minimum)."""
+        count = min(count, len(self.log.segments.segments) - 1)
+        if count <= 0:
+            return
+        self.log.segments.drop_first(count)
+        for cq in self.queues.values():
+            if fix == "correct":
+                cq.correct_min_offset(self.log.min_offset)
+            elif fix == "delete":
+                cq.delete_files_below(self.log.min_offset)
+                cq.correct_min_offset(self.log.min_offset)
+
+    def timestamps(self, extra=(), sample: int | None = None) -> list[int]:
+        """Every stored time and its neighbours, and a few beyond (``sample`` of them)."""
+        ts_set = {0, 1, -1, -2, -3, 1 << 62, *extra}
+        for t in self.times:
+            ts_set.update((t - 1, t, t + 1))
+        ts_list = sorted(ts_set)
+        return ts_list if sample is None else random.Random(sample).sample(
+            ts_list, min(sample, len(ts_list)))
+
+    def check(self, extra=(), sample: int | None = None) -> int:
+        """Compare every queue's answers (and an unknown queue's) with the reference; returns
+        how many of them the column gave."""
+        return self._check(extra, sample)[0]
+
+    def _check(self, extra=(), sample: int | None = None) -> tuple[int, int]:
+        """(answers the column gave, answers it could give: for ts >= 0 in queues with
+        units)."""
+        ts_list = self.timestamps(extra, sample)
+        given = possible = 0
+        for cq in [*self.queues.values(), None]:
+            with_units = cq is not None and any(s.wrote >= CQ_UNIT_SIZE
+                                                for s in cq.segments.segments)
+            for ts in ts_list:
+                for b in BOUNDS:
+                    want = reference(self.log, cq, ts, b)
+                    assert offset_by_time(self.log, cq, ts, b) == want, (ts, b)
+                    given += time_index.search(self.log, cq, ts, b == UPPER) is not None
+                    possible += with_units and ts >= 0
+        return given, possible
+
+    def close(self) -> None:
+        for cq in self.queues.values():
+            cq.close()
+        self.log.close()
+
+
+def built(segment_bytes=1024, file_units=4):
+    root = tempfile.mkdtemp(prefix="mqstore-time-")
+    return Built(root, segment_bytes, file_units), root
+
+
+def _remove(root: str) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+
+
+QUEUE = st.integers(0, 2)
+# What a store does: appends (times repeating, v4 and v6 born hosts), fillers, cleanup, min
+# offsets moving, queues cut.
+BENIGN = [
+    *[st.tuples(st.just("put"), QUEUE, st.integers(0, 3), st.booleans(), st.integers(0, 60))] * 8,
+    st.tuples(st.just("fillers"), QUEUE, st.integers(1, 5)),
+    st.tuples(st.just("cleanup"), st.integers(1, 3),
+              st.sampled_from(["none", "correct", "delete"])),
+    st.tuples(st.just("min"), QUEUE, st.integers(0, 60)),
+    st.tuples(st.just("truncate"), QUEUE, st.integers(0, 60)),
+    st.tuples(st.just("query")),
+]
+# What damage, clocks and followers add: times going back, units naming odd bytes or records
+# not yet readable, a segment missing.
+NASTY = [
+    st.tuples(st.just("back"), QUEUE, st.integers(1, 6)),
+    st.tuples(st.just("raw"), QUEUE, st.integers(-5, -1)),
+    st.tuples(st.just("dup"), QUEUE, st.integers(0, 60)),
+    st.tuples(st.just("stray"), QUEUE, st.integers(0, 1 << 14)),
+    st.tuples(st.just("edge"), QUEUE, st.integers(0, 8), st.integers(1, 80)),
+    st.tuples(st.just("hole"), st.integers(0, 8)),
+    st.tuples(st.just("ahead"), QUEUE),
+]
+
+
+def apply(b: Built, op, clock: list[int]) -> None:
+    kind = op[0]
+    if kind == "put":
+        clock[0] += op[2]
+        b.record(op[1], clock[0], v6=op[3], body=op[4])
+    elif kind == "back":  # the clock went backwards
+        clock[0] -= op[2]
+        b.record(op[1], clock[0])
+    elif kind == "fillers":
+        b.fillers(op[1], op[2])
+    elif kind == "raw":  # a record stored with a negative time
+        b.record(op[1], op[2])
+    elif kind == "dup":  # a unit naming an earlier record again: phys offsets go back
+        phys = b.records.get(op[1])
+        if phys:
+            b.unit(op[1], phys[op[2] % len(phys)], 100)
+    elif kind == "stray":  # a unit naming any byte: inside a record, a blank, past the end
+        b.unit(op[1], max(0, b.log.min_offset) + op[2], 100)
+    elif kind == "edge":  # a head in a segment's last bytes, or a timestamp in the next one
+        segs = b.log.segments.segments
+        if segs:
+            b.unit(op[1], segs[op[2] % len(segs)].end - op[3], 100)
+    elif kind == "hole":  # a segment missing between others
+        _hole(b.log, op[1])
+    elif kind == "ahead":  # dispatched before the log shows the record
+        b.unit(op[1], b.log.max_offset + 8, 100)
+    elif kind == "cleanup":
+        b.cleanup(op[1], op[2])
+    elif kind == "min":  # a min offset anywhere in the queue (a follower lagging, or not)
+        cq = b.queue(op[1])
+        cq.min_logic_offset = min(op[2], cq.max_offset) * CQ_UNIT_SIZE
+    elif kind == "truncate":
+        phys = b.records.get(op[1]) or [0]
+        b.queue(op[1]).truncate_to_phys(phys[min(op[2], len(phys) - 1)])
+    elif kind == "query":
+        b.check()
+
+
+def _hole(log, i: int) -> None:
+    segs = log.segments.segments
+    if len(segs) > 2:
+        victim = segs[1 + i % (len(segs) - 2)]
+        log.segments.segments = [s for s in segs if s is not victim]
+        victim.close()
+
+
+@contextlib.contextmanager
+def gathering(few: int):
+    """New units gathered one by one up to ``few`` of them, else in vectorised passes."""
+    saved = time_index._FEW_UNITS
+    time_index._FEW_UNITS = few
+    try:
+        yield
+    finally:
+        time_index._FEW_UNITS = saved
+
+
+# Both ways of gathering, each against the probing search.
+GATHERING = pytest.mark.parametrize("few", [0, 1 << 30], ids=["vectorised", "one_by_one"])
+
+
+@GATHERING
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(ops=st.lists(st.one_of(*BENIGN), max_size=80),
+       segment_bytes=st.sampled_from([512, 1024, 4096]), file_units=st.integers(1, 9))
+def test_store_operations_are_answered_from_the_column(few, ops, segment_bytes, file_units):
+    """Same answers as the probing search, all of them (ts >= 0) from the column."""
+    b, root = built(segment_bytes, file_units)
+    try:
+        with gathering(few):
+            clock = [1_000]
+            for op in ops:
+                apply(b, op, clock)
+                if op[0] == "query":
+                    given, possible = b._check()
+                    assert given == possible
+            given, possible = b._check()
+            assert given == possible
+    finally:
+        b.close()
+        _remove(root)
+
+
+@GATHERING
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(ops=st.lists(st.one_of(*BENIGN, *BENIGN, *NASTY), max_size=80),
+       segment_bytes=st.sampled_from([512, 1024, 4096]), file_units=st.integers(1, 9))
+def test_same_answers_as_the_probing_search(few, ops, segment_bytes, file_units):
+    b, root = built(segment_bytes, file_units)
+    try:
+        with gathering(few):
+            clock = [1_000]
+            for op in ops:
+                apply(b, op, clock)
+            b.check()
+    finally:
+        b.close()
+        _remove(root)
+
+
+@GATHERING
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(st.tuples(st.integers(0, 4), st.integers(1, 200)), min_size=1,
+                      max_size=40),
+       file_units=st.sampled_from([7, 64, 100, 1000]))
+def test_monotone_queues_are_answered_from_the_column(few, steps, file_units):
+    """Times that never go backwards, repeated, across files and strides: every answer for a
+    timestamp >= 0 comes from the column (none from the probing search), and is its answer."""
+    b, root = built(1 << 16, file_units)
+    try:
+        with gathering(few):
+            t = 5_000
+            for dt, count in steps:
+                t += dt
+                for _ in range(count):
+                    b.record(0, t)
+            assert b.check() == 2 * sum(ts >= 0 for ts in b.timestamps())
+    finally:
+        b.close()
+        _remove(root)
+
+
+# -- targeted cases --------------------------------------------------------------------------
+@pytest.fixture
+def small():
+    b, root = built(1 << 16, 500)
+    yield b
+    b.close()
+    _remove(root)
+
+
+def test_appends_are_gathered_alone(small, monkeypatch):
+    """Only what was appended since the last search is read: a few units one by one, more in
+    one vectorised pass."""
+    for i in range(1000):
+        small.record(0, 10_000 + i // 3)
+    small.check()
+    read = []
+    one, many = time_index._record_time, time_index._record_times
+    monkeypatch.setattr(time_index, "_record_time",
+                        lambda log, phys: read.append(1) or one(log, phys))
+    monkeypatch.setattr(time_index, "_record_times",
+                        lambda log, phys: read.append(len(phys)) or many(log, phys))
+    for n, expected in ((10, [1] * 10), (200, [200])):
+        for i in range(n):
+            small.record(0, 20_000 + i)
+        assert offset_by_time(small.log, small.queues[0], 20_005, LOWER) == \
+            len(small.records[0]) - n + 5
+        assert read == expected
+        read.clear()
+        small.check()
+        assert read == []
+
+
+def test_memory_is_under_one_percent_of_the_units(small):
+    rng = random.Random(3)
+    t = 1_700_000_000_000
+    for _ in range(20_000):
+        t += rng.choice((0, 0, 1, 5))
+        small.record(0, t, body=0)
+    small.check(sample=300)
+    files = time_index._indexes[id(small.queues[0])][1].files
+    column = sum(len(ft.times) * ft.times.itemsize for ft in files)
+    assert all(ft.times.typecode == "i" for ft in files)
+    assert 0 < column <= 0.01 * 20_000 * CQ_UNIT_SIZE
+
+
+def test_times_spanning_more_than_int32_milliseconds(small):
+    t = 1_000
+    for i in range(1500):
+        t += (1 << 31) if i % 700 == 0 else 1
+        small.record(0, t)
+    assert small.check(sample=300) > 0
+    assert any(ft.times.typecode == "q" for ft in time_index._indexes[id(small.queues[0])][1].files)
+
+
+def test_a_file_with_times_going_back_is_left_to_the_probing_search(small):
+    for i in range(600):  # file 0: 500 units, one step back; file 1: monotone
+        small.record(0, 1_000 + i - (50 if 200 <= i < 210 else 0))
+    small.check()
+    files = time_index._indexes[id(small.queues[0])][1].files
+    assert [ft.monotone for ft in files] == [False, True]
+    assert len(files[0].times) == 0
+    assert time_index.search(small.log, small.queues[0], 1_300, False) is None
+    assert time_index.search(small.log, small.queues[0], 1_550, False) == 550
+
+
+def test_cleanup_then_a_cut_queue_written_over_again(small):
+    for i in range(1200):
+        small.record(i % 2, 2_000 + i)
+    small.check(sample=400)
+    small.cleanup(1, "none")  # nothing moved in the queues: the first units name removed records
+    small.check(sample=400)
+    cq = small.queues[0]
+    segments = cq.segments.segments
+    cq.truncate_to_phys(small.records[0][590])
+    for i in range(10):  # as many units as were cut, in the same file: only their contents differ
+        small.record(0, 9_000 + i)
+    assert cq.segments.segments is segments and cq.max_offset == 600
+    small.check(sample=400)
+    assert offset_by_time(small.log, cq, 9_000, LOWER) == 590
+
+
+def test_unreadable_units_in_earlier_files(small):
+    """Units whose record cannot be read (its head in a segment's last bytes, its timestamp
+    past the segment's end, in a missing segment) in files before the last one."""
+    b, root = built(1024, 6)
+    try:
+        clock = 100
+        for k in list(range(1, 80, 3)) + [None] * 30:
+            clock += 1
+            b.record(0, clock)
+            if k is not None and len(b.log.segments.segments) > 1:
+                b.unit(0, b.log.segments.segments[0].end - k, 100)
+        b.check()
+        _hole(b.log, 0)
+        b.record(0, clock + 1)
+        b.check()
+    finally:
+        b.close()
+        _remove(root)
+
+
+def test_negative_timestamps_are_left_to_the_probing_search():
+    b, root = built(1024, 50)
+    try:
+        for i in range(300):
+            b.record(0, 7_000 + i // 2)
+        b.cleanup(3, "none")  # min offset still at 0, its first units removed
+        assert b.log.min_offset > 0
+        b.check()
+        for ts in (-1, -2, -3):
+            for upper in (False, True):
+                assert time_index.search(b.log, b.queues[0], ts, upper) is None
+    finally:
+        b.close()
+        _remove(root)
+
+
+def test_an_unreadable_unit_before_the_last_file():
+    """LOWER picks a file by its last unit's time, read past an unreadable one."""
+    b, root = built(1024, 6)
+    try:
+        for t in range(1, 12):
+            b.record(0, 100 + t)
+            if t == 2:
+                b.unit(0, b.log.segments.segments[0].end - 4, 100)  # a head cut short
+        while len(b.log.segments.segments) < 2:
+            b.record(1, 50)
+        b.check()
+        assert offset_by_time(b.log, b.queues[0], 104, LOWER) == 0  # the probe hits it
+    finally:
+        b.close()
+        _remove(root)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_phys_offsets_going_back_then_cleanup(seed):
+    """A unit naming an earlier record again, stored at the same time (every record is),
+    keeps times from decreasing; once cleanup removes that record its time drops to -2 in the
+    middle of the queue."""
+    rng = random.Random(seed)
+    b, root = built(1024, rng.choice((16, 40, 100)))
+    try:
+        for _ in range(rng.randint(20, 80)):
+            b.record(0, 500)
+            if rng.random() < 0.15:
+                b.unit(0, b.records[0][rng.randrange(min(5, len(b.records[0])))], 100)
+        b.check()
+        b.cleanup(1, rng.choice(("none", "correct")))
+        b.check()
+    finally:
+        b.close()
+        _remove(root)
+
+
+def test_v6_born_hosts_fillers_and_min_offsets_anywhere():
+    """Every unit read one by one (fillers in strides, a min offset off the strides) names
+    records with IPv6 born hosts, whose store time sits 12 bytes further."""
+    b, root = built(1 << 16, 100)
+    try:
+        for i in range(300):
+            b.record(0, 40_000 + i // 2, v6=True)
+            if i % 7 == 3:
+                b.fillers(0, 2)
+        cq = b.queues[0]
+        for low in (0, 1, 33, 50, 99, 101, 170, 250):
+            cq.min_logic_offset = low * CQ_UNIT_SIZE
+            assert b.check(sample=120) == 2 * sum(ts >= 0 for ts in b.timestamps(sample=120))
+    finally:
+        b.close()
+        _remove(root)
+
+
+@pytest.mark.parametrize("fix", ["none", "correct"])
+def test_cleanup_ending_anywhere_in_a_stride(fix):
+    """Each cleanup moves the log's minimum to another place within a stride, after the times
+    of the records it removes were gathered."""
+    b, root = built(1024, 1000)
+    try:
+        for i in range(400):
+            b.record(0, 60_000 + i // 3)
+        b.check(sample=100)
+        while len(b.log.segments.segments) > 1:
+            b.cleanup(1, fix)
+            b.check(extra=[0, 60_000], sample=100)
+    finally:
+        b.close()
+        _remove(root)
+
+
+def test_a_segment_closed_under_a_gather_is_not_read():
+    """Cleanup in another thread may close a segment the gather is about to read."""
+    b, root = built(1024, 100)
+    try:
+        for i in range(40):
+            b.record(0, 100 + i)
+        closed = b.log.segments.segments[1]
+        closed.close()
+        phys = np.array(b.records[0], dtype=np.int64)
+        times, ok = time_index._record_times(b.log, phys)
+        inside = (phys >= closed.start) & (phys < closed.end)
+        assert inside.any() and not ok[inside].any() and ok[~inside].all()
+        assert (times[~inside] == 100 + np.flatnonzero(~inside)).all()
+    finally:
+        b.close()
+        _remove(root)
+
+
+def test_unreadable_record_at_the_tail_until_it_can_be_read(small):
+    for i in range(100):
+        small.record(0, 3_000 + i)
+    seg = small.log.segments.segments[-1]
+    small.check(extra=[3_050])
+    seg.stage()  # the next records go to a pool buffer: not readable until committed
+    for i in range(100, 110):
+        small.record(0, 3_000 + i)
+    small.check(extra=[3_105])
+    assert time_index.search(small.log, small.queues[0], 3_105, False) is None
+    seg.set_committed(seg.wrote)
+    small.check(extra=[3_105])
+    assert time_index.search(small.log, small.queues[0], 3_105, False) == 105
+
+
+# -- real stores -------------------------------------------------------------------------------
+def _put_times(store, clock, times, queue_id=0, topic="T"):
+    for t in times:
+        clock.now = t
+        r = store.put(Message(topic, b"x", tags="A", queue_id=queue_id))
+        assert r.status is PutStatus.PUT_OK and r.store_timestamp == t
+
+
+def _compare_store(store, queues, times):
+    ts_set = {0, -1} | {t + d for t in times for d in (-1, 0, 1)}
+    for topic, q in queues:
+        store.offset_by_time(topic, q, 0)  # a follower's first look maps the queue
+        cq = store.consume_queue(topic, q)
+        for ts in sorted(ts_set):
+            for b in BOUNDS:
+                assert store.offset_by_time(topic, q, ts, b) == \
+                    reference(store.commit_log, cq, ts, b), (topic, q, ts, b)
+
+
+def test_store_with_repeated_times_several_files_and_cleanup(make_store, manual_clock):
+    store = make_store({"consume_queue": {"file_units": 7}, "commit_log": {"segment_bytes": 2048}})
+    rng = random.Random(11)
+    t, times = 1_700_000_000_000, []
+    for _ in range(30):
+        t += rng.choice((0, 1, 1, 7))
+        times.append(t)
+        if rng.random() < 0.5:  # a batch's messages share its store time
+            manual_clock.now = t
+            n = rng.randint(1, 12)
+            r = store.put_batch(MessageBatch(topic="T", bodies=[b"y"] * n,
+                                             queue_ids=[rng.randrange(3) for _ in range(n)]))
+            assert r.status is PutStatus.PUT_OK
+        else:
+            _put_times(store, manual_clock, [t] * rng.randint(1, 4), queue_id=rng.randrange(3))
+    store.wait_dispatched()
+    queues = [("T", q) for q in range(3)]
+    _compare_store(store, queues, times)
+    store.delete_expired_segments(force=True, max_segments=5)
+    assert store.min_phys_offset > 0
+    _compare_store(store, queues, times)
+
+
+def _check_growing(search, max_offset, t0: int, total: int, done, seed: int, failures) -> None:
+    """Ask for times of messages already in the queue (message i stored at t0 + 2i) while it
+    grows: each answer is known whatever was appended meanwhile."""
+    rng, checked = random.Random(seed), 0
+    try:
+        while not done.is_set() or checked < 200:
+            seen = max_offset()
+            if not seen:
+                time.sleep(0.001)
+                continue
+            k = rng.randrange(seen)
+            assert search(t0 + 2 * k, LOWER) == k
+            assert search(t0 + 2 * k, UPPER) == k
+            assert search(t0 + 2 * k + 1, LOWER) == k + 1
+            assert search(t0 + 2 * k + 1, UPPER) == k
+            assert seen <= search(t0 + 2 * total, LOWER) <= total
+            checked += 1
+    except BaseException as exc:  # reported by the test's thread
+        failures.append(exc)
+
+
+def test_concurrent_appends_with_dispatch_in_another_process(make_store, manual_clock):
+    # Several reading threads: each search refreshes the queue view the others read.
+    store = make_store({"consume_queue": {"file_units": 50},
+                        "commit_log": {"segment_bytes": 64 * 1024}})
+    assert store.supervisor is not None  # the queues are written by the dispatch worker
+    t0, total = 1_800_000_000_000, 3000
+    done = threading.Event()
+
+    def writer():
+        try:
+            for i in range(total):
+                manual_clock.now = t0 + 2 * i
+                store.put(Message("T", b"z", queue_id=0))
+        finally:
+            done.set()
+
+    failures: list = []
+    threads = [threading.Thread(target=writer)] + [threading.Thread(
+        target=_check_growing,
+        args=(lambda ts, b: store.offset_by_time("T", 0, ts, b),
+              lambda: store.max_offset("T", 0), t0, total, done, seed, failures))
+        for seed in (5, 6, 7)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    store.wait_dispatched()
+    _compare_store(store, [("T", 0)], [t0 + 2 * i for i in range(0, total, 37)])
+
+
+@GATHERING
+def test_searches_from_several_threads_while_the_queue_grows(few):
+    b, root = built(4096, 50)
+    t0, total = 1_800_000_000_000, 3000
+    done = threading.Event()
+    failures: list = []
+
+    def writer():
+        try:
+            for i in range(total):
+                b.record(0, t0 + 2 * i)
+                if i % 100 == 0:
+                    time.sleep(0.001)  # let the readers in
+        finally:
+            done.set()
+
+    interval = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(1e-6)  # threads switch often, inside searches too
+        with gathering(few):
+            b.queue(0)
+            threads = [threading.Thread(target=writer)] + [threading.Thread(
+                target=_check_growing,
+                args=(lambda ts, bound: offset_by_time(b.log, b.queues[0], ts, bound),
+                      lambda: b.queues[0].max_offset, t0, total, done, seed, failures))
+                for seed in (5, 6, 7)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert not failures, failures
+            b.check(sample=200)
+    finally:
+        sys.setswitchinterval(interval)
+        b.close()
+        _remove(root)
+
+
+def test_read_only_follower(tmp_path, manual_clock):
+    root = tmp_path / "store"
+    cfg = load_config(overrides={
+        "commit_log": {"segment_bytes": 4096}, "consume_queue": {"file_units": 30},
+        "plugins": {"load_entry_points": False}, "store": {"hash": "java"}})
+    with MessageStore.open(root, config=cfg, clock=manual_clock) as writer, \
+            MessageStore.open(root, read_only=True) as follower:
+        times = [10_000 + i // 4 for i in range(400)]
+        _put_times(writer, manual_clock, times[:200])
+        writer.wait_dispatched()
+        _compare_store(follower, [("T", 0)], times[:200])
+        _put_times(writer, manual_clock, times[200:])
+        writer.wait_dispatched()
+        writer.delete_expired_segments(force=True, max_segments=3)
+        deadline = time.monotonic() + 10
+        while follower.max_offset("T", 0) < 400:  # it follows the log as it is checked
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        _compare_store(follower, [("T", 0)], times)
+        assert follower.offset_by_time("T", 0, times[-1], UPPER) == 399
