@@ -26,6 +26,7 @@ from mqstore.message import GetResult, GetStatus, StoredMessage
 log = logging.getLogger("mqstore.pull")
 MAX_PULL_BYTES = 128 * 1024 * 1024
 _UNIT = struct.Struct(">qiq")  # a consume-queue unit: commit-log offset, size, tag code
+_MIN_RECORD = pull_rows.MIN_RECORD
 # Below this many messages a pull walks unit by unit: the column-wise checks cost a fixed
 # few dozen numpy calls, which only pay for themselves over longer batches.
 COLUMNS_FROM = 64
@@ -264,6 +265,8 @@ class _Scan:
         visit = self.visit
         mask = _window_mask(units, self.flt, self.req.ext_loader, self.req.bitmap)
         if mask is None:
+            if self.flt is MATCH_ALL:
+                return self._walk_plain(positions, sizes)
             for c in range(len(positions)):
                 if visit(c, positions[c], sizes[c]):
                     return False
@@ -398,6 +401,62 @@ class _Scan:
         if not n and max(positions[i:c]) >= self.next_phys_file_start:
             self.result.status = GetStatus.NO_MATCHED_MESSAGE
         return False
+
+    def _walk_plain(self, positions: list, sizes: list) -> bool:
+        """``visit`` for every unit of a chunk pulled with no filter, its usual case inlined
+        (an intact record in the segment last read, with room for it in the batch): this
+        loop runs once per message of a plain ``get``. Any other unit goes through ``visit``,
+        which says what is wrong with it."""
+        topic, queue_id, base = self.topic, self.queue_id, self.base
+        max_msgs, max_pull, max_py, mem_limit = self.max_msgs, self.max_pull, self.max_py, \
+            self.mem_limit
+        limits, codes = self.limits, self.codes
+        mem_bytes, mem_count = limits.mem_bytes, limits.mem_count
+        disk_bytes, disk_count = limits.disk_bytes, limits.disk_count
+        walked = None
+        n, total = self.n, self.total
+        for c in range(len(positions)):
+            pos, size = positions[c], sizes[c]
+            log_seg = self.log_seg
+            if (size >= _MIN_RECORD and size != FILLER_SIZE and pos >= 0
+                    and pos >= self.next_phys_file_start and log_seg is not None
+                    and self.log_start <= pos and pos + size <= self.log_end):
+                if n:
+                    with_it = total + size
+                    if n + 1 > max_msgs or with_it > max_pull or (
+                            with_it > mem_bytes or n >= mem_count if max_py - pos <= mem_limit
+                            else with_it > disk_bytes or n >= disk_count):
+                        return False
+                at = pos - self.log_start
+                try:
+                    raw = log_seg.mm[at:at + size]
+                    lay = verify_queue_record(raw, pos, size, topic, queue_id, base + c)
+                except ValueError:  # damaged, or closed by cleanup: the walk says which
+                    lay = None
+                if lay is not None:
+                    if walked is None:
+                        walked = self.slow
+                        if walked is None:
+                            walked = self.slow = pull_rows.Walked()
+                            self.parts.append(walked)
+                    walked.append(StoredMessage(raw, lay))
+                    walked.codes.append(codes[c])
+                    n += 1
+                    total += size
+                    self.max_phys_pulling = pos
+                    self.nxt = base + c + 1
+                    continue
+            self.n, self.total = n, total
+            full = self.visit(c, pos, size)
+            n, total = self.n, self.total
+            if full:
+                if walked is not None:
+                    self.result.status = GetStatus.FOUND
+                return False
+        self.n, self.total = n, total
+        if walked is not None:
+            self.result.status = GetStatus.FOUND
+        return True
 
     def visit(self, c: int, pos: int, size: int) -> bool:
         """Serve or pass over the candidate unit ``c`` of the chunk; True when the batch is

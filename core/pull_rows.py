@@ -8,8 +8,6 @@ either numpy columns (``MessageStore.read``) or ``StoredMessage`` objects (``get
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 
 from mqstore.format.record import HEADER_STRUCTS, RecordLayout
@@ -21,7 +19,7 @@ from mqstore.message import StoredMessage
 
 MIN_RECORD = MIN_V1_RECORD
 _HEAD_V4 = HEADER_STRUCTS[0]
-_PROPS_LEN = struct.Struct(">h")
+_new_layout = tuple.__new__
 
 
 def trusted_layout(raw, topic_len: int) -> RecordLayout:
@@ -29,7 +27,8 @@ def trusted_layout(raw, topic_len: int) -> RecordLayout:
     f = _HEAD_V4.unpack_from(raw)
     topic_at = HEADER_V4_BYTES + f[16] + 1
     props_at = topic_at + topic_len + 2
-    return RecordLayout(f, HEADER_V4_BYTES, topic_at, topic_len, props_at, f[0] - props_at)
+    return _new_layout(RecordLayout,  # as in verify_queue_record: no constructor frame
+                       (f, HEADER_V4_BYTES, topic_at, topic_len, props_at, f[0] - props_at))
 
 
 class Rows:
