@@ -65,6 +65,11 @@ DROPS_OLD_FILES = "drops_old_files"
 log below ``min_phys_offset``: delete the files that only cover removed records; returns their
 paths. Called on the ``writer`` role only (in the dispatch loop's process); followers and
 readers notice the files are gone."""
+PERSISTS = "persists"
+"""Dispatcher: ``persist() -> None``, force what it wrote to disk and record how far that
+covers, so ``resume_offset`` after a crash redoes only what came later. Called about once a
+second on the ``writer`` role, possibly from another thread than ``dispatch`` (the dispatcher
+serialises the two); a failure is the dispatcher's to log, never raised."""
 PRECOMPUTES = "precomputes"
 """Filter: ``matches_properties(properties: dict[str, str]) -> bool``. Dispatch evaluates a
 registered subscription of this filter type once per new message and keeps the answer as a
@@ -76,7 +81,8 @@ class CapabilityError(TypeError):
 
 
 _METHOD_OF = {RESUMES: "resume_offset", LOOKS_UP_KEYS: "candidates",
-              DROPS_OLD_FILES: "drop_below", PRECOMPUTES: "matches_properties"}
+              DROPS_OLD_FILES: "drop_below", PERSISTS: "persist",
+              PRECOMPUTES: "matches_properties"}
 
 
 def capabilities_of(obj: object) -> frozenset[str]:
@@ -293,7 +299,7 @@ CleanupPolicyFactory = Callable[["StoreConfig"], CleanupPolicy]
 __all__ = [
     "DispatchBatch", "Message", "MessageBatch", "PutStatus", "StoredMessage", "PoolExhaustedError",
     "SYSFLAG_TX_MASK", "TX_NOT", "TX_PREPARED", "TX_COMMIT", "TX_ROLLBACK", "Clock", "StringHash", "Role", "WRITER", "FOLLOWER", "READER", "RESUMES", "LOOKS_UP_KEYS",
-    "DROPS_OLD_FILES", "PRECOMPUTES", "CapabilityError", "capabilities_of",
+    "DROPS_OLD_FILES", "PERSISTS", "PRECOMPUTES", "CapabilityError", "capabilities_of",
     "check_capabilities", "CheckpointTimes", "StoreView", "WriterContext", "Writer",
     "WriterFactory", "QueueSelector", "QueueSelectorFactory", "Filter", "PrecomputedFilter",
     "FilterFactory", "Dispatcher", "DispatcherFactory", "FlushSchedule", "Flusher",

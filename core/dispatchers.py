@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mqstore.contracts import (
-    DROPS_OLD_FILES, LOOKS_UP_KEYS, RESUMES, CapabilityError, Role, StoreView,
+    DROPS_OLD_FILES, LOOKS_UP_KEYS, PERSISTS, RESUMES, CapabilityError, Role, StoreView,
     check_capabilities,
 )
 from mqstore.errors import PluginError
@@ -46,6 +46,10 @@ class Dispatchers:
         for d in self._with(DROPS_OLD_FILES):
             removed += d.drop_below(min_phys_offset)
         return removed
+
+    def persist(self) -> None:
+        for d in self._with(PERSISTS):
+            d.persist()
 
     def close(self) -> None:
         items, self.items, self._declared = self.items, [], []

@@ -201,6 +201,7 @@ class Runtime:
             return
         logics = self.checkpoint.logics_msg_timestamp
         self.view.flush_queues()
+        self.dispatchers.persist()
         self.manifest.update(self.view.consume_queues)
         self.checkpoint.flush(logics_msg_timestamp=logics)
 

@@ -27,10 +27,15 @@ from mqstore.format.record import SYSFLAG_TX_MASK, TX_ROLLBACK
 from mqstore.format.murmur3 import hash_ranges
 from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 from mqstore.format.property_keys import key_ranges
-from mqstore.contracts import DROPS_OLD_FILES, LOOKS_UP_KEYS, RESUMES, WRITER
+from mqstore.contracts import (
+    DROPS_OLD_FILES, LOOKS_UP_KEYS, PERSISTS, READER, RESUMES, WRITER,
+)
 from mqstore.hashing import HASH_MMH3, bytes_hasher
 from mqstore.hookspecs import hookimpl
 from mqstore.storage.index_file import INDEX_DIR, IndexFile
+from mqstore.storage.index_progress import (
+    PROGRESS_FILE, IndexProgress, read_progress, write_progress,
+)
 
 log = logging.getLogger("mqstore.index")
 
@@ -42,7 +47,7 @@ def index_file_name(ms: int) -> str:
 
 
 class KeyIndex:
-    capabilities = frozenset({RESUMES, LOOKS_UP_KEYS, DROPS_OLD_FILES})
+    capabilities = frozenset({RESUMES, LOOKS_UP_KEYS, DROPS_OLD_FILES, PERSISTS})
 
     def __init__(self, store, role: str = WRITER) -> None:
         cfg = store.config.index
@@ -51,13 +56,18 @@ class KeyIndex:
         # A follower (the store process while a worker writes) or a reader (a read-only
         # store) maps the files read-only and picks up what the writer adds.
         self.read_only = role != WRITER
+        self._role = role
         self.slots, self.entries = cfg.max_hash_slots, cfg.max_index_entries
         self._hash = store.string_hash
         self._hash_bytes = bytes_hasher(store.hash_kind)
         self._vector_hash = store.hash_kind == HASH_MMH3  # Java's hash needs decoded strings
         self._topic_prefixes: dict[str, bytes] = {}
         self._lock = threading.Lock()  # guards the file list against concurrent lookups
+        # ``persist`` (another thread in thread mode) sees the files between two batches.
+        self._write_lock = threading.Lock()
         self.files: list[IndexFile] = []
+        self._persisted: IndexProgress | None = None
+        self._resume_at: int | None = None  # set when the recorded progress was taken up
         kept_all = self._load(store.recovery_report)
         self._next_phys = self._indexed_until(store, kept_all)
 
@@ -70,19 +80,34 @@ class KeyIndex:
 
     def _load(self, report) -> bool:
         """Load the files; False when one was dropped (it and what follows are rebuilt)."""
-        if not os.path.isdir(self.directory):
-            return True
-        names = sorted(n for n in os.listdir(self.directory) if n.isdigit())
+        names = (sorted(n for n in os.listdir(self.directory) if n.isdigit())
+                 if os.path.isdir(self.directory) else [])
+        progress = self._recorded_progress(report, names)
         keep_until = self.store.checkpoint.index_msg_timestamp
         for i, name in enumerate(names):
             path = os.path.join(self.directory, name)
+            if progress is not None and (progress.file is None or int(name) > int(progress.file)):
+                # Begun after the progress was recorded: its records are indexed again.
+                if not self.read_only:
+                    report.notes.append(f"index: dropped {path}, begun after the recorded "
+                                        f"progress; re-indexed from {progress.indexed_until}")
+                    os.unlink(path)
+                continue
             try:
                 f = self._open_file(path)
             except (ValueError, OSError) as exc:
                 problem = f"{path}: {exc}"
             else:
-                problem = f.check_header()
-                if problem is None and report.abnormal and f.end_timestamp > keep_until:
+                if progress is None or name != progress.file:
+                    problem = f.check_header()
+                elif not self.read_only:
+                    problem = self._roll_back(f, progress.header, report) or f.check_header()
+                else:  # the follower of a writer that is rolling this file back
+                    problem = None
+                # With a recorded progress the older files were full, so forced to disk,
+                # before the newer ones began.
+                if (problem is None and report.abnormal and progress is None
+                        and f.end_timestamp > keep_until):
                     problem = (f"{path} may be half written (abnormal exit; ends at "
                                f"{f.end_timestamp} > checkpoint {keep_until})")
                 if problem is None:
@@ -90,16 +115,55 @@ class KeyIndex:
                     continue
                 f.close() if self.read_only else f.destroy()
             # Everything from the first bad file on is rebuilt from the commit log.
+            self._resume_at = None
             report.notes.append(f"index: dropped {problem}; rebuilt from the commit log")
             for later in names[i + 1:]:
                 later_path = os.path.join(self.directory, later)
-                report.notes.append(f"index: dropped {later_path} after it; rebuilt")
-                if not self.read_only:
-                    os.unlink(later_path)
+                if os.path.exists(later_path):
+                    report.notes.append(f"index: dropped {later_path} after it; rebuilt")
+                    if not self.read_only:
+                        os.unlink(later_path)
             if not self.read_only and os.path.exists(path):
                 os.unlink(path)
             return False
         return True
+
+    def _recorded_progress(self, report, names: list[str]) -> IndexProgress | None:
+        """The progress recorded by ``persist`` when recovery may use it (a writer after a
+        crash, the recorded file still there; or no file recorded and none found)."""
+        # A reader may run beside a live writer, whose files are all current.
+        if self._role == READER or report.trusted_end >= 0:
+            return None
+        progress, problem = read_progress(self.store.root)
+        if problem is not None:
+            report.notes.append(f"index: progress record ignored: {problem}")
+            return None
+        if progress is None:
+            return None
+        if progress.file is None and names and not report.abnormal:
+            return None  # files begun since were closed cleanly: they are whole
+        if progress.file is not None and (progress.file not in names or not report.abnormal):
+            return None
+        self._resume_at = progress.indexed_until
+        report.notes.append(f"index: resumes at {progress.indexed_until}, where its recorded "
+                            f"progress ends ({PROGRESS_FILE})")
+        return progress
+
+    def _roll_back(self, f: IndexFile, header, report) -> str | None:
+        """Roll ``f`` back to its recorded header; what is wrong when it cannot be."""
+        stored = f.stored_header
+        if header.index_count > L.FIRST_INDEX and stored.index_count > L.FIRST_INDEX and (
+                stored.begin_phys_offset, stored.begin_timestamp) != (
+                header.begin_phys_offset, header.begin_timestamp):
+            return (f"{f.path} does not begin where the recorded progress says "
+                    f"(phys {stored.begin_phys_offset}, not {header.begin_phys_offset})")
+        try:
+            f.roll_back(header)
+        except (ValueError, OSError) as exc:
+            return f"{f.path}: cannot roll back to the recorded progress ({exc})"
+        report.notes.append(f"index: {f.path} rolled back to its {header.index_count - 1} "
+                            f"entries on disk; re-indexed from {self._resume_at}")
+        return None
 
     def _indexed_until(self, store, kept_all: bool) -> int:
         """End of the indexed part of the log.
@@ -116,6 +180,8 @@ class KeyIndex:
         trusted = store.recovery_report.trusted_end
         if trusted >= 0 and kept_all:
             return trusted
+        if self._resume_at is not None and kept_all:
+            return self._resume_at
         if not self.files or self.files[-1].index_count <= L.FIRST_INDEX:
             return -1
         last = self.files[-1].end_phys_offset
@@ -133,9 +199,30 @@ class KeyIndex:
         todo = (batch.phys_offsets >= self._next_phys) & (
             (batch.sysflags & SYSFLAG_TX_MASK) != TX_ROLLBACK)
         rows = np.flatnonzero(todo)
-        if len(rows) and _may_hold_keys(batch.properties):
-            self._index_rows(batch, rows)
-        self._next_phys = max(self._next_phys, batch.end)
+        with self._write_lock:
+            if len(rows) and _may_hold_keys(batch.properties):
+                self._index_rows(batch, rows)
+            self._next_phys = max(self._next_phys, batch.end)
+
+    def persist(self) -> None:
+        """Force the newest file to disk, then record how far the index is on disk
+        (``index_progress``): a recovery after a crash rolls back to there."""
+        if self.read_only:
+            return
+        with self._write_lock:
+            f = self.files[-1] if self.files else None
+            progress = IndexProgress(None if f is None else os.path.basename(f.path),
+                                     None if f is None else f.header, self._next_phys)
+            if progress == self._persisted or progress.indexed_until <= 0:
+                return
+            try:
+                if f is not None:
+                    f.flush()
+                write_progress(self.store.root, progress)
+            except OSError as exc:  # a full disk among others: recovery re-indexes more
+                log.warning("index progress not recorded: %s", exc)
+                return
+            self._persisted = progress
 
     def _index_rows(self, batch, rows: np.ndarray) -> None:
         """Entries for the keys of ``rows``: per record its UNIQ_KEY, then each KEYS token."""
@@ -269,6 +356,7 @@ class KeyIndex:
             f.flush()
 
     def close(self) -> None:
+        self.persist()
         for f in self.files:
             f.close()
 

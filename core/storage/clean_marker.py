@@ -51,10 +51,8 @@ Trusted when all of these hold, else ignored with the reason in the report's not
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import zlib
 
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 from mqstore.format.index_layout import HEADER_STRUCT
@@ -62,9 +60,10 @@ from mqstore.format.record import (
     BLANK_MAGIC, MAGIC_V1, MAGIC_V2, SCAN_BLANK, SCAN_OK, scan_record,
 )
 from mqstore.errors import StoreCorruptError
-from mqstore.storage.checkpoint import read_meta, write_small_file
+from mqstore.storage.checkpoint import read_meta
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.index_file import INDEX_DIR
+from mqstore.storage.sealed_json import seal, sync_dir, unseal, write_sealed
 
 log = logging.getLogger("mqstore.store")
 
@@ -86,25 +85,14 @@ def marker_path(root: str) -> str:
 
 
 # -- the file ----------------------------------------------------------------------------------
-def _canonical(body: dict) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
-def encode(body: dict) -> bytes:
-    return _canonical({**body, "crc32": zlib.crc32(_canonical(body))})
+encode = seal
 
 
 def decode(data: bytes) -> tuple[dict | None, str | None]:
     """The marker's body, or None and why it cannot be used."""
-    try:
-        obj = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        return None, f"it is garbled ({exc})"
-    if not isinstance(obj, dict) or not isinstance(obj.get("crc32"), int):
-        return None, "it is garbled (no CRC)"
-    body = {k: v for k, v in obj.items() if k != "crc32"}
-    if zlib.crc32(_canonical(body)) != obj["crc32"]:
-        return None, "it is garbled (CRC mismatch)"
+    body, problem = unseal(data)
+    if body is None:
+        return None, problem
     if body.get("format") != MARKER_FORMAT:
         return None, f"it has format {body.get('format')!r}, not {MARKER_FORMAT}"
     try:
@@ -139,7 +127,7 @@ def take(root: str, *, remove: bool) -> tuple[dict | None, str | None]:
     if remove:
         try:
             os.unlink(path)
-            _sync_dir(root)
+            sync_dir(root)
         except OSError as exc:
             # The open goes on without it; ``abort`` (created at every open for writing)
             # still keeps a marker left behind from being trusted after a crash.
@@ -151,17 +139,8 @@ def take(root: str, *, remove: bool) -> tuple[dict | None, str | None]:
 
 
 def write(root: str, body: dict) -> None:
-    """Atomically and durably: temporary file fsynced, renamed, directory fsynced."""
-    write_small_file(marker_path(root), encode(body), atomic=True)
-    _sync_dir(root)
-
-
-def _sync_dir(root: str) -> None:
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Atomically and durably (``sealed_json``)."""
+    write_sealed(marker_path(root), body)
 
 
 # -- what is recorded --------------------------------------------------------------------------

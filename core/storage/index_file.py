@@ -42,6 +42,8 @@ INDEX_DIR = "index"
 
 log = logging.getLogger("mqstore.index")
 
+_ROLL_BACK_CHUNK = 1 << 20  # entries read at once when slots are set back (20 MiB)
+
 
 class IndexFile:
     """``stored_header`` is the header as found on disk when the file was opened."""
@@ -261,6 +263,42 @@ class IndexFile:
         self._put_long(L.END_PHYS_OFFSET_AT, self._end_phys)
         self._put_long(L.END_TIMESTAMP_AT, self._end_ts)
         return k
+
+    def roll_back(self, header: L.IndexHeader) -> None:
+        """Return the file to a state it was forced to disk in, ``header`` then: entries from
+        ``header.index_count`` on are dropped (left as they are, past the count, where
+        nothing reads them and the next puts overwrite them), and a slot naming one of them
+        is set back to the newest earlier entry of its slot (or none). Entries below the
+        count and the slots naming them were on disk with that header and never change."""
+        count = max(header.index_count, L.FIRST_INDEX)
+        if self.read_only or not L.FIRST_INDEX <= count <= self.entries:
+            raise ValueError(f"cannot roll {self.path} back to indexCount {header.index_count}")
+        table = np.frombuffer(self._mm, dtype=L.SLOT_DTYPE, count=self.slots,
+                              offset=L.HEADER_SIZE)
+        stale = np.flatnonzero((table < 0) | (table >= count))
+        if len(stale):
+            pending = np.zeros(self.slots, dtype=bool)
+            pending[stale] = True
+            table[stale] = L.INVALID_INDEX
+            left, hi = len(stale), count
+            while left and hi > L.FIRST_INDEX:
+                lo = max(L.FIRST_INDEX, hi - _ROLL_BACK_CHUNK)
+                hashes = np.frombuffer(self._mm, dtype=L.ENTRY_DTYPE, count=hi - lo,
+                                       offset=L.entry_position(self.slots, lo))["key_hash"]
+                slots = hashes.astype(np.int64) % self.slots
+                hit = np.flatnonzero(pending[slots])[::-1]  # newest first
+                if len(hit):
+                    found, first = np.unique(slots[hit], return_index=True)
+                    table[found] = lo + hit[first]
+                    pending[found] = False
+                    left -= len(found)
+                hi = lo
+            del table
+        self._mm[0:L.HEADER_SIZE] = L.pack_header(header)
+        (self._begin_ts, self._end_ts, self._begin_phys, self._end_phys,
+         self._hash_slot_count, self._index_count) = header
+        self._index_count = count
+        self._mm.flush()
 
     # -- read ------------------------------------------------------------------------------
     def select(self, key_hash: int, max_num: int, begin_ms: int,

@@ -160,6 +160,7 @@ def _serve(view, loop, dispatchers, hooks, channels, wake_r, progress_w, parent_
         if now >= next_flush:
             next_flush = now + FLUSH_INTERVAL_S
             view.flush_queues()
+            dispatchers.persist()
             view.manifest.update(view.consume_queues)
         _follow_cleanup(view, dispatchers, hooks, channels.cleanup, progress_w)
         if not ch.started and loop.dispatched >= opened_end:
