@@ -37,6 +37,7 @@ class _Section(BaseModel):
 
 
 class StoreSection(_Section):
+    root: str | None = None  # the store directory `mqstore serve` opens when not given --root
     hash: Literal["mmh3", "java"] = "mmh3"
     store_host: str = "127.0.0.1:10911"
     role: Literal["async_master", "sync_master", "slave"] = "async_master"
@@ -153,6 +154,19 @@ class PluginsSection(_Section):
     disable: tuple[str, ...] = ()
 
 
+class ServerSection(_Section):
+    """``mqstore serve``: where the metrics and health endpoints listen, how much it logs."""
+
+    metrics_listen: str = "127.0.0.1:9108"
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+
 class StoreConfig(_Section):
     store: StoreSection = StoreSection()
     commit_log: CommitLogSection = CommitLogSection()
@@ -165,6 +179,7 @@ class StoreConfig(_Section):
     cleanup: CleanupSection = CleanupSection()
     queue_select: QueueSelectSection = QueueSelectSection()
     plugins: PluginsSection = PluginsSection()
+    server: ServerSection = ServerSection()
 
     def replace(self, **overrides: Mapping[str, Any]) -> "StoreConfig":
         """A copy with ``{"section": {"key": value}}`` overrides applied and validated."""
@@ -181,6 +196,17 @@ def parse_hours(text: str) -> frozenset[int]:
             raise ValueError(f"hour {token!r} in {text!r} must be 0-23 (hours separated by ';')")
         hours.add(int(token))
     return frozenset(hours)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[ipv6]:port"`` -> ``(host, port)``; port 0 picks a free one."""
+    bracketed = text.startswith("[")
+    host, sep, port = (text[1:].partition("]:") if bracketed else text.rpartition(":"))
+    if not sep or not host or (":" in host and not bracketed):
+        raise ValueError(f"listen address {text!r} must be 'host:port' or '[ipv6]:port'")
+    if not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ValueError(f"listen address {text!r}: port {port!r} must be 0..65535")
+    return host, int(port)
 
 
 def parse_delay_levels(text: str) -> list[int]:

@@ -261,7 +261,7 @@ class FlushClient:
         sup = self.supervisor
         ch = self.ch
         out = {"mode": self.mode, "committed": ch.committed, "flushed": ch.flushed,
-               "fsyncs": ch.fsyncs}
+               "fsyncs": ch.fsyncs, "fsync_seconds": ch.fsync_ns / 1e9}
         if sup is not None:
             out.update(alive=sup.alive(), pid=sup.process.pid, restarts=sup.restarts,
                        failures=list(sup.failures))

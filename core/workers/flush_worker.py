@@ -134,7 +134,9 @@ class FlushService:
             if due:
                 fd = self._fd(start)
                 if fd is not None:
+                    began = time.perf_counter_ns()
                     force(fd)
+                    self.ch.fsync_ns += time.perf_counter_ns() - began
                     self.ch.fsyncs += 1
                 f = upto
             if not complete or f < start + self.size:

@@ -23,6 +23,7 @@ they belong to (``Channels``), never by index:
               stop            store      1: final commit and flush, then exit; 2: exit at once
               idle            flush      1 while the flush loop sleeps
               fsyncs          flush      number of forced writes (fdatasync calls) so far
+              fsync_ns        flush      nanoseconds spent in those calls, in total
               error           flush      1 once forcing or committing failed with an OS error
               note            flush      why the loop fails (text)
     dispatch  dispatched      dispatch   end of dispatched bytes: every record below has units
@@ -54,7 +55,7 @@ from mqstore.storage.shared_segment import close_segment, open_segment
 (WRITTEN, CONFIRMED, ABNORMAL, COMMITTED, FLUSHED, FLUSH_REQUEST, FLUSH_ASK, FLUSH_ASK_LEAST,
  FLUSH_DONE, FLUSH_STOP, FLUSH_IDLE, FLUSH_COUNT, FLUSH_ERROR, DISPATCHED, DISPATCH_IDLE,
  LOGICS_TS, INDEX_TS, DISPATCH_STOP, DISPATCH_FAILS, DISPATCH_STARTED, MIN_PHYS,
- DROPPED, TRUSTED_END) = range(23)
+ DROPPED, TRUSTED_END, FSYNC_NS) = range(24)
 POSITIONS_SEGMENT = "positions"  # the kind in ``store_segment_name``
 SLOTS = 32
 WAITER_SLOTS = 32
@@ -189,6 +190,7 @@ class FlushChannel(_NotedChannel):
     stop = _Slot(FLUSH_STOP)
     idle = _Slot(FLUSH_IDLE)
     fsyncs = _Slot(FLUSH_COUNT)
+    fsync_ns = _Slot(FSYNC_NS)
     error = _Slot(FLUSH_ERROR)
 
 

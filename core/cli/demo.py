@@ -1,4 +1,4 @@
-"""``mqstore`` command line: the demo job (``make run``), store info and a read-only check."""
+"""``mqstore demo``: the demo job ``make run`` runs, a realistic load written and read back."""
 
 from __future__ import annotations
 
@@ -76,12 +76,7 @@ def _rate(n: int, seconds: float) -> str:
     return f"{n / seconds:,.0f} msg/s" if seconds > 0 else "n/a"
 
 
-@click.group()
-def main() -> None:
-    """mqstore: an embedded message store with RocketMQ-compatible files."""
-
-
-@main.command()
+@click.command()
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
               default=None, help="YAML config (default: built-in defaults).")
 @click.option("--root", type=click.Path(file_okay=False), default=".mqstore-data",
@@ -269,23 +264,3 @@ def _show_reopened(root: str, cfg: StoreConfig, end: int) -> None:
         click.echo(f"reopened: commit log ends at {store.max_phys_offset} (was {end}), "
                    f"{'clean' if rep.clean and not rep.abnormal else 'RECOVERED'} "
                    f"({rep.records_checked} records checked)")
-
-
-@main.command()
-@click.argument("root", type=click.Path(exists=True, file_okay=False))
-def info(root: str) -> None:
-    """Show a store's queues and offsets (read-only; works on RocketMQ directories)."""
-    with MessageStore.open(root, read_only=True) as store:
-        rep = store.recovery_report
-        click.echo(f"commit log [{store.min_phys_offset}, {store.max_phys_offset}), segment "
-                   f"{store.commit_log.segment_bytes} bytes, hash {store.hash_kind}")
-        if rep.truncated_bytes or rep.consume_queue_units_dropped:
-            click.echo(f"damage: {rep.truncated_bytes} bytes past the last valid record "
-                       f"({rep.stop_reason}); units past it: {rep.consume_queue_units_dropped}")
-        for topic in store.topics():
-            for q in store.queue_ids(topic):
-                click.echo(f"{topic}/{q}: [{store.min_offset(topic, q)}, {store.max_offset(topic, q)})")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

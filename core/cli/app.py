@@ -1,0 +1,62 @@
+"""The ``mqstore`` command group: every command, and how failures reach the terminal.
+
+Exit codes follow the CLI convention: 0 success, 1 failure (or, for ``check``, problems
+found), 2 bad usage or input. A failure is printed as one line, ``Error: ...``; tracebacks
+are for bugs only.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from mqstore.errors import ConfigError, CorruptRecordError, MQStoreError
+
+
+class BadInput(click.ClickException):
+    """Input the store refused as invalid (a topic name, a key): a usage error, exit 2."""
+
+    exit_code = 2
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+class MqstoreGroup(click.Group):
+    """Turns the store's errors into one-line click errors with the conventional codes."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except CorruptRecordError as exc:  # damaged data, not bad input
+            raise click.ClickException(_one_line(exc)) from None
+        except ConfigError as exc:
+            raise BadInput(_one_line(exc)) from None
+        except (MQStoreError, OSError, TimeoutError, PermissionError) as exc:
+            raise click.ClickException(_one_line(exc)) from None
+        except ValueError as exc:  # the store's argument checks name the value and the rule
+            raise BadInput(_one_line(exc)) from None
+
+
+@click.group(cls=MqstoreGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mqstore")
+def main() -> None:
+    """mqstore: an embedded message store with RocketMQ-compatible files."""
+    # The store's warnings (damage found, files repaired) as one line each on stderr.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _register() -> None:
+    from mqstore.cli import (
+        bench, check, demo, info, init_cmd, inspect_cmd, produce, query, serve, stats,
+    )
+    for command in (init_cmd.init, produce.produce, query.query, inspect_cmd.inspect,
+                    check.check, stats.stats, serve.serve, bench.bench, demo.demo, info.info):
+        main.add_command(command)
+
+
+_register()

@@ -1,0 +1,31 @@
+"""Options and arguments several commands share, and loading the configuration they name."""
+
+from __future__ import annotations
+
+import click
+
+from mqstore.config import StoreConfig, load_config
+from mqstore.errors import ConfigError
+
+json_option = click.option("--json", "as_json", is_flag=True, default=False,
+                           help="Print JSON (for scripts) instead of tables.")
+config_option = click.option("-c", "--config", "config_path", default=None,
+                             type=click.Path(exists=True, dir_okay=False),
+                             help="YAML configuration (default: the built-in defaults).")
+existing_root = click.argument("root", type=click.Path(exists=True, file_okay=False))
+
+
+def load_cli_config(path: str | None, param: str = "'-c' / '--config'",
+                    **overrides) -> StoreConfig:
+    """The configuration at ``path`` (or the defaults) with ``overrides``; a bad one is a
+    usage error naming the option."""
+    try:
+        return load_config(path, overrides=overrides or None)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint=param) from None
+
+
+def short_lived(config: StoreConfig) -> StoreConfig:
+    """For a command that opens a store for moments: its loops run as threads (the same
+    code and files, without starting worker processes for one open)."""
+    return config.replace(dispatch={"worker": "thread"}, flush={"worker": "thread"})

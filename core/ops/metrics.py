@@ -1,0 +1,109 @@
+"""Prometheus metrics of an open, writable store, read at every scrape.
+
+``StoreCollector`` yields one family per gauge or counter from the store's own positions and
+status calls; nothing is sampled between scrapes. Families come from the functions in
+``StoreCollector.sources``, one per concern (puts, commit log, flush, dispatch, queues,
+workers, disk): consumer-group lag will be one more source yielding
+``mqstore_consumer_lag_messages{group,topic,queue_id}``, with no change to the others.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import (
+    CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from mqstore import cleanup
+from mqstore.ops.put_metrics import PutCounts
+from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+class StoreCollector(Collector):
+    def __init__(self, store, puts: PutCounts) -> None:
+        self.store = store
+        self.puts = puts
+        self.sources = (self._puts, self._commit_log, self._flush, self._dispatch,
+                        self._queues, self._workers, self._disk)
+
+    def collect(self):
+        if self.store._state.closed:
+            return
+        for source in self.sources:
+            yield from source()
+
+    def _puts(self):
+        yield _counter("mqstore_put_messages", "Messages stored by puts.", self.puts.messages)
+        yield _counter("mqstore_put_bytes", "Commit-log bytes written by puts.", self.puts.bytes)
+        yield _counter("mqstore_put_refused", "Put calls refused with a status.",
+                       self.puts.refused)
+
+    def _commit_log(self):
+        s = self.store
+        yield _gauge("mqstore_commit_log_min_offset_bytes", "First stored commit-log byte.",
+                     max(s.min_phys_offset, 0))
+        yield _gauge("mqstore_commit_log_max_offset_bytes", "End of the readable commit log.",
+                     s.max_phys_offset)
+        flags = s.running_flags
+        yield _gauge("mqstore_writable", "1 while the store accepts puts.",
+                     0 if flags & (NOT_WRITEABLE | DISK_FULL) else 1)
+        yield _gauge("mqstore_disk_full", "1 while puts are refused for disk space.",
+                     1 if flags & DISK_FULL else 0)
+
+    def _flush(self):
+        status = self.store.flush_client.status()
+        yield _gauge("mqstore_flushed_offset_bytes", "End of the commit-log bytes on disk.",
+                     status["flushed"])
+        yield _gauge("mqstore_flush_lag_bytes", "Written commit-log bytes not yet on disk.",
+                     max(0, self.store.max_phys_offset - status["flushed"]))
+        fsync = SummaryMetricFamily("mqstore_fsync_seconds",
+                                    "fdatasync calls of the flush loop and their duration.",
+                                    count_value=status["fsyncs"],
+                                    sum_value=status["fsync_seconds"])
+        yield fsync
+
+    def _dispatch(self):
+        yield _gauge("mqstore_dispatch_lag_bytes",
+                     "Visible commit-log bytes not yet in the consume queues and index.",
+                     self.store.dispatch_behind_bytes())
+
+    def _queues(self):
+        depth = GaugeMetricFamily("mqstore_queue_depth_messages",
+                                  "Messages stored in a queue (max - min offset).",
+                                  labels=["topic", "queue_id"])
+        high = GaugeMetricFamily("mqstore_queue_max_offset", "A queue's next offset.",
+                                 labels=["topic", "queue_id"])
+        low = GaugeMetricFamily("mqstore_queue_min_offset", "A queue's first stored offset.",
+                                labels=["topic", "queue_id"])
+        s = self.store
+        for topic in s.topics():
+            for qid in s.queue_ids(topic):
+                lo, hi = s.min_offset(topic, qid), s.max_offset(topic, qid)
+                labels = [topic, str(qid)]
+                depth.add_metric(labels, hi - lo)
+                high.add_metric(labels, hi)
+                low.add_metric(labels, lo)
+        yield from (depth, high, low)
+
+    def _workers(self):
+        up = GaugeMetricFamily("mqstore_worker_up", "1 while a loop's worker (or thread) "
+                               "runs.", labels=["worker"])
+        restarts = CounterMetricFamily("mqstore_worker_restarts", "Worker processes "
+                                       "restarted after dying.", labels=["worker"])
+        for name, status in (("dispatch", self.store.worker_status()),
+                             ("flush", self.store.flush_client.status())):
+            up.add_metric([name], 1 if status["alive"] else 0)
+            restarts.add_metric([name], status.get("restarts", 0))
+        yield from (up, restarts)
+
+    def _disk(self):
+        yield _gauge("mqstore_disk_used_ratio", "Used share of the store's file system, as "
+                     "the cleanup policy sees it.", cleanup.disk_used_ratio(self.store.root))

@@ -1,0 +1,86 @@
+"""``mqstore check --fix``: repair with the store's own recovery and rebuild.
+
+What is derived from the commit log is rebuilt, never patched: a damaged consume queue (or
+commit-log damage that invalidates units) removes ``consumequeue/`` and ``consumequeue_ext/``,
+a damaged index (or such commit-log damage) removes the index files. A writable open then
+recovers the store as it always does: with no consume queue left to say what was dispatched,
+it walks the whole commit log, quarantines damaged records (keeping every intact one after
+them, and a copy of the damaged bytes), cuts a torn tail, and re-dispatches the log, which
+builds the queues (fillers hold the offsets of lost records) and the index again. A clean close
+then removes a stale ``abort`` marker. Every step is reported.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from mqstore.config import StoreConfig
+from mqstore.ops.problems import CONSUME_QUEUE, INDEX, RECORD, SEGMENT, Problem
+from mqstore.recovery import RecoveryReport
+from mqstore.storage.checkpoint import abort_exists
+from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
+from mqstore.storage.index_file import INDEX_DIR
+from mqstore.store import MessageStore
+
+CONSUME_QUEUE_EXT_DIR = "consumequeue_ext"
+DISPATCH_WAIT_S = 600.0
+
+
+def repair(root: str, config: StoreConfig, problems: list[Problem]) -> list[str]:
+    """Repair ``root`` for ``problems`` (a check's); returns what was done, in order."""
+    kinds = {p.kind for p in problems}
+    invalidating = bool(kinds & {SEGMENT, RECORD})
+    done: list[str] = []
+    if CONSUME_QUEUE in kinds or invalidating:
+        for name in (CONSUME_QUEUE_DIR, CONSUME_QUEUE_EXT_DIR):
+            path = os.path.join(root, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+                done.append(f"removed {name}/ to rebuild it from the commit log")
+    if INDEX in kinds or invalidating:
+        directory = os.path.join(root, INDEX_DIR)
+        names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+        for name in names:
+            os.unlink(os.path.join(directory, name))
+        if names:
+            done.append(f"removed {len(names)} index file(s) to rebuild the index from the "
+                        f"commit log")
+    # The loops run as threads: the same code and files, without starting worker processes
+    # for one open.
+    cfg = config.replace(dispatch={"worker": "thread"}, flush={"worker": "thread"})
+    was_abnormal = abort_exists(root)
+    with MessageStore.open(root, config=cfg) as store:
+        store.wait_dispatched(timeout=DISPATCH_WAIT_S)
+        report = store.recovery_report
+    done += describe(report)
+    if was_abnormal and not abort_exists(root):
+        done.append("closed cleanly: the stale abort marker is gone")
+    return done
+
+
+def describe(report: RecoveryReport) -> list[str]:
+    """What a recovery did, one line per change."""
+    out = []
+    if report.abnormal:
+        out.append(f"recovered after an unclean exit, from commit-log offset {report.scan_from}")
+    for q in report.quarantined:
+        saved = f"; the original bytes are in {q.saved_to}" if q.saved_to else ""
+        out.append(f"quarantined commit-log bytes [{q.offset}, {q.offset + q.length}) "
+                   f"({q.reason}){saved}")
+    for path in report.recreated_segments:
+        out.append(f"recreated missing segment {path} (closed, empty)")
+    if report.truncated_bytes:
+        out.append(f"cut a torn tail of {report.truncated_bytes} bytes at commit-log offset "
+                   f"{report.commit_log_end} ({report.stop_reason})")
+    for path in report.deleted_files:
+        out.append(f"deleted {path} (past the end of the log)")
+    for queue, why in sorted(report.queues_rebuilt.items()):
+        out.append(f"rebuilt consume queue {queue}: {why}")
+    for queue, n in sorted(report.consume_queue_units_dropped.items()):
+        out.append(f"dropped {n} unit(s) of consume queue {queue} past the end of the log")
+    if report.redispatch_bytes:
+        out.append(f"re-dispatched {report.redispatch_bytes} commit-log bytes into the consume "
+                   f"queues and the index")
+    out += [f"note: {n}" for n in report.notes]
+    return out

@@ -1,0 +1,179 @@
+"""``mqstore stats``: a store's state as one JSON-ready dict, read-only beside a writer.
+
+Sections: ``store``, ``commit_log``, ``topics`` (every queue: offsets, messages, bytes),
+``dispatch``, ``flush``, ``disk``, ``cleanup``. Each is built by its own function listed in
+``SECTIONS``; a new concern (consumer groups and their lag, say) is one more entry there and
+one more key in the output, and per-queue dicts take new fields without changing shape.
+
+A running writer is found by its ``abort`` marker; its live positions (written, flushed,
+dispatched, fsyncs) are read from its shared-memory segment, attached read-only. Without
+one, the positions come from the files (checkpoint, consume queues).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import numpy as np
+
+from mqstore import cleanup
+from mqstore.config import StoreConfig
+from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
+from mqstore.ops.store_files import abort_state
+from mqstore.storage.checkpoint import Checkpoint
+from mqstore.storage.shared_segment import store_segment_name
+from mqstore.store import MessageStore
+from mqstore.time_search import store_time_at
+from mqstore.workers import shm
+
+HOUR_MS = 3_600_000
+
+
+def store_stats(root: str, config: StoreConfig, now_ms: int | None = None) -> dict:
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    state, pid = abort_state(root)
+    with MessageStore.open(root, config=config, read_only=True) as store, \
+            _live_channels(root, state) as live:
+        ctx = {"root": os.path.abspath(root), "store": store, "config": config, "now": now_ms,
+               "writer": state, "pid": pid, "live": live}
+        return {name: build(ctx) for name, build in SECTIONS}
+
+
+@contextlib.contextmanager
+def _live_channels(root: str, writer_state: str):
+    """The running writer's shared positions, attached (never created or unlinked); None
+    when no writer runs or it is closing."""
+    channels = None
+    if writer_state == "running":
+        try:
+            channels = shm.Channels(shm.SharedPositions(
+                store_segment_name(os.path.abspath(root), shm.POSITIONS_SEGMENT)))
+        except (FileNotFoundError, ValueError):
+            channels = None
+    try:
+        yield channels
+    finally:
+        if channels is not None:
+            channels.positions.close()
+
+
+def _store(ctx) -> dict:
+    store = ctx["store"]
+    qdir = os.path.join(ctx["root"], "quarantine")
+    return {"root": ctx["root"], "hash": store.hash_kind, "writer": ctx["writer"],
+            "writer_pid": ctx["pid"] if ctx["writer"] == "running" else None,
+            "quarantined_regions": len(os.listdir(qdir)) if os.path.isdir(qdir) else 0}
+
+
+def _commit_log(ctx) -> dict:
+    store = ctx["store"]
+    segs = store.commit_log.segments.segments
+    return {"min_offset": store.min_phys_offset, "max_offset": store.max_phys_offset,
+            "bytes": max(0, store.max_phys_offset - max(store.min_phys_offset, 0)),
+            "segments": len(segs), "segment_bytes": store.commit_log.segment_bytes}
+
+
+def _queue_bytes(cq) -> int:
+    total = 0
+    for seg in cq.segments.segments:
+        units = cq.units_of(seg)[:seg.wrote // CQ_UNIT_SIZE]
+        first = max(0, (cq.min_logic_offset - seg.start) // CQ_UNIT_SIZE)
+        sizes = units["size"][first:].astype(np.int64)
+        total += int(sizes[(sizes > 0) & (sizes != FILLER_SIZE)].sum())
+    return total
+
+
+def _topics(ctx) -> list[dict]:
+    store = ctx["store"]
+    out = []
+    for topic in store.topics():
+        queues = []
+        for qid in store.queue_ids(topic):
+            lo, hi = store.min_offset(topic, qid), store.max_offset(topic, qid)
+            cq = store.consume_queue(topic, qid)
+            queues.append({"queue_id": qid, "min_offset": lo, "max_offset": hi,
+                           "messages": hi - lo, "bytes": _queue_bytes(cq) if cq else 0})
+        out.append({"topic": topic, "messages": sum(q["messages"] for q in queues),
+                    "bytes": sum(q["bytes"] for q in queues), "queues": queues})
+    return out
+
+
+def _dispatch(ctx) -> dict:
+    store, live = ctx["store"], ctx["live"]
+    covered = max((cq.max_phys for cq in store.consume_queues.values()), default=-1)
+    out = {"consume_queues_cover": max(covered, 0),
+           "consume_queue_lag_bytes": max(0, store.max_phys_offset - max(covered, 0))}
+    if live is not None:
+        out.update(live=True, dispatched=live.dispatch.dispatched,
+                   lag_bytes=max(0, live.append.confirmed - live.dispatch.dispatched),
+                   failing=live.dispatch.fails > 0)
+    else:
+        out["live"] = False
+    return out
+
+
+def _flush(ctx) -> dict:
+    cp = Checkpoint(ctx["root"], read_only=True)
+    out = {"checkpoint_flushed": cp.confirm_phy_offset,
+           "physic_msg_timestamp": cp.physic_msg_timestamp,
+           "logics_msg_timestamp": cp.logics_msg_timestamp,
+           "index_msg_timestamp": cp.index_msg_timestamp}
+    live = ctx["live"]
+    if live is not None:
+        out.update(live=True, written=live.append.written, committed=live.flush.committed,
+                   flushed=live.flush.flushed,
+                   lag_bytes=max(0, live.append.written - live.flush.flushed),
+                   fsyncs=live.flush.fsyncs, fsync_seconds=live.flush.fsync_ns / 1e9)
+    else:
+        out["live"] = False
+    return out
+
+
+def _disk(ctx) -> dict:
+    root = ctx["root"]
+    used: dict[str, int] = {}
+    for name in sorted(os.listdir(root)):
+        used[name] = _allocated(os.path.join(root, name))
+    st = os.statvfs(root)
+    return {"store_bytes": sum(used.values()), "by_entry": used,
+            "filesystem_bytes": st.f_blocks * st.f_frsize,
+            "filesystem_free_bytes": st.f_bavail * st.f_frsize,
+            "used_ratio": cleanup.disk_used_ratio(root)}
+
+
+def _allocated(path: str) -> int:
+    """Bytes the file system allocated (sparse files count what they hold)."""
+    if not os.path.isdir(path):
+        return os.lstat(path).st_blocks * 512
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def _cleanup(ctx) -> dict:
+    store, config, now = ctx["store"], ctx["config"], ctx["now"]
+    cfg = config.cleanup
+    ratio = cleanup.disk_used_ratio(ctx["root"])
+    decision = store.hooks.cleanup_policies.get(cfg.policy)(config).decide(now, ratio)
+    reserved_ms = int(cfg.file_reserved_hours * HOUR_MS)
+    segs = store.commit_log.segments.segments
+    oldest = store_time_at(store.commit_log, segs[1].start) if len(segs) > 1 else -1
+    return {"policy": cfg.policy, "delete_when": cfg.delete_when,
+            "file_reserved_hours": cfg.file_reserved_hours,
+            "disk_used_ratio": ratio, "disk_max_used_ratio": cfg.disk_max_used_ratio / 100,
+            "disk_forcibly_ratio": cfg.disk_forcibly_ratio / 100,
+            "disk_warning_ratio": cfg.disk_warning_ratio / 100,
+            "would_delete_now": decision.delete, "disk_full": bool(decision.disk_full),
+            "expired_segments": cleanup.expired_count(store.commit_log, now, reserved_ms,
+                                                      len(segs)),
+            "oldest_segment_age_ms": now - oldest if oldest > 0 else None}
+
+
+SECTIONS = (("store", _store), ("commit_log", _commit_log), ("topics", _topics),
+            ("dispatch", _dispatch), ("flush", _flush), ("disk", _disk),
+            ("cleanup", _cleanup))

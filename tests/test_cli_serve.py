@@ -1,0 +1,144 @@
+"""``mqstore serve``: a deployment from YAML in a subprocess; /metrics and /healthz scraped,
+``stats`` beside it, and SIGTERM or SIGINT to its process group leaving a clean store."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mqstore import MessageBatch, MessageStore, load_config
+from mqstore.errors import ConfigError
+from mqstore.ops import put_metrics
+from mqstore.ops.metrics import StoreCollector
+from mqstore.ops.server import with_put_metrics
+from mqstore.storage.shared_segment import store_segment_name
+from cli_support import SMALL_CONFIG, env, mqstore_json
+
+pytestmark = pytest.mark.usefixtures("no_plugin_env")
+START_TIMEOUT_S = 30
+STOP_TIMEOUT_S = 30
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    """A store with 40 messages over 4 queues, and a YAML naming it as store.root."""
+    root = tmp_path / "store"
+    cfg = load_config(overrides={"commit_log": {"segment_bytes": 65536},
+                                 "plugins": {"load_entry_points": False},
+                                 "index": {"max_hash_slots": 64, "max_index_entries": 256},
+                                 "dispatch": {"worker": "thread"}, "flush": {"worker": "thread"}})
+    with MessageStore.open(root, config=cfg) as store:
+        store.put_batch(MessageBatch(topic="orders", bodies=[b"m%d" % i for i in range(40)],
+                                     queue_ids=[i % 4 for i in range(40)]))
+        end = store.max_phys_offset
+    yaml = tmp_path / "deploy.yaml"
+    yaml.write_text(SMALL_CONFIG + f"store: {{root: {json.dumps(str(root))}}}\n"
+                    "server: {metrics_listen: \"127.0.0.1:0\", log_level: info}\n")
+    return root, yaml, end
+
+
+def start(yaml, log_path):
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "mqstore.cli", "serve", "-c", str(yaml)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env(),
+                            start_new_session=True)
+    log.close()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        found = re.search(r"serving metrics on (http://[\d.:]+)/metrics", log_path.read_text())
+        if found:
+            return proc, found.group(1)
+        assert proc.poll() is None, log_path.read_text()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError(f"serve did not start:\n{log_path.read_text()}")
+
+
+def scrape(url: str) -> dict:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_serve_metrics_health_and_clean_shutdown(deployment, tmp_path, signum):
+    root, yaml, end = deployment
+    proc, url = start(yaml, tmp_path / "serve.log")
+    try:
+        m = scrape(url)
+        assert m[("mqstore_commit_log_max_offset_bytes", ())] == end
+        assert m[("mqstore_flushed_offset_bytes", ())] == end
+        assert m[("mqstore_dispatch_lag_bytes", ())] == 0
+        assert m[("mqstore_put_messages_total", ())] == 0
+        for q in range(4):
+            labels = (("queue_id", str(q)), ("topic", "orders"))
+            assert m[("mqstore_queue_depth_messages", labels)] == 10
+            assert m[("mqstore_queue_max_offset", labels)] == 10
+        for worker in ("dispatch", "flush"):
+            assert m[("mqstore_worker_up", (("worker", worker),))] == 1
+            assert m[("mqstore_worker_restarts_total", (("worker", worker),))] == 0
+        assert ("mqstore_fsync_seconds_count", ()) in m and m[("mqstore_writable", ())] == 1
+        guide = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+        assert sorted({name for name, _labels in m if f"`{name}`" not in guide}) == []
+        with urllib.request.urlopen(url + "/healthz", timeout=10) as r:
+            assert r.status == 200 and json.loads(r.read())["status"] == "ok"
+        stats = mqstore_json("stats", root)  # read-only, beside the running writer
+        assert stats["store"]["writer"] == "running" and stats["store"]["writer_pid"] == proc.pid
+        assert stats["flush"]["live"] and stats["flush"]["flushed"] == end
+        assert stats["dispatch"]["live"] and stats["dispatch"]["dispatched"] == end
+    finally:
+        os.killpg(proc.pid, signum)  # the whole group, as a terminal or a supervisor sends it
+        code = proc.wait(STOP_TIMEOUT_S)
+    log = (tmp_path / "serve.log").read_text()
+    assert code == 0, log
+    assert f"{signal.Signals(signum).name} received: shutting down" in log
+    assert "store closed cleanly" in log
+    assert not (root / "abort").exists()
+    for kind in ("positions", "pool"):
+        name = store_segment_name(str(root), kind)
+        assert not os.path.exists(f"/dev/shm/{name}"), name
+    assert mqstore_json("check", root)["clean"]
+
+
+def test_put_counts_reach_the_collector(tmp_path):
+    cfg = with_put_metrics(load_config(overrides={
+        "commit_log": {"segment_bytes": 65536}, "plugins": {"load_entry_points": False},
+        "index": {"enabled": False}, "dispatch": {"worker": "thread"},
+        "flush": {"worker": "thread"}}))
+    assert cfg.plugins.modules == (put_metrics.MODULE,)
+    before = put_metrics.COUNTS.messages, put_metrics.COUNTS.bytes
+    with MessageStore.open(tmp_path / "s", config=cfg) as store:
+        result = store.put_batch(MessageBatch(topic="t", bodies=[b"x"] * 5, queue_ids=0))
+        store.wait_dispatched()
+        samples = {s.name: s.value for family in StoreCollector(store, put_metrics.COUNTS).collect()
+                   for s in family.samples if not s.labels}
+    assert samples["mqstore_put_messages_total"] == before[0] + 5
+    assert samples["mqstore_put_bytes_total"] == before[1] + result.wrote_bytes
+
+
+@pytest.mark.parametrize("server, needle", [
+    ({"metrics_listen": "127.0.0.1:9108", "colour": "blue"}, "server.colour: unknown key"),
+    ({"metrics_listen": "localhost"}, "server.metrics_listen"),
+    ({"metrics_listen": "127.0.0.1:70000"}, "server.metrics_listen"),
+    ({"log_level": "chatty"}, "server.log_level"),
+])
+def test_server_section_is_validated(server, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config(overrides={"server": server})
+
+
+def test_server_defaults():
+    cfg = load_config()
+    assert (cfg.server.metrics_listen, cfg.server.log_level, cfg.store.root) == (
+        "127.0.0.1:9108", "info", None)
