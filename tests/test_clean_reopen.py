@@ -360,7 +360,15 @@ def test_abnormal_reopen_walks_only_what_the_checkpoint_does_not_cover(tmp_path,
     writer = FaultWriter(str(root), OVERRIDES, seed=3, count=2500, pace_ms=2,
                          then="wait").start()
     assert writer.read_until()  # every put answered, the store still open
-    time.sleep(2.5)  # a checkpoint flush (once a second) after the last put was flushed
+    # Checkpoint flushes (once a second) until one after the last put was flushed and
+    # dispatched: its times stop moving. A loaded machine may take longer than a second.
+    seen, deadline = None, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(1.5)
+        now = _checkpoint_times(root)[:2]
+        if now == seen and min(now) > 0:
+            break
+        seen = now
     writer.kill(signal.SIGKILL)
     assert (root / "abort").exists() and not (root / MARKER).exists()
     physic, logics, _confirm = _checkpoint_times(root)
