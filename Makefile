@@ -6,10 +6,12 @@ RUN_ROOT ?= .mqstore-data
 
 .PHONY: run test bench clean
 
-$(STAMP): pyproject.toml
+# pyspark_mqstore.py: an editable install copies it (see core/spark/packaging/mqstore_build.py).
+# The spark extra builds pyspark from its sdist (about 40 s, once); its tests need Java 17.
+$(STAMP): pyproject.toml pyspark_mqstore.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -21,27 +21,57 @@ from __future__ import annotations
 import math
 import os
 
+from mqstore.config import parse_bytes
 from mqstore.time_search import store_time_at
 
 
-def disk_used_ratio(path: str) -> float:
+class DiskUsage(float):
+    """The used fraction of a disk, as a float, with the byte counts it came from (so a
+    policy can turn byte watermarks into fractions of this disk)."""
+
+    __slots__ = ("total_bytes", "free_bytes")
+
+    def __new__(cls, ratio: float, total_bytes: int, free_bytes: int) -> "DiskUsage":
+        usage = float.__new__(cls, ratio)
+        usage.total_bytes = total_bytes
+        usage.free_bytes = free_bytes
+        return usage
+
+
+def disk_used_ratio(path: str) -> DiskUsage:
     """RocketMQ's ``getDiskPartitionSpaceUsedPercent``: used / (used + available to users),
     rounded up to a whole percent."""
     st = os.statvfs(path)
     used = (st.f_blocks - st.f_bfree) * st.f_frsize
     usable = st.f_bavail * st.f_frsize
     if used + usable <= 0:
-        return -1.0
-    return math.ceil(100 * used / (used + usable)) / 100
+        return DiskUsage(-1.0, 0, 0)
+    return DiskUsage(math.ceil(100 * used / (used + usable)) / 100, used + usable, usable)
 
 
-def expired_count(commit_log, now_ms: int, reserved_ms: int, max_segments: int) -> int:
+def watermark_passed(value: int | str, disk_used: float) -> bool:
+    """Whether the disk is past a ``cleanup.disk_*_ratio`` setting: a percent of the disk in
+    use (``disk_used`` above it), or a byte amount of free space (``"20GiB"``: less than that
+    is free, counted in bytes, not in RocketMQ's whole percents). A byte amount is never
+    passed on a disk whose size is unknown."""
+    if isinstance(value, int):
+        return disk_used > value / 100
+    if getattr(disk_used, "total_bytes", 0) <= 0:
+        return False
+    return disk_used.free_bytes < parse_bytes(value)
+
+
+def expired_count(commit_log, now_ms: int, reserved_ms: int, max_segments: int,
+                  keep_from_phys: int = -1) -> int:
     """How many of the oldest segments (never the newest) may go: all of the first
     ``max_segments`` with ``reserved_ms`` 0, else those whose records are all older than
-    ``reserved_ms``, stopping at the first that must stay (no segment is skipped)."""
+    ``reserved_ms``, stopping at the first that must stay (no segment is skipped); none that
+    holds bytes at or above ``keep_from_phys`` (when >= 0)."""
     segs = commit_log.segments.segments
     count = 0
     for seg, after in list(zip(segs, segs[1:]))[:max_segments]:
+        if 0 <= keep_from_phys < after.start:
+            break
         if reserved_ms:
             newer = store_time_at(commit_log, after.start)
             if newer < 0 or newer + reserved_ms > now_ms:

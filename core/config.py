@@ -100,9 +100,11 @@ class CleanupSection(_Section):
     # RocketMQ's fileReservedTime is a Java int; the bound also keeps out .inf, which the
     # cleanup pass could not turn into milliseconds.
     file_reserved_hours: float = Field(72, ge=0, le=JAVA_INT_MAX)
-    disk_max_used_ratio: int = Field(75, ge=10, le=95)
-    disk_forcibly_ratio: int = Field(85, ge=10, le=100)
-    disk_warning_ratio: int = Field(90, ge=10, le=100)
+    # A percent of the disk in use, or a byte amount of free space ("20GiB": passed once less
+    # than that is free), which means the same on a small disk and a huge one.
+    disk_max_used_ratio: int | str = 75
+    disk_forcibly_ratio: int | str = 85
+    disk_warning_ratio: int | str = 90
     clean_forcibly: bool = True
     max_segments_per_run: int = Field(10, ge=1)
 
@@ -112,17 +114,36 @@ class CleanupSection(_Section):
         parse_hours(value)
         return value
 
+    @field_validator("disk_max_used_ratio", "disk_forcibly_ratio", "disk_warning_ratio")
+    @classmethod
+    def _watermark(cls, value: int | str, info) -> int | str:
+        if isinstance(value, str):
+            parse_bytes(value)
+            return value
+        top = 95 if info.field_name == "disk_max_used_ratio" else 100
+        if not 10 <= value <= top:
+            raise ValueError(f"{value} must be a percent from 10 to {top}, or a byte amount "
+                             f"of free space such as '20GiB'")
+        return value
+
     @model_validator(mode="after")
     def _ratios_ordered(self) -> "CleanupSection":
         # decide() tests the warning ratio, then the forcibly one, then max used; a ratio above
         # the one tested before it is never reached, so its setting would be silently ignored.
+        # Percents and byte amounts can only be ordered against a disk, so a mix is not checked.
         order = ("disk_max_used_ratio", "disk_forcibly_ratio", "disk_warning_ratio")
         for low, high in zip(order, order[1:]):
-            if getattr(self, low) > getattr(self, high):
+            a, b = getattr(self, low), getattr(self, high)
+            if isinstance(a, int) and isinstance(b, int) and a > b:
                 raise ValueError(
-                    f"cleanup.{low} ({getattr(self, low)}) must not exceed cleanup.{high} "
-                    f"({getattr(self, high)}); RocketMQ requires disk_max_used_ratio <= "
-                    f"disk_forcibly_ratio <= disk_warning_ratio")
+                    f"cleanup.{low} ({a}) must not exceed cleanup.{high} ({b}); RocketMQ "
+                    f"requires disk_max_used_ratio <= disk_forcibly_ratio <= disk_warning_ratio")
+            if isinstance(a, str) and isinstance(b, str) and parse_bytes(a) < parse_bytes(b):
+                raise ValueError(
+                    f"cleanup.{low} ({a!r} free) must not be less free space than "
+                    f"cleanup.{high} ({b!r} free); each watermark must be passed before the "
+                    f"next: disk_max_used_ratio, then disk_forcibly_ratio, then "
+                    f"disk_warning_ratio")
         return self
 
 
@@ -167,6 +188,17 @@ class ServerSection(_Section):
         return value
 
 
+class ConsumerSection(_Section):
+    """Group consumers (``store.consumer``): offsets, rebalancing, auto-commit."""
+
+    allocation: str = Field("average", min_length=1)  # an allocation strategy plugin by name
+    auto_commit: bool = False
+    auto_commit_interval_ms: int = Field(5_000, ge=1)
+    rebalance_interval_ms: int = Field(1_000, ge=10, le=3_600_000)
+    persist_interval_ms: int = Field(5_000, ge=0)
+    commit_fsync: bool = False
+
+
 class StoreConfig(_Section):
     store: StoreSection = StoreSection()
     commit_log: CommitLogSection = CommitLogSection()
@@ -179,6 +211,7 @@ class StoreConfig(_Section):
     cleanup: CleanupSection = CleanupSection()
     queue_select: QueueSelectSection = QueueSelectSection()
     plugins: PluginsSection = PluginsSection()
+    consumer: ConsumerSection = ConsumerSection()
     server: ServerSection = ServerSection()
 
     def replace(self, **overrides: Mapping[str, Any]) -> "StoreConfig":
@@ -207,6 +240,26 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise ValueError(f"listen address {text!r}: port {port!r} must be 0..65535")
     return host, int(port)
+
+
+_BYTE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"20GiB"``, ``"500 MB"``, ``"4096B"`` -> bytes (> 0)."""
+    number = text.rstrip("BKMGTi ")
+    unit = text[len(number):].strip()
+    if (not (number.isascii() and number.isdigit()) or unit not in _BYTE_UNITS
+            or int(number) <= 0):
+        raise ValueError(f"byte amount {text!r} must be a whole number > 0 followed by one of "
+                         f"{', '.join(_BYTE_UNITS)} (e.g. '20GiB')")
+    return int(number) * _BYTE_UNITS[unit]
+
+
+def describe_watermark(value: int | str) -> str:
+    """``90`` -> ``"over 90% used"``, ``"20GiB"`` -> ``"under 20GiB free"``."""
+    return f"over {value}% used" if isinstance(value, int) else f"under {value} free"
 
 
 def parse_delay_levels(text: str) -> list[int]:

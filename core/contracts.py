@@ -22,7 +22,7 @@ process for the dispatcher's files:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, ClassVar, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Callable, ClassVar, Literal, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -70,6 +70,10 @@ PERSISTS = "persists"
 covers, so ``resume_offset`` after a crash redoes only what came later. Called about once a
 second on the ``writer`` role, possibly from another thread than ``dispatch`` (the dispatcher
 serialises the two); a failure is the dispatcher's to log, never raised."""
+READS_STORE = "reads_store"
+"""Cleanup policy: ``bind(store) -> None`` is called once in the store process after the store
+opened, with the store held weakly (a ``weakref.proxy`` of the ``MessageStore``); ``decide``
+may then read its queues and consumer offsets through the store's read API."""
 PRECOMPUTES = "precomputes"
 """Filter: ``matches_properties(properties: dict[str, str]) -> bool``. Dispatch evaluates a
 registered subscription of this filter type once per new message and keeps the answer as a
@@ -82,7 +86,7 @@ class CapabilityError(TypeError):
 
 _METHOD_OF = {RESUMES: "resume_offset", LOOKS_UP_KEYS: "candidates",
               DROPS_OLD_FILES: "drop_below", PERSISTS: "persist",
-              PRECOMPUTES: "matches_properties"}
+              PRECOMPUTES: "matches_properties", READS_STORE: "bind"}
 
 
 def capabilities_of(obj: object) -> frozenset[str]:
@@ -285,15 +289,32 @@ class CleanupDecision(NamedTuple):
     their age (the disk is too full)."""
     disk_full: bool | None
     """Set (True) or clear (False) the DISK_FULL flag that refuses puts; None: leave it."""
+    keep_from_phys: int = -1
+    """No segment holding commit-log bytes at or above this offset goes in this pass, whatever
+    the rest of the decision says; -1: no such bound."""
 
 
 class CleanupPolicy(Protocol):
     def decide(self, now_ms: int, disk_used: float) -> CleanupDecision:
         """Called every ``cleanup.interval_ms`` with the store clock's time and the used
-        fraction of the store's disk (``mqstore.cleanup.disk_used_ratio``; -1 if unknown)."""
+        fraction of the store's disk (``mqstore.cleanup.disk_used_ratio``, a float that also
+        carries ``total_bytes`` and ``free_bytes``; -1 if unknown)."""
 
 
 CleanupPolicyFactory = Callable[["StoreConfig"], CleanupPolicy]
+
+
+# -- consumer group allocation ---------------------------------------------------------------
+class AllocationStrategy(Protocol):
+    def allocate(self, group: str, member: str, members: Sequence[str],
+                 queue_ids: Sequence[int]) -> list[int]:
+        """The queues ``member`` consumes, given every live member of the group (sorted, the
+        same list in every member) and the topic's queue ids (sorted). Every member computes
+        its own share from the same inputs, so the shares must not overlap and should cover
+        every queue."""
+
+
+AllocationStrategyFactory = Callable[[], AllocationStrategy]
 
 
 __all__ = [
@@ -304,5 +325,5 @@ __all__ = [
     "WriterFactory", "QueueSelector", "QueueSelectorFactory", "Filter", "PrecomputedFilter",
     "FilterFactory", "Dispatcher", "DispatcherFactory", "FlushSchedule", "Flusher",
     "FlushPolicy", "FlushPolicyFactory", "CleanupDecision", "CleanupPolicy",
-    "CleanupPolicyFactory",
+    "CleanupPolicyFactory", "READS_STORE", "AllocationStrategy", "AllocationStrategyFactory",
 ]

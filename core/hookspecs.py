@@ -106,6 +106,21 @@ def register_cleanup_policies(registry: "Registry") -> None:
     """
 
 
+@hookspec
+def register_allocation_strategies(registry: "Registry") -> None:
+    """Register how the instances of a consumer group split a topic's queues.
+
+    :param registry: ``registry.add(name, factory)`` with a
+        :data:`~mqstore.contracts.AllocationStrategyFactory`: ``factory() ->
+        AllocationStrategy``. The YAML key ``consumer.allocation`` picks one (default
+        ``average``, RocketMQ's AllocateMessageQueueAveragely); ``store.consumer(...,
+        allocation=NAME)`` picks one for a consumer.
+
+    Runs in: every process that builds a plugin manager; ``allocate`` runs in each consumer's
+    process, on the thread calling ``poll``, whenever the group's members or queues change.
+    """
+
+
 # ----------------------------------------------------------------------------------------
 # Append hooks: the store process, on the calling thread, once per put / put_batch
 # ----------------------------------------------------------------------------------------
@@ -183,6 +198,7 @@ def after_cleanup(min_phys_offset: int) -> None:
 __all__ = [
     "hookspec", "hookimpl", "register_writers", "register_queue_selectors", "register_filters",
     "register_dispatchers", "register_flush_policies", "register_cleanup_policies",
+    "register_allocation_strategies",
     "before_append", "after_append",
     "after_dispatch", "after_flush", "after_cleanup",
 ]

@@ -38,6 +38,9 @@ DEFAULT_PLUGINS = (
     "mqstore.plugins.index_key",
     "mqstore.plugins.flush_async",
     "mqstore.plugins.flush_sync",
+    "mqstore.plugins.allocate_average",
+    "mqstore.plugins.allocate_average_by_circle",
+    "mqstore.plugins.cleanup_keep_unconsumed",
     "mqstore.plugins.cleanup_rocketmq",
 )
 
@@ -120,6 +123,9 @@ class PluginHooks:
         self.cleanup_policies = self._collect("cleanup policy",
                                               pm.hook.register_cleanup_policies,
                                               setting="cleanup.policy")
+        self.allocation_strategies = self._collect("allocation strategy",
+                                                   pm.hook.register_allocation_strategies,
+                                                   setting="consumer.allocation")
         # Cached so hot paths skip hooks nobody implements.
         self.has_before_append = bool(pm.hook.before_append.get_hookimpls())
         self.has_after_append = bool(pm.hook.after_append.get_hookimpls())
@@ -130,7 +136,8 @@ class PluginHooks:
     @property
     def selected(self) -> tuple[Registry, ...]:
         """The registries a config key picks one strategy from (``Registry.setting``)."""
-        return self.writers, self.queue_selectors, self.flush_policies, self.cleanup_policies
+        return (self.writers, self.queue_selectors, self.flush_policies, self.cleanup_policies,
+                self.allocation_strategies)
 
     def _collect(self, kind: str, hook, key=lambda n: n, setting: str | None = None) -> Registry:
         registry = Registry(kind, key=key, setting=setting)

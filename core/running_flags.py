@@ -21,12 +21,14 @@ class StoreState:
         self.closed = True
         self.running_flags = NOT_WRITEABLE if read_only else 0
 
-    def unwritable_reason(self, disk_warning_ratio: int) -> str:
+    def unwritable_reason(self, disk_warning_ratio: int | str) -> str:
         flags = self.running_flags
         reasons = []
         if flags & DISK_FULL:
-            reasons.append(f"disk full: the disk of {self.root} is over {disk_warning_ratio}% "
-                           f"used (cleanup.disk_warning_ratio); puts resume once cleanup frees "
+            level = (f"over {disk_warning_ratio}% used" if isinstance(disk_warning_ratio, int)
+                     else f"under {disk_warning_ratio} free")
+            reasons.append(f"disk full: the disk of {self.root} is {level} "
+                           f"(cleanup.disk_warning_ratio); puts resume once cleanup frees "
                            f"space")
         if flags & NOT_WRITEABLE:
             reasons.append("a commit-log flush failed: the store takes no more puts until it "

@@ -15,7 +15,7 @@ import time
 import weakref
 
 from mqstore import cleanup
-from mqstore.config import parse_delay_levels
+from mqstore.config import describe_watermark, parse_delay_levels
 from mqstore.dispatch import DispatchLoop, DispatchThread, TagsCoder
 from mqstore.errors import WorkerError
 from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
@@ -24,6 +24,7 @@ from mqstore.workers import shm
 from mqstore.workers.flush_client import FlushClient
 from mqstore.workers.pipes import wait_and_drain
 from mqstore.workers.supervisor import DISPATCH_CATCH_UP_S, DispatchSupervisor
+from mqstore.workers.wakeup import open_wakeup
 
 log = logging.getLogger("mqstore.store")
 CLEANUP_ACK_TIMEOUT_S = 30.0
@@ -55,6 +56,7 @@ class Runtime:
         self.supervisor: DispatchSupervisor | None = None
         self.dispatch_loop: DispatchLoop | None = None
         self.dispatch_thread: DispatchThread | None = None
+        self.wakeup = None  # thread mode: NOTE [ Long polling ] in workers.wakeup
         self.cleanup_policy = hooks.cleanup_policies.get(config.cleanup.policy)(config)
         self._next_cleanup = time.monotonic() + config.cleanup.interval_ms / 1000.0
         self._cleanup_lock = threading.Lock()
@@ -94,6 +96,7 @@ class Runtime:
 
     def _start_dispatch_thread(self, start: int, end: int) -> None:
         view = self.view
+        self.wakeup = open_wakeup(self.root)
         self.dispatch_loop = DispatchLoop(
             self.commit_log, self.dispatchers,
             TagsCoder(view.string_hash, parse_delay_levels(self.config.store.message_delay_levels)),
@@ -118,6 +121,8 @@ class Runtime:
     def _after_dispatch(self, batch) -> None:
         self.manifest.write_marked(self.view.consume_queues)  # new queues, once they hold units
         self.hooks.after_dispatch(batch)
+        if self.wakeup is not None:  # the units are written: readers may look (thread mode)
+            self.wakeup.notify()
 
     # -- what the other parts call -----------------------------------------------------------
     def confirm_offset(self) -> int:
@@ -213,7 +218,8 @@ class Runtime:
         self._apply_disk_state(decision.disk_full)
         if not decision.delete:
             return
-        removed = self.delete_expired(decision.reserved_ms, cfg.max_segments_per_run)
+        removed = self.delete_expired(decision.reserved_ms, cfg.max_segments_per_run,
+                                      decision.keep_from_phys)
         if removed:
             log.info("cleanup removed %d commit-log segment(s); the log now starts at %d%s",
                      len(removed), self.commit_log.min_offset,
@@ -222,20 +228,22 @@ class Runtime:
     def _apply_disk_state(self, full: bool | None) -> None:
         state = self.state
         if full and not state.running_flags & DISK_FULL:
-            log.error("disk of %s is over %d%% used: puts refused until cleanup frees space",
-                      self.root, self.config.cleanup.disk_warning_ratio)
+            log.error("disk of %s is %s: puts refused until cleanup frees space", self.root,
+                      describe_watermark(self.config.cleanup.disk_warning_ratio))
             state.running_flags |= DISK_FULL
         elif full is False and state.running_flags & DISK_FULL:
             state.running_flags &= ~DISK_FULL
 
-    def delete_expired(self, reserved_ms: int, max_segments: int) -> list[str]:
-        """Delete expired segments, then have the dispatch loop's process drop the derived
-        files below the new minimum; returns the deleted commit-log paths."""
+    def delete_expired(self, reserved_ms: int, max_segments: int,
+                       keep_from_phys: int = -1) -> list[str]:
+        """Delete expired segments (none holding bytes at or above ``keep_from_phys``), then
+        have the dispatch loop's process drop the derived files below the new minimum;
+        returns the deleted commit-log paths."""
         with self._cleanup_lock:
             with self.appender.lock:
                 segs = self.commit_log.segments.segments
                 count = cleanup.expired_count(self.commit_log, self.clock(), reserved_ms,
-                                              max_segments)
+                                              max_segments, keep_from_phys)
                 if count:
                     # Queues stop offering the units first, then the records go: a reader
                     # never sees a min offset whose record was already deleted.
@@ -357,6 +365,9 @@ class Runtime:
 
     def close_channels(self) -> None:
         self.channels.close()
+        if self.wakeup is not None:
+            self.wakeup.close()
+            self.wakeup = None
 
 
 class _Listener:

@@ -22,6 +22,8 @@ from typing import Callable
 
 from mqstore.clock import system_clock
 from mqstore.config import StoreConfig, load_config
+from mqstore.consumer.service import CONSUMER_CALLS, ConsumerService
+from mqstore.contracts import READS_STORE, capabilities_of
 from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
 from mqstore.opening import Opener
 from mqstore.reading import Reader
@@ -66,7 +68,11 @@ class MessageStore:
         store._state = StoreState(os.path.abspath(os.fspath(root)), read_only)
         store._runtime = store._lock = None
         Opener(store, config or load_config(), clock or system_clock).open()
+        store._consumers = ConsumerService(store)
         _open_stores.add(store)
+        policy = store._runtime.cleanup_policy if store._runtime is not None else None
+        if READS_STORE in capabilities_of(policy):
+            policy.bind(weakref.proxy(store))
         if not read_only:
             shield.install()  # NOTE [ Uninterrupted puts ]
         return store
@@ -207,6 +213,7 @@ class MessageStore:
         state = self._state
         if state.closed:
             return
+        self._consumers.close()  # consumers commit (auto-commit) and leave their groups first
         state.closed = True  # every call now raises StoreClosedError
         _open_stores.discard(self)
         clean = False
@@ -320,6 +327,19 @@ def _delegate(name: str):
 
 for _name in _READS:
     setattr(MessageStore, _name, _delegate(_name))
+
+
+def _consumer_call(name: str):
+    def call(self, *args, **kwargs):
+        self._check_open()
+        return getattr(self._consumers, name)(*args, **kwargs)
+    call.__name__ = name
+    call.__doc__ = getattr(ConsumerService, name).__doc__
+    return call
+
+
+for _name in CONSUMER_CALLS:  # consumer, pop, ack, ... (docs/consumers.md)
+    setattr(MessageStore, _name, _consumer_call(_name))
 MessageStore.min_phys_offset = property(lambda self: self._reader.min_phys_offset,
                                         doc="First stored commit-log byte.")
 MessageStore.max_phys_offset = property(lambda self: self._reader.max_phys_offset,

@@ -28,6 +28,7 @@ from mqstore.store_view import DirectoryView
 from mqstore.uninterrupted import parent_alive, terminate_requested, worker_signals
 from mqstore.workers import shm
 from mqstore.workers.pipes import poke, wait_and_drain
+from mqstore.workers.wakeup import open_wakeup
 
 log = logging.getLogger("mqstore.workers.dispatch")
 IDLE_WAIT_S = 0.05  # wait between checks for stop / parent death while idle
@@ -128,9 +129,13 @@ def _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, cloc
                         lambda: channels.append.confirmed, start,
                         batch_bytes=config.dispatch.batch_bytes,
                         after_dispatch=_after_dispatch(view, hooks.after_dispatch))
+    wakeup = open_wakeup(root)
     try:
-        _serve(view, loop, dispatchers, hooks, channels, wake_r, progress_w, parent_pid, config)
+        _serve(view, loop, dispatchers, hooks, channels, wake_r, progress_w, parent_pid, config,
+               wakeup)
     finally:
+        if wakeup is not None:
+            wakeup.close()
         view.flush_queues()
         view.manifest.update(view.consume_queues, final=True)
         dispatchers.close()
@@ -139,7 +144,7 @@ def _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, cloc
 
 
 def _serve(view, loop, dispatchers, hooks, channels, wake_r, progress_w, parent_pid,
-           config) -> None:
+           config, wakeup=None) -> None:
     ch, confirmed_of = channels.dispatch, channels.append
     # An open waits until this worker has dispatched what the log held (from where its own
     # dispatchers need it: a dispatcher built only here may resume earlier than the store saw).
@@ -169,6 +174,8 @@ def _serve(view, loop, dispatchers, hooks, channels, wake_r, progress_w, parent_
         if loop.run_once():
             if loop.dispatched > ch.dispatched:
                 ch.dispatched = loop.dispatched
+                if wakeup is not None:  # after publishing: NOTE [ Long polling ]
+                    wakeup.notify()
             if ch.fails:
                 ch.fails = 0
             poke(progress_w)

@@ -1,0 +1,149 @@
+"""A consumer group's live instances and who consumes which queue, in files and flocks.
+
+NOTE [ Group membership ]
+    <root>/consumer/groups/<group>/<topic>/members/<member id>   one per live instance
+    <root>/consumer/groups/<group>/<topic>/queues/<queue id>.lock
+
+An instance joins by creating its member file under a dot-name beside ``members/``, taking an
+exclusive flock on it, and renaming it into ``members/``: a member file in sight is always locked by a live
+instance, or its instance died (the kernel dropped the lock with the process). Anyone may probe
+a member by asking for a shared lock without waiting: granted means dead, and the prober
+removes the file. Joins and leaves change the directory (its mtime), so the others notice at
+their next look; a death shows only to a probe, made every ``consumer.rebalance_interval_ms``.
+
+Every instance computes its share from the same sorted member list and queue ids (the
+allocation strategy), but views differ while a change spreads, so shares alone could overlap.
+The queue locks make that impossible: an instance consumes a queue only while it holds the
+queue's flock (taken without waiting), and gives a queue up by committing its offset (when it
+may) and then closing the lock. A queue whose previous owner has not let go yet is simply tried
+again at the next look; one whose owner died is free at once. So no queue is ever consumed by
+two live instances, and the next owner starts from the offset its predecessor committed last.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import socket
+
+GROUPS_DIR = os.path.join("consumer", "groups")
+MEMBERS = "members"
+QUEUES = "queues"
+
+
+def group_dir(root: str, group: str, topic: str) -> str:
+    return os.path.join(root, GROUPS_DIR, group, topic)
+
+
+def _try_flock(fd: int, how: int) -> bool:
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+class Membership:
+    """This instance's seat in a group (one topic), and the queue locks it holds."""
+
+    def __init__(self, root: str, group: str, topic: str, joined_ms: int) -> None:
+        base = group_dir(root, group, topic)
+        self.members_dir = os.path.join(base, MEMBERS)
+        self.queues_dir = os.path.join(base, QUEUES)
+        os.makedirs(self.members_dir, exist_ok=True)
+        os.makedirs(self.queues_dir, exist_ok=True)
+        self.member_id = f"{os.getpid()}@{secrets.token_hex(4)}"
+        self._base = base
+        self._joined_ms = joined_ms
+        self._queue_fds: dict[int, int] = {}
+        self._seen_mtime = -1
+        self._member_fd = -1
+        self._join()
+
+    def _join(self) -> None:
+        # Locked before it shows in members/: a probe must never find a live seat unlocked.
+        tmp = os.path.join(self._base, f".{self.member_id}.joining")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                     "joined_ms": self._joined_ms}).encode())
+            os.rename(tmp, os.path.join(self.members_dir, self.member_id))
+        except BaseException:
+            os.close(fd)
+            _unlink(tmp)
+            raise
+        if self._member_fd >= 0:
+            os.close(self._member_fd)
+        self._member_fd = fd
+
+    # -- members --------------------------------------------------------------------------
+    def changed(self) -> bool:
+        """Whether members joined or left since the last ``members``."""
+        try:
+            return os.stat(self.members_dir).st_mtime_ns != self._seen_mtime
+        except FileNotFoundError:
+            return True
+
+    def members(self) -> list[str]:
+        """The live members, sorted; dead ones found on the way are removed."""
+        names = os.listdir(self.members_dir)
+        if self.member_id not in names:  # someone removed the group's files: take the seat again
+            os.makedirs(self.members_dir, exist_ok=True)
+            os.makedirs(self.queues_dir, exist_ok=True)
+            self._join()
+            names = os.listdir(self.members_dir)
+        self._seen_mtime = os.stat(self.members_dir).st_mtime_ns
+        return sorted(name for name in names if name == self.member_id or self._alive(name))
+
+    def _alive(self, name: str) -> bool:
+        path = os.path.join(self.members_dir, name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            if not _try_flock(fd, fcntl.LOCK_SH):
+                return True
+            _unlink(path)  # its process died: the lock went with it
+            return False
+        finally:
+            os.close(fd)
+
+    # -- queue locks ----------------------------------------------------------------------
+    def try_take(self, queue_id: int) -> bool:
+        if queue_id in self._queue_fds:
+            return True
+        fd = os.open(os.path.join(self.queues_dir, f"{queue_id}.lock"), os.O_RDWR | os.O_CREAT,
+                     0o644)
+        if _try_flock(fd, fcntl.LOCK_EX):
+            self._queue_fds[queue_id] = fd
+            return True
+        os.close(fd)
+        return False
+
+    def give_up(self, queue_id: int) -> None:
+        fd = self._queue_fds.pop(queue_id, None)
+        if fd is not None:
+            os.close(fd)
+
+    def held(self) -> list[int]:
+        return sorted(self._queue_fds)
+
+    def leave(self) -> None:
+        """Give up every queue, then the seat (callers commit first)."""
+        for q in list(self._queue_fds):
+            self.give_up(q)
+        if self._member_fd >= 0:
+            _unlink(os.path.join(self.members_dir, self.member_id))
+            os.close(self._member_fd)
+            self._member_fd = -1
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,49 @@
+"""Checks of what callers hand the consumer API, made before anything touches the disk.
+
+Group and topic names become path components (membership and pop-state files), so they are
+held to RocketMQ's character rule; topics may also hold dots, as those of a RocketMQ broker's
+store directory can (``metrics.cpu``).
+"""
+
+from __future__ import annotations
+
+import re
+
+GROUP_RULE = "^[%|a-zA-Z0-9_-]+$, at most 255 characters (RocketMQ's rule)"
+TOPIC_RULE = "^[%|a-zA-Z0-9_.-]+$, at most 255 characters, not only dots"
+_GROUP = re.compile(r"[%|a-zA-Z0-9_-]{1,255}")
+_TOPIC = re.compile(r"[%|a-zA-Z0-9_.-]{1,255}")
+
+FIRST, LAST, TIMESTAMP = "first", "last", "timestamp"
+CONSUME_FROM = (FIRST, LAST, TIMESTAMP)
+HALF_AN_HOUR_MS = 30 * 60 * 1000  # RocketMQ's default consumeTimestamp: half an hour back
+
+
+def check_group(group: object) -> str:
+    if not isinstance(group, str) or not _GROUP.fullmatch(group):
+        raise ValueError(f"group {group!r} must match {GROUP_RULE}")
+    return group
+
+
+def check_topic(topic: object) -> str:
+    if not isinstance(topic, str) or not _TOPIC.fullmatch(topic) or not topic.strip("."):
+        raise ValueError(f"topic {topic!r} must match {TOPIC_RULE}")
+    return topic
+
+
+def check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} {value!r} must be an int >= {minimum}")
+    return value
+
+
+def check_consume_from(consume_from: object, consume_timestamp: object) -> None:
+    """RocketMQ's ConsumeFromWhere: where a group with no committed offset starts."""
+    if consume_from not in CONSUME_FROM:
+        raise ValueError(f"consume_from {consume_from!r} must be one of "
+                         f"{', '.join(map(repr, CONSUME_FROM))}")
+    if consume_timestamp is not None:
+        if consume_from != TIMESTAMP:
+            raise ValueError(f"consume_timestamp {consume_timestamp!r} is only used with "
+                             f"consume_from='timestamp', not {consume_from!r}")
+        check_int("consume_timestamp", consume_timestamp, 0)

@@ -1,0 +1,145 @@
+"""The consumer side of one open store in one process, and the store's consumer calls.
+
+It owns what every consumer of the store shares here: the offset table, the wakeup word, the
+pop consumer, and the consumers to close with the store. ``MessageStore`` delegates the calls
+named in ``CONSUMER_CALLS`` to it (docs/consumers.md). The store holds it; it holds the store
+weakly (no reference cycle through the facade, which is closed when dropped).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+
+from mqstore.consumer import names, pop_state
+from mqstore.consumer.group import GroupConsumer
+from mqstore.consumer.offsets import ConsumerOffsets
+from mqstore.consumer.pop import PopConsumer
+from mqstore.consumer.progress import QueueLag, group_offsets, groups, queue_lags
+from mqstore.workers.wakeup import Wakeup
+
+log = logging.getLogger("mqstore.consumer")
+
+CONSUMER_CALLS = ("consumer", "consumer_lag", "consumer_groups", "delete_consumer_group",
+                  "pop", "ack", "change_invisible_duration")
+
+
+class ConsumerService:
+    def __init__(self, store) -> None:
+        self.root = store.root
+        self.config = store.config.consumer
+        self.offsets = ConsumerOffsets(self.root, fsync=self.config.commit_fsync,
+                                       persist_interval_ms=self.config.persist_interval_ms)
+        self._store = weakref.ref(store)
+        self._wakeup: Wakeup | None = None
+        self._pop = None
+        self._open: "weakref.WeakSet" = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    @property
+    def store(self):
+        store = self._store()
+        if store is None:
+            raise ReferenceError("the store of these consumers is gone")
+        return store
+
+    # -- the store's consumer calls -------------------------------------------------------
+    def consumer(self, group: str, topic: str, expression: str | None = None,
+                 expression_type: str = "TAG", *, consume_from: str = names.LAST,
+                 consume_timestamp: int | None = None, auto_commit: bool | None = None,
+                 allocation: str | None = None) -> GroupConsumer:
+        """An instance of consumer group ``group`` reading ``topic``: ``poll``, ``commit``,
+        ``lag``, ``close`` (or ``with``). Instances of a group, in this process or others,
+        split the topic's queues. ``consume_from`` (``"first"``, ``"last"``,
+        ``"timestamp"`` with ``consume_timestamp`` in epoch ms) says where a group with no
+        committed offset starts."""
+        consumer = GroupConsumer(self, group, topic, expression, expression_type,
+                                 consume_from=consume_from, consume_timestamp=consume_timestamp,
+                                 auto_commit=auto_commit, allocation=allocation)
+        self._open.add(consumer)
+        return consumer
+
+    def consumer_lag(self, group: str, topic: str) -> list[QueueLag]:
+        """``QueueLag`` of ``group`` in every queue of ``topic``: max offset - committed
+        offset, and the store-clock age of the oldest message it has not consumed."""
+        names.check_group(group)
+        names.check_topic(topic)
+        return queue_lags(self.store, topic, group_offsets(self.root, self.offsets, topic, group))
+
+    def consumer_groups(self) -> dict[tuple[str, str], dict[int, int]]:
+        """``{(topic, group): {queue_id: consumed offset}}`` of every group that committed
+        (``config/consumerOffset.json``) or popped."""
+        return groups(self.root, self.offsets)
+
+    def delete_consumer_group(self, group: str, topic: str | None = None
+                              ) -> list[tuple[str, str]]:
+        """Forget ``group``'s committed offsets and pop state (of ``topic``, or all): it no
+        longer holds back ``cleanup.policy: keep_unconsumed``. Returns the ``(topic, group)``
+        pairs forgotten."""
+        names.check_group(group)
+        if topic is not None:
+            names.check_topic(topic)
+        gone = set(self.offsets.delete(group, None if topic is None else [topic]))
+        for t, g in pop_state.pop_groups(self.root):
+            if g == group and (topic is None or t == topic):
+                with self._lock:
+                    if self._pop is not None:
+                        self._pop.forget(t, g)
+                try:
+                    os.unlink(pop_state.pop_state_path(self.root, t, g))
+                except FileNotFoundError:
+                    pass
+                gone.add((t, g))
+        return sorted(gone)
+
+    def pop(self, group: str, topic: str, max_msgs: int = 32, invisible_ms: int = 30_000, *,
+            expression: str | None = None, expression_type: str = "TAG",
+            wait_ms: int | float = 0, consume_from: str = names.LAST) -> list:
+        """RocketMQ 5's pop (SimpleConsumer.receive): up to ``max_msgs`` messages of
+        ``topic``, from all its queues, each invisible to other pops for ``invisible_ms`` and
+        carrying a ``receipt_handle`` for ``ack``; unacked ones come back with
+        ``delivery_attempt`` + 1. Waits up to ``wait_ms`` for messages to arrive."""
+        return self._pop_consumer().pop(group, topic, max_msgs, invisible_ms,
+                                        expression=expression, expression_type=expression_type,
+                                        wait_ms=wait_ms, consume_from=consume_from)
+
+    def ack(self, receipt_handle: str) -> None:
+        """Acknowledge a popped message; a stale or unknown handle raises
+        ``ReceiptHandleError`` and changes nothing."""
+        self._pop_consumer().ack(receipt_handle)
+
+    def change_invisible_duration(self, receipt_handle: str, invisible_ms: int) -> str:
+        """Make a popped message invisible for ``invisible_ms`` from now; returns its new
+        receipt handle (the old one goes stale)."""
+        return self._pop_consumer().change_invisible_duration(receipt_handle, invisible_ms)
+
+    # -- shared parts ---------------------------------------------------------------------
+    def wakeup(self) -> Wakeup:
+        with self._lock:
+            if self._wakeup is None:
+                self._wakeup = Wakeup(self.root)
+            return self._wakeup
+
+    def _pop_consumer(self):
+        with self._lock:
+            if self._pop is None:
+                self._pop = PopConsumer(self)
+            return self._pop
+
+    def close(self) -> None:
+        """The store closes: its consumers end as if closed by their owners."""
+        for consumer in list(self._open):
+            try:
+                consumer.close()
+            except Exception:
+                log.exception("closing consumer %r with its store failed", consumer)
+        with self._lock:
+            if self._pop is not None:
+                self._pop.close()
+                self._pop = None
+            if self._wakeup is not None:
+                self._wakeup.close()
+                self._wakeup = None
+        self.offsets.close()

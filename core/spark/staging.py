@@ -1,0 +1,205 @@
+"""Rows a write's tasks stage before its commit appends them: checked, then kept in files.
+
+Each task writes its partition's rows, checked column-wise, to one Arrow IPC file under the
+job's own directory (``<staging>/job-<uuid>/part-<partition>-<attempt>.arrow``, renamed into
+place only once complete), and reports it in a ``Staged`` commit message. The commit reads
+the files of the messages, in partition order; an abort, a failed commit or a finished one
+removes the job's directory whole, files of failed attempts included.
+
+Rows are named by position: row i of partition p, counted from 0 in the order the task got
+them. Checks here catch what can be told from a column at once (missing topic or body, a
+topic outside RocketMQ's characters, an oversized body, a bad queue id); everything else is
+``put_batch``'s to refuse at commit, where its message index is turned back into a position.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import WriterCommitMessage
+from pyspark.sql.types import (
+    ArrayType, BinaryType, ByteType, IntegerType, LongType, MapType, ShortType, StringType,
+    StructType,
+)
+
+from mqstore.appender import body_too_large, check_queue_id, check_topic
+
+# The columns a write takes, and the Spark types each may have; others are ignored.
+WRITE_COLUMNS = {
+    "topic": (StringType,),
+    "body": (BinaryType, StringType),
+    "tags": (StringType,),
+    "keys": (ArrayType,),
+    "properties": (MapType,),
+    "queue_id": (IntegerType, LongType, ShortType, ByteType),
+}
+STAGED_TYPES = {"topic": pa.string(), "body": pa.binary(), "tags": pa.string(),
+                "keys": pa.list_(pa.string()), "properties": pa.map_(pa.string(), pa.string()),
+                "queue_id": pa.int64()}
+
+
+class BadRowError(ValueError):
+    """A row the store cannot take; the message names its position and the reason."""
+
+
+@dataclass
+class Staged(WriterCommitMessage):
+    path: str
+    rows: int
+    partition_id: int
+
+
+def write_columns(schema: StructType) -> tuple[str, ...]:
+    """The columns of ``schema`` a write takes, after checking their presence and types."""
+    fields = {f.name: f.dataType for f in schema.fields}
+    for required in ("topic", "body"):
+        if required not in fields:
+            raise BadRowError(f"a DataFrame written to mqstore needs a {required!r} column; it "
+                              f"has {sorted(fields)}")
+    for name, allowed in WRITE_COLUMNS.items():
+        dtype = fields.get(name)
+        if dtype is None:
+            continue
+        ok = isinstance(dtype, allowed)
+        if isinstance(dtype, ArrayType):
+            ok = isinstance(dtype.elementType, StringType)
+        if isinstance(dtype, MapType):
+            ok = isinstance(dtype.keyType, StringType) and isinstance(dtype.valueType, StringType)
+        if not ok:
+            want = " or ".join(t.__name__.replace("Type", "").lower() for t in allowed)
+            if name == "keys":
+                want = "array<string>"
+            if name == "properties":
+                want = "map<string,string>"
+            raise BadRowError(f"column {name!r} has type {dtype.simpleString()}; a write needs "
+                              f"{want}")
+    return tuple(n for n in WRITE_COLUMNS if n in fields)
+
+
+def new_job_dir(staging_dir: str) -> str:
+    return os.path.join(staging_dir, f"job-{uuid.uuid4().hex}")
+
+
+def stage(batches, job_dir: str, columns: tuple[str, ...], max_body_bytes: int) -> Staged:
+    """Check and stage one task's rows (runs in the executor)."""
+    from pyspark import TaskContext
+    ctx = TaskContext.get()
+    pid = ctx.partitionId() if ctx is not None else 0
+    attempt = ctx.attemptNumber() if ctx is not None else 0
+    os.makedirs(job_dir, exist_ok=True)
+    path = os.path.join(job_dir, f"part-{pid:05d}-{attempt}.arrow")
+    tmp = path + ".tmp"
+    schema = pa.schema([(n, STAGED_TYPES[n]) for n in columns])
+    rows = 0
+    try:
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, schema) as out:
+            for batch in batches:
+                batch = pa.RecordBatch.from_arrays(
+                    [batch.column(n).cast(STAGED_TYPES[n]) for n in columns], schema=schema)
+                check_rows(batch, pid, rows, max_body_bytes)
+                out.write_batch(batch)
+                rows += batch.num_rows
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return Staged(path, rows, pid)
+
+
+def check_rows(batch: pa.RecordBatch, pid: int, first_row: int, max_body_bytes: int) -> None:
+    """Raise BadRowError for the first row of ``batch`` a column check refuses."""
+    def fail(i: int, reason: str):
+        raise BadRowError(f"row {first_row + i} of partition {pid}: {reason}; nothing was "
+                          f"written")
+
+    names = batch.schema.names
+    for col in ("topic", "body") + (("queue_id",) if "queue_id" in names else ()):
+        nulls = batch.column(col).is_null()
+        if pc.any(nulls).as_py():
+            fail(_first(nulls), f"{col} is null")
+    topics = batch.column("topic")
+    for topic in pc.unique(topics).to_pylist():
+        try:
+            check_topic(topic)
+        except ValueError as exc:
+            fail(_first(pc.equal(topics, topic)), str(exc))
+    lens = pc.binary_length(batch.column("body"))
+    big = pc.greater(lens, max_body_bytes)
+    if pc.any(big).as_py():
+        i = _first(big)
+        fail(i, body_too_large(lens[i].as_py(), max_body_bytes))
+    if "queue_id" in names:
+        qids = batch.column("queue_id")
+        for q in (pc.min(qids).as_py(), pc.max(qids).as_py()):
+            try:
+                check_queue_id(q)
+            except ValueError as exc:
+                fail(_first(pc.equal(qids, q)), str(exc))
+
+
+def _first(mask) -> int:
+    return pc.index(mask, True).as_py()
+
+
+def read_staged(messages) -> tuple[pa.Table | None, list[tuple[int, int]]]:
+    """The staged rows of a job in partition order, and (partition, rows) per file."""
+    staged = sorted((m for m in messages if m is not None), key=lambda m: m.partition_id)
+    tables, parts = [], []
+    for m in staged:
+        with pa.OSFile(m.path, "rb") as source:  # read into memory: the file goes soon
+            tables.append(pa.ipc.open_file(source).read_all())
+        parts.append((m.partition_id, m.rows))
+    if not tables:
+        return None, parts
+    return pa.concat_tables(tables), parts
+
+
+def position(parts: list[tuple[int, int]], index: int) -> str:
+    """Row ``index`` of a job's rows (in partition order) as "row i of partition p"."""
+    for pid, rows in parts:
+        if index < rows:
+            return f"row {index} of partition {pid}"
+        index -= rows
+    return f"row {index} past the job's end"
+
+
+_AT_MESSAGE = re.compile(r"message (\d+): (.*)", re.S)
+
+
+def refusal(parts, error: str | None, index: int | None, skip: int = 0) -> BadRowError:
+    """``put_batch``'s complaint about one message (of a batch starting at job row ``skip``),
+    as the position of its row."""
+    match = _AT_MESSAGE.fullmatch(error or "")
+    if index is None and match:
+        index = int(match.group(1))
+    if index is not None:
+        index += skip
+    reason = match.group(2) if match else (error or "refused")
+    where = position(parts, index) if index is not None else "the batch"
+    return BadRowError(f"{where}: {reason}; nothing was written")
+
+
+def remove_job(job_dir: str) -> None:
+    """Remove a job's staged files (all attempts), and the staging root once it is empty."""
+    shutil.rmtree(job_dir, ignore_errors=True)
+    try:
+        os.rmdir(os.path.dirname(job_dir))
+    except OSError:
+        pass  # another job is staging there, or it is gone already
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+__all__ = ["BadRowError", "Staged", "check_rows", "new_job_dir", "position", "read_staged",
+           "refusal", "remove_job", "stage", "write_columns"]
