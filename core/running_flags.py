@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mqstore.config import describe_watermark
+
 NOT_READABLE = 1
 NOT_WRITEABLE = 2
 WRITE_LOGICS_QUEUE_ERROR = 4
@@ -25,9 +27,8 @@ class StoreState:
         flags = self.running_flags
         reasons = []
         if flags & DISK_FULL:
-            level = (f"over {disk_warning_ratio}% used" if isinstance(disk_warning_ratio, int)
-                     else f"under {disk_warning_ratio} free")
-            reasons.append(f"disk full: the disk of {self.root} is {level} "
+            reasons.append(f"disk full: the disk of {self.root} is "
+                           f"{describe_watermark(disk_warning_ratio)} "
                            f"(cleanup.disk_warning_ratio); puts resume once cleanup frees "
                            f"space")
         if flags & NOT_WRITEABLE:

@@ -11,6 +11,7 @@ from mqstore import cleanup
 from mqstore.errors import ConfigError
 from mqstore.plugins.cleanup_rocketmq import RocketMQCleanup
 from mqstore.store import DISK_FULL
+from mqstore.testing import wait_until
 
 SEG = 4096
 ALL_HOURS = ";".join(str(h) for h in range(24))
@@ -57,15 +58,6 @@ def _fill(store, segments: int) -> None:
     store.wait_dispatched()
 
 
-def _wait(predicate, timeout=10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def test_expired_segments_go_at_the_delete_hour(make_store):
     store = make_store({"commit_log": {"segment_bytes": SEG},
                         "cleanup": {"interval_ms": 30, "delete_when": ALL_HOURS,
@@ -75,7 +67,7 @@ def test_expired_segments_go_at_the_delete_hour(make_store):
         store.put(Message("T", b"newest", queue_id=q))
     store.wait_dispatched()
     last = store.commit_log.segments.segments[-1].start
-    assert _wait(lambda: store.min_phys_offset == last)
+    assert wait_until(lambda: store.min_phys_offset == last)
     assert len(store.commit_log.segments.segments) == 1  # the newest always stays
     for q in (0, 1):
         low = store.min_offset("T", q)
@@ -103,15 +95,15 @@ def test_a_full_disk_refuses_puts_and_deletes_oldest_first(make_store, monkeypat
     _fill(store, 6)
     first_segments = [s.start for s in store.commit_log.segments.segments]
     usage["now"] = 0.95
-    assert _wait(lambda: store.running_flags & DISK_FULL)
+    assert wait_until(lambda: store.running_flags & DISK_FULL)
     refused = store.put(Message("T", b"no room", queue_id=0))
     assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE
     assert "disk full" in refused.error and "cleanup.disk_warning_ratio" in refused.error
     # Unexpired, yet deleted oldest first, at most 2 per run, never the newest.
-    assert _wait(lambda: store.min_phys_offset == first_segments[-1])
+    assert wait_until(lambda: store.min_phys_offset == first_segments[-1])
     usage["now"] = 0.87  # below the warning ratio, above the forcibly one: still full
     time.sleep(0.2)
     assert store.running_flags & DISK_FULL
     usage["now"] = 0.60
-    assert _wait(lambda: not store.running_flags & DISK_FULL)
+    assert wait_until(lambda: not store.running_flags & DISK_FULL)
     assert store.put(Message("T", b"room again", queue_id=0)).status is PutStatus.PUT_OK

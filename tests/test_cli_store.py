@@ -5,17 +5,22 @@ from __future__ import annotations
 import base64
 import json
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from mqstore.cli import main
+from mqstore.cli.app import MqstoreGroup
+from mqstore.consumer import CorruptStateError, ReceiptHandleError
+from mqstore.errors import ConfigError, CorruptRecordError, StoreLockedError
+from mqstore.plugins.sql92 import FilterSyntaxError
 from mqstore.format.record import record_size
 from cli_support import SMALL_CONFIG, error_line, mqstore, mqstore_json
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
 
-COMMANDS = ("init", "produce", "query", "inspect", "check", "stats", "serve", "bench", "demo",
-            "info")
+COMMANDS = ("init", "produce", "consume", "query", "inspect", "check", "stats", "serve", "bench",
+            "demo", "info", "export")
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +94,25 @@ def test_bad_input_is_one_line_and_exit_2(store, tmp_path):
                               check=2)).endswith("'novalue' is not NAME=VALUE")
 
 
+@pytest.mark.parametrize("error, code", [
+    (FilterSyntaxError("unexpected '='", "a = = 1", 1, 5), 2),  # a store error, and bad input
+    (ConfigError("flush.interval_ms: -1 must be >= 0"), 2),
+    (ReceiptHandleError("receipt handle 'x' is not one this store hands out"), 2),
+    (ValueError("offset -1 must be an int >= 0"), 2),
+    (CorruptRecordError("record at 96: body crc 0x1 != 0x2"), 1),  # a ValueError, but damage
+    (CorruptStateError("config/consumerOffset.json is not a valid document"), 1),
+    (StoreLockedError("another process holds the store"), 1),
+    (OSError(28, "No space left on device"), 1),
+])
+def test_bad_input_exits_2_and_damaged_data_1_whatever_else_they_are(error, code):
+    @click.command("fail")
+    def fail() -> None:
+        raise error
+    result = CliRunner().invoke(MqstoreGroup(commands=[fail]), ["fail"])
+    assert result.exit_code == code, result.output
+    assert result.stderr.splitlines() == [f"Error: {' '.join(str(error).split())}"]
+
+
 def test_query_lookups(store, config):
     root, first = store["root"], store["first"]
     by_key = mqstore_json("query", root, "key", "orders", "shared", "-c", config)["messages"]
@@ -113,7 +137,9 @@ def test_query_lookups(store, config):
 
 def test_stats(store, config):
     s = mqstore_json("stats", store["root"], "-c", config)
-    assert set(s) == {"store", "commit_log", "topics", "dispatch", "flush", "disk", "cleanup"}
+    assert set(s) == {"store", "commit_log", "topics", "consumers", "dispatch", "flush", "disk",
+                      "cleanup"}
+    assert s["consumers"] == []  # no group has consumed (tests/test_cli_consume.py: with groups)
     end = store["second"]["messages"][-1]["phys_offset"] + store["second"]["messages"][-1]["size"]
     assert s["commit_log"] == {"min_offset": 0, "max_offset": end, "bytes": end,
                                "segments": 1, "segment_bytes": 65536}
@@ -127,6 +153,20 @@ def test_stats(store, config):
     assert s["flush"]["checkpoint_flushed"] == end and s["flush"]["live"] is False
     assert s["cleanup"]["expired_segments"] == 0 and s["cleanup"]["disk_full"] is False
     assert s["disk"]["by_entry"]["commitlog"] > 0
+
+
+def test_stats_judges_byte_watermarks(store, tmp_path):
+    """Watermarks given as free space are shown as set and judged against the disk's bytes:
+    no disk has a petabyte free, and every disk has more than one byte free."""
+    path = tmp_path / "bytes.yaml"
+    path.write_text(SMALL_CONFIG + "store: {hash: java}\n"
+                    "cleanup: {disk_max_used_ratio: 1000TB, disk_forcibly_ratio: 1B, "
+                    "disk_warning_ratio: 1B}\n")
+    c = mqstore_json("stats", store["root"], "-c", str(path))["cleanup"]
+    assert (c["disk_max_used_ratio"], c["disk_max_used_passed"]) == ("1000TB free", True)
+    assert (c["disk_forcibly_ratio"], c["disk_forcibly_passed"]) == ("1B free", False)
+    assert c["disk_warning_passed"] is False and c["disk_full"] is False
+    assert c["would_delete_now"] is True
 
 
 def test_inspect_each_file(store, config, tmp_path):

@@ -242,6 +242,53 @@ def test_a_read_only_opener_and_the_writer_commit_to_one_file(make_store, store_
     assert {int(q): o for q, o in table["T@rw"].items()} == rw and sum(rw.values()) == 10
 
 
+def _files(root, *dirs) -> dict:
+    """Every path under ``root``'s ``dirs`` with its size and mtime."""
+    out = {}
+    for d in dirs:
+        for path in sorted(Path(root, d).rglob("*")):
+            st = path.lstat()
+            out[str(path)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def test_a_peek_reads_what_the_group_would_get_without_joining_or_writing(make_store):
+    store = make_store()
+    put_all(store, 30)
+    live = store.consumer("g", TOPIC, consume_from="first")
+    assert len(live.poll(7)) == 7
+    live.commit()
+    committed = live.committed()
+    store.put(Message(TOPIC, b"q3-first", queue_id=3))  # a queue new to the group
+    store.wait_dispatched()
+    members = os.path.join(store.root, "consumer", "groups", "g", TOPIC, "members")
+    seats = os.listdir(members)
+    before = _files(store.root, "consumer", "config")
+    with store.peek("g", TOPIC, consume_from="last") as peek:
+        # the committed offsets; a queue the group has none for from its first message
+        assert peek.positions() == {**committed, 3: 0}
+        peeked = drain(peek, 4)
+        assert len(peek.poll(4)) == 0 and peek.positions() == {0: 10, 1: 10, 2: 10, 3: 1}
+        assert live.assignment == [0, 1, 2]  # the live instance was not made to share
+    assert os.listdir(members) == seats
+    assert _files(store.root, "consumer", "config") == before  # not a byte written
+    assert sorted((q, o) for q, o, _b in peeked) == sorted(
+        [(q, o) for q in range(3) for o in range(committed[q], 10)] + [(3, 0)])
+    live.close(commit=False)
+    with store.consumer("g", TOPIC) as again:  # the group's own polls, from the same offsets
+        assert drain(again, 4) == peeked  # the same messages in the same order
+    # A group with no offsets: where consume_from says, and nothing recorded.
+    with store.peek("new", TOPIC, consume_from="first") as peek:
+        assert len(drain(peek, 100)) == 31
+    with store.peek("new", TOPIC) as peek:
+        assert len(peek.poll(100)) == 0
+        assert peek.positions() == {0: 10, 1: 10, 2: 10, 3: 1}
+    with store.peek("new", TOPIC, consume_from="timestamp", consume_timestamp=0) as peek:
+        assert peek.positions() == {0: 0, 1: 0, 2: 0, 3: 0}
+    assert (TOPIC, "new") not in store.consumer_groups()
+    assert not os.path.exists(os.path.join(store.root, "consumer", "groups", "new"))
+
+
 @pytest.mark.parametrize("call, needle", [
     (lambda s: s.consumer("bad group", TOPIC), "group 'bad group' must match ^[%|a-zA-Z0-9_-]+$"),
     (lambda s: s.consumer("g", "../etc"), "topic '../etc' must match ^[%|a-zA-Z0-9_.-]+$"),
@@ -257,6 +304,9 @@ def test_a_read_only_opener_and_the_writer_commit_to_one_file(make_store, store_
      "consumer.allocation: unknown allocation strategy 'nearest'; registered: average, "
      "average_by_circle"),
     (lambda s: s.consumer_lag("g g", TOPIC), "group 'g g' must match"),
+    (lambda s: s.peek("g g", TOPIC), "group 'g g' must match"),
+    (lambda s: s.peek("g", TOPIC, "TAGS = ", expression_type="SQL92"), "SQL92"),
+    (lambda s: s.peek("g", TOPIC, consume_from="middle"), "consume_from 'middle' must be"),
 ])
 def test_bad_input_is_refused_and_changes_nothing_on_disk(make_store, call, needle):
     store = make_store()

@@ -6,6 +6,7 @@ polling while nothing comes. Wake-up latency is measured in benchmarks/bench_con
 from __future__ import annotations
 
 import importlib.util
+import os
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from mqstore import Message
 from mqstore.workers import wakeup as wakeup_module
-from mqstore.workers.wakeup import Wakeup
+from mqstore.workers.wakeup import Wakeup, wakeup_path
 
 _spec = importlib.util.spec_from_file_location(
     "consumer_proc", Path(__file__).with_name("consumer_proc.py"))
@@ -132,3 +133,43 @@ def test_the_notification_reaches_every_waiter_and_timeouts_hold(tmp_path):
     for w in (*waiters, notifier):
         w.close()
     assert wakeup_module._futex is not None  # Linux: a real futex, no sleep slices
+
+
+def test_a_peek_waits_on_the_notification_and_takes_up_new_queues(make_store):
+    store = make_store()
+    store.put(Message(TOPIC, b"old", queue_id=0))
+    store.wait_dispatched()
+    with store.peek("lp", TOPIC) as peek:  # a group with no offsets, from the end
+        t, box = _poll_in_thread(peek, LONG_MS)
+        time.sleep(0.3)
+        assert t.is_alive()  # nothing yet: still waiting
+        sent = time.monotonic()
+        store.put(Message(TOPIC, b"new", queue_id=0))
+        t.join(LONG_MS / 1000)
+        assert time.monotonic() - sent < 2.0
+        assert [(m.queue_id, m.queue_offset, m.body) for m in box["polled"]] == [(0, 1, b"new")]
+        t, box = _poll_in_thread(peek, LONG_MS)
+        time.sleep(0.3)
+        store.put(Message(TOPIC, b"q4-first", queue_id=4))  # a queue made while it waits
+        t.join(LONG_MS / 1000)
+        assert box["seconds"] < 2.3
+        assert [(m.queue_id, m.queue_offset, m.body) for m in box["polled"]] == [
+            (4, 0, b"q4-first")]
+    assert not os.path.exists(os.path.join(store.root, "consumer", "groups"))
+
+
+def test_a_peek_does_not_make_the_wakeup_file(make_store, store_dir):
+    """A store no writer has dispatched in since the file went (a broker's directory): the
+    peek writes nothing, so it looks again every rebalance interval instead."""
+    writer = make_store()
+    writer.put(Message(TOPIC, b"x", queue_id=0))
+    writer.wait_dispatched()
+    writer.close()
+    os.unlink(wakeup_path(store_dir))
+    reader = make_store({"consumer": {"rebalance_interval_ms": 50}}, read_only=True)
+    with reader.peek("g", TOPIC, consume_from="first") as peek:
+        assert [m.body for m in peek.poll(8)] == [b"x"]
+        began = time.monotonic()
+        assert len(peek.poll(8, 300)) == 0
+        assert 0.29 <= time.monotonic() - began < 3.0
+    assert not os.path.exists(wakeup_path(store_dir))

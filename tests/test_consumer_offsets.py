@@ -3,15 +3,22 @@ processes at once with none lost, and a damaged file left alone."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import multiprocessing as mp
 import os
+from pathlib import Path
 
 import pytest
 
 from mqstore import Message
 from mqstore.consumer import CorruptStateError
 from mqstore.consumer.offsets import ConsumerOffsets, decode_offsets, journal_lines
+
+_spec = importlib.util.spec_from_file_location(
+    "consumer_proc", Path(__file__).with_name("consumer_proc.py"))
+consumer_proc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(consumer_proc)
 
 TOPIC = "TopicTest"
 
@@ -162,6 +169,52 @@ def test_forgetting_a_group_removes_only_its_entries(make_store):
     assert store.delete_consumer_group("drop") == [(TOPIC, "drop")]
     assert store.consumer_groups() == {(TOPIC, "keep"): {0: 2, 1: 2}}
     assert store.delete_consumer_group("drop") == []
+
+
+def test_forgetting_a_group_removes_its_membership_files_unless_an_instance_is_live(
+        make_store, store_dir):
+    store = make_store()
+    _fill(store, 2, 2)
+    groups = os.path.join(store.root, "consumer", "groups")
+    for group in ("keep", "drop"):
+        with store.consumer(group, TOPIC, consume_from="first") as c:
+            c.poll(10)
+            c.commit()
+    store.put(Message("Other", b"o", queue_id=0))
+    store.wait_dispatched()
+    with store.consumer("drop", "Other", consume_from="first"):
+        pass
+    drop = os.path.join(groups, "drop")
+    assert sorted(os.listdir(os.path.join(drop, TOPIC, "queues"))) == ["0.lock", "1.lock"]
+    assert store.delete_consumer_group("drop", "Other") == [("Other", "drop")]
+    assert os.listdir(drop) == [TOPIC]  # only that topic's files
+    assert store.delete_consumer_group("drop") == [(TOPIC, "drop")]
+    assert sorted(os.listdir(groups)) == ["keep"]  # the closed instances' files are gone
+    # Live instances, in this process and in another: their files stay and they go on.
+    live = store.consumer("keep", TOPIC)
+    child = consumer_proc.ConsumerProcess(store_dir, "other", TOPIC)
+    try:
+        assert child.wait_for(lambda p: p.assignment == [0, 1]), child.errors()
+        assert store.delete_consumer_group("keep") == [(TOPIC, "keep")]
+        assert store.delete_consumer_group("other") == [(TOPIC, "other")]
+        members = os.path.join(groups, "keep", TOPIC, "members")
+        assert os.listdir(members) == [live.member_id]
+        assert sorted(os.listdir(os.path.join(groups, "keep", TOPIC, "queues"))) == [
+            "0.lock", "1.lock"]
+        assert len(os.listdir(os.path.join(groups, "other", TOPIC, "members"))) == 1
+        store.put(Message(TOPIC, b"more", queue_id=1))
+        store.wait_dispatched()
+        assert [m.body for m in live.poll(10)] == [b"more"]  # from its own position
+        assert live.assignment == [0, 1]
+        assert child.wait_for(lambda p: any(b == ["more"] for _q, _f, _l, b in p.polled()))
+        assert child.assignment == [0, 1]
+    finally:
+        child.kill()  # SIGKILL: its seat is left behind, its locks go with it
+    live.close()
+    store.delete_consumer_group("keep")
+    store.delete_consumer_group("other")
+    assert not os.path.exists(groups) or os.listdir(groups) == []
+    assert store.consumer_groups() == {}
 
 
 def _document(root) -> dict:

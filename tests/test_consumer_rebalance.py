@@ -6,6 +6,7 @@ Allocation strategies are plugins (register_allocation_strategies)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import threading
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mqstore import Message, hookimpl
+from mqstore.consumer import membership
 from mqstore.errors import PluginError
 from mqstore.plugins.allocate_average import AverageAllocation
 from mqstore.plugins.allocate_average_by_circle import CircleAllocation
@@ -115,6 +117,49 @@ def test_two_instances_in_one_process_split_and_merge(make_store):
         got += [(m.queue_id, m.queue_offset) for m in polled]
     a.close()
     assert sorted(got) == [(q, o) for q in range(4) for o in range(10)]  # each exactly once
+
+
+# -- removing a group's files under a joining instance -------------------------------------------
+
+def test_a_queue_lock_unlinked_as_it_is_taken_is_not_held(tmp_path, monkeypatch):
+    """remove_group_files unlinks a queue's lock file under its own lock; an instance that
+    opened the file just before gets the lock of a file no longer in queues/, which would
+    exclude nobody: it must not count it."""
+    m = membership.Membership(str(tmp_path), "g", TOPIC, 0)
+    real = membership._try_flock
+
+    def unlinked_first(fd, how):
+        monkeypatch.setattr(membership, "_try_flock", real)
+        os.unlink(os.path.join(m.queues_dir, "0.lock"))
+        return real(fd, how)
+    monkeypatch.setattr(membership, "_try_flock", unlinked_first)
+    assert not m.try_take(0)
+    assert m.try_take(0) and m.held() == [0]  # the next look takes the file now there
+    other = membership.Membership(str(tmp_path), "g", TOPIC, 0)
+    assert not other.try_take(0)
+    for x in (m, other):
+        x.leave()
+
+
+def test_a_join_whose_files_are_removed_under_it_makes_them_again(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    real = membership.Membership._make_dirs
+    removed = []
+
+    def made_then_removed(self):
+        real(self)
+        if not removed:  # the group's files go between making them and taking the seat
+            removed.append(membership.remove_group_files(root, "g"))
+    monkeypatch.setattr(membership.Membership, "_make_dirs", made_then_removed)
+    m = membership.Membership(root, "g", TOPIC, 0)
+    assert removed == [[TOPIC]]
+    assert os.listdir(m.members_dir) == [m.member_id] and m.members() == [m.member_id]
+    assert m.try_take(1)
+    assert membership.remove_group_files(root, "g") == []  # a live instance: left alone
+    assert sorted(os.listdir(m.queues_dir)) == ["1.lock"]
+    m.leave()
+    assert membership.remove_group_files(root, "g") == [TOPIC]
+    assert not os.path.exists(os.path.join(root, "consumer", "groups", "g"))
 
 
 # -- three processes ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from mqstore.cleanup import DiskUsage, watermark_passed
 from mqstore.errors import ConfigError
 from mqstore.plugins.cleanup_keep_unconsumed import KeepUnconsumedCleanup
 from mqstore.plugins.cleanup_rocketmq import RocketMQCleanup
+from mqstore.testing import wait_until
 
 SEG = 4096
 TOPIC = "T"
@@ -42,15 +43,6 @@ def _fill(store, segments: int, queues: int = 2, results: list | None = None) ->
     return results
 
 
-def _wait(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def _segment_holding(store, phys: int) -> int:
     return next(s.start for s in store.commit_log.segments.segments if s.start <= phys < s.end)
 
@@ -70,7 +62,7 @@ def test_segments_holding_unconsumed_messages_stay_until_they_are_consumed(make_
     keep_from = _segment_holding(store, unconsumed)
     assert keep_from > 0
     # Everything is expired and due, yet cleanup stops at the segment the group still needs.
-    assert _wait(lambda: store.min_phys_offset == keep_from)
+    assert wait_until(lambda: store.min_phys_offset == keep_from)
     time.sleep(0.3)
     assert store.min_phys_offset == keep_from
     for q in (0, 1):
@@ -81,7 +73,7 @@ def test_segments_holding_unconsumed_messages_stay_until_they_are_consumed(make_
             pass
         c.commit()
     newest = store.commit_log.segments.segments[-1].start
-    assert _wait(lambda: store.min_phys_offset == newest)  # consumed: the rule applies again
+    assert wait_until(lambda: store.min_phys_offset == newest)  # consumed: the rule applies again
     assert [lag.lag for lag in store.consumer_lag("slow", TOPIC)] == [0, 0]
 
 
@@ -98,7 +90,7 @@ def test_the_disk_wins_past_the_forced_clean_watermark(make_store, monkeypatch):
     assert store.min_phys_offset == 0
     usage["now"] = DiskUsage(0.85, 100 * GiB, 15 * GiB)  # under 20 GiB free: forced clean
     newest = store.commit_log.segments.segments[-1].start
-    assert _wait(lambda: store.min_phys_offset == newest)
+    assert wait_until(lambda: store.min_phys_offset == newest)
     lags = store.consumer_lag("idle", TOPIC)
     assert all(lag.committed_offset == 0 and lag.min_offset > 0 for lag in lags)
     with store.consumer("idle", TOPIC) as c:  # told what is gone, given what is left
@@ -123,12 +115,12 @@ def test_messages_a_pop_group_has_not_acknowledged_are_spared(make_store):
     time.sleep(0.3)
     assert store.min_phys_offset == 0  # offset 0 is still in flight
     store.ack(held[0].receipt_handle)
-    assert _wait(lambda: store.min_phys_offset == third)  # the next one in flight is there
+    assert wait_until(lambda: store.min_phys_offset == third)  # the next one in flight is there
     time.sleep(0.3)
     assert store.min_phys_offset == third
     store.ack(held[1].receipt_handle)
     newest = store.commit_log.segments.segments[-1].start
-    assert _wait(lambda: store.min_phys_offset == newest)
+    assert wait_until(lambda: store.min_phys_offset == newest)
 
 
 def test_without_groups_the_policy_is_rocketmqs(make_store, manual_clock):
@@ -141,7 +133,7 @@ def test_without_groups_the_policy_is_rocketmqs(make_store, manual_clock):
     assert store.min_phys_offset == 0
     manual_clock.advance(60 * 1000)
     newest = store.commit_log.segments.segments[-1].start
-    assert _wait(lambda: store.min_phys_offset == newest)
+    assert wait_until(lambda: store.min_phys_offset == newest)
 
 
 def test_an_unbound_policy_decides_as_rocketmq():

@@ -11,7 +11,12 @@ import logging
 
 import click
 
-from mqstore.errors import ConfigError, CorruptRecordError, MQStoreError
+from mqstore.consumer.locked_json import CorruptStateError
+from mqstore.errors import CorruptRecordError, MQStoreError
+
+# Errors that are ValueErrors (for callers that skip what does not decode) but say the data on
+# disk is damaged, not that the input was bad: failures, exit 1.
+DAMAGED_DATA = (CorruptRecordError, CorruptStateError)
 
 
 class BadInput(click.ClickException):
@@ -32,14 +37,14 @@ class MqstoreGroup(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
-        except CorruptRecordError as exc:  # damaged data, not bad input
+        except DAMAGED_DATA as exc:  # damaged data, not bad input
             raise click.ClickException(_one_line(exc)) from None
-        except ConfigError as exc:
+        except ValueError as exc:
+            # The store's argument checks name the value and the rule; bad input whatever
+            # else it is (ConfigError, a filter's syntax error: store errors too).
             raise BadInput(_one_line(exc)) from None
         except (MQStoreError, OSError, TimeoutError, PermissionError) as exc:
             raise click.ClickException(_one_line(exc)) from None
-        except ValueError as exc:  # the store's argument checks name the value and the rule
-            raise BadInput(_one_line(exc)) from None
 
 
 @click.group(cls=MqstoreGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,11 +57,15 @@ def main() -> None:
 
 def _register() -> None:
     from mqstore.cli import (
-        bench, check, demo, info, init_cmd, inspect_cmd, produce, query, serve, stats,
+        bench, check, consume, demo, info, init_cmd, inspect_cmd, produce, query, serve,
+        stats,
     )
-    for command in (init_cmd.init, produce.produce, query.query, inspect_cmd.inspect,
-                    check.check, stats.stats, serve.serve, bench.bench, demo.demo, info.info):
+    from mqstore.cli import export_cmd  # imports mqstore.spark only when it runs
+    for command in (init_cmd.init, produce.produce, consume.consume, query.query,
+                    inspect_cmd.inspect, check.check, stats.stats, serve.serve, bench.bench,
+                    demo.demo, info.info):
         main.add_command(command)
+    main.add_command(export_cmd.export)
 
 
 _register()

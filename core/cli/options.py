@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import click
 
 from mqstore.config import StoreConfig, load_config
@@ -29,3 +31,15 @@ def short_lived(config: StoreConfig) -> StoreConfig:
     """For a command that opens a store for moments: its loops run as threads (the same
     code and files, without starting worker processes for one open)."""
     return config.replace(dispatch={"worker": "thread"}, flush={"worker": "thread"})
+
+
+def epoch_ms(value: str) -> int:
+    """A time given on the command line, in epoch milliseconds: digits are epoch ms already;
+    anything else must be an ISO-8601 time (local time when it names no zone), parsed by
+    ``datetime.fromisoformat``; ValueError otherwise. Before 1970 is negative."""
+    if value.isascii() and value.isdigit():
+        return int(value)
+    try:
+        return int(dt.datetime.fromisoformat(value).timestamp() * 1000)
+    except (OverflowError, OSError) as exc:  # a year the platform's time functions refuse
+        raise ValueError(str(exc)) from None

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
-
 import click
 
 from mqstore.cli import output
-from mqstore.cli.options import config_option, existing_root, json_option, load_cli_config
+from mqstore.cli.options import (
+    config_option, epoch_ms, existing_root, json_option, load_cli_config,
+)
 from mqstore.ops.messages import message_dict, ms_to_iso, preview
 from mqstore.store import MessageStore
 
@@ -95,10 +95,8 @@ def by_offset(ctx, phys_offset: int, config_path: str | None, as_json: bool) -> 
 
 
 def _timestamp(_ctx, _param, value: str) -> int:
-    if value.isdigit():
-        return int(value)
     try:
-        return int(dt.datetime.fromisoformat(value).timestamp() * 1000)
+        return epoch_ms(value)
     except ValueError:
         raise click.BadParameter(f"{value!r} is neither epoch milliseconds nor an ISO-8601 "
                                  f"time") from None

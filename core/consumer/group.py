@@ -116,30 +116,10 @@ class GroupConsumer:
         owned = sorted(self._next)
         if not owned:
             return []
-        store, topic, nxt = self._store, self.topic, self._next
-        read = store.read
-        out, n = [], 0
         start = self._rotate % len(owned)
         self._rotate += 1  # every queue gets its turn to go first
-        for q in owned[start:] + owned[:start]:
-            while n < max_msgs:
-                offset = nxt[q]
-                batch = read(topic, q, offset, max_msgs - n, expression=self.expression,
-                             expression_type=self.expression_type, group=self.group)
-                if batch is None:  # the store is not readable now
-                    break
-                if len(batch):
-                    out.append((q, batch))
-                    n += len(batch)
-                moved = batch.next_begin_offset
-                if batch.status is GetStatus.OFFSET_TOO_SMALL:
-                    log.warning("group %s, %s/%d: messages %d..%d were deleted before they were "
-                                "consumed; going on from %d", self.group, topic, q, offset,
-                                moved - 1, moved)
-                nxt[q] = moved
-                if batch.status in _NOTHING_NEW or moved == offset:
-                    break
-        return out
+        return read_queues(self._store, self.topic, self.group, owned[start:] + owned[:start],
+                           self._next, max_msgs, self.expression, self.expression_type)
 
     # -- committing -----------------------------------------------------------------------
     def commit(self) -> dict[int, int]:
@@ -255,15 +235,8 @@ class GroupConsumer:
             self._next[q] = self._committed[q] = recorded[q]
 
     def _initial(self, q: int) -> int:
-        store, topic = self._store, self.topic
-        if self.consume_from == names.FIRST:
-            return store.min_offset(topic, q)
-        if self.consume_from == names.LAST:
-            return store.max_offset(topic, q)
-        ts = self.consume_timestamp
-        if ts is None:
-            ts = store.clock() - names.HALF_AN_HOUR_MS
-        return store.offset_by_time(topic, q, ts)
+        return initial_offset(self._store, self.topic, q, self.consume_from,
+                              self.consume_timestamp)
 
     # -- closing --------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -296,3 +269,46 @@ class GroupConsumer:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"queues {self.assignment}"
         return f"GroupConsumer({self.group!r}, {self.topic!r}, {state})"
+
+
+def read_queues(store, topic: str, group: str, order: list[int], positions: dict[int, int],
+                max_msgs: int, expression: str | None, expression_type: str) -> list:
+    """Up to ``max_msgs`` messages of ``topic`` as ``(queue_id, ReadBatch)`` pairs: each queue
+    of ``order`` in turn, read from ``positions[q]`` on until it has nothing more (or the
+    count is reached), then the next. ``positions`` moves past what was read, and past what
+    the subscription passed over. A poll's read (``GroupConsumer``) and a peek's
+    (``consumer.peek``)."""
+    read = store.read
+    out, n = [], 0
+    for q in order:
+        while n < max_msgs:
+            offset = positions[q]
+            batch = read(topic, q, offset, max_msgs - n, expression=expression,
+                         expression_type=expression_type, group=group)
+            if batch is None:  # the store is not readable now
+                break
+            if len(batch):
+                out.append((q, batch))
+                n += len(batch)
+            moved = batch.next_begin_offset
+            if batch.status is GetStatus.OFFSET_TOO_SMALL:
+                log.warning("group %s, %s/%d: messages %d..%d were deleted before they were "
+                            "consumed; going on from %d", group, topic, q, offset,
+                            moved - 1, moved)
+            positions[q] = moved
+            if batch.status in _NOTHING_NEW or moved == offset:
+                break
+    return out
+
+
+def initial_offset(store, topic: str, q: int, consume_from: str,
+                   consume_timestamp: int | None) -> int:
+    """Where a new group starts queue ``q`` (``consume_from``: RocketMQ's ConsumeFromWhere)."""
+    if consume_from == names.FIRST:
+        return store.min_offset(topic, q)
+    if consume_from == names.LAST:
+        return store.max_offset(topic, q)
+    ts = consume_timestamp
+    if ts is None:
+        ts = store.clock() - names.HALF_AN_HOUR_MS
+    return store.offset_by_time(topic, q, ts)

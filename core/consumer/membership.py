@@ -18,6 +18,14 @@ queue's flock (taken without waiting), and gives a queue up by committing its of
 may) and then closing the lock. A queue whose previous owner has not let go yet is simply tried
 again at the next look; one whose owner died is free at once. So no queue is ever consumed by
 two live instances, and the next owner starts from the offset its predecessor committed last.
+
+A group's files are removed (``remove_group_files``, from ``delete_consumer_group``) only when
+no instance is there: the remover takes, without waiting, an exclusive lock on every file of
+the topic's directory (seats, queue locks, joins under way) and unlinks them only if it got
+them all, then removes the emptied directories. An instance racing with it loses nothing: a
+join finding its directories gone makes them again, and a queue lock counts only when the
+file locked is still the one in ``queues/`` (else it may have been unlinked under a lock
+about to be granted, beside a new file someone else locks).
 """
 
 from __future__ import annotations
@@ -27,10 +35,12 @@ import json
 import os
 import secrets
 import socket
+import stat
 
 GROUPS_DIR = os.path.join("consumer", "groups")
 MEMBERS = "members"
 QUEUES = "queues"
+JOIN_ATTEMPTS = 8  # a join that finds the group's files removed under it makes them again
 
 
 def group_dir(root: str, group: str, topic: str) -> str:
@@ -52,8 +62,7 @@ class Membership:
         base = group_dir(root, group, topic)
         self.members_dir = os.path.join(base, MEMBERS)
         self.queues_dir = os.path.join(base, QUEUES)
-        os.makedirs(self.members_dir, exist_ok=True)
-        os.makedirs(self.queues_dir, exist_ok=True)
+        self._make_dirs()
         self.member_id = f"{os.getpid()}@{secrets.token_hex(4)}"
         self._base = base
         self._joined_ms = joined_ms
@@ -65,19 +74,38 @@ class Membership:
     def _join(self) -> None:
         # Locked before it shows in members/: a probe must never find a live seat unlocked.
         tmp = os.path.join(self._base, f".{self.member_id}.joining")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                     "joined_ms": self._joined_ms}).encode())
-            os.rename(tmp, os.path.join(self.members_dir, self.member_id))
-        except BaseException:
-            os.close(fd)
-            _unlink(tmp)
-            raise
+        for attempt in range(JOIN_ATTEMPTS):
+            try:
+                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileNotFoundError:  # the group's files are being removed: make them again
+                if attempt == JOIN_ATTEMPTS - 1:
+                    raise
+                self._make_dirs()
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                         "joined_ms": self._joined_ms}).encode())
+                os.rename(tmp, os.path.join(self.members_dir, self.member_id))
+            except FileNotFoundError:  # the file or members/ was removed under us: again
+                os.close(fd)
+                _unlink(tmp)
+                if attempt == JOIN_ATTEMPTS - 1:
+                    raise
+                self._make_dirs()
+                continue
+            except BaseException:
+                os.close(fd)
+                _unlink(tmp)
+                raise
+            break
         if self._member_fd >= 0:
             os.close(self._member_fd)
         self._member_fd = fd
+
+    def _make_dirs(self) -> None:
+        os.makedirs(self.members_dir, exist_ok=True)
+        os.makedirs(self.queues_dir, exist_ok=True)
 
     # -- members --------------------------------------------------------------------------
     def changed(self) -> bool:
@@ -89,10 +117,12 @@ class Membership:
 
     def members(self) -> list[str]:
         """The live members, sorted; dead ones found on the way are removed."""
-        names = os.listdir(self.members_dir)
+        try:
+            names = os.listdir(self.members_dir)
+        except FileNotFoundError:
+            names = []
         if self.member_id not in names:  # someone removed the group's files: take the seat again
-            os.makedirs(self.members_dir, exist_ok=True)
-            os.makedirs(self.queues_dir, exist_ok=True)
+            self._make_dirs()
             self._join()
             names = os.listdir(self.members_dir)
         self._seen_mtime = os.stat(self.members_dir).st_mtime_ns
@@ -116,12 +146,16 @@ class Membership:
     def try_take(self, queue_id: int) -> bool:
         if queue_id in self._queue_fds:
             return True
-        fd = os.open(os.path.join(self.queues_dir, f"{queue_id}.lock"), os.O_RDWR | os.O_CREAT,
-                     0o644)
-        if _try_flock(fd, fcntl.LOCK_EX):
+        path = os.path.join(self.queues_dir, f"{queue_id}.lock")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the group's files were removed: make them, try later
+            self._make_dirs()
+            return False
+        if _try_flock(fd, fcntl.LOCK_EX) and _is_file_at(fd, path):
             self._queue_fds[queue_id] = fd
             return True
-        os.close(fd)
+        os.close(fd)  # held by another, or unlinked by remove_group_files: tried again later
         return False
 
     def give_up(self, queue_id: int) -> None:
@@ -140,6 +174,73 @@ class Membership:
             _unlink(os.path.join(self.members_dir, self.member_id))
             os.close(self._member_fd)
             self._member_fd = -1
+
+
+def remove_group_files(root: str, group: str, topic: str | None = None) -> list[str]:
+    """Remove ``group``'s membership files (of ``topic``, or of every topic) where no live
+    instance is; returns the topics whose directories went. A topic's directory where any
+    file is locked (a live seat, a held queue, a join under way) is left as it is."""
+    gdir = os.path.join(root, GROUPS_DIR, group)
+    try:
+        topics = [topic] if topic is not None else sorted(os.listdir(gdir))
+    except FileNotFoundError:
+        return []
+    removed = [t for t in topics if _remove_topic_files(os.path.join(gdir, t))]
+    _rmdir(gdir)  # when no topic is left
+    return removed
+
+
+def _remove_topic_files(base: str) -> bool:
+    if not os.path.isdir(base):
+        return False
+    dirs = (os.path.join(base, MEMBERS), os.path.join(base, QUEUES), base)
+    locked: list[tuple[str, int]] = []
+    try:
+        for d in dirs:
+            try:
+                entries = os.listdir(d)
+            except FileNotFoundError:
+                continue
+            for name in entries:
+                path = os.path.join(d, name)
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                except FileNotFoundError:
+                    continue  # gone meanwhile (a leave, a probe)
+                except OSError:  # a link, or something else not ours
+                    continue
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # members/ and queues/ themselves
+                    os.close(fd)
+                    continue
+                if not _try_flock(fd, fcntl.LOCK_EX):
+                    os.close(fd)
+                    return False  # a live instance holds it: leave the topic's files alone
+                locked.append((path, fd))
+        for path, _fd in locked:  # every lock is ours: no instance is here
+            _unlink(path)
+    finally:
+        for _path, fd in locked:
+            os.close(fd)
+    for d in dirs:
+        _rmdir(d)  # only if empty: an instance that came in meanwhile keeps its directory
+    return not os.path.exists(base)
+
+
+def _is_file_at(fd: int, path: str) -> bool:
+    """Whether ``fd`` is the file now at ``path`` (not one unlinked after it was opened)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _rmdir(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:  # not empty (someone is there), or already gone
+        pass
 
 
 def _unlink(path: str) -> None:

@@ -15,15 +15,17 @@ import weakref
 
 from mqstore.consumer import names, pop_state
 from mqstore.consumer.group import GroupConsumer
+from mqstore.consumer.membership import remove_group_files
 from mqstore.consumer.offsets import ConsumerOffsets
+from mqstore.consumer.peek import GroupPeek
 from mqstore.consumer.pop import PopConsumer
 from mqstore.consumer.progress import QueueLag, group_offsets, groups, queue_lags
 from mqstore.workers.wakeup import Wakeup
 
 log = logging.getLogger("mqstore.consumer")
 
-CONSUMER_CALLS = ("consumer", "consumer_lag", "consumer_groups", "delete_consumer_group",
-                  "pop", "ack", "change_invisible_duration")
+CONSUMER_CALLS = ("consumer", "peek", "consumer_lag", "consumer_groups",
+                  "delete_consumer_group", "pop", "ack", "change_invisible_duration")
 
 
 class ConsumerService:
@@ -61,6 +63,18 @@ class ConsumerService:
         self._open.add(consumer)
         return consumer
 
+    def peek(self, group: str, topic: str, expression: str | None = None,
+             expression_type: str = "TAG", *, consume_from: str = names.LAST,
+             consume_timestamp: int | None = None) -> GroupPeek:
+        """The messages ``group`` would get next from ``topic``, read without joining it:
+        ``poll`` from the group's committed offsets (``consume_from`` as for ``consumer``
+        where it has none), writing nothing (no membership, no offsets); ``close`` (or
+        ``with``)."""
+        peek = GroupPeek(self, group, topic, expression, expression_type,
+                         consume_from=consume_from, consume_timestamp=consume_timestamp)
+        self._open.add(peek)
+        return peek
+
     def consumer_lag(self, group: str, topic: str) -> list[QueueLag]:
         """``QueueLag`` of ``group`` in every queue of ``topic``: max offset - committed
         offset, and the store-clock age of the oldest message it has not consumed."""
@@ -76,8 +90,9 @@ class ConsumerService:
     def delete_consumer_group(self, group: str, topic: str | None = None
                               ) -> list[tuple[str, str]]:
         """Forget ``group``'s committed offsets and pop state (of ``topic``, or all): it no
-        longer holds back ``cleanup.policy: keep_unconsumed``. Returns the ``(topic, group)``
-        pairs forgotten."""
+        longer holds back ``cleanup.policy: keep_unconsumed``. Its membership files
+        (``consumer/groups/<group>/``) go too, unless a live instance holds them. Returns the
+        ``(topic, group)`` pairs whose offsets or pop state were forgotten."""
         names.check_group(group)
         if topic is not None:
             names.check_topic(topic)
@@ -92,6 +107,7 @@ class ConsumerService:
                 except FileNotFoundError:
                     pass
                 gone.add((t, g))
+        remove_group_files(self.root, group, topic)
         return sorted(gone)
 
     def pop(self, group: str, topic: str, max_msgs: int = 32, invisible_ms: int = 30_000, *,

@@ -1,9 +1,10 @@
 """``mqstore stats``: a store's state as one JSON-ready dict, read-only beside a writer.
 
 Sections: ``store``, ``commit_log``, ``topics`` (every queue: offsets, messages, bytes),
-``dispatch``, ``flush``, ``disk``, ``cleanup``. Each is built by its own function listed in
-``SECTIONS``; a new concern (consumer groups and their lag, say) is one more entry there and
-one more key in the output, and per-queue dicts take new fields without changing shape.
+``consumers`` (every group and topic: per queue the committed offset, lag and oldest
+unconsumed message's age), ``dispatch``, ``flush``, ``disk``, ``cleanup``. Each is built by
+its own function listed in ``SECTIONS``; a new concern is one more entry there and one more
+key in the output, and per-queue dicts take new fields without changing shape.
 
 A running writer is found by its ``abort`` marker; its live positions (written, flushed,
 dispatched, fsyncs) are read from its shared-memory segment, attached read-only. Without
@@ -21,6 +22,7 @@ import numpy as np
 from mqstore import cleanup
 from mqstore.config import StoreConfig
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
+from mqstore.ops.consumer_lag import group_lags
 from mqstore.ops.store_files import abort_state
 from mqstore.storage.checkpoint import Checkpoint
 from mqstore.storage.shared_segment import store_segment_name
@@ -100,6 +102,10 @@ def _topics(ctx) -> list[dict]:
     return out
 
 
+def _consumers(ctx) -> list[dict]:
+    return [g.as_dict() for g in group_lags(ctx["store"])]
+
+
 def _dispatch(ctx) -> dict:
     store, live = ctx["store"], ctx["live"]
     covered = max((cq.max_phys for cq in store.consume_queues.values()), default=-1)
@@ -165,15 +171,25 @@ def _cleanup(ctx) -> dict:
     oldest = store_time_at(store.commit_log, segs[1].start) if len(segs) > 1 else -1
     return {"policy": cfg.policy, "delete_when": cfg.delete_when,
             "file_reserved_hours": cfg.file_reserved_hours,
-            "disk_used_ratio": ratio, "disk_max_used_ratio": cfg.disk_max_used_ratio / 100,
-            "disk_forcibly_ratio": cfg.disk_forcibly_ratio / 100,
-            "disk_warning_ratio": cfg.disk_warning_ratio / 100,
+            "disk_used_ratio": ratio,
+            **_watermarks(cfg, ratio),
             "would_delete_now": decision.delete, "disk_full": bool(decision.disk_full),
             "expired_segments": cleanup.expired_count(store.commit_log, now, reserved_ms,
                                                       len(segs)),
             "oldest_segment_age_ms": now - oldest if oldest > 0 else None}
 
 
+def _watermarks(cfg, ratio) -> dict:
+    """Each cleanup watermark as configured (a fraction of the disk in use, or an amount of
+    free space such as "20GiB") and whether the disk is past it now."""
+    out = {}
+    for name in ("disk_max_used_ratio", "disk_forcibly_ratio", "disk_warning_ratio"):
+        value = getattr(cfg, name)
+        out[name] = value / 100 if isinstance(value, int) else f"{value} free"
+        out[name.removesuffix("_ratio") + "_passed"] = cleanup.watermark_passed(value, ratio)
+    return out
+
+
 SECTIONS = (("store", _store), ("commit_log", _commit_log), ("topics", _topics),
-            ("dispatch", _dispatch), ("flush", _flush), ("disk", _disk),
+            ("consumers", _consumers), ("dispatch", _dispatch), ("flush", _flush), ("disk", _disk),
             ("cleanup", _cleanup))

@@ -1,6 +1,7 @@
 """Export stores to Parquet, partitioned by topic and store date (UTC), with progress.
 
     python -m mqstore.spark.export STORE [STORE ...] --to DIR [--topics a,b] [--mode MODE]
+    mqstore export STORE [STORE ...] --to DIR ...   (the same job, from the operator CLI)
 
 Every message becomes one row of the read schema plus ``date`` (the store time's UTC date), in
 ``DIR/topic=<topic>/date=<yyyy-mm-dd>/``. Before the job it prints what it will export per
@@ -11,6 +12,7 @@ end the row count Spark wrote.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -76,11 +78,48 @@ class Progress:
                   flush=True)
 
 
+def run(paths: list[str], dest: str, *, master: str = "local[*]", topics: str | None = None,
+        mode: str = "errorifexists", config: str | None = None, out=sys.stdout,
+        planned: Counter | None = None) -> int:
+    """``export`` in the process's SparkSession, or in a new one (``master``; dates in UTC, no
+    console progress bars, Python workers on this interpreter unless PYSPARK_PYTHON says
+    otherwise) that is stopped after. Returns the rows written."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.sql import SparkSession
+
+    from mqstore.spark import register
+    try:
+        existing = SparkSession.active()  # this thread's, or the process's default session
+    except PySparkRuntimeError:  # none
+        existing = None
+    spark = existing or (SparkSession.builder.master(master).appName("mqstore-export")
+                         .config("spark.sql.session.timeZone", "UTC")
+                         .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    try:
+        register(spark)
+        return export(spark, paths, dest, topics=topics, mode=mode, config=config, out=out,
+                      planned=planned)
+    finally:
+        if existing is None:
+            spark.stop()
+
+
+def spark_errors() -> tuple[type[BaseException], ...]:
+    """What Spark raises for a failed job or session (for callers turning them into one
+    line without importing pyspark themselves)."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+    return PySparkException, Py4JError
+
+
 def export(spark, paths: list[str], dest: str, *, topics: str | None = None,
-           mode: str = "errorifexists", config: str | None = None, out=sys.stdout) -> int:
-    """Write the stores' messages under ``dest`` as Parquet; returns the rows written."""
+           mode: str = "errorifexists", config: str | None = None, out=sys.stdout,
+           planned: Counter | None = None) -> int:
+    """Write the stores' messages under ``dest`` as Parquet; returns the rows written.
+    ``planned``: the ``planned_counts`` of the same arguments, when the caller has them."""
     from pyspark.sql import functions as F
-    counts = planned_counts(paths, topics, config)
+    counts = planned if planned is not None else planned_counts(paths, topics, config)
     print(f"export: {sum(counts.values())} messages of {len(counts)} topic(s) from "
           f"{len(paths)} store path(s) to {dest}", file=out, flush=True)
     for topic, n in sorted(counts.items()):
@@ -119,18 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="store configuration YAML to open the stores with")
     parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     args = parser.parse_args(argv)
-    from pyspark.sql import SparkSession
-
-    from mqstore.spark import register
-    spark = (SparkSession.builder.master(args.master).appName("mqstore-export")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    try:
-        register(spark)
-        export(spark, args.stores, args.to, topics=args.topics, mode=args.mode,
-               config=args.config)
-    finally:
-        spark.stop()
+    run(args.stores, args.to, master=args.master, topics=args.topics, mode=args.mode,
+        config=args.config)
     return 0
 
 

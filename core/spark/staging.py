@@ -6,6 +6,12 @@ place only once complete), and reports it in a ``Staged`` commit message. The co
 the files of the messages, in partition order; an abort, a failed commit or a finished one
 removes the job's directory whole, files of failed attempts included.
 
+A streaming micro-batch stages under its sink's directory instead,
+``<staging>/stream-<sink>/batch-<id>/``. Every job directory and sink directory is created
+by the writer on the driver side and locked by a lease for as long as its driver lives
+(NOTE [ Staging leases ] in ``lease``); whatever a crashed driver left staged is removed by the
+next write's sweep (``open_job``, ``open_sink``), and nothing a live job holds is touched.
+
 Rows are named by position: row i of partition p, counted from 0 in the order the task got
 them. Checks here catch what can be told from a column at once (missing topic or body, a
 topic outside RocketMQ's characters, an oversized body, a bad queue id); everything else is
@@ -14,10 +20,12 @@ topic outside RocketMQ's characters, an oversized body, a bad queue id); everyth
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -29,6 +37,7 @@ from pyspark.sql.types import (
 )
 
 from mqstore.appender import body_too_large, check_queue_id, check_topic
+from mqstore.spark import lease
 
 # The columns a write takes, and the Spark types each may have; others are ignored.
 WRITE_COLUMNS = {
@@ -82,8 +91,141 @@ def write_columns(schema: StructType) -> tuple[str, ...]:
     return tuple(n for n in WRITE_COLUMNS if n in fields)
 
 
+_JOB_NAME = re.compile(r"job-[0-9a-f]{32}")
+_SINK_NAME = re.compile(r"stream-[A-Za-z0-9._-]+")  # sink ids: letters, digits, '-_.'
+_SPARK_DRIVER = object()  # a lease's default driver: the Spark driver of the calling worker
+
+
 def new_job_dir(staging_dir: str) -> str:
     return os.path.join(staging_dir, f"job-{uuid.uuid4().hex}")
+
+
+def sink_dir(staging_dir: str, sink_id: str) -> str:
+    return os.path.join(staging_dir, f"stream-{sink_id}")
+
+
+def open_job(staging_dir: str, driver=_SPARK_DRIVER) -> str:
+    """Sweep ``staging_dir``, then make a new job directory there, leased to ``driver`` (a
+    ``lease.Driver``; by default the Spark driver this worker serves)."""
+    with _locked_root(staging_dir):
+        sweep_locked(staging_dir)
+        path = new_job_dir(staging_dir)
+        os.mkdir(path)
+        _lease(path, driver)
+    return path
+
+
+def open_sink(staging_dir: str, sink_id: str, driver=_SPARK_DRIVER) -> str:
+    """Sweep ``staging_dir``, then make sure the sink's directory exists under a live lease
+    (this driver's, unless another live one holds it already); its micro-batches stage in it."""
+    path = sink_dir(staging_dir, sink_id)
+    with _locked_root(staging_dir):
+        sweep_locked(staging_dir)  # what is left is held by a live lease
+        if not os.path.isdir(path):
+            os.mkdir(path)
+            _lease(path, driver)
+    return path
+
+
+def sweep(staging_dir: str) -> list[str]:
+    """Remove the job and sink directories under ``staging_dir`` that no live lease holds
+    (a crashed driver's); returns them."""
+    if not os.path.isdir(staging_dir):
+        return []
+    with _locked_root(staging_dir):
+        removed = sweep_locked(staging_dir)
+    _remove_if_empty(staging_dir)
+    return removed
+
+
+def sweep_locked(staging_dir: str) -> list[str]:
+    """``sweep`` for a caller holding the staging directory's lock."""
+    removed = []
+    for name in sorted(os.listdir(staging_dir)):
+        if not (_JOB_NAME.fullmatch(name) or _SINK_NAME.fullmatch(name)):
+            continue  # not ours: a stagingDir may hold other things
+        path = os.path.join(staging_dir, name)
+        fd = _try_lock(path)
+        if fd is None:
+            continue  # a live job's (or not a directory)
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            os.close(fd)
+        if not os.path.lexists(path):
+            removed.append(path)
+    return removed
+
+
+@contextmanager
+def _locked_root(staging_dir: str):
+    """The staging directory, made if missing and flock-ed exclusively, so that sweeps, new
+    leases and its removal take turns."""
+    while True:
+        os.makedirs(staging_dir, exist_ok=True)
+        try:
+            fd = os.open(staging_dir, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            continue  # removed in between (empty, by a finished job): make it again
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _is(fd, staging_dir):  # else removed while we waited for the lock
+                yield
+                return
+        finally:
+            os.close(fd)
+
+
+def _is(fd: int, path: str) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _try_lock(path: str) -> int | None:
+    """A descriptor holding ``path``'s exclusive lock, or None when a lease holds it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _lease(path: str, driver) -> None:
+    """Lock the new directory ``path`` (under the staging lock, so nobody else can yet) and
+    hand the lock to a lease process."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lease.hand_over(fd, lease.spark_driver() if driver is _SPARK_DRIVER else driver)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _remove_if_empty(staging_dir: str) -> None:
+    try:
+        fd = os.open(staging_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if _is(fd, staging_dir):
+            os.rmdir(staging_dir)
+    except OSError:
+        pass  # another job is staging there
+    finally:
+        os.close(fd)
 
 
 def stage(batches, job_dir: str, columns: tuple[str, ...], max_body_bytes: int) -> Staged:
@@ -185,13 +327,19 @@ def refusal(parts, error: str | None, index: int | None, skip: int = 0) -> BadRo
     return BadRowError(f"{where}: {reason}; nothing was written")
 
 
-def remove_job(job_dir: str) -> None:
-    """Remove a job's staged files (all attempts), and the staging root once it is empty."""
+def remove_job(job_dir: str, staging_dir: str) -> None:
+    """Remove a job's staged files (all attempts), then each directory above it up to
+    ``staging_dir`` once it is empty (a stream's sink directory: its lease ends with it)."""
     shutil.rmtree(job_dir, ignore_errors=True)
-    try:
-        os.rmdir(os.path.dirname(job_dir))
-    except OSError:
-        pass  # another job is staging there, or it is gone already
+    parent = os.path.dirname(os.path.abspath(job_dir))
+    root = os.path.abspath(staging_dir)
+    while parent != root and parent.startswith(root + os.sep):
+        try:
+            os.rmdir(parent)
+        except OSError:
+            return  # another micro-batch or job is staging there, or it is gone already
+        parent = os.path.dirname(parent)
+    _remove_if_empty(root)
 
 
 def _unlink(path: str) -> None:
@@ -201,5 +349,6 @@ def _unlink(path: str) -> None:
         pass
 
 
-__all__ = ["BadRowError", "Staged", "check_rows", "new_job_dir", "position", "read_staged",
-           "refusal", "remove_job", "stage", "write_columns"]
+__all__ = ["BadRowError", "Staged", "check_rows", "new_job_dir", "open_job", "open_sink",
+           "position", "read_staged", "refusal", "remove_job", "sink_dir", "stage", "sweep",
+           "sweep_locked", "write_columns"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 
 import numpy as np
 
@@ -20,10 +21,22 @@ from mqstore.config import load_config
 from mqstore.message import GetStatus, Message, PutStatus
 from mqstore.store import MessageStore
 
+
 def simulate_crash(store: MessageStore) -> None:
     """End ``store`` abruptly: loops stop without a final flush, files close, ``abort`` stays
     behind, the lock goes as with the process."""
     store._crash()
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    """Whether ``predicate()`` became true within ``timeout`` seconds (checked every
+    ``interval``): for what another process or a background loop does in its own time."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
 
 
 def read_queue(store: MessageStore, topic: str, queue_id: int, expression: str | None = None):

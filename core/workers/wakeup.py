@@ -76,16 +76,21 @@ def wakeup_path(root: str) -> str:
 
 
 class Wakeup:
-    """The store's wakeup word, mapped in this process (created when missing)."""
+    """The store's wakeup word, mapped in this process: created when missing, or with
+    ``create=False`` only opened (``FileNotFoundError`` while no process has made it whole;
+    for waiters that must write nothing under the store)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, create: bool = True) -> None:
         path = wakeup_path(root)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if create:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
         try:
             # Several processes may create it at once: growing to the same size is harmless
             # and nobody shrinks it.
             if os.fstat(fd).st_size < WAKEUP_FILE_BYTES:
+                if not create:
+                    raise FileNotFoundError(f"{path} is being made")
                 os.ftruncate(fd, WAKEUP_FILE_BYTES)
             self._mm = mmap.mmap(fd, WAKEUP_FILE_BYTES, mmap.MAP_SHARED,
                                  mmap.PROT_READ | mmap.PROT_WRITE)

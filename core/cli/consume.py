@@ -1,0 +1,121 @@
+"""``mqstore consume DIR --topic T --group G``: read a topic as a consumer group."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Sequence
+
+import click
+
+from mqstore.cli import output
+from mqstore.cli.options import config_option, epoch_ms, existing_root, load_cli_config
+from mqstore.ops.consume import ConsumeRequest, consume as consume_messages, stop_on_signals
+from mqstore.ops.messages import message_dict, preview
+from mqstore.store import MessageStore
+
+COLUMNS = ("queue", "offset", "msg id", "tags", "keys", "body")
+
+
+def _start(_ctx, _param, value: str) -> tuple[str, int | None]:
+    """``--from``: (consume_from, consume_timestamp) for ``store.consumer``."""
+    if value in ("first", "last"):
+        return value, None
+    try:
+        ms = epoch_ms(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not first, last, epoch milliseconds or an "
+                                 f"ISO-8601 time (e.g. 2024-05-01T12:00:00)") from None
+    if ms < 0:
+        raise click.BadParameter(f"{value!r} is before 1970-01-01, the first store time")
+    return "timestamp", ms
+
+
+@click.command()
+@existing_root
+@click.option("-t", "--topic", required=True, help="Topic to consume.")
+@click.option("-g", "--group", required=True,
+              help="Consumer group: offsets are committed per group and queue, and instances "
+                   "of a group (in any processes) share the topic's queues.")
+@click.option("-e", "--expression", default=None,
+              help="TAG subscription: 'TagA || TagB', '*' (default: every message).")
+@click.option("--sql", default=None,
+              help="SQL92 subscription on message properties: \"region = 'eu' AND n > 3\".")
+@click.option("--from", "start", default="last", show_default=True, callback=_start,
+              metavar="first|last|TIME",
+              help="Where a group with no committed offsets starts: its first stored message, "
+                   "only messages put from now on, or the first stored at or after TIME "
+                   "(epoch ms or ISO-8601). A group with offsets resumes after its last "
+                   "commit.")
+@click.option("-n", "--max", "limit", type=click.IntRange(1), default=None, metavar="N",
+              help="Stop after N messages (exactly those N are committed).")
+@click.option("-f", "--follow", is_flag=True, default=False,
+              help="Wait for new messages (long polling) until Ctrl-C or SIGTERM, like "
+                   "tail -f; without it, stop once caught up.")
+@click.option("--no-commit", is_flag=True, default=False,
+              help="Peek: print what the group would get next, from its committed offsets "
+                   "(--from where it has none), without joining it or writing anything; its "
+                   "running instances keep their queues.")
+@config_option
+@click.option("--json", "as_json", is_flag=True, default=False,
+              help="Print one JSON object per message, a line each (for scripts), instead "
+                   "of tables.")
+def consume(root: str, topic: str, group: str, expression: str | None, sql: str | None,
+            start: tuple[str, int | None], limit: int | None, follow: bool, no_commit: bool,
+            config_path: str | None, as_json: bool) -> None:
+    """Read a topic of the store in ROOT as a consumer group, printing each message, and
+    commit the group's offsets as far as was printed (its next run goes on from there).
+
+    Opens the store read-only, so it runs beside a writer (mqstore serve, produce).
+    Ctrl-C or SIGTERM stops it after the messages being printed, committed; exit status 0.
+    """
+    if expression is not None and sql is not None:
+        raise click.UsageError("--expression and --sql are mutually exclusive: a group "
+                               "consumer has one subscription")
+    consume_from, consume_timestamp = start
+    request = ConsumeRequest(
+        group=group, topic=topic, expression=sql if sql is not None else expression,
+        expression_type="SQL92" if sql is not None else "TAG", consume_from=consume_from,
+        consume_timestamp=consume_timestamp, limit=limit, follow=follow, commit=not no_commit)
+    config = load_cli_config(config_path)
+    with MessageStore.open(root, config=config, read_only=True) as store:
+        with stop_on_signals() as stop:
+            count = consume_messages(store, request, _json_lines if as_json else _table, stop)
+    if not as_json:
+        done = "not committed (--no-commit)" if no_commit else "committed"
+        output.err().print(f"{count} message(s) consumed by group {group!r}; {done}",
+                           markup=False, highlight=False)
+
+
+def _json_lines(messages: Sequence) -> int:
+    for i, m in enumerate(messages):
+        try:
+            # click.echo flushes: a line that left the process counts as printed.
+            click.echo(json.dumps(message_dict(m.full), ensure_ascii=False))
+        except BrokenPipeError:
+            _output_gone()
+            return i
+    return len(messages)
+
+
+def _table(messages: Sequence) -> int:
+    rows = []
+    for m in messages:
+        d = message_dict(m.full)
+        rows.append((d["queue_id"], d["queue_offset"], d["msg_id"], d["tags"],
+                     " ".join(d["keys"]), preview(d["body"])))
+    try:
+        output.print_table(COLUMNS, rows)  # rich writes and flushes the table whole
+    except BrokenPipeError:
+        _output_gone()
+        return 0
+    return len(messages)
+
+
+def _output_gone() -> None:
+    """The reader of our standard output went away (``| head``): what is left to write goes
+    nowhere, so the interpreter's final flush does not fail with a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
