@@ -124,92 +124,42 @@ class Appender:
 
     # -- put -------------------------------------------------------------------------------
     def put(self, message: Message) -> PutResult:
-        refused = self.refusal()
-        if refused is not None:
-            return PutResult(refused[0], error=refused[1])
-        hooks = self.hooks
-        if hooks.has_before_append:
-            hooks.before_append([message])
-        try:
-            p = appender.prepare(message, self.put_ctx)
-            if p.queue_id is None:
-                p.queue_id = appender.check_queue_id(
-                    self.selector.select(message, self.queues_per_topic))
-            self._check_fits(p.size, None)
-        except appender.Rejected as rej:
-            hooks.after_append(BatchPutResult.rejected(rej.status, rej.reason, 0))
-            return PutResult(rej.status, error=rej.reason)
-        qid = p.queue_id
-        keys = [(p.topic, qid)] if p.queued else []
-
-        def encode(segs, bases, now):
-            seg = segs[0]
-            phys = seg.start + seg.wrote
-            return [appender.encode_single(p, self.store_host, qid, bases[0] if keys else 0,
-                                           phys, now)], phys
-
-        try:
-            bases, phys, now = self._append([p.size], keys, [1], encode)
-        except _Refused as exc:
-            return PutResult(PutStatus.CREATE_MAPPED_FILE_FAILED, error=str(exc))
-        qoff = bases[0] if keys else 0
-        status = self.flush_policy.complete_put(phys + p.size, p.wait)
-        if hooks.has_after_append:
-            hooks.after_append(BatchPutResult(
-                status, np.array([qid]), np.array([qoff]), np.array([phys]),
-                np.array([p.size]), now, self.store_host))
-        return PutResult(status, qid, qoff, phys, p.size,
-                         f"{self.msg_id_prefix}{phys:016X}", now)
+        return self._put(message, _Single)
 
     def put_batch(self, messages: Sequence[Message] | MessageBatch) -> BatchPutResult:
+        return self._put(messages, _Batch)
+
+    def _put(self, messages, kind):
+        """The one path of ``put`` and ``put_batch``; ``kind`` (``_Single`` or ``_Batch``) says
+        how its messages are prepared, written and answered.
+
+        Refused by the store: answered at once, no hook runs. Else ``before_append``; then
+        validation and encoding (a rejection is answered after ``after_append`` saw it);
+        then the records go in under the put lock (a segment that cannot be created answers
+        CREATE_MAPPED_FILE_FAILED); the flush policy's ``complete_put`` gives the status;
+        ``after_append``."""
         refused = self.refusal()
         if refused is not None:
-            return BatchPutResult.rejected(refused[0], refused[1])
-        if not isinstance(messages, MessageBatch):
-            messages = list(messages)
-            if not messages:
-                raise ValueError("put_batch needs at least one message")
-        self.hooks.before_append(messages)
+            return kind.refused(*refused)
+        if kind.many:
+            messages = _Batch.checked(messages)
+        hooks = self.hooks
+        if hooks.has_before_append:
+            hooks.before_append(kind.hook_messages(messages))
         try:
-            cols = self._columns(messages)
-            biggest = int(np.argmax(cols.sizes))
-            self._check_fits(int(cols.sizes[biggest]), biggest)
+            plan = kind.prepare(self, messages)
         except appender.Rejected as rej:
-            result = BatchPutResult.rejected(rej.status, f"message {rej.index}: {rej.reason}",
-                                             rej.index)
-            self.hooks.after_append(result)
-            return result
-        sizes, qids = cols.sizes, cols.queue_ids
-        ends = np.cumsum(sizes)
-        blocks = _blocks(ends, self._limit)
-        keys, inverse = _queue_keys(cols.topics, qids)
-        counts = np.bincount(inverse, minlength=len(keys))
-        phys = np.empty(cols.n, dtype=np.int64)
-        qoffs = None
-
-        def encode(segs, bases, now):
-            nonlocal qoffs
-            qoffs = np.asarray(bases, dtype=np.int64)[inverse] + _rank_within_group(
-                inverse, len(keys))
-            records = []
-            for (start, stop), seg in zip(blocks, segs):
-                base = int(ends[start - 1]) if start else 0
-                phys[start:stop] = (seg.start + seg.wrote
-                                    + (ends[start:stop] - sizes[start:stop] - base))
-                records.append(encode_columns(cols, start, stop, self.store_host, qids, qoffs,
-                                              phys, now))
-            return records, int(phys[0])
-
-        block_bytes = [int(ends[stop - 1] - (ends[start - 1] if start else 0))
-                       for start, stop in blocks]
+            seen, answer = kind.rejected(rej)
+            hooks.after_append(seen)
+            return answer
         try:
-            _bases, _first, now = self._append(block_bytes, keys, counts.tolist(), encode)
+            end, written = kind.append(self, plan)
         except _Refused as exc:
-            return BatchPutResult.rejected(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
-        status = self.flush_policy.complete_put(int(phys[-1] + sizes[-1]), cols.wait)
-        result = BatchPutResult(status, qids, qoffs, phys, sizes, now, self.store_host)
-        self.hooks.after_append(result)
-        return result
+            return kind.refused(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
+        answer = kind.answer(self, plan, written, self.flush_policy.complete_put(end, plan.wait))
+        if hooks.has_after_append:
+            hooks.after_append(kind.hook_result(self, answer))
+        return answer
 
     def _columns(self, messages):
         """The batch as columns, each message with its queue id (selected when it has none)."""
@@ -234,12 +184,13 @@ class Appender:
                 f"bytes (at most {self._limit} per record)", index)
 
     # -- the locked section ------------------------------------------------------------------
-    def _append(self, block_bytes: list[int], keys: list, counts: list[int], encode):
+    def _append(self, block_bytes: list[int], keys: list, counts: list[int], encode,
+                plan=None):
         """Write blocks of records (one per segment they occupy) under the put lock.
 
-        ``encode(segments, queue_offset_bases, now)`` returns the blocks' bytes and the first
-        record's commit-log offset; it may raise, and then nothing is written. Returns
-        ``(bases, first_phys, now)``.
+        ``encode(self, plan, segments, queue_offset_bases, now)`` returns the blocks' bytes and
+        the first record's commit-log offset; it may raise, and then nothing is written.
+        Returns ``(bases, first_phys, now)``.
         """
         log = self.commit_log
         writer = self.writer
@@ -260,7 +211,7 @@ class Appender:
                     except (OSError, BlockTooLargeError, PoolExhaustedError) as exc:
                         raise _Refused(str(exc)) from None
                     try:
-                        records, first = encode(segs, bases, now)
+                        records, first = encode(self, plan, segs, bases, now)
                     except BaseException:
                         log.abandon_locked(segs, writer)
                         raise
@@ -285,6 +236,140 @@ class Appender:
         """How long the current append has held the put lock (0 when free)."""
         begin = self.begin_in_lock
         return max(0, self.clock() - begin) if begin else 0
+
+
+_ONE = [1]  # a single record's count for its queue (read, never changed)
+
+
+class _Single:
+    """``put``: one message, one record; no columns and no arrays unless a hook wants them."""
+
+    many = False
+
+    @staticmethod
+    def refused(status: PutStatus, reason: str) -> PutResult:
+        return PutResult(status, error=reason)
+
+    @staticmethod
+    def hook_messages(message: Message) -> list[Message]:
+        return [message]
+
+    @staticmethod
+    def prepare(app: Appender, message: Message):
+        p = appender.prepare(message, app.put_ctx)
+        if p.queue_id is None:
+            p.queue_id = appender.check_queue_id(
+                app.selector.select(message, app.queues_per_topic))
+        app._check_fits(p.size, None)
+        return p
+
+    @staticmethod
+    def rejected(rej: appender.Rejected) -> tuple[BatchPutResult, PutResult]:
+        return (BatchPutResult.rejected(rej.status, rej.reason, 0),
+                PutResult(rej.status, error=rej.reason))
+
+    @staticmethod
+    def append(app: Appender, p) -> tuple[int, tuple[int, int, int]]:
+        """The record's end, and ``(queue offset, commit-log offset, store time)``."""
+        keys = [(p.topic, p.queue_id)] if p.queued else []
+        bases, phys, now = app._append([p.size], keys, _ONE, _Single.encode, p)
+        return phys + p.size, (bases[0] if keys else 0, phys, now)
+
+    @staticmethod
+    def encode(app: Appender, p, segs, bases, now):
+        seg = segs[0]
+        phys = seg.start + seg.wrote
+        return [appender.encode_single(p, app.store_host, p.queue_id,
+                                       bases[0] if p.queued else 0, phys, now)], phys
+
+    @staticmethod
+    def answer(app: Appender, p, written: tuple[int, int, int], status: PutStatus) -> PutResult:
+        qoff, phys, now = written
+        return PutResult(status, p.queue_id, qoff, phys, p.size,
+                         f"{app.msg_id_prefix}{phys:016X}", now)
+
+    @staticmethod
+    def hook_result(app: Appender, r: PutResult) -> BatchPutResult:
+        return BatchPutResult(r.status, np.array([r.queue_id]), np.array([r.queue_offset]),
+                              np.array([r.phys_offset]), np.array([r.size]),
+                              r.store_timestamp, app.store_host)
+
+
+class _Batch:
+    """``put_batch``: a list of messages or a ``MessageBatch``, as columns, written as one
+    block per commit-log segment it occupies."""
+
+    many = True
+
+    @staticmethod
+    def refused(status: PutStatus, reason: str) -> BatchPutResult:
+        return BatchPutResult.rejected(status, reason)
+
+    @staticmethod
+    def checked(messages):
+        if isinstance(messages, MessageBatch):
+            return messages
+        messages = list(messages)
+        if not messages:
+            raise ValueError("put_batch needs at least one message")
+        return messages
+
+    @staticmethod
+    def hook_messages(messages):
+        return messages
+
+    @staticmethod
+    def prepare(app: Appender, messages):
+        cols = app._columns(messages)
+        biggest = int(np.argmax(cols.sizes))
+        app._check_fits(int(cols.sizes[biggest]), biggest)
+        return cols
+
+    @staticmethod
+    def rejected(rej: appender.Rejected) -> tuple[BatchPutResult, BatchPutResult]:
+        result = BatchPutResult.rejected(rej.status, f"message {rej.index}: {rej.reason}",
+                                         rej.index)
+        return result, result
+
+    @staticmethod
+    def append(app: Appender, cols) -> tuple[int, tuple]:
+        """The last record's end, and ``(queue offsets, commit-log offsets, store time)``."""
+        sizes, qids = cols.sizes, cols.queue_ids
+        ends = np.cumsum(sizes)
+        blocks = _blocks(ends, app._limit)
+        keys, inverse = _queue_keys(cols.topics, qids)
+        counts = np.bincount(inverse, minlength=len(keys))
+        phys = np.empty(cols.n, dtype=np.int64)
+        qoffs = None
+        store_host = app.store_host
+
+        def encode(_app, _plan, segs, bases, now):
+            nonlocal qoffs
+            qoffs = np.asarray(bases, dtype=np.int64)[inverse] + _rank_within_group(
+                inverse, len(keys))
+            records = []
+            for (start, stop), seg in zip(blocks, segs):
+                base = int(ends[start - 1]) if start else 0
+                phys[start:stop] = (seg.start + seg.wrote
+                                    + (ends[start:stop] - sizes[start:stop] - base))
+                records.append(encode_columns(cols, start, stop, store_host, qids, qoffs,
+                                              phys, now))
+            return records, int(phys[0])
+
+        block_bytes = [int(ends[stop - 1] - (ends[start - 1] if start else 0))
+                       for start, stop in blocks]
+        _bases, _first, now = app._append(block_bytes, keys, counts.tolist(), encode)
+        return int(phys[-1] + sizes[-1]), (qoffs, phys, now)
+
+    @staticmethod
+    def answer(app: Appender, cols, written: tuple, status: PutStatus) -> BatchPutResult:
+        qoffs, phys, now = written
+        return BatchPutResult(status, cols.queue_ids, qoffs, phys, cols.sizes, now,
+                              app.store_host)
+
+    @staticmethod
+    def hook_result(app: Appender, result: BatchPutResult) -> BatchPutResult:
+        return result  # the caller's result itself
 
 
 class ReadOnlyAppender:

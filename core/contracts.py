@@ -34,12 +34,12 @@ from mqstore.storage.transient_pool import PoolExhaustedError
 
 if TYPE_CHECKING:
     from mqstore.config import StoreConfig
+    from mqstore.read_batch import ReadBatch
     from mqstore.recovery import RecoveryReport
     from mqstore.storage.commit_log import CommitLog
     from mqstore.storage.consume_queue import ConsumeQueue
     from mqstore.storage.cq_ext import ConsumeQueueExt
     from mqstore.storage.mapped_file import MappedFile
-    from mqstore.storage.transient_pool import TransientPool
     from mqstore.subscriptions import Subscriptions
 
 Clock = Callable[[], int]
@@ -71,9 +71,11 @@ covers, so ``resume_offset`` after a crash redoes only what came later. Called a
 second on the ``writer`` role, possibly from another thread than ``dispatch`` (the dispatcher
 serialises the two); a failure is the dispatcher's to log, never raised."""
 READS_STORE = "reads_store"
-"""Cleanup policy: ``bind(store) -> None`` is called once in the store process after the store
-opened, with the store held weakly (a ``weakref.proxy`` of the ``MessageStore``); ``decide``
-may then read its queues and consumer offsets through the store's read API."""
+"""Cleanup policy: ``bind(store: StoreReads) -> None`` is called once in the store process after
+the store opened, with the store held weakly (a ``weakref.proxy`` of the ``MessageStore``);
+``decide`` may then read its queues (and, from ``root``, the consumer offsets) through the calls
+``StoreReads`` lists. A call on a store that closed meanwhile raises ``ReferenceError`` or
+``StoreClosedError``."""
 PRECOMPUTES = "precomputes"
 """Filter: ``matches_properties(properties: dict[str, str]) -> bool``. Dispatch evaluates a
 registered subscription of this filter type once per new message and keeps the answer as a
@@ -154,20 +156,22 @@ class WriterContext(NamedTuple):
     config: "StoreConfig"
     commit_log: "CommitLog"
     wake_committer: Callable[[], None]
-    """Publishes what has been written so far and wakes the flush loop (which commits staged
-    bytes); a writer waiting for staging room calls it."""
+    """Publishes what has been written so far and wakes the flush loop. Only the core's
+    staging writer has anything for it to commit; a plain writer has no use for it."""
 
 
 class Writer(Protocol):
     """Copies encoded records into the commit log. Called under the put lock.
 
+    A writer is plain: the bytes it copies into the mapped segment are readable (and
+    dispatched) once ``write`` returns, and the flush loop forces them to disk. That is all a
+    plugin's writer can do. Staging (copying into buffers that the flush loop, in another
+    process, commits into the files later) is the core's alone: ``writer.kind:
+    transient_pool`` is ``mqstore.pool_writer.TransientPoolWriter``, whose pool the core
+    salvages, commits and keeps across processes; no other writer is treated as staging.
+
     Subclass it to inherit the defaults below and write only ``write``.
     """
-
-    staging: "TransientPool | None" = None
-    """None: bytes are readable once copied. A pool: bytes are staged in its shared-memory
-    buffers, the flush loop (another process) commits them into the segment files, and they
-    become readable as the committed end passes them (``on_committed``)."""
 
     def write(self, segment: "MappedFile", data: bytes | memoryview) -> int:
         """Copy ``data`` at the segment's write position; returns that position."""
@@ -179,9 +183,6 @@ class Writer(Protocol):
 
     def before_roll(self) -> None:
         """Before a new segment opens; raise ``PoolExhaustedError`` to refuse the put."""
-
-    def on_committed(self, committed: int) -> None:
-        """The flush loop committed every byte below ``committed``."""
 
     def close(self) -> None:
         """The store is closing (after its flush loop stopped)."""
@@ -301,6 +302,41 @@ class CleanupPolicy(Protocol):
         carries ``total_bytes`` and ``free_bytes``; -1 if unknown)."""
 
 
+class StoreReads(Protocol):
+    """What a cleanup policy declaring ``READS_STORE`` is given (``bind``): the store's read API,
+    these calls and no others (the same ``MessageStore`` methods, documented there)."""
+
+    root: str
+    """The store directory (``config/consumerOffset.json`` and the pop state live under it)."""
+
+    clock: Clock
+    """The store clock."""
+
+    def topics(self) -> list[str]: ...
+
+    def queue_ids(self, topic: str) -> list[int]: ...
+
+    def min_offset(self, topic: str, queue_id: int) -> int: ...
+
+    def max_offset(self, topic: str, queue_id: int) -> int: ...
+
+    def read(self, topic: str, queue_id: int, offset: int, max_msgs: int = 1024, *,
+             expression: str | None = None, expression_type: str = "TAG",
+             group: str | None = None, max_total_bytes: int | None = None,
+             verify: bool = True) -> "ReadBatch | None":
+        """Up to ``max_msgs`` messages of a queue from queue ``offset``, as columns."""
+
+
+class StoreReadingCleanupPolicy(CleanupPolicy, Protocol):
+    """A cleanup policy declaring ``READS_STORE``."""
+
+    capabilities: ClassVar[frozenset[str]]
+
+    def bind(self, store: StoreReads) -> None:
+        """Once, in the store process, when the store has opened (a ``decide`` during a long
+        open may come first: it decides without the store)."""
+
+
 CleanupPolicyFactory = Callable[["StoreConfig"], CleanupPolicy]
 
 
@@ -325,5 +361,6 @@ __all__ = [
     "WriterFactory", "QueueSelector", "QueueSelectorFactory", "Filter", "PrecomputedFilter",
     "FilterFactory", "Dispatcher", "DispatcherFactory", "FlushSchedule", "Flusher",
     "FlushPolicy", "FlushPolicyFactory", "CleanupDecision", "CleanupPolicy",
-    "CleanupPolicyFactory", "READS_STORE", "AllocationStrategy", "AllocationStrategyFactory",
+    "CleanupPolicyFactory", "READS_STORE", "StoreReads", "StoreReadingCleanupPolicy",
+    "AllocationStrategy", "AllocationStrategyFactory",
 ]

@@ -243,6 +243,9 @@ class TagsCoder:
         return out
 
 
+_STOP, _FAILED = -1, -2  # DispatchLoop._step_over: end the batch here / the attempt failed
+
+
 class DispatchLoop:
     def __init__(self, commit_log, dispatchers: Sequence, tags_coder: TagsCoder,
                  confirm_offset: Callable[[], int], start_offset: int, *,
@@ -276,61 +279,11 @@ class DispatchLoop:
         begin = self.dispatched
         if begin >= end:
             return 0
-        stop = min(end, begin + self.batch_bytes)
-        parts = []
-        pos = begin
-        while pos < stop:
-            seg = self.commit_log.segments.find(pos)
-            if seg is None:
-                break
-            limit = min(seg.committed, end - seg.start)
-            at = pos - seg.start
-            u8 = self._bytes_of(seg)
-            rel, wend = walk_runs(seg.mm, u8, at, limit, stop - seg.start)
-            if len(rel):
-                cols, n = heads_alike(seg.mm, u8, rel) or heads(u8, rel)
-                wrong = np.flatnonzero(cols["phys_offset"] != rel[:n] + seg.start)
-                if len(wrong):
-                    n = int(wrong[0])
-                    cols = {k: v[:n] for k, v in cols.items()}
-                if n < len(rel):
-                    wend = int(rel[n])
-                if n:
-                    parts.append(self._columns(seg, cols))
-            pos = seg.start + wend
-            if wend >= stop - seg.start or wend >= limit:
-                break
-            kind, size, _head = scan_record(seg.mm, wend, seg.committed, False, expected_phys=pos)
-            if kind == SCAN_BLANK:
-                pos = seg.end
-                continue
-            if kind == SCAN_BAD:
-                # Damage below the visible end (recovery mends what it saw at open; this
-                # appeared since): step over it to the next intact record, as recovery will.
-                nxt = find_record(seg.mm, wend + 1, limit, seg.start, seg.size)
-                if nxt is not None or seg.end <= end:
-                    resume = seg.start + nxt if nxt is not None else seg.end
-                    log.error("dispatch passes over damaged commit-log bytes [%d, %d): %s",
-                              pos, resume, size)
-                    pos = resume
-                    continue
-                self._failed(pos, CorruptRecordError(
-                    f"commit-log offset {pos}: {size}; no intact record follows yet"))
-                return 0
-            if wend + size <= limit:  # valid, visible, yet not walkable: never wait on it
-                self.error = f"dispatch cannot read the record at commit-log offset {pos}"
-                log.error(self.error)
-            break
-        if parts:
-            batch = DispatchBatch.concat(begin, pos, parts)
-            try:
-                for dispatcher in self.dispatchers:
-                    dispatcher.dispatch(batch)
-                if self.after_dispatch is not None:
-                    self.after_dispatch(batch)
-            except Exception as exc:
-                self._failed(begin, exc)
-                return 0
+        parts, pos = self._gather(begin, end, min(end, begin + self.batch_bytes))
+        if pos < 0:
+            return 0
+        if parts and not self._hand_over(DispatchBatch.concat(begin, pos, parts), begin):
+            return 0
         if self.failing is not None:
             log.warning("dispatch at commit-log offset %d goes on after %d failed attempts",
                         begin, self.failures)
@@ -341,6 +294,81 @@ class DispatchLoop:
                 self.dispatched = pos
                 self.progress.notify_all()
         return moved
+
+    def _gather(self, begin: int, end: int, stop: int) -> tuple[list, int]:
+        """The columns of the records from ``begin`` (about up to ``stop``; none past the
+        visible ``end``), one part per run of records, and where they end; that end is -1
+        when damage with no intact record after it stops dispatch (a failed attempt)."""
+        parts: list = []
+        pos = begin
+        while pos < stop:
+            seg = self.commit_log.segments.find(pos)
+            if seg is None:
+                break
+            limit = min(seg.committed, end - seg.start)
+            wend = self._walk_segment(seg, pos - seg.start, limit, stop - seg.start, parts)
+            pos = seg.start + wend
+            if wend >= stop - seg.start or wend >= limit:
+                break
+            pos = self._step_over(seg, pos, wend, limit, end)
+            if pos < 0:
+                return parts, (-1 if pos == _FAILED else seg.start + wend)
+        return parts, pos
+
+    def _walk_segment(self, seg, at: int, limit: int, stop: int, parts: list) -> int:
+        """Add the columns of the records of ``seg`` from ``at`` that walk cleanly (below
+        ``limit``, about up to ``stop``) to ``parts``; returns where they end."""
+        u8 = self._bytes_of(seg)
+        rel, wend = walk_runs(seg.mm, u8, at, limit, stop)
+        if len(rel):
+            cols, n = heads_alike(seg.mm, u8, rel) or heads(u8, rel)
+            wrong = np.flatnonzero(cols["phys_offset"] != rel[:n] + seg.start)
+            if len(wrong):
+                n = int(wrong[0])
+                cols = {k: v[:n] for k, v in cols.items()}
+            if n < len(rel):
+                wend = int(rel[n])
+            if n:
+                parts.append(self._columns(seg, cols))
+        return wend
+
+    def _step_over(self, seg, pos: int, wend: int, limit: int, end: int) -> int:
+        """The walk of ``seg`` stopped at ``pos`` (``wend`` in it) before ``limit``: where the
+        batch goes on (the next segment after a blank; the next intact record after damage),
+        ``_STOP`` to end the batch there, ``_FAILED`` when damage with no intact record
+        after it yet fails the attempt."""
+        kind, size, _head = scan_record(seg.mm, wend, seg.committed, False, expected_phys=pos)
+        if kind == SCAN_BLANK:
+            return seg.end
+        if kind == SCAN_BAD:
+            # Damage below the visible end (recovery mends what it saw at open; this
+            # appeared since): step over it to the next intact record, as recovery will.
+            nxt = find_record(seg.mm, wend + 1, limit, seg.start, seg.size)
+            if nxt is not None or seg.end <= end:
+                resume = seg.start + nxt if nxt is not None else seg.end
+                log.error("dispatch passes over damaged commit-log bytes [%d, %d): %s",
+                          pos, resume, size)
+                return resume
+            self._failed(pos, CorruptRecordError(
+                f"commit-log offset {pos}: {size}; no intact record follows yet"))
+            return _FAILED
+        if wend + size <= limit:  # valid, visible, yet not walkable: never wait on it
+            self.error = f"dispatch cannot read the record at commit-log offset {pos}"
+            log.error(self.error)
+        return _STOP
+
+    def _hand_over(self, batch: DispatchBatch, begin: int) -> bool:
+        """Every dispatcher, then ``after_dispatch``; False when one raised (a failed
+        attempt: the batch is retried)."""
+        try:
+            for dispatcher in self.dispatchers:
+                dispatcher.dispatch(batch)
+            if self.after_dispatch is not None:
+                self.after_dispatch(batch)
+        except Exception as exc:
+            self._failed(begin, exc)
+            return False
+        return True
 
     def _failed(self, begin: int, exc: Exception) -> None:
         self.last_exception = exc

@@ -284,6 +284,8 @@ class GetResult:
     filtered_count: int = 0
     # Queue offsets passed over because what they point at cannot be served (damaged, or lost
     # to damage): (queue offset, commit-log offset, why). The next offset moves past them.
+    # A damaged unit whose record was found in the commit log (and served) is listed too, its
+    # ``why`` ending "served the record of queue offset N found in the commit log at offset P".
     corrupt: list[tuple[int, int, str]] = field(default_factory=list)
 
     @property

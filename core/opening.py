@@ -17,6 +17,7 @@ from mqstore.dispatchers import Dispatchers
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.format.hosts import parse_host
 from mqstore.plugins_manager import PluginHooks, make_plugin_manager
+from mqstore.pool_writer import salvage_pool
 from mqstore.pull import PullLimits
 from mqstore.reading import Reader
 from mqstore.recovery import RecoveryReport, mend_range, recover
@@ -28,7 +29,6 @@ from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper, read_manifest
 from mqstore.storage.shared_segment import store_segment_name, unlink_segment
-from mqstore.storage.transient_pool import POOL_SEGMENT, salvage
 from mqstore.store_meta import load_meta, settle_meta
 from mqstore.store_view import DirectoryView
 from mqstore.workers import shm
@@ -107,7 +107,7 @@ class Opener:
         if not ro:
             # A killed store leaves its shared memory behind: its transient pool may hold
             # acknowledged records its files lack (see NOTE [ Shutdown ]); reclaim both.
-            notes += salvage(store_segment_name(self.root, POOL_SEGMENT), store.commit_log.segments)
+            notes += salvage_pool(self.root, store.commit_log.segments)
             unlink_segment(store_segment_name(self.root, shm.POSITIONS_SEGMENT))
         cq_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
             config.consume_queue.file_units * CQ_UNIT_SIZE)
@@ -117,7 +117,8 @@ class Opener:
         self.meta = settle_meta(self.root, meta, meta_problem, commit_log=store.commit_log,
                                 consume_queues=self.queues.values(),
                                 configured_hash=config.store.hash,
-                                configured_cq_bytes=cq_bytes, read_only=ro, notes=notes)
+                                configured_cq_bytes=cq_bytes, read_only=ro, notes=notes,
+                                hash_explicit="hash" in config.store.model_fields_set)
         store.hash_kind = self.meta["hash"]
         store.checkpoint = Checkpoint(self.root, read_only=ro)
 
@@ -210,7 +211,7 @@ class Opener:
             raise
         runtime_ref.append(weakref.ref(runtime))
         if self.role == FOLLOWER:
-            store._reader._follow_limit = lambda ch=runtime.channels.dispatch: ch.dispatched
+            store._reader.follow(lambda ch=runtime.channels.dispatch: ch.dispatched)
         policy = flush_factory(config, runtime.flush_client)
         runtime.visible_after_flush = bool(policy.visible_after_flush)
         store._appender = runtime.appender = Appender(
@@ -241,11 +242,11 @@ class Opener:
         """Each queue's next offset, now that dispatch has caught up; queues also stop
         offering units below the first stored record."""
         reader, store = self.store._reader, self.store
-        reader._discover_queues()
+        reader.discover_queues()
         offsets = {}
         min_phys = store.commit_log.min_offset
         for key in list(store.consume_queues):
-            cq = reader._queue(*key)
+            cq = reader.queue(*key)
             cq.correct_min_offset(min_phys)
             offsets[key] = cq.max_offset
         return offsets

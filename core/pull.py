@@ -4,7 +4,10 @@ One call reads at most one consume-queue file and at most ``max(max_filter_bytes
 max_msgs*20)`` bytes of units. Tag codes of the whole window are matched at once; only the
 candidates are read from the commit log and checked exactly. Nothing is served unchecked
 (``format.verify``): a unit whose record is damaged, belongs elsewhere, or was lost is passed
-over and reported in ``GetResult.corrupt``, as the next offset moves past it.
+over and reported in ``GetResult.corrupt``, as the next offset moves past it. Before a unit
+is passed over, the record of its offset is looked for in the commit log between the records of
+the nearest intact units around it (``rescue``): when found it is served, and the damaged unit
+is still reported in ``GetResult.corrupt``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from mqstore.format.cq_ext import bitmap_matches
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, EXT_ADDRESS_MAX, FILLER_SIZE
 from mqstore.format.verify import verify_queue_record
 from mqstore.message import GetResult, GetStatus, StoredMessage
+from mqstore.unit_rescue import rescue, warn_once
 
 log = logging.getLogger("mqstore.pull")
 MAX_PULL_BYTES = 128 * 1024 * 1024
@@ -220,7 +224,7 @@ class _Scan:
                  "max_pull", "max_py", "mem_limit", "topic", "queue_id", "find_segment",
                  "seg_bytes", "log_seg", "log_start", "log_end", "total", "nxt",
                  "max_phys_pulling", "next_phys_file_start", "base", "positions", "gap_sizes",
-                 "gap_in_mem", "gap_hint")
+                 "gap_in_mem", "gap_hint", "commit_log", "cq")
 
     def __init__(self, commit_log, cq, req: PullRequest, limits: PullLimits, min_off: int,
                  max_off: int) -> None:
@@ -242,6 +246,7 @@ class _Scan:
         self.total = self.max_phys_pulling = 0
         self.next_phys_file_start = -1
         self.nxt = req.offset
+        self.commit_log, self.cq = commit_log, cq
 
     def done(self) -> None:
         result = self.result
@@ -463,6 +468,10 @@ class _Scan:
         full before it (it is then left for the next pull)."""
         if size == FILLER_SIZE or pos < 0 or size <= 0:
             # A placeholder for an offset whose message was lost, or a damaged unit.
+            if size != FILLER_SIZE:
+                got = self._rescue(self.base + c, pos, f"damaged unit (size {size})")
+                if got is not None:
+                    return self._serve_rescued(c, got)
             self.max_phys_pulling = max(self.max_phys_pulling, pos)
             self.nxt = self.base + c + 1
             _pass_over(self.result, self.n, self.nxt - 1, pos,
@@ -477,6 +486,7 @@ class _Scan:
                     if self.max_py - pos <= self.mem_limit
                     else total > limits.disk_bytes or n >= limits.disk_count):
                 return True
+        old_phys = self.max_phys_pulling
         self.max_phys_pulling = pos
         self.nxt = nxt = self.base + c + 1
         if pos < self.next_phys_file_start:
@@ -492,6 +502,19 @@ class _Scan:
                 raw = log_seg.mm[at:at + size]
             except ValueError:  # cleanup closed the segment since it was looked up
                 raw = None
+        if raw is None and (pos + size > self.max_py or (
+                log_seg is not None and pos + size > log_seg.start + self.seg_bytes)):
+            # Past the end of the log (read after the queue's bounds) or across a segment's
+            # end, where no record lies: the unit is damaged, not its segment removed.
+            why = f"damaged unit (commit-log bytes [{pos}, {pos + size}) past the end of " + (
+                f"the log, {self.max_py})" if pos + size > self.max_py else "their segment)")
+            got = self._rescue(nxt - 1, pos, why)
+            if got is not None:
+                self.max_phys_pulling, self.nxt = old_phys, nxt - 1
+                return self._serve_rescued(c, got)
+            self.max_phys_pulling = old_phys
+            _pass_over(self.result, n, nxt - 1, pos, why)
+            return False
         if raw is None:
             if not n:
                 self.result.status = GetStatus.MESSAGE_WAS_REMOVING
@@ -500,9 +523,50 @@ class _Scan:
         try:
             lay = verify_queue_record(raw, pos, size, self.topic, self.queue_id, nxt - 1)
         except CorruptRecordError as exc:
-            _pass_over(self.result, n, nxt - 1, pos, str(exc))
-            return False
-        msg = StoredMessage(raw, lay)
+            got = self._rescue(nxt - 1, pos, str(exc))
+            if got is None:
+                _pass_over(self.result, n, nxt - 1, pos, str(exc))
+                return False
+            self.max_phys_pulling, self.nxt = old_phys, nxt - 1
+            return self._serve_rescued(c, got)
+        return self._serve(c, StoredMessage(raw, lay), size)
+
+    def _rescue(self, offset: int, pos: int, why: str):
+        """The record of queue ``offset`` found in the commit log for its damaged unit
+        (``rescue``), reported in ``corrupt`` with ``why``; None when it is not found."""
+        cq = self.cq
+        if cq is None:
+            return None
+        got = rescue(self.commit_log, cq, self.topic, offset)
+        if got is None:
+            return None
+        found = got[2]
+        note = (f"{why}; served the record of queue offset {offset} found in the commit log "
+                f"at offset {found}")
+        self.result.corrupt.append((offset, pos, note))
+        warn_once(cq, offset, pos, why)
+        return got
+
+    def _serve_rescued(self, c: int, got) -> bool:
+        """Serve the record ``rescue`` found for unit ``c``; True when the batch is full
+        before it (as ``visit``)."""
+        raw, lay, found = got
+        size = len(raw)
+        n = self.n
+        if n:
+            total, limits = self.total + size, self.limits
+            if n + 1 > self.max_msgs or total > self.max_pull or (
+                    total > limits.mem_bytes or n >= limits.mem_count
+                    if self.max_py - found <= self.mem_limit
+                    else total > limits.disk_bytes or n >= limits.disk_count):
+                self.result.corrupt.pop()  # reported again by the pull that serves it
+                return True
+        self.max_phys_pulling = max(self.max_phys_pulling, found)
+        self.nxt = self.base + c + 1
+        return self._serve(c, StoredMessage(raw, lay), size)
+
+    def _serve(self, c: int, msg: StoredMessage, size: int) -> bool:
+        n = self.n
         if not self.flt.match_message(msg):
             if not n:
                 self.result.status = GetStatus.NO_MATCHED_MESSAGE

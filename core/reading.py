@@ -62,8 +62,14 @@ class Reader:
         self._follow_lock = threading.Lock()
 
     # -- following a writer ----------------------------------------------------------------
-    def _queue(self, topic: str, queue_id: int):
-        """The consume queue of a topic/queue, refreshed when another process writes it."""
+    def follow(self, follow_limit) -> None:
+        """Follow the consume queues up to ``follow_limit()`` from now on (the store process,
+        once its dispatch worker publishes how far the queues are written)."""
+        self._follow_limit = follow_limit
+
+    def queue(self, topic: str, queue_id: int):
+        """The consume queue of a topic/queue in this process (None if it has none), refreshed
+        to what the writer has published when another process writes it."""
         key = (topic, queue_id)
         cq = self.consume_queues.get(key)
         limit = self._follow_limit()
@@ -100,14 +106,15 @@ class Reader:
                 self._seen_limit[key] = limit
         return cq
 
-    def _discover_queues(self) -> None:
+    def discover_queues(self) -> None:
+        """Look up the queues another process's writer created since the last look."""
         if self._follow_limit() is None:
             return
         base = os.path.join(self.root, CONSUME_QUEUE_DIR)
         for topic in self._names_in(base):
             for qname in self._names_in(os.path.join(base, topic)):
                 if qname.isdigit() and (topic, int(qname)) not in self.consume_queues:
-                    self._queue(topic, int(qname))
+                    self.queue(topic, int(qname))
 
     @staticmethod
     def _names_in(directory: str) -> list[str]:
@@ -135,7 +142,7 @@ class Reader:
             return None
         req = self._request(group, topic, queue_id, offset, max_msgs, expression,
                             expression_type, max_total_bytes)
-        return get_messages(self.commit_log, self._queue(topic, queue_id), req, self._limits)
+        return get_messages(self.commit_log, self.queue(topic, queue_id), req, self._limits)
 
     def read(self, topic: str, queue_id: int, offset: int, max_msgs: int = 1024, *,
              expression: str | None = None, expression_type: str = "TAG",
@@ -154,7 +161,7 @@ class Reader:
             return None
         req = self._request(group if group is not None else "", topic, queue_id, offset,
                             max_msgs, expression, expression_type, max_total_bytes, verify)
-        scan = scan_queue(self.commit_log, self._queue(topic, queue_id), req,
+        scan = scan_queue(self.commit_log, self.queue(topic, queue_id), req,
                           self._bulk_limits)
         if isinstance(scan, GetResult):
             return ReadBatch(scan.status, scan.next_begin_offset, scan.min_offset,
@@ -267,22 +274,22 @@ class Reader:
         appender.check_queue_id(queue_id)
         if boundary not in (LOWER, UPPER):
             raise ValueError(f"boundary {boundary!r} must be 'lower' or 'upper'")
-        return offset_by_time(self.commit_log, self._queue(topic, queue_id),
+        return offset_by_time(self.commit_log, self.queue(topic, queue_id),
                               int(timestamp_ms), boundary)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         self._check_open()
-        cq = self._queue(topic, queue_id)
+        cq = self.queue(topic, queue_id)
         return cq.min_offset if cq is not None else 0
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         self._check_open()
-        cq = self._queue(topic, queue_id)
+        cq = self.queue(topic, queue_id)
         return cq.max_offset if cq is not None else 0
 
     def earliest_message_time(self, topic: str, queue_id: int) -> int:
         self._check_open()
-        cq = self._queue(topic, queue_id)
+        cq = self.queue(topic, queue_id)
         if cq is None or cq.max_offset == cq.min_offset:
             return -1
         seg = cq.segments.find(cq.min_logic_offset)
@@ -291,12 +298,12 @@ class Reader:
 
     def topics(self) -> list[str]:
         self._check_open()
-        self._discover_queues()
+        self.discover_queues()
         return sorted({t for t, _q in self.consume_queues})
 
     def queue_ids(self, topic: str) -> list[int]:
         self._check_open()
-        self._discover_queues()
+        self.discover_queues()
         return sorted(q for t, q in self.consume_queues if t == topic)
 
     @property
@@ -311,7 +318,8 @@ class Reader:
 
 
     # -- key index -------------------------------------------------------------------------
-    def _key_index(self):
+    def key_index(self):
+        """The dispatcher answering key lookups (``LOOKS_UP_KEYS``) in this process."""
         index = self.dispatchers.key_lookup()
         if index is None:
             raise RuntimeError(f"store {self.root!r} has no key index (index.enabled is false)")
@@ -342,7 +350,7 @@ class Reader:
         if max_num == 0:
             return found
         seen: set[int] = set()
-        for phys in self._key_index().candidates(topic, key, begin_ms, end_ms):
+        for phys in self.key_index().candidates(topic, key, begin_ms, end_ms):
             if phys in seen:
                 continue
             seen.add(phys)
@@ -365,7 +373,7 @@ class Reader:
         if not isinstance(uniq_key, str) or not uniq_key or KEY_SEPARATOR in uniq_key:
             raise ValueError(f"uniq_key {uniq_key!r} must be a non-empty string without spaces")
         best = None
-        for phys in self._key_index().candidates(topic, uniq_key, 0, INT64_MAX):
+        for phys in self.key_index().candidates(topic, uniq_key, 0, INT64_MAX):
             msg = self._message_or_none(phys)
             if msg is not None and msg.topic == topic and msg.uniq_key == uniq_key and (
                     best is None or msg.store_timestamp < best.store_timestamp

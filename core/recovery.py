@@ -334,29 +334,15 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
     """``known_queues``: the queue manifest (``storage.queue_manifest``), if any; ``marker``:
     a clean-shutdown marker, trusted if it matches the files (the caller checked ``abort``)."""
     report = RecoveryReport(abnormal=abnormal)
-    if marker is not None:
-        try:
-            why = clean_marker.mismatch(marker, commit_log, consume_queues)
-        except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:  # never a crash
-            why = f"it cannot be checked ({exc!r})"
-        if why is None:
-            return _trust(report, commit_log, consume_queues, marker)
-        report.notes.append(f"clean-shutdown marker {clean_marker.MARKER_FILE} not trusted: "
-                            f"{why}; full recovery")
+    if marker is not None and _marker_matches(report, marker, commit_log, consume_queues):
+        return _trust(report, commit_log, consume_queues, marker)
     rebuild_from = _rebuild_point(consume_queues, known_queues or {}, report)
     dispatch_from = max((cq.max_phys for cq in consume_queues), default=-1)
     dispatch_from = min(dispatch_from, rebuild_from)
     segq = commit_log.segments
     segs = segq.segments
     if not segs:
-        for cq in consume_queues:
-            if cq.max_offset:
-                report.consume_queue_units_dropped[f"{cq.topic}/{cq.queue_id}"] = cq.max_offset
-            if not read_only:
-                cq.destroy()
-        if consume_queues:
-            report.notes.append("no commit-log segments: every consume queue was destroyed")
-        return report
+        return _without_segments(report, consume_queues, read_only)
 
     start = _pick_start(segs, abnormal, dispatch_from, checkpoint.min_timestamp())
     report.scan_from = segs[start].start
@@ -372,21 +358,73 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
     for region in regions:
         _mend(segq, region, root, report, read_only)
 
-    # After the last intact record: bit rot below the durable end, a torn tail above it.
+    pos = _quarantine_rot(segq, pos, durable, root, report, read_only)
+    _cut_torn_tail(segq, segs, pos, report, read_only)
+    report.commit_log_end = pos
+    report.deleted_files += segq.truncate_to(pos)
+    _drop_units_past(consume_queues, pos, report)
+
+    if abnormal:
+        report.redispatch_from = report.scan_from
+    else:
+        report.redispatch_from = max(report.scan_from, min(dispatch_from, pos))
+    return report
+
+
+def _marker_matches(report: RecoveryReport, marker: dict, commit_log,
+                    consume_queues) -> bool:
+    """Whether the clean-shutdown marker describes the files; a note says why not."""
+    try:
+        why = clean_marker.mismatch(marker, commit_log, consume_queues)
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:  # never a crash
+        why = f"it cannot be checked ({exc!r})"
+    if why is None:
+        return True
+    report.notes.append(f"clean-shutdown marker {clean_marker.MARKER_FILE} not trusted: "
+                        f"{why}; full recovery")
+    return False
+
+
+def _without_segments(report: RecoveryReport, consume_queues,
+                      read_only: bool) -> RecoveryReport:
+    """No commit-log segment: every consume queue names records that are gone."""
+    for cq in consume_queues:
+        if cq.max_offset:
+            report.consume_queue_units_dropped[f"{cq.topic}/{cq.queue_id}"] = cq.max_offset
+        if not read_only:
+            cq.destroy()
+    if consume_queues:
+        report.notes.append("no commit-log segments: every consume queue was destroyed")
+    return report
+
+
+def _quarantine_rot(segq, pos: int, durable: int, root: str, report: RecoveryReport,
+                    read_only: bool) -> int:
+    """After the last intact record at ``pos``: damaged bytes below the durable end are bit
+    rot, quarantined (not cut) so that the records after them stay; returns where the log
+    goes on after them (``pos`` itself when there are none)."""
     stop_seg = segq.find(pos)
-    if stop_seg is not None:
-        extent = stop_seg.start + _nonzero_extent(stop_seg, pos - stop_seg.start)
-        rotted = min(extent, durable)
-        if rotted > pos:
-            region = _Region(pos, rotted, report.stop_reason or "damaged bytes")
-            if region.end - region.begin < MIN_QUARANTINE_BYTES:  # zeros follow: room to grow
-                region.end = min(region.begin + MIN_QUARANTINE_BYTES, stop_seg.end)
-            if stop_seg.end - region.end < 8:  # no room left for the blank that closes it
-                region.end = stop_seg.end
-            _mend(segq, region, root, report, read_only)
-            pos = region.end
-            report.stop_reason = None
-            stop_seg = segq.find(pos)
+    if stop_seg is None:
+        return pos
+    extent = stop_seg.start + _nonzero_extent(stop_seg, pos - stop_seg.start)
+    rotted = min(extent, durable)
+    if rotted <= pos:
+        return pos
+    region = _Region(pos, rotted, report.stop_reason or "damaged bytes")
+    if region.end - region.begin < MIN_QUARANTINE_BYTES:  # zeros follow: room to grow
+        region.end = min(region.begin + MIN_QUARANTINE_BYTES, stop_seg.end)
+    if stop_seg.end - region.end < 8:  # no room left for the blank that closes it
+        region.end = stop_seg.end
+    _mend(segq, region, root, report, read_only)
+    report.stop_reason = None
+    return region.end
+
+
+def _cut_torn_tail(segq, segs, pos: int, report: RecoveryReport, read_only: bool) -> None:
+    """Above ``pos`` (the end of the log as recovered) the tail is torn: zero what its
+    segment holds past ``pos``, and count it and every later segment's bytes as truncated
+    (``segq.truncate_to`` removes those segments)."""
+    stop_seg = segq.find(pos)
     if stop_seg is not None:
         at = pos - stop_seg.start
         extent = _nonzero_extent(stop_seg, at)
@@ -398,9 +436,10 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
             report.truncated_bytes += _nonzero_extent(seg, 0)
     if report.truncated_bytes == 0:
         report.stop_reason = None
-    report.commit_log_end = pos
-    report.deleted_files += segq.truncate_to(pos)
 
+
+def _drop_units_past(consume_queues, pos: int, report: RecoveryReport) -> None:
+    """Consume-queue units naming records at or past the recovered end go."""
     for cq in consume_queues:
         if cq.max_phys > pos:
             dropped = cq.truncate_to_phys(pos)
@@ -408,9 +447,3 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
                 key = f"{cq.topic}/{cq.queue_id}"
                 report.consume_queue_units_dropped[key] = (
                     report.consume_queue_units_dropped.get(key, 0) + dropped)
-
-    if abnormal:
-        report.redispatch_from = report.scan_from
-    else:
-        report.redispatch_from = max(report.scan_from, min(dispatch_from, pos))
-    return report

@@ -16,8 +16,10 @@ import weakref
 
 from mqstore import cleanup
 from mqstore.config import describe_watermark, parse_delay_levels
+from mqstore.contracts import READS_STORE, CapabilityError, check_capabilities
 from mqstore.dispatch import DispatchLoop, DispatchThread, TagsCoder
-from mqstore.errors import WorkerError
+from mqstore.errors import PluginError, WorkerError
+from mqstore.pool_writer import staging_pool
 from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
 from mqstore.storage.shared_segment import store_segment_name
 from mqstore.workers import shm
@@ -34,6 +36,14 @@ OPEN_CATCH_UP_POLL_S = 0.05
 class Runtime:
     def __init__(self, *, state, config, view, dispatchers, hooks, writer, flush_schedule,
                  clock, manifest) -> None:
+        # Built and checked first: a policy refused here leaves nothing to undo.
+        self.cleanup_policy = hooks.cleanup_policies.get(config.cleanup.policy)(config)
+        try:
+            declared = check_capabilities(self.cleanup_policy,
+                                          f"cleanup policy {config.cleanup.policy!r}")
+        except CapabilityError as exc:
+            raise PluginError(str(exc)) from None
+        self.cleanup_reads_store = READS_STORE in declared  # bound by the store once open
         self.state = state
         self.config = config
         self.root = view.root
@@ -52,17 +62,17 @@ class Runtime:
             store_segment_name(self.root, shm.POSITIONS_SEGMENT))
         self._append_channel = self.channels.append  # the put path's, looked up once
         self._dispatch_channel = self.channels.dispatch
-        self._staged = writer.staging is not None
+        self.staging = staging_pool(writer)  # the transient pool, or None (a plain writer)
+        self._staged = self.staging is not None
         self.supervisor: DispatchSupervisor | None = None
         self.dispatch_loop: DispatchLoop | None = None
         self.dispatch_thread: DispatchThread | None = None
         self.wakeup = None  # thread mode: NOTE [ Long polling ] in workers.wakeup
-        self.cleanup_policy = hooks.cleanup_policies.get(config.cleanup.policy)(config)
         self._next_cleanup = time.monotonic() + config.cleanup.interval_ms / 1000.0
         self._cleanup_lock = threading.Lock()
         self.flush_client = FlushClient(
             self.root, config, self.channels, clock, self.commit_log.segments.directory,
-            self.commit_log.segment_bytes, flush_schedule, writer.staging,
+            self.commit_log.segment_bytes, flush_schedule, self.staging,
             hooks.after_flush if hooks.has_after_flush else None, listener=_Listener(self),
             tick_s=min(1.0, config.cleanup.interval_ms / 1000.0))
 
@@ -172,7 +182,7 @@ class Runtime:
 
     # -- following the flush loop (its listener) ---------------------------------------------
     def on_flush_progress(self, committed: int, flushed: int, failed: bool) -> None:
-        if self.writer.staging is not None:
+        if self._staged:
             self.writer.on_committed(committed)
         if flushed > self.flushed_where:
             self.flushed_where = flushed
@@ -273,7 +283,7 @@ class Runtime:
 
     # -- waiting -------------------------------------------------------------------------------
     def wait_dispatched(self, timeout: float) -> None:
-        if self.writer.staging is not None and not self.visible_after_flush:
+        if self._staged and not self.visible_after_flush:
             self.flush_client.commit_now()
         target = self.confirm_offset()
         if self.supervisor is not None:
@@ -360,8 +370,15 @@ class Runtime:
                 except Exception:
                     log.exception("stopping a loop of a store whose open failed")
 
-    def pool_drained(self, last_end: int) -> bool:
-        return self.channels.closed or self.channels.flush.committed >= last_end
+    def close_writer(self, last_end: int) -> None:
+        """Close the writer once the flush loop is gone (it reads the pool). Acknowledged
+        records may still be only in the transient pool (a close cut short, the flush loop
+        failing): the pool then stays for the next open to write back (``salvage_pool``)."""
+        if self._staged:
+            drained = self.channels.closed or self.channels.flush.committed >= last_end
+            self.writer.close(keep_staged=not drained)
+        else:
+            self.writer.close()
 
     def close_channels(self) -> None:
         self.channels.close()

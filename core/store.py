@@ -23,7 +23,6 @@ from typing import Callable
 from mqstore.clock import system_clock
 from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import CONSUMER_CALLS, ConsumerService
-from mqstore.contracts import READS_STORE, capabilities_of
 from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
 from mqstore.opening import Opener
 from mqstore.reading import Reader
@@ -70,9 +69,9 @@ class MessageStore:
         Opener(store, config or load_config(), clock or system_clock).open()
         store._consumers = ConsumerService(store)
         _open_stores.add(store)
-        policy = store._runtime.cleanup_policy if store._runtime is not None else None
-        if READS_STORE in capabilities_of(policy):
-            policy.bind(weakref.proxy(store))
+        runtime = store._runtime
+        if runtime is not None and runtime.cleanup_reads_store:  # checked when built
+            runtime.cleanup_policy.bind(weakref.proxy(store))  # contracts.StoreReads
         if not read_only:
             shield.install()  # NOTE [ Uninterrupted puts ]
         return store
@@ -272,15 +271,8 @@ class MessageStore:
             self.dispatchers.close()
         if getattr(self, "view", None) is not None:
             self.view.close()
-        writer = runtime.writer if runtime is not None else None
-        if writer is not None:
-            last_end = getattr(self._appender, "last_append", (0, 0))[0]
-            if writer.staging is not None and not runtime.pool_drained(last_end):
-                # Acknowledged records may still be only in the pool (a close cut short, the
-                # flush loop failing): it stays for the next open to write back (salvage).
-                writer.staging.keep_on_close = True
-            writer.close()  # after the flush loop is gone: it reads the pool
         if runtime is not None:
+            runtime.close_writer(getattr(self._appender, "last_append", (0, 0))[0])
             runtime.close_channels()
         for part in ("checkpoint", "commit_log"):
             obj = getattr(self, part, None)
@@ -313,8 +305,7 @@ class MessageStore:
 
 _READS = ("get", "read", "message_at", "message_by_id", "offset_by_time", "min_offset",
           "max_offset", "earliest_message_time", "topics", "queue_ids", "query_by_key",
-          "query_by_unique_key", "register_subscription", "unregister_subscription",
-          "_key_index", "_queue")
+          "query_by_unique_key", "register_subscription", "unregister_subscription")
 
 
 def _delegate(name: str):

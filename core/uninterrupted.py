@@ -14,9 +14,11 @@ remain, and a signal is the only thing that could have split them.
 
 The store wraps the handlers present when it opens (SIGINT's default KeyboardInterrupt and any
 handler a program set for SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 or SIGALRM) and restores
-them when its last open store closes, unless the program replaced them since. Only a store
-opened in the main thread can wrap them (Python allows signal.signal nowhere else). Handlers
-never run in other threads, so their sections need no deferral.
+them when its last open store closes, unless the program replaced them since. A SIGINT or
+SIGTERM handler the program sets after the open (the usual graceful-shutdown handler) is
+wrapped at the next put, before its section begins; set the others before opening. Only a
+store opened in the main thread can wrap them (Python allows signal.signal nowhere else).
+Handlers never run in other threads, so their sections need no deferral.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import threading
 SHIELDED = tuple(getattr(signal, name) for name in (
     "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
     if hasattr(signal, name))
+LATE = (signal.SIGINT, signal.SIGTERM)  # wrapped again at each put when replaced since open
 
 
 class _Shield:
@@ -39,6 +42,9 @@ class _Shield:
         self.originals: dict[int, object] = {}
         self.users = 0
         self._guard = threading.Lock()
+        # One bound method, passed to signal.signal and compared by identity with what
+        # getsignal returns (each attribute access would make a new one).
+        self.handler = self._handle
 
     # -- installing ------------------------------------------------------------------------
     def install(self) -> None:
@@ -51,9 +57,9 @@ class _Shield:
                 return
             for signum in SHIELDED:
                 current = signal.getsignal(signum)
-                if callable(current) and current is not self._handle:
+                if callable(current) and current is not self.handler:
                     self.originals[signum] = current
-                    signal.signal(signum, self._handle)
+                    signal.signal(signum, self.handler)
 
     def uninstall(self) -> None:
         if threading.get_ident() != self.main_ident:
@@ -65,7 +71,7 @@ class _Shield:
             if self.users:
                 return
             for signum, original in self.originals.items():
-                if signal.getsignal(signum) is self._handle:
+                if signal.getsignal(signum) is self.handler:
                     signal.signal(signum, original)
             self.originals.clear()
 
@@ -85,7 +91,20 @@ class _Shield:
     # -- sections --------------------------------------------------------------------------
     def enter(self) -> None:
         if threading.get_ident() == self.main_ident:
+            if self.users and not self.depth:
+                self._rewrap()
             self.depth += 1
+
+    def _rewrap(self) -> None:
+        """Wrap again a Ctrl-C or SIGTERM handler the program set after the store opened
+        (a graceful-shutdown handler, typically): it becomes the handler run after the
+        section. Two lookups per put; the other signals are wrapped at open only."""
+        handle, getsignal = self.handler, signal.getsignal
+        for signum in LATE:
+            current = getsignal(signum)
+            if current is not handle and callable(current):
+                self.originals[signum] = current
+                signal.signal(signum, handle)
 
     def leave(self) -> None:
         """End a section; a signal that arrived inside it is handled now (and may raise)."""

@@ -15,7 +15,7 @@ import logging
 from mqstore.consumer.locked_json import CorruptStateError
 from mqstore.consumer.offsets import ConsumerOffsets
 from mqstore.consumer.progress import retention_floor
-from mqstore.contracts import READS_STORE, CleanupDecision
+from mqstore.contracts import READS_STORE, CleanupDecision, StoreReads
 from mqstore.errors import StoreClosedError
 from mqstore.hookspecs import hookimpl
 from mqstore.plugins.cleanup_rocketmq import RocketMQCleanup
@@ -32,7 +32,7 @@ class KeepUnconsumedCleanup(RocketMQCleanup):
         self._offsets: ConsumerOffsets | None = None
         self._last_reason: str | None = None
 
-    def bind(self, store) -> None:
+    def bind(self, store: StoreReads) -> None:
         self._store = store
         self._offsets = ConsumerOffsets(store.root)
 

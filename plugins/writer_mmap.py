@@ -7,9 +7,8 @@ from mqstore.hookspecs import hookimpl
 
 
 class MmapWriter:
-    """Appends are visible to readers (and dispatch) as soon as the copy returns."""
-
-    staging = None
+    """A plain writer (``contracts.Writer``): appends are visible to readers (and dispatch)
+    as soon as the copy returns."""
 
     def __init__(self, ctx: WriterContext) -> None:
         pass
@@ -20,9 +19,6 @@ class MmapWriter:
     write_blank = write
 
     def before_roll(self) -> None:
-        pass
-
-    def on_committed(self, committed: int) -> None:
         pass
 
     def close(self) -> None:

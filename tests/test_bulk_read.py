@@ -120,8 +120,8 @@ def test_v2_records_and_tag_codes(random_store):
     _same_rows(batch.__class__(**{**batch.__dict__}), batch)  # the batch copies as a dataclass
     assert [batch.message(i).topic for i in range(len(batch))] == [LONG_TOPIC] * 60
     whole = random_store.read(TOPIC, 1, 0, 2000)
-    units = random_store._reader._queue(TOPIC, 1).units_of(
-        random_store._reader._queue(TOPIC, 1).segments.segments[0])
+    cq = random_store.consume_queue(TOPIC, 1)  # the read above looked it up
+    units = cq.units_of(cq.segments.segments[0])
     assert whole.tags_codes.tolist() == units["tags_code"][:len(whole)].tolist()
 
 

@@ -148,7 +148,7 @@ def test_store_without_keys_reopens_without_redispatch(make_store, store_dir, lo
     again = make_store(overrides)
     assert_trusted(again, end)
     # The key index has no file to say where it is; the marker says it for it.
-    assert again._key_index().resume_offset() == end
+    assert again.dispatchers.key_lookup().resume_offset() == end
     assert_serves(again, written)
     if loops == "process":
         # The dispatch worker's own key index learns the same end through the channel.

@@ -70,14 +70,18 @@ def test_a_flipped_bit_is_never_served(make_store, store_dir, flip_at):
 def test_stale_position_in_a_consume_queue_is_not_served(make_store, store_dir):
     store = make_store()
     a = store.put(Message(topic="T", body=b"a", queue_id=0))
-    store.put(Message(topic="T", body=b"b", queue_id=0))
+    b = store.put(Message(topic="T", body=b"b", queue_id=0))
     store.wait_dispatched()
     cq = store.consume_queue("T", 0)
     cq.units_of(cq.segments.segments[0])[1]["phys_offset"] = a.phys_offset + 1
     res = store.get("g", "T", 0, 0, 32)
-    assert [m.body for m in res.messages] == [b"a"]
-    assert store.get("g", "T", 0, 1, 32).status is GetStatus.NO_MATCHED_MESSAGE
+    # The bytes the unit names are not served; its record is found in the log after a's.
+    assert [(m.queue_offset, m.phys_offset, m.body) for m in res.messages] == [
+        (0, a.phys_offset, b"a"), (1, b.phys_offset, b"b")]
     assert [c[:2] for c in res.corrupt] == [(1, a.phys_offset + 1)]
+    assert f"found in the commit log at offset {b.phys_offset}" in res.corrupt[0][2]
+    one = store.get("g", "T", 0, 1, 32)
+    assert (one.status, [m.body for m in one.messages]) == (GetStatus.FOUND, [b"b"])
 
 
 @pytest.mark.loops("thread")
@@ -90,9 +94,33 @@ def test_a_unit_copied_from_another_queue_is_not_served(make_store, store_dir):
     two = store.consume_queue("T", 2)
     one.units_of(one.segments.segments[0])[0] = two.units_of(two.segments.segments[0])[0]
     res = store.get("g", "T", 1, 0, 32)
-    assert res.messages == []
+    # Queue 2's record is not served on queue 1: queue 1's own is found in the log.
+    assert [(m.queue_id, m.phys_offset, m.body) for m in res.messages] == [
+        (1, a.phys_offset, b"queue 1")]
     assert res.corrupt == [(0, b.phys_offset,
                             f"consume-queue unit 0 of T/1 points at commit-log offset "
-                            f"{b.phys_offset}, which holds T/2 offset 0")]
+                            f"{b.phys_offset}, which holds T/2 offset 0; served the record of "
+                            f"queue offset 0 found in the commit log at offset {a.phys_offset}")]
     assert store.get("g", "T", 2, 0, 32).messages[0].body == b"queue 2"
     assert a.queue_offset == 0
+
+
+@pytest.mark.loops("thread")
+@pytest.mark.parametrize("field, delta", [("size", 1 << 16), ("phys_offset", 1 << 32)])
+def test_a_unit_past_its_segment_or_the_log_is_served_from_the_log(make_store, store_dir,
+                                                                    field, delta):
+    # A unit naming bytes across its segment's end or past the log's end is damaged: the
+    # record of its offset is found in the log (not taken for a removed segment, which would
+    # pass over the rest of the pull silently).
+    store = make_store()
+    rs = [store.put(Message(topic="T", body=b"m%d" % i, queue_id=0)) for i in range(4)]
+    store.wait_dispatched()
+    cq = store.consume_queue("T", 0)
+    cq.units_of(cq.segments.segments[0])[1][field] += delta
+    res = store.get("g", "T", 0, 0, 32)
+    assert [(m.queue_offset, m.phys_offset, m.body) for m in res.messages] == [
+        (i, r.phys_offset, b"m%d" % i) for i, r in enumerate(rs)]
+    assert [c[0] for c in res.corrupt] == [1]
+    assert "damaged unit" in res.corrupt[0][2]
+    assert f"found in the commit log at offset {rs[1].phys_offset}" in res.corrupt[0][2]
+    assert res.next_begin_offset == 4

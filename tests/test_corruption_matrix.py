@@ -267,6 +267,58 @@ def test_commit_log_damage_loses_exactly_what_it_hit(pristine, tmp_path, fault, 
     assert len(lost) <= len(hit)
 
 
+def _garble_magic(root, acks, sizes, rng):
+    ack = acks[len(acks) // 2]
+    at = ack.phys_offset + 4  # MAGICCODE
+    _poke(_segment(root, at // SEG), at % SEG, bytes(b ^ 0x5A for b in _read(root, at, 4)))
+    return _hit(acks, sizes, at, at + 4)
+
+
+def _read(root: Path, phys: int, length: int) -> bytes:
+    with open(_segment(root, phys // SEG), "rb") as f:
+        f.seek(phys % SEG)
+        return f.read(length)
+
+
+HEADER = {f.__name__.lstrip("_"): f for f in (_garble_magic, _flip_header_bit)}
+
+
+@pytest.mark.parametrize("stale_abort", [False, True])
+@pytest.mark.parametrize("fault", sorted(HEADER))
+def test_header_damage_with_index_deleted(pristine, tmp_path, fault, stale_abort):
+    """A damaged record header while ``index/`` is rebuilt from the whole log (issue 10,
+    point 4): the rebuild passes over the bad record, dispatch keeps going, new puts become
+    readable, close leaves no ``abort`` and the next open loses nothing more."""
+    root = _copy(pristine, tmp_path)
+    acks, sizes = pristine[1], pristine[2]
+    hit = HEADER[fault](root, acks, sizes, random.Random(fault))
+    assert len(hit) == 1
+    _rm(root / "index")
+    if stale_abort:
+        (root / "abort").write_text("12345")
+    _result, lost = _check(root, acks, hit, damaged=False)  # new put readable, lost <= hit
+    assert lost == hit  # the bad record, and only it
+    assert not (root / "abort").exists()
+    after_offset = max(a.queue_offset for a in acks if a.queue_id == 0) + 1
+    store = _open(root)
+    try:
+        store.wait_dispatched(timeout=30)
+        result = audit(store, SEED, acks)
+        assert result.wrong == []
+        assert {a.index for a in result.lost} == lost  # nothing more lost
+        found = store.get("g", TOPIC, 0, after_offset, 1).messages
+        assert [m.body for m in found] == [b"after"]
+        for ack in acks:  # every surviving key answers, with exactly its message
+            if ack.index in lost:
+                continue
+            hits = store.query_by_key(TOPIC, f"k{ack.index}")
+            assert [m.phys_offset for m in hits] == [ack.phys_offset], ack.index
+        assert not store.worker_status().get("failing"), store.worker_status()
+    finally:
+        store.close()
+    assert not (root / "abort").exists()
+
+
 @pytest.mark.skipif(ROUNDS == 0, reason="set MQSTORE_CORRUPTION_ROUNDS for the long run")
 def test_random_commit_log_damage_rounds(pristine, tmp_path):
     acks, sizes = pristine[1], pristine[2]

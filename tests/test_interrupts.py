@@ -203,16 +203,23 @@ def test_ctrl_c_during_puts_splits_no_put(tmp_path, watchdog, kind, mode, batch,
           f"{summary}; {time.monotonic() - began:.1f} s")
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("batch", BATCHES, ids=["put", "batch"])
-@pytest.mark.parametrize("kind", KINDS)
-def test_ctrl_c_between_the_bytes_and_the_offsets(tmp_path, watchdog, kind, batch, seed):
+def _between_cases():
+    # Every writer and put kind with the default handler; the program's own handler, set
+    # after the open, with each put kind.
+    return [(kind, batch, False, seed) for kind in KINDS for batch in BATCHES for seed in SEEDS] \
+        + [("mmap", batch, True, seed) for batch in BATCHES for seed in SEEDS]
+
+
+@pytest.mark.parametrize("kind, batch, late_handler, seed", _between_cases())
+def test_ctrl_c_between_the_bytes_and_the_offsets(tmp_path, watchdog, kind, batch,
+                                                  late_handler, seed):
     """The worst moment, hit on purpose: the ``*_ctrl_c`` writers (``mqstore.testing.faults``)
     send SIGINT to their whole process group right after copying a put's records, before the
     store advances the queue offsets. The put must still complete (the KeyboardInterrupt comes
     after it), so the writer's retry stores the messages again under new offsets and no queue
-    offset is handed out twice."""
-    rng = random.Random(f"between:{kind}:{batch}:{seed}")
+    offset is handed out twice. With ``late_handler`` the writer sets its own SIGINT handler
+    after opening the store, as a program with a graceful shutdown does."""
+    rng = random.Random(f"between:{kind}:{batch}:{late_handler}:{seed}")
     count = 800
     # A put makes at most three writes (a blank closing a segment, and a batch's two blocks
     # around another blank): four apart, no two of them fall in one put. The last put,
@@ -225,7 +232,8 @@ def test_ctrl_c_between_the_bytes_and_the_offsets(tmp_path, watchdog, kind, batc
                              writer={"kind": f"{kind}_ctrl_c"},
                              plugins={"modules": ["mqstore.testing.faults"]}),
                          seed=seed, count=count, batch=batch, then="close",
-                         sigint_after_writes=writes).start(timeout_s=WRITER_TIMEOUT_S)
+                         sigint_after_writes=writes,
+                         late_handler=late_handler).start(timeout_s=WRITER_TIMEOUT_S)
     try:
         writer.read_until()
     finally:
@@ -307,3 +315,25 @@ def test_sigterm_to_the_group_keeps_every_ack(tmp_path, watchdog, kind, batch, w
     summary, _records = check_store(root, overrides, writer, seed)
     print(f"\n{kind} {'put_batch' if batch else 'put'} {when} seed {seed}: SIGTERM after "
           f"{len(writer.acks)} acks; {summary}")
+
+
+def test_closing_the_last_store_gives_the_handlers_back(tmp_path):
+    """The store wraps SIGINT's handler while it is open (in this, the main thread) and gives
+    the program's own back when it closes; a handler set after the open is wrapped at the next
+    put and is the one given back."""
+    before = signal.getsignal(signal.SIGINT)
+    store = MessageStore.open(tmp_path / "s", load_config(overrides=small_store_overrides()))
+    try:
+        assert signal.getsignal(signal.SIGINT) is not before
+
+        def own(_signum, _frame):
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGINT, own)
+        assert store.put(Message(TOPIC, b"x")).status is PutStatus.PUT_OK
+        assert signal.getsignal(signal.SIGINT) is not own  # wrapped again by the put
+    finally:
+        store.close()
+    try:
+        assert signal.getsignal(signal.SIGINT) is own
+    finally:
+        signal.signal(signal.SIGINT, before)

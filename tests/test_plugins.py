@@ -20,7 +20,7 @@ from pathlib import Path
 import pluggy
 import pytest
 
-from mqstore.contracts import Writer
+from mqstore.contracts import READS_STORE, CleanupDecision, StoreReads, Writer
 from mqstore import GetStatus, Message, PutStatus, hookimpl
 from mqstore.errors import PluginError
 from mqstore.plugins_manager import DEFAULT_PLUGINS, PluginHooks, make_plugin_manager
@@ -353,6 +353,71 @@ def test_unknown_strategy_name_fails_naming_it_and_the_registered_ones(
     assert make_store().put(Message("T", b"x", queue_id=0)).status is PutStatus.PUT_OK
 
 
+class StoreReadingPolicyPlugin:
+    """Registers ``reading`` (declares READS_STORE, has ``bind``) and ``bindless`` (declares
+    it without ``bind``)."""
+
+    def __init__(self) -> None:
+        self.bound = []
+
+    @hookimpl
+    def register_cleanup_policies(self, registry):
+        registry.add("reading", self.make_reading)
+        registry.add("bindless", self.make_bindless)
+
+    def make_reading(self, config):
+        plugin = self
+
+        class Reading:
+            capabilities = frozenset({READS_STORE})
+
+            def bind(self, store):
+                plugin.bound.append(store)
+
+            def decide(self, now_ms, disk_used):
+                return CleanupDecision(False, 0, None)
+
+        return Reading()
+
+    def make_bindless(self, config):
+        class Bindless:
+            capabilities = frozenset({READS_STORE})
+
+            def decide(self, now_ms, disk_used):
+                return CleanupDecision(False, 0, None)
+
+        return Bindless()
+
+
+@pytest.mark.loops("thread")
+def test_store_reading_cleanup_policy_is_bound_to_the_store_read_api(make_store, add_plugin):
+    plugin = StoreReadingPolicyPlugin()
+    store = make_store(with_modules(add_plugin("reading_policy", plugin),
+                                    cleanup={"policy": "reading"}))
+    store.put_batch([Message("T", b"m%d" % i, queue_id=1) for i in range(3)])
+    store.wait_dispatched()
+    [bound] = plugin.bound
+    # The calls contracts.StoreReads lists, on a weak proxy of the store.
+    assert bound.root == store.root and bound.clock() == store.clock()
+    assert bound.topics() == ["T"] and bound.queue_ids("T") == [1]
+    assert (bound.min_offset("T", 1), bound.max_offset("T", 1)) == (0, 3)
+    assert bound.read("T", 1, 1, 1, verify=False).queue_offsets.tolist() == [1]
+    listed = set(StoreReads.__annotations__) | {n for n in vars(StoreReads) if n[0] != "_"}
+    assert listed == {"root", "clock", "topics", "queue_ids", "min_offset", "max_offset", "read"}
+
+
+@pytest.mark.loops("thread")
+def test_cleanup_policy_declaring_reads_store_without_bind_is_refused_at_open(make_store,
+                                                                             add_plugin):
+    name = add_plugin("reading_policy", StoreReadingPolicyPlugin())
+    with pytest.raises(PluginError) as info:
+        make_store(with_modules(name, cleanup={"policy": "bindless"}))
+    assert str(info.value) == ("cleanup policy 'bindless' declares capability 'reads_store' "
+                               "but has no bind() method")
+    # The failed open released the directory.
+    assert make_store().put(Message("T", b"x", queue_id=0)).status is PutStatus.PUT_OK
+
+
 def test_unknown_expression_type_fails_naming_it(make_store, demo_module):
     store = make_store(with_modules(demo_module))
     store.put(Message("T", b"x", tags="A", queue_id=0))
@@ -545,6 +610,41 @@ def test_demo_queue_selector_places_messages_by_their_first_byte(demo_site, tmp_
     assert out["batch"] == [2, 3, 0]
     assert out["queues"] == {"0": [0, 8], "1": [5, 97], "2": [2], "3": [255, 7]}
     assert "'first_byte' needs a non-empty body" in out["empty"]
+
+
+WRITER_SCRIPT = """
+    import mqstore_demo_plugin as demo
+
+    S = config.commit_log.segment_bytes
+    with MessageStore.open(root, config) as store:
+        singles = []
+        while not singles or singles[-1].phys_offset < S:  # into the second segment
+            singles.append(store.put(Message("T", b"s" * 200, queue_id=0)))
+        batch = store.put_batch([Message("T", b"b%d" % i, queue_id=0) for i in range(3)])
+        store.wait_dispatched()
+        got = store.get("G", "T", 0, 0, 32)
+        print(json.dumps({"modes": modes(store), "written": demo.WRITTEN,
+                          "singles": len(singles), "statuses": sorted(
+                              {r.status.name for r in singles} | {batch.status.name}),
+                          "record_bytes": sum(r.size for r in singles) + batch.wrote_bytes,
+                          "got": len(got.messages), "last": got.messages[-1].body.decode()}))
+"""
+
+
+def test_demo_writer_copies_every_block_through_the_plain_writer_contract(demo_site, tmp_path):
+    out = run_child(demo_site, tmp_path / "store", WRITER_SCRIPT,
+                    {"writer": {"kind": "demo_counting"},
+                     "commit_log": {"segment_bytes": SEGMENT_BYTES}})
+    assert out["modes"] == ["process", "process"]
+    assert out["statuses"] == ["PUT_OK"]
+    # One copy per put and per put_batch, plus the blank closing the first segment; a roll
+    # before each of the two segments.
+    written = out["written"]
+    assert written["writes"] == out["singles"] + 1 + 1
+    assert written["rolls"] == 2
+    assert written["bytes"] == out["record_bytes"] + 8  # the blank record's 8 bytes
+    # What the plain writer copied is readable (and was dispatched) at once.
+    assert out["got"] == out["singles"] + 3 and out["last"] == "b2"
 
 
 TAG_COUNTER_PUTS = """

@@ -98,7 +98,8 @@ def open_files(root: str, config: StoreConfig) -> StoreFiles:
                                      known_bytes=meta.get("consume_queue_file_bytes"))
         meta = settle_meta(root, meta, problem, commit_log=commit_log,
                            consume_queues=queues.values(), configured_hash=config.store.hash,
-                           configured_cq_bytes=configured_cq, read_only=True, notes=notes)
+                           configured_cq_bytes=configured_cq, read_only=True, notes=notes,
+                           hash_explicit="hash" in config.store.model_fields_set)
     except BaseException:
         commit_log.close()
         raise

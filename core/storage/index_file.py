@@ -235,34 +235,46 @@ class IndexFile:
         prev_sorted = np.where(first, old[order], np.concatenate(([0], numbers[order][:-1])))
         prev = np.empty(k, dtype=np.int64)
         prev[order] = prev_sorted
-        # The first entry of a file is timed from the old begin; every later one from its time.
-        begins = np.full(k, ts[0] if count <= L.FIRST_INDEX else self._begin_ts, dtype=np.int64)
-        begins[0] = self._begin_ts
-        delta = ts - begins
-        diff = np.where(delta >= 0, delta // 1000, -((-delta) // 1000))
-        diff = np.where(begins <= 0, 0, np.clip(diff, 0, L.INT32_MAX))
         entries = np.empty(k, dtype=L.ENTRY_DTYPE)
         entries["key_hash"] = hashes
         entries["phys_offset"] = phys
-        entries["time_diff"] = diff
+        entries["time_diff"] = self._time_diffs(ts, count)
         entries["prev_index"] = prev
         self._mm[at:at + k * L.ENTRY_SIZE] = entries.tobytes()
         last = np.ones(k, dtype=bool)
         last[:-1] = ss[1:] != ss[:-1]
         table[ss[last]] = numbers[order][last]
         del table
+        self._header_after_put(count, k, phys, ts,
+                               int(np.count_nonzero(first & (old[order] == L.INVALID_INDEX))))
+        return k
+
+    def _time_diffs(self, ts: np.ndarray, count: int) -> np.ndarray:
+        """Each new entry's timeDiff (seconds from the file's begin timestamp, Java's int
+        division, 0 when the file has no begin yet) for entries from number ``count``."""
+        # The first entry of a file is timed from the old begin; every later one from its time.
+        begins = np.full(len(ts), ts[0] if count <= L.FIRST_INDEX else self._begin_ts,
+                         dtype=np.int64)
+        begins[0] = self._begin_ts
+        delta = ts - begins
+        diff = np.where(delta >= 0, delta // 1000, -((-delta) // 1000))
+        return np.where(begins <= 0, 0, np.clip(diff, 0, L.INT32_MAX))
+
+    def _header_after_put(self, count: int, k: int, phys: np.ndarray, ts: np.ndarray,
+                          new_slots: int) -> None:
+        """The header after ``k`` entries from number ``count`` went in, ``new_slots`` of
+        them into slots that were empty."""
         if count <= L.FIRST_INDEX:
             self._begin_phys, self._begin_ts = int(phys[0]), int(ts[0])
             self._put_long(L.BEGIN_PHYS_OFFSET_AT, self._begin_phys)
             self._put_long(L.BEGIN_TIMESTAMP_AT, self._begin_ts)
-        self._hash_slot_count += int(np.count_nonzero(first & (old[order] == L.INVALID_INDEX)))
+        self._hash_slot_count += new_slots
         self._put_int(L.HASH_SLOT_COUNT_AT, self._hash_slot_count)
         self._index_count = count + k
         self._put_int(L.INDEX_COUNT_AT, self._index_count)
         self._end_phys, self._end_ts = int(phys[-1]), int(ts[-1])
         self._put_long(L.END_PHYS_OFFSET_AT, self._end_phys)
         self._put_long(L.END_TIMESTAMP_AT, self._end_ts)
-        return k
 
     def roll_back(self, header: L.IndexHeader) -> None:
         """Return the file to a state it was forced to disk in, ``header`` then: entries from

@@ -66,18 +66,7 @@ class SegmentQueue:
         notes: list[str] = []
         if not os.path.isdir(self.directory):
             return notes
-        names = sorted(
-            n for n in os.listdir(self.directory)
-            if n.isdigit() and os.path.isfile(os.path.join(self.directory, n))
-        )
-        sizes = [os.path.getsize(os.path.join(self.directory, n)) for n in names]
-        if names and sizes[-1] == 0:
-            path = os.path.join(self.directory, names[-1])
-            if not self.read_only:
-                os.unlink(path)
-                notes.append(f"deleted empty last segment {path}")
-            names.pop()
-            sizes.pop()
+        names, sizes = self._segment_files(notes)
         if not names:
             if self.known_bytes:
                 self.segment_bytes = self.known_bytes
@@ -96,20 +85,7 @@ class SegmentQueue:
                     notes.append(f"segment {path} starts at {start}, not a multiple of the "
                                  f"segment size {size}: left out")
                     continue
-                mapped = size
-                if file_size < size:
-                    if self.read_only:
-                        mapped = file_size
-                        notes.append(f"segment {path} is {file_size} bytes, not {size}: the "
-                                     f"rest is missing")
-                    else:
-                        _extend(path, size)
-                        self.repaired.append(start)
-                        notes.append(f"segment {path} was {file_size} bytes, not {size}: "
-                                     f"extended with zeros (the missing bytes are lost)")
-                elif file_size > size:
-                    notes.append(f"segment {path} is {file_size} bytes, longer than the "
-                                 f"segment size {size}: its first {size} bytes are used")
+                mapped = self._fit(path, start, file_size, size, notes)
                 if segments and start < segments[-1].end:
                     notes.append(f"segment {path} overlaps the one before: left out")
                     continue
@@ -125,6 +101,41 @@ class SegmentQueue:
             raise
         self.segments = segments
         return notes
+
+    def _segment_files(self, notes: list[str]) -> tuple[list[str], list[int]]:
+        """The segment files' names, in offset order, and their sizes; an empty last one (a
+        crash while it was created) is deleted and left out."""
+        names = sorted(
+            n for n in os.listdir(self.directory)
+            if n.isdigit() and os.path.isfile(os.path.join(self.directory, n))
+        )
+        sizes = [os.path.getsize(os.path.join(self.directory, n)) for n in names]
+        if names and sizes[-1] == 0:
+            path = os.path.join(self.directory, names[-1])
+            if not self.read_only:
+                os.unlink(path)
+                notes.append(f"deleted empty last segment {path}")
+            names.pop()
+            sizes.pop()
+        return names, sizes
+
+    def _fit(self, path: str, start: int, file_size: int, size: int, notes: list[str]) -> int:
+        """How many bytes of a segment file of ``file_size`` bytes to map, for segments of
+        ``size``: a short file is extended with zeros (read-only: mapped as it is), a long
+        one mapped to the segment size."""
+        if file_size < size:
+            if self.read_only:
+                notes.append(f"segment {path} is {file_size} bytes, not {size}: the "
+                             f"rest is missing")
+                return file_size
+            _extend(path, size)
+            self.repaired.append(start)
+            notes.append(f"segment {path} was {file_size} bytes, not {size}: "
+                         f"extended with zeros (the missing bytes are lost)")
+        elif file_size > size:
+            notes.append(f"segment {path} is {file_size} bytes, longer than the "
+                         f"segment size {size}: its first {size} bytes are used")
+        return size
 
     def refresh(self, *, prune: bool = False, most: int | None = None) -> int:
         """Map segments another process created after the last one known; returns how many.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -36,6 +37,10 @@ def main(argv: list[str]) -> int:
     from mqstore import MessageStore, PutStatus, load_config
 
     store = MessageStore.open(spec["root"], config=load_config(overrides=spec["overrides"]))
+    if spec.get("late_handler"):
+        # A program's own Ctrl-C handler, set once the store is open (as a graceful-shutdown
+        # handler usually is): the store must still finish a put before it runs.
+        signal.signal(signal.SIGINT, _own_ctrl_c)
     seed, batch = spec["seed"], spec.get("batch", 0)
     count, limit = spec["count"], spec.get("stop_after_refusals", 1 << 62)
     pace_s = spec.get("pace_ms", 0) / 1000.0
@@ -91,6 +96,10 @@ def main(argv: list[str]) -> int:
     elif then == "wait":
         sys.stdin.read()
     os._exit(0)
+
+
+def _own_ctrl_c(_signum, _frame) -> None:
+    raise KeyboardInterrupt("the program's own handler")
 
 
 def _put(store, msgs, batch: int, PutStatus) -> list[tuple]:

@@ -10,7 +10,9 @@ This module is also a plugin (``plugins.modules: [mqstore.testing.faults]``): it
 writers ``mmap_ctrl_c`` and ``transient_pool_ctrl_c``, the built-in ones except that right
 after copying the Nth record block (N listed in ``$MQSTORE_FAULT_SIGINT_AFTER_WRITES``, e.g.
 ``"17,230"``) they send SIGINT to their own process group, as a terminal's Ctrl-C: the
-signal then lands exactly between a put's bytes and its queue-offset update.
+signal then lands exactly between a put's bytes and its queue-offset update. (The mmap one wraps
+the registered ``mmap`` writer; the transient-pool one subclasses the core's pool writer, since
+only that writer stages.)
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import threading
 from dataclasses import dataclass, field
 
 from mqstore.hookspecs import hookimpl
+from mqstore.pool_writer import TransientPoolWriter
 
 TOPIC = "F"
 QUEUES = 4
@@ -93,6 +96,7 @@ class FaultWriter:
     pace_ms: int = 0
     wait_s: float = 30.0
     sigint_after_writes: tuple = ()  # with a *_ctrl_c writer: see the module docstring
+    late_handler: bool = False  # set the program's own SIGINT handler after the open
     acks: list = field(default_factory=list)
     refusals: list = field(default_factory=list)
     interrupted: int = 0
@@ -104,7 +108,8 @@ class FaultWriter:
         spec = {"root": str(self.root), "overrides": self.overrides, "seed": self.seed,
                 "count": self.count, "batch": self.batch, "then": self.then,
                 "stop_after_refusals": self.stop_after_refusals, "pace_ms": self.pace_ms,
-                "wait_s": self.wait_s, "sigint_after_writes": list(self.sigint_after_writes)}
+                "wait_s": self.wait_s, "sigint_after_writes": list(self.sigint_after_writes),
+                "late_handler": self.late_handler}
         # stderr goes to a file: workers log there too, and a pipe nobody reads while the
         # writer runs could fill up and block them.
         self._stderr_file = tempfile.TemporaryFile()
@@ -284,21 +289,30 @@ def resize_filesystem(path: str, size_bytes: int) -> None:
 
 
 # -- Ctrl-C at the worst moment (a plugin: see the module docstring) -------------------------
+def _interrupt_after_writes() -> set[int]:
+    raw = os.environ.get(SIGINT_AFTER_WRITES_ENV, "")
+    return {int(n) for n in raw.split(",") if n.strip()}
+
+
+def _wrote(writer) -> None:
+    """Count one record copy; SIGINT to the process group after the chosen ones."""
+    writer.writes += 1
+    if writer.writes in writer.interrupt_after:
+        os.killpg(0, signal.SIGINT)  # the whole group, as a terminal does
+
+
 class _Interrupting:
-    """Wraps a registered writer; sends SIGINT to the process group after chosen writes."""
+    """Wraps a registered (plain) writer; sends SIGINT to the process group after chosen
+    writes."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
-        self.staging = inner.staging
         self.writes = 0
-        raw = os.environ.get(SIGINT_AFTER_WRITES_ENV, "")
-        self.interrupt_after = {int(n) for n in raw.split(",") if n.strip()}
+        self.interrupt_after = _interrupt_after_writes()
 
     def write(self, segment, data) -> int:
         pos = self.inner.write(segment, data)
-        self.writes += 1
-        if self.writes in self.interrupt_after:
-            os.killpg(0, signal.SIGINT)  # the whole group, as a terminal does
+        _wrote(self)
         return pos
 
     def write_blank(self, segment, data) -> int:
@@ -307,14 +321,36 @@ class _Interrupting:
     def before_roll(self) -> None:
         self.inner.before_roll()
 
-    def on_committed(self, committed: int) -> None:
-        self.inner.on_committed(committed)
-
     def close(self) -> None:
         self.inner.close()
 
-    def __getattr__(self, name):  # the inner writer's own counters (direct_segments, ...)
+    def __getattr__(self, name):  # the inner writer's own counters
         return getattr(self.inner, name)
+
+
+class _InterruptingPoolWriter(TransientPoolWriter):
+    """The core's transient-pool writer itself, sending SIGINT after chosen writes. Staging is
+    the core's pool writer's alone (``mqstore.pool_writer``): a wrapper around it would be a
+    plain writer, so this one is a subclass."""
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.writes = 0
+        self.interrupt_after = _interrupt_after_writes()
+        self._in_blank = False
+
+    def write(self, segment, data) -> int:
+        pos = super().write(segment, data)
+        if not self._in_blank:  # blanks are not counted (its write_blank calls write)
+            _wrote(self)
+        return pos
+
+    def write_blank(self, segment, data) -> int:
+        self._in_blank = True
+        try:
+            return super().write_blank(segment, data)
+        finally:
+            self._in_blank = False
 
 
 def _interrupting(registry, base: str):
@@ -325,4 +361,4 @@ def _interrupting(registry, base: str):
 @hookimpl
 def register_writers(registry):
     registry.add("mmap_ctrl_c", _interrupting(registry, "mmap"))
-    registry.add("transient_pool_ctrl_c", _interrupting(registry, "transient_pool"))
+    registry.add("transient_pool_ctrl_c", _InterruptingPoolWriter)

@@ -131,8 +131,8 @@ def _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, cloc
                         after_dispatch=_after_dispatch(view, hooks.after_dispatch))
     wakeup = open_wakeup(root)
     try:
-        _serve(view, loop, dispatchers, hooks, channels, wake_r, progress_w, parent_pid, config,
-               wakeup)
+        _Serving(view, loop, dispatchers, hooks, channels, wakeup).serve(
+            wake_r, progress_w, parent_pid, config.dispatch.interval_ms / 1000.0)
     finally:
         if wakeup is not None:
             wakeup.close()
@@ -143,65 +143,97 @@ def _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, cloc
         poke(progress_w)
 
 
-def _serve(view, loop, dispatchers, hooks, channels, wake_r, progress_w, parent_pid,
-           config, wakeup=None) -> None:
-    ch, confirmed_of = channels.dispatch, channels.append
-    # An open waits until this worker has dispatched what the log held (from where its own
-    # dispatchers need it: a dispatcher built only here may resume earlier than the store saw).
-    opened_end = confirmed_of.confirmed
-    next_flush = time.monotonic() + FLUSH_INTERVAL_S
-    nap_s = config.dispatch.interval_ms / 1000.0
-    last_work = time.monotonic()
-    while not ch.stop and not terminate_requested():
-        if not parent_alive():
-            log.error("store process %d is gone; dispatch worker exits", parent_pid)
-            return
-        segs = view.commit_log.segments
-        if not segs.segments or segs.segments[-1].end <= confirmed_of.confirmed:
+class _Serving:
+    """The worker's loop over the parts ``_run`` built: map new segments, flush its files once
+    a second, follow cleanup, dispatch and publish, report failures, and sleep when idle."""
+
+    def __init__(self, view, loop, dispatchers, hooks, channels: shm.Channels, wakeup) -> None:
+        self.view = view
+        self.loop = loop
+        self.dispatchers = dispatchers
+        self.hooks = hooks
+        self.channels = channels
+        self.ch = channels.dispatch
+        self.wakeup = wakeup
+
+    def serve(self, wake_r, progress_w, parent_pid: int, nap_s: float) -> None:
+        ch, loop, confirmed_of = self.ch, self.loop, self.channels.append
+        # An open waits until this worker has dispatched what the log held (from where its own
+        # dispatchers need it: a dispatcher built only here may resume earlier than the store
+        # saw).
+        opened_end = confirmed_of.confirmed
+        next_flush = time.monotonic() + FLUSH_INTERVAL_S
+        last_work = time.monotonic()
+        while not ch.stop and not terminate_requested():
+            if not parent_alive():
+                log.error("store process %d is gone; dispatch worker exits", parent_pid)
+                return
+            self._map_new_segments()
+            next_flush = self._flush_files_if_due(next_flush)
+            _follow_cleanup(self.view, self.dispatchers, self.hooks, self.channels.cleanup,
+                            progress_w)
+            if not ch.started and loop.dispatched >= opened_end:
+                ch.started = 1
+                poke(progress_w)
+            if loop.run_once():
+                self._publish(progress_w)
+                last_work = time.monotonic()
+                continue
+            if loop.error:
+                raise RuntimeError(loop.error)
+            if loop.failing is not None:
+                # The store refuses puts while this is set (they would never become readable).
+                ch.note = loop.failing
+                ch.fails = loop.failures
+                poke(progress_w)
+                wait_and_drain(wake_r, loop.retry_pause_s())
+                continue
+            # ...without announcing idleness, so a steady stream of puts costs producers no
+            # wake-up each (RocketMQ's reput thread naps 1 ms the same way); only a longer
+            # quiet spell goes to the sleep a put must interrupt.
+            if time.monotonic() - last_work < NAP_PERIOD_S:
+                time.sleep(nap_s)
+                continue
+            self._idle(wake_r)
+
+    def _map_new_segments(self) -> None:
+        segs = self.view.commit_log.segments
+        if not segs.segments or segs.segments[-1].end <= self.channels.append.confirmed:
             if segs.refresh():
                 for seg in segs.segments:  # bounded by the confirmed end, not by positions
                     seg.wrote = seg.size
+
+    def _flush_files_if_due(self, next_flush: float) -> float:
+        """Once a second: the consume queues, the dispatchers' ``persist``, the manifest;
+        returns when next."""
         now = time.monotonic()
-        if now >= next_flush:
-            next_flush = now + FLUSH_INTERVAL_S
-            view.flush_queues()
-            dispatchers.persist()
-            view.manifest.update(view.consume_queues)
-        _follow_cleanup(view, dispatchers, hooks, channels.cleanup, progress_w)
-        if not ch.started and loop.dispatched >= opened_end:
-            ch.started = 1
-            poke(progress_w)
-        if loop.run_once():
-            if loop.dispatched > ch.dispatched:
-                ch.dispatched = loop.dispatched
-                if wakeup is not None:  # after publishing: NOTE [ Long polling ]
-                    wakeup.notify()
-            if ch.fails:
-                ch.fails = 0
-            poke(progress_w)
-            last_work = time.monotonic()
-            continue
-        if loop.error:
-            raise RuntimeError(loop.error)
-        if loop.failing is not None:
-            # The store refuses puts while this is set (they would never become readable).
-            ch.note = loop.failing
-            ch.fails = loop.failures
-            poke(progress_w)
-            wait_and_drain(wake_r, loop.retry_pause_s())
-            continue
-        # ...without announcing idleness, so a steady stream of puts costs producers no
-        # wake-up each (RocketMQ's reput thread naps 1 ms the same way); only a longer
-        # quiet spell goes to the sleep a put must interrupt.
-        if time.monotonic() - last_work < NAP_PERIOD_S:
-            time.sleep(nap_s)
-            continue
-        # Idle handshake: announce, drain, re-check, sleep. A producer publishes the confirmed
-        # end before it reads the idle flag, so either it sees the flag and wakes us, or we see
-        # its new end here and do not sleep.
+        if now < next_flush:
+            return next_flush
+        view = self.view
+        view.flush_queues()
+        self.dispatchers.persist()
+        view.manifest.update(view.consume_queues)
+        return now + FLUSH_INTERVAL_S
+
+    def _publish(self, progress_w) -> None:
+        """A batch went in: publish the position, wake long polls, clear a failure."""
+        ch, dispatched = self.ch, self.loop.dispatched
+        if dispatched > ch.dispatched:
+            ch.dispatched = dispatched
+            if self.wakeup is not None:  # after publishing: NOTE [ Long polling ]
+                self.wakeup.notify()
+        if ch.fails:
+            ch.fails = 0
+        poke(progress_w)
+
+    def _idle(self, wake_r) -> None:
+        """Idle handshake: announce, drain, re-check, sleep. A producer publishes the
+        confirmed end before it reads the idle flag, so either it sees the flag and wakes us,
+        or we see its new end here and do not sleep."""
+        ch, channels = self.ch, self.channels
         ch.idle = 1
         wait_and_drain(wake_r, 0)
-        if (confirmed_of.confirmed <= loop.dispatched
+        if (channels.append.confirmed <= self.loop.dispatched
                 and channels.cleanup.min_phys <= channels.cleanup.dropped):
             wait_and_drain(wake_r, IDLE_WAIT_S)
         ch.idle = 0

@@ -12,7 +12,8 @@ Decisions follow RocketMQ's services over absolute offsets:
   are pending, or every ``writer.commit_thorough_interval_ms``; a sync-flush request or an
   explicit flush commits everything first. A segment that opened while the pool was dry holds
   no buffer: its bytes are in the file already and count as committed once reached. The pool is
-  the writer's declared staging area (``contracts.Writer.staging``).
+  the core's (``mqstore.pool_writer``: the ``transient_pool`` writer stages in it); with any
+  other writer there is none and the committed end follows the written one.
 - flush (MappedFileQueue.flush): force the segment holding the flushed position when it is
   complete, or when ``least_pages`` is 0 and it has unflushed bytes, or when at least
   ``least_pages`` whole pages are unflushed. The flush policy says when
@@ -26,6 +27,7 @@ import os
 import time
 
 from mqstore.contracts import FlushSchedule
+from mqstore.pool_writer import attach_pool
 from mqstore.storage.mapped_file import segment_name
 from mqstore.storage.transient_pool import TransientPool
 from mqstore.uninterrupted import parent_alive, terminate_requested, worker_signals
@@ -247,11 +249,10 @@ def run(root: str, config, channels: shm.Channels, wake_r, progress_w, parent_pi
 
     worker_signals()
     lock_fd = hold_worker_lock(root)  # a store reopened after a crash waits for this process
-    pool = (TransientPool(config.writer.transient_pool_buffers, segment_bytes, pool_name)
-            if pool_name else None)
+    pool = None
     try:
-        if pool is not None:
-            pool.warm()
+        if pool_name:
+            pool = attach_pool(pool_name, config, segment_bytes)
         os.set_blocking(progress_w.fileno(), False)
         hooks = PluginHooks(make_plugin_manager(
             modules=config.plugins.modules, disable=config.plugins.disable,

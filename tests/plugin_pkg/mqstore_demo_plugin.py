@@ -5,6 +5,7 @@ What it registers (no name clashes with the built-ins):
 =================  =====================  ===========================================
 kind               name                   selected by
 =================  =====================  ===========================================
+writer             ``demo_counting``      ``writer.kind: demo_counting``
 filter             ``REGEX``              ``store.get(..., expression_type="REGEX")``
 queue selector     ``first_byte``         ``queue_select.selector: first_byte``
 dispatcher         ``demo_tag_counter``   always runs (in the dispatch loop's process)
@@ -13,6 +14,9 @@ cleanup policy     ``max_age``            ``cleanup.policy: max_age``
 ``after_append``   put counter            always runs (in the store process)
 =================  =====================  ===========================================
 
+* ``demo_counting``: a plain writer (``contracts.Writer``): copies each block of records into
+  the mapped segment, as the built-in ``mmap`` does, and counts in ``WRITTEN`` (this process:
+  the store process) the copies, their bytes and the segments it saw open.
 * ``REGEX``: ``expression="color=^r"`` matches the messages whose ``color`` property matches
   the pattern (``re.search``). It has no tag-code shortcut, so ``match_units`` passes every
   unit and ``match_message`` decides.
@@ -44,16 +48,48 @@ from typing import TYPE_CHECKING
 from mqstore import PutStatus, hookimpl
 from mqstore.contracts import (
     RESUMES, WRITER, CleanupDecision, Dispatcher, FlushSchedule, Role, StoreView, StringHash,
+    Writer, WriterContext,
 )
 
 if TYPE_CHECKING:
     from mqstore.config import StoreConfig
     from mqstore.contracts import Flusher
+    from mqstore.storage.mapped_file import MappedFile
 
 log = logging.getLogger("mqstore_demo_plugin")
 
 #: ``after_append`` totals for this process: hook calls, and messages those calls covered.
 CALLS = {"calls": 0, "messages": 0}
+
+
+#: The ``demo_counting`` writer's totals for this process: copies (``write`` calls), the bytes
+#: they copied, and segments that opened (``before_roll`` calls).
+WRITTEN = {"writes": 0, "bytes": 0, "rolls": 0}
+
+
+# -- writer: demo_counting --------------------------------------------------------------------
+class CountingWriter(Writer):
+    """``contracts.Writer``, built by ``factory(ctx: WriterContext)`` in the store process.
+
+    A plain writer: what ``write`` copies is readable once it returns. Subclasses
+    ``contracts.Writer`` for ``write_blank`` (a blank is written as any block) and ``close``.
+    """
+
+    def __init__(self, ctx: WriterContext) -> None:
+        pass
+
+    def write(self, segment: "MappedFile", data: bytes | memoryview) -> int:
+        WRITTEN["writes"] += 1  # under the put lock: no other put runs meanwhile
+        WRITTEN["bytes"] += len(data)
+        return segment.write(data)
+
+    def before_roll(self) -> None:
+        WRITTEN["rolls"] += 1
+
+
+@hookimpl
+def register_writers(registry):
+    registry.add("demo_counting", CountingWriter)
 
 
 # -- filter: REGEX ----------------------------------------------------------------------------
