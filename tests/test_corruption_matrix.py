@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import struct
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import pytest
 
 from mqstore import Message, MessageStore, PutStatus, load_config
 from mqstore.testing.faults import (
-    QUEUES, TOPIC, FaultWriter, audit, small_store_overrides,
+    QUEUES, TOPIC, audit, small_store_overrides, store_left_by_writer,
 )
 
 COUNT = 2000
@@ -43,19 +42,8 @@ ROUNDS = int(os.environ.get("MQSTORE_CORRUPTION_ROUNDS", "0"))
 def pristine(request, tmp_path_factory):
     """(directory, acks, {phys: record size}) of a store left as the writer left it."""
     root = tmp_path_factory.mktemp(f"pristine-{request.param}") / "store"
-    then = "close" if request.param == "clean" else "wait"
-    writer = FaultWriter(str(root), OVERRIDES, seed=SEED, count=COUNT, batch=0, then=then)
-    writer.start()
-    assert writer.read_until()
-    if request.param == "clean":
-        assert writer.finish() == 0
-        assert not (root / "abort").exists()
-    else:
-        writer.kill(signal.SIGKILL)
-        assert (root / "abort").exists()
-    assert len(writer.acks) == COUNT
-    sizes = _record_sizes(root, writer.acks)
-    return root, writer.acks, sizes, request.param
+    acks = store_left_by_writer(root, OVERRIDES, SEED, COUNT, request.param)
+    return root, acks, _record_sizes(root, acks), request.param
 
 
 def _record_sizes(root: Path, acks) -> dict[int, int]:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
 
 from mqstore import GetStatus, Message, MessageStore, PutStatus, load_config
 from mqstore.testing.faults import (
-    QUEUES, TOPIC, FaultWriter, audit, body_for, pulled_queue, small_store_overrides,
+    QUEUES, TOPIC, audit, body_for, pulled_queue, small_store_overrides, store_left_by_writer,
 )
 from cli_support import mqstore_json
 
@@ -36,17 +35,7 @@ OVERRIDES = small_store_overrides(store={"hash": "mmh3"})
 def pristine(request, tmp_path_factory):
     """(directory, acks) of a store left as its writer left it: closed or killed."""
     root = tmp_path_factory.mktemp(f"pristine-{request.param}") / "store"
-    then = "close" if request.param == "clean" else "wait"
-    writer = FaultWriter(str(root), OVERRIDES, seed=SEED, count=COUNT, batch=0, then=then)
-    writer.start()
-    assert writer.read_until()
-    if request.param == "clean":
-        assert writer.finish() == 0
-    else:
-        writer.kill(signal.SIGKILL)
-        assert (root / "abort").exists()
-    assert len(writer.acks) == COUNT
-    return root, writer.acks
+    return root, store_left_by_writer(root, OVERRIDES, SEED, COUNT, request.param)
 
 
 def _queue_file(root: Path, queue_id: int) -> Path:
@@ -124,7 +113,8 @@ def _serves_everything(store, acks, bad: int) -> None:
     read = store.read(TOPIC, 1, 0, len(mine))
     assert read.queue_offsets.tolist() == [a.queue_offset for a in mine]
     assert read.phys_offsets.tolist() == [a.phys_offset for a in mine]
-    assert [bytes(read.body(i)) for i in range(len(read))] == [body_for(SEED, a.index) for a in mine]
+    assert [bytes(read.body(i)) for i in range(len(read))] == [
+        body_for(SEED, a.index) for a in mine]
     assert [c[0] for c in read.corrupt] == [bad]
 
 

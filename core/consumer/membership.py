@@ -37,6 +37,8 @@ import secrets
 import socket
 import stat
 
+from mqstore.file_locks import is_file_at
+
 GROUPS_DIR = os.path.join("consumer", "groups")
 MEMBERS = "members"
 QUEUES = "queues"
@@ -152,7 +154,7 @@ class Membership:
         except FileNotFoundError:  # the group's files were removed: make them, try later
             self._make_dirs()
             return False
-        if _try_flock(fd, fcntl.LOCK_EX) and _is_file_at(fd, path):
+        if _try_flock(fd, fcntl.LOCK_EX) and is_file_at(fd, path):
             self._queue_fds[queue_id] = fd
             return True
         os.close(fd)  # held by another, or unlinked by remove_group_files: tried again later
@@ -224,16 +226,6 @@ def _remove_topic_files(base: str) -> bool:
     for d in dirs:
         _rmdir(d)  # only if empty: an instance that came in meanwhile keeps its directory
     return not os.path.exists(base)
-
-
-def _is_file_at(fd: int, path: str) -> bool:
-    """Whether ``fd`` is the file now at ``path`` (not one unlinked after it was opened)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    own = os.fstat(fd)
-    return (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino)
 
 
 def _rmdir(path: str) -> None:

@@ -37,6 +37,7 @@ from pyspark.sql.types import (
 )
 
 from mqstore.appender import body_too_large, check_queue_id, check_topic
+from mqstore.file_locks import is_file_at
 from mqstore.spark import lease
 
 # The columns a write takes, and the Spark types each may have; others are ignored.
@@ -169,20 +170,11 @@ def _locked_root(staging_dir: str):
             continue  # removed in between (empty, by a finished job): make it again
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            if _is(fd, staging_dir):  # else removed while we waited for the lock
+            if is_file_at(fd, staging_dir):  # else removed while we waited for the lock
                 yield
                 return
         finally:
             os.close(fd)
-
-
-def _is(fd: int, path: str) -> bool:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    own = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def _try_lock(path: str) -> int | None:
@@ -220,7 +212,7 @@ def _remove_if_empty(staging_dir: str) -> None:
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if _is(fd, staging_dir):
+        if is_file_at(fd, staging_dir):
             os.rmdir(staging_dir)
     except OSError:
         pass  # another job is staging there

@@ -178,6 +178,23 @@ class FaultWriter:
         return self.finish()
 
 
+def store_left_by_writer(root, overrides: dict, seed: int, count: int, how: str) -> list:
+    """A store written by the fault writer process and left ``"clean"`` (closed) or
+    ``"killed"`` (SIGKILL of its whole group, ``abort`` left behind); returns its acks."""
+    writer = FaultWriter(str(root), overrides, seed=seed, count=count, batch=0,
+                         then="close" if how == "clean" else "wait")
+    writer.start()
+    assert writer.read_until()
+    if how == "clean":
+        assert writer.finish() == 0
+        assert not os.path.exists(os.path.join(root, "abort"))
+    else:
+        writer.kill(signal.SIGKILL)
+        assert os.path.exists(os.path.join(root, "abort"))
+    assert len(writer.acks) == count
+    return writer.acks
+
+
 @dataclass
 class Audit:
     acked: int
