@@ -4,10 +4,11 @@ subprocesses; answers compared with RocketMQ's own (MANIFEST.json)."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
-from cli_support import mqstore_json
+from cli_support import mqstore, mqstore_json
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
 SEGMENT = 32768
@@ -76,3 +77,27 @@ def test_query_stats_and_check(rocketmq_dir, manifest):
     report = mqstore_json("check", rocketmq_dir)
     assert (report["clean"], report["records"], report["crc_bad"], report["queues"],
             report["index_checked"]) == (True, 300, 0, 13, True)
+
+
+def test_consume_as_a_group_writes_the_brokers_offset_file(rocketmq_dir, manifest, tmp_path):
+    """A group consumes a RocketMQ topic from its first message: every message once, in queue
+    order, and the offsets land in config/consumerOffset.json in the broker's shape."""
+    root = tmp_path / "store"
+    shutil.copytree(rocketmq_dir, root)
+    lines = mqstore("consume", root, "-t", "audit-log", "-g", "cli-g", "--from", "first",
+                    "-n", 1000, "--json").stdout.splitlines()
+    got = [json.loads(line) for line in lines]
+    want = sorted((m["queueId"], m["queueOffset"], m["msgId"]) for m in manifest["messages"]
+                  if m["topic"] == "audit-log")
+    assert sorted((g["queue_id"], g["queue_offset"], g["msg_id"]) for g in got) == want
+    for q in {g["queue_id"] for g in got}:  # each queue's in offset order
+        mine = [g["queue_offset"] for g in got if g["queue_id"] == q]
+        assert mine == sorted(mine)
+    info = {q["queueId"]: q["maxOffsetInQueue"] for q in manifest["expected"]["storeInfo"]["queues"]
+            if q["topic"] == "audit-log"}
+    table = json.loads((root / "config" / "consumerOffset.json").read_text())["offsetTable"]
+    assert {int(q): o for q, o in table["audit-log@cli-g"].items()} == info
+    stats = mqstore_json("stats", root)
+    (group,) = [g for g in stats["consumers"] if g["group"] == "cli-g"]
+    assert (group["topic"], group["lag"]) == ("audit-log", 0)
+    assert mqstore("consume", root, "-t", "audit-log", "-g", "cli-g", "--json").stdout == ""
