@@ -17,6 +17,14 @@ store-time range selects whole batches). The same rows are then exported to Parq
   a running stream. Reported: the rows the query read per second while the producer ran, and
   how long after the producer stopped the query had read everything (its lag).
 
+* ``spark floor count`` / ``spark floor noop``: a data source defined here whose tasks yield
+  one precomputed mqstore record batch (READ_ROWS rows of the store, built once per task) over
+  and over, as many rows per task as the mqstore read: all of Spark's, the JVM's and the Arrow
+  transfer's work on the same rows and none of the reader's. ``mqstore X - spark floor X`` is
+  what the reader itself costs; no reader change can go below the floor. ``spark floor 1%
+  range``: the same for the 1% range's row count, in as many tasks (one per queue): what any
+  Python data-source query of that shape costs.
+
 Targets, printed as PASS/MISS (a miss never fails the run): the full read at least half of
 Parquet's rows/s; the 1% range at least 20x faster than the full read; the stream keeping up
 (lag under 2 s).
@@ -63,6 +71,46 @@ def fill(root: str, count: int) -> None:
             assert result.status.stored, result
             clock.advance(1)
         store.wait_dispatched(timeout=300)
+
+
+def floor_source():
+    """The ``mqstore_bench_floor`` data source (see the module docstring). Defined when asked
+    for, after pyspark is importable; its classes live in this script, so Spark pickles them
+    by value and its workers need nothing but mqstore."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class FloorReader(DataSourceReader):
+        def __init__(self, options) -> None:
+            self.root, self.count = options["path"], int(options["count"])
+
+        def partitions(self):
+            per = [self.count // QUEUES + (q < self.count % QUEUES) for q in range(QUEUES)]
+            return [InputPartition((q, n)) for q, n in enumerate(per) if n]
+
+        def read(self, partition):
+            from mqstore.spark.arrow_rows import READ_ROWS, to_record_batch
+            from mqstore.spark.planning import QueueRange
+            from mqstore.spark.stores import open_read_only
+            q, n = partition.value
+            store = open_read_only(self.root)
+            part = QueueRange(self.root, "bench", q, 0, min(n, READ_ROWS))
+            rows = to_record_batch(store, part, store.read("bench", q, 0, part.end))
+            for at in range(0, n, READ_ROWS):
+                yield rows if n - at >= READ_ROWS else rows.slice(0, n - at)
+
+    class FloorSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "mqstore_bench_floor"
+
+        def schema(self):
+            from mqstore.spark.schema import message_schema
+            return message_schema()
+
+        def reader(self, schema):
+            return FloorReader(self.options)
+
+    return FloorSource
 
 
 def best(rounds: int, fn) -> tuple[float, object]:
@@ -194,6 +242,13 @@ def main() -> int:
             args.rounds, lambda: unchecked.write.format("noop").mode("overwrite").save())
         rows["parquet noop"] = best(args.rounds,
                                     lambda: pq.write.format("noop").mode("overwrite").save())
+        spark.dataSource.register(floor_source())
+        floor = (spark.read.format("mqstore_bench_floor").option("path", root)
+                 .option("count", str(args.count)).load())
+        floor.write.format("noop").mode("overwrite").save()  # its workers up, as mqstore's
+        rows["spark floor count"] = best(args.rounds, floor.count)
+        rows["spark floor noop"] = best(
+            args.rounds, lambda: floor.write.format("noop").mode("overwrite").save())
         batches = args.count // BATCH
         lo = BASE_MS + batches // 2
         hi = lo + max(1, batches // 100)
@@ -202,6 +257,10 @@ def main() -> int:
         in_range = window.count()
         rows["mqstore 1% range"] = best(
             args.rounds, lambda: window.write.format("noop").mode("overwrite").save())
+        floor_window = (spark.read.format("mqstore_bench_floor").option("path", root)
+                        .option("count", str(in_range)).load())
+        rows["spark floor 1% range"] = best(
+            args.rounds, lambda: floor_window.write.format("noop").mode("overwrite").save())
         stream = bench_stream(spark, tmp, args.stream_rate, args.stream_seconds)
         spark.stop()
     finally:
@@ -215,6 +274,14 @@ def main() -> int:
     full_ratio = rows["parquet noop"][0] / rows["mqstore noop"][0]
     count_ratio = rows["parquet count"][0] / rows["mqstore count"][0]
     range_speedup = rows["mqstore noop"][0] / rows["mqstore 1% range"][0]
+    floor_noop = rows["spark floor noop"][0] / rows["mqstore noop"][0]
+    floor_count = rows["spark floor count"][0] / rows["mqstore count"][0]
+    floor_range = rows["spark floor 1% range"][0] / rows["mqstore 1% range"][0]
+    print(f"Spark's own share (the floor's time / mqstore's): noop {floor_noop:.0%}, count "
+          f"{floor_count:.0%}, 1% range {floor_range:.0%}; with a reader costing nothing the "
+          f"ratios would be noop {rows['parquet noop'][0] / rows['spark floor noop'][0]:.2f}x "
+          f"Parquet, count {rows['parquet count'][0] / rows['spark floor count'][0]:.2f}x "
+          f"Parquet, range {rows['spark floor noop'][0] / rows['spark floor 1% range'][0]:.1f}x")
     print(f"stream: producer {stream['produce_rate']:,.0f} msg/s for {args.stream_seconds:.0f} s "
           f"({stream['sent']} messages); the query read {stream['read_during']:,.0f} rows/s "
           f"meanwhile and had read all {stream['read']} {stream['lag_s']:.2f} s after the "
@@ -236,6 +303,7 @@ def main() -> int:
             ("mqstore_count_rows_per_s", n / rows["mqstore count"][0], "rows/s", "higher"),
             ("noop_vs_parquet", full_ratio, "x", "higher"),
             ("range_speedup", range_speedup, "x", "higher"),
+            ("spark_floor_noop_share", floor_noop, "x", "higher"),
             ("stream_lag_s", stream["lag_s"], "s", "lower")])
     return 0
 

@@ -38,3 +38,8 @@ class DiskFullError(MQStoreError, OSError):
 class CorruptRecordError(MQStoreError, ValueError):
     """Bytes read from disk do not decode; the message names the field, the bad value and the
     offset. A ValueError, so callers that skip unreadable records keep working."""
+
+
+class CorruptStateError(MQStoreError, ValueError):
+    """A state file beside the data (consumer offsets, pop state) exists but does not parse;
+    it is left as it is. Damaged data like ``CorruptRecordError``, not bad input."""

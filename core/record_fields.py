@@ -150,13 +150,14 @@ def _segment_part(u8: np.ndarray, start: int, phys, sizes, sysflags, body_lens):
     born_v6 = (sysflags & SYSFLAG_BORNHOST_V6) != 0
     store_v6 = (sysflags & SYSFLAG_STOREHOST_V6) != 0
     if not (born_v6.any() or store_v6.any()):
-        # IPv4 hosts (the common case): magic and both hosts in one gather of the header.
-        head = rows(u8, at, HEADER_V4_BYTES)
-        v2 = head[:, POS_MAGIC:POS_MAGIC + 4].copy().view(">i4").ravel() == MAGIC_V2
+        # IPv4 hosts (the common case): the magic, and both hosts in one 24-byte gather
+        # (born host, born time, store host).
+        v2 = rows(u8, at + POS_MAGIC, 4).view(">i4").ravel() == MAGIC_V2
+        hosts = rows(u8, at + POS_BORN_HOST, 24)
         born = np.zeros((len(at), _HOST_BYTES), dtype=np.uint8)
         store = np.zeros((len(at), _HOST_BYTES), dtype=np.uint8)
-        born[:, :8] = head[:, POS_BORN_HOST:POS_BORN_HOST + 8]
-        store[:, :8] = head[:, POS_BORN_HOST + 16:POS_BORN_HOST + 24]
+        born[:, :8] = hosts[:, :8]
+        store[:, :8] = hosts[:, 16:]
     else:
         v2 = rows(u8, at + POS_MAGIC, 4).copy().view(">i4").ravel() == MAGIC_V2
         born_at = at + POS_BORN_HOST
@@ -182,11 +183,17 @@ def _hosts(raw: np.ndarray, v6: np.ndarray) -> Strings:
     n = len(raw)
     if not n:
         return _empty_strings(0)
+    if not v6.any():  # IPv4 only: each host is one 64-bit number (address + port)
+        codes = np.ascontiguousarray(raw[:, :8]).view("<u8").ravel()
+        if (codes == codes[0]).all():
+            return _repeat_text(_host_text(raw[0], False), n)
+        uniq, inv = np.unique(codes, return_inverse=True)
+        texts = [_host_text(k, False) for k in uniq.view(np.uint8).reshape(-1, 8)]
+        return _from_table(texts, inv.ravel())
     key = raw.copy()
     key[~v6, 8:] = 0  # an IPv4 host is 8 bytes; what follows is the next field
     if (key == key[0]).all() and (v6 == v6[0]).all():
-        text = np.frombuffer(_host_text(key[0], bool(v6[0])), dtype=np.uint8)
-        return Strings(np.tile(text, n), (np.arange(n + 1) * len(text)).astype(np.int32))
+        return _repeat_text(_host_text(key[0], bool(v6[0])), n)
     inverse = np.empty(n, dtype=np.int64)
     texts: list[bytes] = []
     for family in (False, True):
@@ -201,6 +208,18 @@ def _hosts(raw: np.ndarray, v6: np.ndarray) -> Strings:
             uniq = codes.view(np.uint8).reshape(-1, 8)
         inverse[picked] = inv.ravel() + len(texts)
         texts += [_host_text(k, family) for k in uniq]
+    return _from_table(texts, inverse)
+
+
+def _repeat_text(text: bytes, n: int) -> Strings:
+    """``text`` as every one of ``n`` rows."""
+    raw = np.frombuffer(text, dtype=np.uint8)
+    offsets = np.arange(n + 1, dtype=np.int64) * len(raw)
+    return Strings(np.tile(raw, n), offsets.astype(np.int32))
+
+
+def _from_table(texts: list[bytes], inverse: np.ndarray) -> Strings:
+    """Row i's string is ``texts[inverse[i]]``."""
     table = np.frombuffer(b"".join(texts), dtype=np.uint8)
     lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     table_at = np.concatenate([[0], np.cumsum(lens)[:-1]])
@@ -219,9 +238,15 @@ def _msg_ids(store: np.ndarray, v6: np.ndarray, phys: np.ndarray) -> Strings:
     n = len(phys)
     offset = phys.astype(">i8").view(np.uint8).reshape(n, 8)
     if not v6.any():
-        raw = np.concatenate([store[:, :8], offset], axis=1)
-        return Strings(_HEX_PAIRS[raw].view(np.uint8).reshape(-1),
-                       (np.arange(n + 1) * 32).astype(np.int32))
+        digits = np.empty((n, 16), dtype=np.uint16)  # two hex digits per byte
+        host = store[:, :8]
+        if n and (host == host[0]).all():  # one store host (the usual case): its hex once
+            digits[:, :8] = _HEX_PAIRS[host[0]]
+        else:
+            digits[:, :8] = _HEX_PAIRS[host]
+        digits[:, 8:] = _HEX_PAIRS[offset]
+        return Strings(digits.view(np.uint8).reshape(-1),
+                       (np.arange(n + 1, dtype=np.int64) * 32).astype(np.int32))
     raw = np.concatenate([store, offset], axis=1)  # 28 bytes: an IPv6 host's layout
     raw[~v6, 8:16] = offset[~v6]
     digits = _HEX_PAIRS[raw].view(np.uint8).reshape(-1)
@@ -441,6 +466,8 @@ def _offsets(lens: np.ndarray) -> np.ndarray:
 
 
 def _cat(arrays: list, dtype) -> np.ndarray:
+    if len(arrays) == 1:  # one segment run (the usual case): no copy
+        return np.asarray(arrays[0]).astype(dtype, copy=False)
     return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
 
 

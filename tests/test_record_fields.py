@@ -63,6 +63,25 @@ def test_every_field_of_varied_messages(make_store):
 
 
 @pytest.mark.loops("thread")
+def test_ipv4_hosts_that_differ_within_a_batch(make_store, tmp_path):
+    # IPv4 only (the 64-bit host codes): born hosts that differ by address and by port, and
+    # store hosts that differ within one batch (the store reopened under another host).
+    root = tmp_path / "hosts"
+    for k, host in enumerate(("10.0.0.1:10911", "10.0.0.2:10912")):
+        store = make_store({"store": {"store_host": host}}, root=root)
+        store.put_batch([Message(topic="H", body=b"%d" % i, queue_id=0,
+                                 born_host=f"192.168.{i % 3}.1:{7000 + i % 2}")
+                         for i in range(50 * k, 50 * k + 50)])
+        store.wait_dispatched()
+        store.close()
+    store = make_store(root=root, read_only=True)
+    batch = store.read("H", 0, 0, 1000)
+    assert len(batch) == 100
+    got = assert_matches_messages(store, batch)
+    assert len(set(got.store_hosts.to_list())) == 2 and len(set(got.born_hosts.to_list())) == 6
+
+
+@pytest.mark.loops("thread")
 def test_rows_across_segments_and_an_empty_batch(make_store):
     store = make_store({"commit_log": {"segment_bytes": 64 * 1024}})
     for _ in range(6):

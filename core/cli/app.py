@@ -11,8 +11,7 @@ import logging
 
 import click
 
-from mqstore.consumer.locked_json import CorruptStateError
-from mqstore.errors import CorruptRecordError, MQStoreError
+from mqstore.errors import CorruptRecordError, CorruptStateError, MQStoreError
 
 # Errors that are ValueErrors (for callers that skip what does not decode) but say the data on
 # disk is damaged, not that the input was bad: failures, exit 1.

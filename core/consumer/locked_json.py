@@ -31,13 +31,9 @@ import struct
 import threading
 from typing import Any, Callable, Iterator
 
-from mqstore.errors import MQStoreError
+from mqstore.errors import CorruptStateError
 
 _COUNTER = struct.Struct("<Q")
-
-
-class CorruptStateError(MQStoreError, ValueError):
-    """A consumer state file exists but does not parse; it is left as it is."""
 
 
 def _identity(st: os.stat_result) -> tuple:

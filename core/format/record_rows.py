@@ -30,9 +30,23 @@ def segment_bytes(mm) -> np.ndarray:
     return np.frombuffer(mm, dtype=np.uint8)
 
 
+def _window(data: np.ndarray, width: int) -> np.ndarray | None:
+    """Every ``width``-byte run of ``data`` as one void item, one item per byte offset; None
+    when ``data`` is not plain contiguous bytes. Indexing it copies each picked run with one
+    memcpy: about twice as fast as picking rows of a two-dimensional byte window, which
+    numpy copies byte by byte. (A record dtype with fields would be copied field by field.)"""
+    if width <= 0 or data.dtype != np.uint8 or data.ndim != 1 or not data.flags.c_contiguous:
+        return None
+    return np.ndarray(shape=(max(len(data) - width + 1, 0),), dtype=np.dtype((np.void, width)),
+                      buffer=data, strides=(1,))
+
+
 def rows(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     """``width`` bytes at each of the offsets ``at`` of ``data``, as an (n, width) array;
     every ``at + width`` must lie within ``data``."""
+    window = _window(data, width)
+    if window is not None:
+        return window[at].view(np.uint8).reshape(-1, width)
     window = as_strided(data, shape=(max(len(data) - width + 1, 0), width),
                         strides=(1, 1), writeable=False)
     return window[at]
@@ -65,7 +79,20 @@ def v1_ipv4_ok(data: np.ndarray, at: np.ndarray, head: np.ndarray, sizes: np.nda
 
 
 def crc_ok(data: np.ndarray, body_at: list, body_len: list, crcs: list) -> bool:
-    """True when every body's CRC-32 (sign bit dropped, as RocketMQ stores it) matches."""
+    """True when every body's CRC-32 (sign bit dropped, as RocketMQ stores it) matches.
+
+    zlib takes one call per body (no batch CRC is at hand). Bodies of one length are first
+    copied out with one gather: the CRC then reads them from cache rather than one scattered
+    map page at a time, about a third less time for 256-byte bodies."""
+    n = len(body_len)
+    if (n > 1 and isinstance(body_len, list) and body_len[0] > 0
+            and body_len.count(body_len[0]) == n):
+        width = body_len[0]
+        window = _window(data, width)
+        at = np.asarray(body_at, dtype=np.int64)
+        if window is not None and int(at.min()) >= 0 and int(at.max()) < len(window):
+            crc32 = zlib.crc32
+            return [crc32(b) & 0x7FFFFFFF for b in window[at].tolist()] == list(crcs)
     mv = memoryview(data)
     try:
         crc32 = zlib.crc32
