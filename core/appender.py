@@ -17,16 +17,19 @@ from __future__ import annotations
 import gc
 import re
 import struct
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from mqstore.format import record_crc
 from mqstore.format.hosts import Host, parse_host
 from mqstore.format.properties import (
     KEY_SEPARATOR, MAX_PROPERTIES_BYTES, PROPERTY_DELAY, PROPERTY_INNER_NUM, PROPERTY_KEYS,
     PROPERTY_TAGS, PROPERTY_WAIT, check_keys, check_property, check_tags, encode_properties,
 )
+from mqstore.format.record_crc import PROPERTY_CRC32
 from mqstore.format.record import (
     HEADER_STRUCTS, MAGIC_V1, MAGIC_V2, MAX_TOPIC_BYTES, MAX_V1_TOPIC_BYTES, SYSFLAG_BORNHOST_V6,
     SYSFLAG_INNER_BATCH, SYSFLAG_STOREHOST_V6, SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, TX_COMMIT,
@@ -151,6 +154,12 @@ def message_properties(tags: object, keys: object, properties: object) -> dict[s
             raise ValueError(f"properties {properties!r} must be a mapping of names to values")
         for name, value in properties.items():
             check_property(name, value)
+            if name == PROPERTY_CRC32:
+                continue  # the store's own: a copied message's stale value is dropped
+            if record_crc.near_name(name):
+                raise ValueError(f"property name {name!r} is within {record_crc.MAX_FLIPPED_BITS}"
+                                 f" bits of the store's {PROPERTY_CRC32}, which would read as a "
+                                 f"damaged record CRC")
             if name in props:
                 raise ValueError(f"property {name!r} is set both as a field and in properties")
             props[name] = value
@@ -206,30 +215,35 @@ class PutContext:
     max_message_bytes: int
     auto_v2: bool
     store_v6: bool
+    record_crc: bool = False  # append the __CRC32# property (format.record_crc)
 
 
 # Tails of accepted messages that carry at most a tag, keyed by all their bytes depend on:
-# topic, tag and record version. Most traffic repeats a handful of these, so checking and
+# topic, tag, record version and whether the record CRC is reserved. Most traffic repeats a handful of these, so checking and
 # encoding each once is enough; stores with different settings in one process share it safely.
-_simple_tails: dict[tuple[str, str | None, bool], tuple[bytes, dict[str, str]]] = {}
+_simple_tails: dict[tuple[str, str | None, bool, bool], tuple[bytes, dict[str, str]]] = {}
 _SIMPLE_TAILS_MAX = 4096
 
 
-def tail_for(topic: str, v2: bool, tags: object, keys: object, properties: object
+def tail_for(topic: str, v2: bool, crc: bool, tags: object, keys: object, properties: object
              ) -> tuple[bytes, dict[str, str]]:
     """Checked tail and properties of a message whose topic was checked and accepted."""
     simple = keys is None and properties is None and (tags is None or type(tags) is str)
     if simple:
-        cached = _simple_tails.get((topic, tags, v2))
+        cached = _simple_tails.get((topic, tags, v2, crc))
         if cached is not None:
             return cached
     props = message_properties(tags, keys, properties)
-    return finish_tail(topic, v2, props, (topic, tags, v2) if simple else None), props
+    return finish_tail(topic, v2, crc, props, (topic, tags, v2, crc) if simple else None), props
 
 
-def finish_tail(topic: str, v2: bool, props: dict[str, str], cache_key: tuple | None) -> bytes:
-    """The tail of checked properties, refused when their block outgrows its length field."""
+def finish_tail(topic: str, v2: bool, crc: bool, props: dict[str, str],
+                cache_key: tuple | None) -> bytes:
+    """The tail of checked properties (with the record CRC's bytes reserved when ``crc``),
+    refused when their block outgrows its length field."""
     block = properties_block(props)
+    if crc:
+        block = record_crc.reserve(block)
     if len(block) > MAX_PROPERTIES_BYTES:
         raise Rejected(PutStatus.PROPERTIES_SIZE_EXCEEDED, properties_too_large(len(block)))
     tail = encode_tail(topic, v2, block)
@@ -271,7 +285,7 @@ def prepare(msg: Message, ctx: PutContext) -> Prepared:
         born_v6 = len(born_host.address) == 16
     long_topic = len(topic) > MAX_V1_TOPIC_BYTES
     v2 = long_topic and ctx.auto_v2
-    tail, props, cache_key = _checked_properties(msg, topic, v2)
+    tail, props, cache_key = _checked_properties(msg, topic, v2, ctx.record_crc)
 
     # Refusals: the message is well formed but the store will not hold it.
     reason = topic_refusal(topic, ctx.auto_v2) if long_topic else None
@@ -283,7 +297,7 @@ def prepare(msg: Message, ctx: PutContext) -> Prepared:
     if reason is not None:
         raise Rejected(PutStatus.MESSAGE_ILLEGAL, reason)
     if tail is None:
-        tail = finish_tail(topic, v2, props, cache_key)
+        tail = finish_tail(topic, v2, ctx.record_crc, props, cache_key)
     if PROPERTY_INNER_NUM in props and not sysflag & SYSFLAG_INNER_BATCH:
         raise Rejected(PutStatus.MESSAGE_ILLEGAL, INNER_NUM_WITHOUT_BATCH)
     sysflag |= (SYSFLAG_BORNHOST_V6 if born_v6 else 0) | (
@@ -327,7 +341,7 @@ def _checked_ints(msg: Message) -> tuple[int, int, int | None, int, int]:
     return sysflag, flag, born_ts, reconsume, prepared
 
 
-def _checked_properties(msg: Message, topic: str, v2: bool
+def _checked_properties(msg: Message, topic: str, v2: bool, crc: bool
                         ) -> tuple[bytes | None, dict[str, str], tuple | None]:
     """The checked properties of ``msg``, with its tail when one is cached already.
 
@@ -337,7 +351,7 @@ def _checked_properties(msg: Message, topic: str, v2: bool
     """
     tags = msg.tags
     if msg.keys is None and msg.properties is None and (tags is None or type(tags) is str):
-        cache_key = (topic, tags, v2)
+        cache_key = (topic, tags, v2, crc)
         cached = _simple_tails.get(cache_key)
         if cached is not None:
             return cached[0], cached[1], cache_key
@@ -390,11 +404,17 @@ def prepare_batch(messages: Sequence[Message], ctx: PutContext) -> list[Prepared
 
 
 def encode_single(p: Prepared, store_host: Host, queue_id: int, queue_offset: int,
-                  phys_offset: int, store_timestamp: int) -> bytes:
+                  phys_offset: int, store_timestamp: int, crc: bool = False) -> bytes:
+    """The record of ``p``; with ``crc`` its tail ends with the reserved record-CRC bytes,
+    which are filled in here."""
     header = HEADER_STRUCTS[(p.sysflag >> 4) & 3].pack(
         p.size, p.magic, p.body_crc, queue_id, p.flag, queue_offset, phys_offset, p.sysflag,
         store_timestamp if p.born_timestamp is None else p.born_timestamp,
         p.born_host.address, p.born_host.port, store_timestamp, store_host.address,
         store_host.port, p.reconsume_times, p.prepared_tx_offset, len(p.body),
     )
-    return b"".join((header, p.body, p.tail))
+    tail = p.tail
+    if crc:
+        value = zlib.crc32(tail[:-record_crc.RESERVED], zlib.crc32(p.body, zlib.crc32(header)))
+        tail = record_crc.stamp(tail, value & 0x7FFFFFFF)
+    return b"".join((header, p.body, tail))

@@ -280,7 +280,8 @@ class _Single:
         seg = segs[0]
         phys = seg.start + seg.wrote
         return [appender.encode_single(p, app.store_host, p.queue_id,
-                                       bases[0] if p.queued else 0, phys, now)], phys
+                                       bases[0] if p.queued else 0, phys, now,
+                                       app.put_ctx.record_crc)], phys
 
     @staticmethod
     def answer(app: Appender, p, written: tuple[int, int, int], status: PutStatus) -> PutResult:

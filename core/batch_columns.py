@@ -33,6 +33,7 @@ from mqstore.appender import (
     body_too_large, check_body, check_queue_id, check_topic, finish_tail, is_delayed,
     message_properties, prepare_batch, record_too_large, tail_for, topic_refusal, waits,
 )
+from mqstore.format import record_crc
 from mqstore.format.hosts import Host, parse_host
 from mqstore.format.properties import (
     MAX_PROPERTIES_BYTES, PROPERTY_DELAY, PROPERTY_INNER_NUM, PROPERTY_KEYS, PROPERTY_TAGS,
@@ -65,9 +66,11 @@ class Columns:
     wait: bool
     select_inputs: Sequence[Any]  # what the queue selector sees, one per message
     shared_tail: bytes | None = None  # every message's tail, when they all have the same
+    record_crc: bool = False  # tails end with the record CRC's reserved bytes (format.record_crc)
 
 
-def columns_from_prepared(items: Sequence[Prepared], messages: Sequence[Message]) -> Columns:
+def columns_from_prepared(items: Sequence[Prepared], messages: Sequence[Message],
+                          record_crc: bool = False) -> Columns:
     ids = [p.queue_id for p in items]
     hosts = {p.born_host for p in items}
     return Columns(
@@ -82,7 +85,7 @@ def columns_from_prepared(items: Sequence[Prepared], messages: Sequence[Message]
         born_hosts=hosts.pop() if len(hosts) == 1 else [p.born_host for p in items],
         reconsume_times=[p.reconsume_times for p in items],
         prepared_tx_offsets=[p.prepared_tx_offset for p in items],
-        wait=any(p.wait for p in items), select_inputs=messages,
+        wait=any(p.wait for p in items), select_inputs=messages, record_crc=record_crc,
     )
 
 
@@ -184,7 +187,7 @@ def columns_from_messages(messages: list[Message], ctx: PutContext) -> Columns:
         else:
             cols.select_inputs = messages  # a selector sees the caller's own messages
             return cols
-    return columns_from_prepared(prepare_batch(messages, ctx), messages)
+    return columns_from_prepared(prepare_batch(messages, ctx), messages, ctx.record_crc)
 
 
 def _shared(column: Sequence) -> tuple[bool, Any]:
@@ -261,25 +264,25 @@ def _check_topics(topics: list[str], ctx: PutContext) -> dict[str, bool]:
     return v2
 
 
-def _tails(shape: _Shape, v2: dict[str, bool]
+def _tails(shape: _Shape, v2: dict[str, bool], crc: bool
            ) -> tuple[list[bytes], list[dict], bytes | None]:
     """Each message's tail, the distinct property sets they carry, and the one tail all
     messages share (or None)."""
     b, topics = shape.batch, shape.topics
     if shape.shared_tail:
         props = message_properties(b.tags, None, b.properties)  # checked once for the batch
-        by_topic = {t: finish_tail(t, v2[t], props, None) for t in v2}
+        by_topic = {t: finish_tail(t, v2[t], crc, props, None) for t in v2}
         if len(by_topic) == 1:
             tail = by_topic[topics[0]]
             return [tail] * shape.n, [props], tail
         return list(map(by_topic.__getitem__, topics)), [props], None
-    keyed = _keyed_tails(shape, v2)
+    keyed = _keyed_tails(shape, v2, crc)
     if keyed is not None:
         return keyed, [{}], None  # TAGS and KEYS only: nothing a batch may not hold, no WAIT
     tags, keys, properties = shape.tags, shape.keys, shape.properties
     tails, seen = [], []
     for i, t in enumerate(topics):
-        tail, props = tail_for(t, v2[t], b.tags if tags is None else tags[i],
+        tail, props = tail_for(t, v2[t], crc, b.tags if tags is None else tags[i],
                                None if keys is None else keys[i],
                                b.properties if properties is None else properties[i])
         tails.append(tail)
@@ -288,10 +291,11 @@ def _tails(shape: _Shape, v2: dict[str, bool]
 
 
 _SHORT_PACK = struct.Struct(">h").pack
+_CRC_PLACEHOLDER = record_crc.PLACEHOLDER.decode("ascii")
 _NONE = type(None)
 
 
-def _keyed_tails(shape: _Shape, v2: dict[str, bool]) -> list[bytes] | None:
+def _keyed_tails(shape: _Shape, v2: dict[str, bool], crc: bool) -> list[bytes] | None:
     """Tails of a batch whose messages differ only in their keys (one tag or none, no other
     properties), built with C-level passes over all keys at once; None when the batch does
     not fit this (or a key needs a closer look: non-ASCII, a separator, a space, empty),
@@ -315,10 +319,11 @@ def _keyed_tails(shape: _Shape, v2: dict[str, bool]) -> list[bytes] | None:
                 or text.count(" ") != len(tokens) - 1:
             return None
     head = "" if b.tags is None else f"{PROPERTY_TAGS}\x01{check_tags(b.tags)}\x02"
+    end = _CRC_PLACEHOLDER if crc else ""  # every block ends with a separator, or is empty
     texts = list(map(" ".join, entries))
-    blocks = list(map(f"{head}{PROPERTY_KEYS}\x01{{}}\x02".format, texts))
+    blocks = list(map(f"{head}{PROPERTY_KEYS}\x01{{}}\x02{end}".format, texts))
     if "" in texts:  # messages without keys carry no KEYS property
-        blocks = [block if t else head for block, t in zip(blocks, texts)]
+        blocks = [block if t else head + end for block, t in zip(blocks, texts)]
     raw = list(map(str.encode, blocks))
     lens = list(map(len, raw))
     if max(lens) > MAX_PROPERTIES_BYTES:
@@ -357,7 +362,7 @@ def _columns(shape: _Shape, ctx: PutContext) -> Columns:
     b, n, topics = shape.batch, shape.n, shape.topics
     bodies, lens = _bodies(shape, ctx)
     v2 = _check_topics(topics, ctx)
-    tails, props_seen, shared_tail = _tails(shape, v2)
+    tails, props_seen, shared_tail = _tails(shape, v2, ctx.record_crc)
     wait = _check_batch_properties(props_seen)
 
     born_host = ctx.store_host if b.born_host is None else parse_host(b.born_host)
@@ -378,7 +383,7 @@ def _columns(shape: _Shape, ctx: PutContext) -> Columns:
         body_lens=lens, body_crcs=crcs, magics=magics, sysflags=sysflag, flags=flag,
         born_timestamps=born_ts, born_hosts=born_host, reconsume_times=0,
         prepared_tx_offsets=0, wait=wait, select_inputs=_SelectInputs(shape),
-        shared_tail=shared_tail,
+        shared_tail=shared_tail, record_crc=ctx.record_crc,
     )
 
 
@@ -477,14 +482,20 @@ def encode_columns(cols: Columns, lo: int, hi: int, store_host: Host, queue_ids:
         if lens[0]:
             arr["body"] = cols.bodies[lo:hi]
         arr["tail"] = np.void(tail)
-        return memoryview(arr.view(np.uint8))
-    width = arr.dtype.itemsize
-    raw = arr.tobytes()
-    pieces: list = [None] * (3 * n)
-    pieces[0::3] = map(raw.__getitem__, _header_slices(n, width))  # a C loop, not Python's
-    pieces[1::3] = cols.bodies[lo:hi]
-    pieces[2::3] = cols.tails[lo:hi]
-    return b"".join(pieces)
+        out = arr.view(np.uint8)
+    else:
+        width = arr.dtype.itemsize
+        raw = arr.tobytes()
+        pieces: list = [None] * (3 * n)
+        pieces[0::3] = map(raw.__getitem__, _header_slices(n, width))  # a C loop, not Python's
+        pieces[1::3] = cols.bodies[lo:hi]
+        pieces[2::3] = cols.tails[lo:hi]
+        if not cols.record_crc:
+            return b"".join(pieces)
+        out = np.frombuffer(bytearray(b"".join(pieces)), dtype=np.uint8)
+    if cols.record_crc:
+        record_crc.stamp_records(out, cols.sizes[lo:hi])
+    return memoryview(out)
 
 
 @lru_cache(maxsize=16)
@@ -494,9 +505,9 @@ def _header_slices(n: int, width: int) -> list[slice]:
 
 
 def encode_batch(items: Sequence[Prepared], store_host: Host, queue_ids: np.ndarray,
-                 queue_offsets: np.ndarray, phys_offsets: np.ndarray, store_timestamp: int
-                 ) -> bytes:
+                 queue_offsets: np.ndarray, phys_offsets: np.ndarray, store_timestamp: int,
+                 record_crc: bool = False) -> bytes:
     """Records for prepared messages laid out back to back (offsets already assigned)."""
-    cols = columns_from_prepared(items, items)
+    cols = columns_from_prepared(items, items, record_crc)
     return bytes(encode_columns(cols, 0, cols.n, store_host, queue_ids, queue_offsets,
                                 phys_offsets, store_timestamp))

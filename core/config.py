@@ -62,6 +62,7 @@ class CommitLogSection(_Section):
     max_message_bytes: int = Field(4 * 1024 * 1024, ge=1)
     check_crc_on_recover: bool = True
     auto_v2_on_long_topic: bool = True
+    record_crc: bool = False
 
 
 class ConsumeQueueSection(_Section):

@@ -221,7 +221,7 @@ class Opener:
             flush_policy=policy, hooks=hooks, config=config,
             put_ctx=appender.PutContext(store.store_host, config.commit_log.max_message_bytes,
                                         config.commit_log.auto_v2_on_long_topic,
-                                        store.store_host.is_v6),
+                                        store.store_host.is_v6, config.commit_log.record_crc),
             store_host=store.store_host, clock=self.clock, queue_offsets={},
             last_append=(store.commit_log.max_offset, store.checkpoint.physic_msg_timestamp),
             failing=runtime.failing, appended=runtime.appended)

@@ -40,6 +40,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mqstore.errors import CorruptRecordError
+from mqstore.format import record_crc
 from mqstore.format.hosts import Host
 from mqstore.hashing import crc32
 
@@ -192,9 +193,10 @@ def scan_record(buf, pos: int, limit: int, check_crc: bool, expected_phys: int |
 
     Returns ``(SCAN_OK, size, RecordHead)``, ``(SCAN_BLANK, size, None)`` or
     ``(SCAN_BAD, reason, None)``; never raises on damaged bytes. A record is bad when it is cut
-    off, has an unknown magic, its lengths do not add up to TOTALSIZE, its body CRC is wrong
-    (``check_crc``), or its stored physical offset is not where it lies (``expected_phys``):
-    stale bytes past a torn tail.
+    off, has an unknown magic, its lengths do not add up to TOTALSIZE, its CRC is wrong
+    (``check_crc``: the whole-record ``__CRC32#`` property when it carries one, else the
+    body's), or its stored physical offset is not where it lies (``expected_phys``): stale
+    bytes past a torn tail.
     """
     if pos < 0:
         return SCAN_BAD, f"position {pos} is before the start of the data", None
@@ -217,8 +219,16 @@ def scan_record(buf, pos: int, limit: int, check_crc: bool, expected_phys: int |
     f = lay.fields
     if expected_phys is not None and f[6] != expected_phys:
         return SCAN_BAD, f"physical offset field {f[6]} != position {expected_phys}", None
-    if check_crc and crc32(buf[lay.body_at:lay.body_at + f[16]]) != f[2]:
-        return SCAN_BAD, "body CRC mismatch", None
+    if check_crc:
+        end = pos + total
+        crc_state = record_crc.state(buf, lay.props_at, end)
+        if crc_state == record_crc.DAMAGED:
+            return SCAN_BAD, "record CRC property damaged", None
+        if crc_state == record_crc.CARRIED:
+            if not record_crc.intact(buf, pos, end):
+                return SCAN_BAD, "record CRC mismatch", None
+        elif crc32(buf[lay.body_at:lay.body_at + f[16]]) != f[2]:
+            return SCAN_BAD, "body CRC mismatch", None
     try:
         topic = bytes(buf[lay.topic_at:lay.topic_at + lay.topic_len]).decode("utf-8")
     except UnicodeDecodeError:

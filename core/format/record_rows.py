@@ -15,6 +15,7 @@ import zlib
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from mqstore.format import record_crc
 from mqstore.format.record import MAGIC_V1, header_dtype
 
 HEADER_V4 = header_dtype(False, False)
@@ -100,6 +101,30 @@ def crc_ok(data: np.ndarray, body_at: list, body_len: list, crcs: list) -> bool:
                    for a, n, c in zip(body_at, body_len, crcs))
     finally:
         mv.release()
+
+
+def records_crc_ok(data: np.ndarray, at: np.ndarray, sizes: np.ndarray, head: np.ndarray,
+                   topic_len: int) -> bool:
+    """True when every V1/IPv4 record at ``at`` (already shape-checked, ``head`` its headers)
+    matches its CRC: the whole-record ``__CRC32#`` property where it carries one, else the
+    body's."""
+    ends = at + sizes
+    props_at = at + (HEADER_V4_BYTES + 3 + topic_len) + head["body_len"].astype(np.int64)
+    whole = record_crc.rows_carrying(data, ends, props_at)
+    if whole is None:
+        return False
+    if whole.any():
+        stored = record_crc.rows_stored(data, ends[whole])
+        if stored is None:
+            return False
+        covered = (sizes[whole] - record_crc.RESERVED).tolist()
+        if not crc_ok(data, at[whole].tolist(), covered, stored.tolist()):
+            return False
+        if whole.all():
+            return True
+        at, head = at[~whole], head[~whole]
+    return crc_ok(data, (at + HEADER_V4_BYTES).tolist(), head["body_len"].tolist(),
+                  head["body_crc"].tolist())
 
 
 def gather(data: np.ndarray, starts: np.ndarray,

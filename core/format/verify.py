@@ -1,7 +1,8 @@
 """Checking a record before it is served: is it intact, and is it the one that was asked for?
 
 A consume-queue unit or a key-index entry names a commit-log offset; what lies there is served
-only when it is a well-formed record (``unpack_record``) whose body CRC matches, that names
+only when it is a well-formed record (``unpack_record``) whose CRC matches (the whole-record
+``__CRC32#`` property when the record carries one, else the body CRC), that names
 that offset, and, for a queue, that names the queue's topic, queue id and queue offset. Bit
 rot, a zeroed page, a unit copied from another queue or a stale entry then read as corrupt,
 never as a wrong message.
@@ -12,10 +13,12 @@ from __future__ import annotations
 import zlib
 
 from mqstore.errors import CorruptRecordError
+from mqstore.format import record_crc
 from mqstore.format.record import HEADER_STRUCTS, MAGIC_V1, POS_SYSFLAG, RecordLayout, unpack_record
 from mqstore.hashing import crc32
 
 _new_layout = tuple.__new__
+_CRC_BYTES, _ABSENT, _CARRIED = record_crc.RESERVED, record_crc.ABSENT, record_crc.CARRIED
 
 
 def verify_record(raw, phys_offset: int, size: int | None = None) -> RecordLayout:
@@ -32,9 +35,24 @@ def verify_record(raw, phys_offset: int, size: int | None = None) -> RecordLayou
                                  f"not the {size} its reference says")
     if f[6] != phys_offset:
         raise CorruptRecordError(f"record at commit-log offset {phys_offset} names offset {f[6]}")
-    if crc32(raw[lay.body_at:lay.body_at + f[16]]) != f[2]:
-        raise CorruptRecordError(f"record at commit-log offset {phys_offset}: body CRC mismatch")
+    why = crc_problem(raw, lay)
+    if why is not None:
+        raise CorruptRecordError(f"record at commit-log offset {phys_offset}: {why}")
     return lay
+
+
+def crc_problem(raw, lay: RecordLayout, start: int = 0) -> str | None:
+    """What is wrong with the CRC of the record ``lay`` (at ``start`` of ``raw``), or None:
+    the whole-record CRC when the record carries one, else the body's."""
+    end = start + lay.fields[0]
+    crc_state = record_crc.state(raw, lay.props_at, end)
+    if crc_state == record_crc.DAMAGED:
+        return "record CRC property damaged"
+    if crc_state == record_crc.CARRIED:
+        return None if record_crc.intact(raw, start, end) else "record CRC mismatch"
+    if crc32(raw[lay.body_at:lay.body_at + lay.fields[16]]) != lay.fields[2]:
+        return "body CRC mismatch"
+    return None
 
 
 def check_queue_identity(raw, lay: RecordLayout, topic: bytes, queue_id: int,
@@ -67,7 +85,13 @@ def verify_queue_record(raw, phys_offset: int, size: int, topic: bytes, queue_id
                 and raw[topic_at - 1] == topic_len
                 and raw[topic_at:topic_at + topic_len] == topic
                 and props_at + (raw[props_at - 2] << 8 | raw[props_at - 1]) == size
-                and zlib.crc32(raw[body_at:body_at + body_len]) & 0x7FFFFFFF == f[2]):
+                # Properties shorter than the record CRC's 20 bytes (a tag alone) cannot hold
+                # it: one comparison instead of a call on the common path.
+                and (zlib.crc32(raw[body_at:body_at + body_len]) & 0x7FFFFFFF == f[2]
+                     if size - props_at < _CRC_BYTES
+                     or record_crc.state(raw, props_at, size) == _ABSENT
+                     else record_crc.state(raw, props_at, size) == _CARRIED
+                     and record_crc.intact(raw, 0, size))):
             # tuple.__new__ skips the NamedTuple constructor's Python frame (a third of this
             # function's time on a small record).
             return _new_layout(RecordLayout,

@@ -50,12 +50,15 @@ def queue_for(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"q{seed}:{index}".encode()).digest()[:4], "big") % QUEUES
 
 
+def tags_for(index: int) -> str | None:
+    return f"t{index % 3}" if index % 3 else None
+
+
 def message_for(seed: int, index: int):
     from mqstore import Message
 
-    return Message(TOPIC, body_for(seed, index), tags=f"t{index % 3}" if index % 3 else None,
-                   keys=[f"k{index}"], queue_id=queue_for(seed, index),
-                   born_timestamp=BORN_TIMESTAMP)
+    return Message(TOPIC, body_for(seed, index), tags=tags_for(index), keys=[f"k{index}"],
+                   queue_id=queue_for(seed, index), born_timestamp=BORN_TIMESTAMP)
 
 
 def small_store_overrides(**sections) -> dict:
@@ -208,8 +211,9 @@ class Audit:
 def audit(store, seed: int, acks: list) -> Audit:
     """Check every acknowledged message against ``store``: found by its physical offset and
     by a pull at its queue offset, byte-identical. A message that is not there, reported
-    damaged, or unreachable through its queue is lost; one served with other bytes, at
-    another offset or from another record is wrong. Other surviving messages are fine."""
+    damaged, or unreachable through its queue is lost; one served with another body, born
+    time, tag or key, at another offset or from another record is wrong. Other surviving
+    messages are fine."""
     from mqstore.errors import CorruptRecordError
 
     lost, wrong = [], []
@@ -223,7 +227,8 @@ def audit(store, seed: int, acks: list) -> Audit:
             lost.append(ack)
             continue
         if (msg.body != expected or msg.queue_offset != ack.queue_offset
-                or msg.queue_id != ack.queue_id):
+                or msg.queue_id != ack.queue_id or msg.born_timestamp != BORN_TIMESTAMP
+                or msg.tags != tags_for(ack.index) or msg.keys != [f"k{ack.index}"]):
             wrong.append(ack)
             continue
         got = store.get("audit", TOPIC, ack.queue_id, ack.queue_offset, 1)
