@@ -362,12 +362,16 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
     _cut_torn_tail(segq, segs, pos, report, read_only)
     report.commit_log_end = pos
     report.deleted_files += segq.truncate_to(pos)
-    _drop_units_past(consume_queues, pos, report)
+    cut_from = _drop_units_past(consume_queues, pos, report)
 
     if abnormal:
         report.redispatch_from = report.scan_from
     else:
         report.redispatch_from = max(report.scan_from, min(dispatch_from, pos))
+    # Units naming bytes past the end may be damaged units of records the log still holds:
+    # those records must get their units (and queue offsets) back. The range below the
+    # walk's start is mended by the open before dispatch reads it.
+    report.redispatch_from = min(report.redispatch_from, cut_from)
     return report
 
 
@@ -438,8 +442,10 @@ def _cut_torn_tail(segq, segs, pos: int, report: RecoveryReport, read_only: bool
         report.stop_reason = None
 
 
-def _drop_units_past(consume_queues, pos: int, report: RecoveryReport) -> None:
-    """Consume-queue units naming records at or past the recovered end go."""
+def _drop_units_past(consume_queues, pos: int, report: RecoveryReport) -> int:
+    """Consume-queue units naming records at or past the recovered end go; returns where
+    dispatch must run again for the queues that lost units (NO_END: none did)."""
+    cut_from = NO_END
     for cq in consume_queues:
         if cq.max_phys > pos:
             dropped = cq.truncate_to_phys(pos)
@@ -447,3 +453,5 @@ def _drop_units_past(consume_queues, pos: int, report: RecoveryReport) -> None:
                 key = f"{cq.topic}/{cq.queue_id}"
                 report.consume_queue_units_dropped[key] = (
                     report.consume_queue_units_dropped.get(key, 0) + dropped)
+                cut_from = min(cut_from, max(cq.max_phys, 0))
+    return cut_from

@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from mqstore.format.cq_unit import CQ_DTYPE, CQ_UNIT_SIZE, FILLER_SIZE, valid_prefix
-from mqstore.storage.mapped_file import MappedFile
+from mqstore.storage.mapped_file import MappedFile, segment_name
 from mqstore.storage.segment_queue import SegmentQueue
 
 CONSUME_QUEUE_DIR = "consumequeue"
@@ -82,7 +82,12 @@ class ConsumeQueue:
         if not segs:
             return 0
         first = max(0, len(segs) - RECOVER_LAST_FILES)
-        prev_end = _last_end(self.stored_units(segs[first - 1])) if first else -1
+        prev_end = -1
+        if first:
+            # Where the unchecked files' records end, up to any damage in them: a damaged
+            # unit's garbage end there would put every checked unit out of order.
+            before = self.stored_units(segs[first - 1])
+            prev_end = _last_end(before[:valid_prefix(before)])
         end_seg, end_pos = segs[first], 0
         for seg in segs[first:]:
             units = self.stored_units(seg)
@@ -227,8 +232,11 @@ class ConsumeQueue:
         (there may be more)."""
         first = seg.wrote // CQ_UNIT_SIZE
         live = self.units_of(seg)[first:first + self._REFRESH_WINDOW]
-        if not len(live) or live["size"][0] == 0:
-            return False  # nothing new: an idle look reads one unit
+        if not len(live) or (live["size"][0] == 0 and (
+                commit_log is None or (len(live) > 1 and _unwritten(live[1])))):
+            # Nothing new: an idle look reads a unit or two. A zeroed unit with something
+            # after it may be damage that later units vouch for (see below).
+            return False
         units = live.copy()  # every check below sees the same bytes
         n = valid_prefix(units, self.max_phys)
         real = units["size"][:n] != FILLER_SIZE
@@ -236,11 +244,71 @@ class ConsumeQueue:
         beyond = np.flatnonzero(real & (ends > limit_phys))
         if len(beyond):
             n = int(beyond[0])
+        sane = n
         if n and commit_log is not None:
             n = self._confirmed(seg, first, units, live, n, commit_log)
+        if n == sane < len(units) and commit_log is not None:
+            # Stopped at a unit that is not sane: a tail being written or torn, or damage.
+            # Only the log tells which (without it, this is the writer's own process: its
+            # dispatch recovered the queue and rebuilt what was damaged).
+            prev_end = max(self.max_phys, _last_end(units[:n]))
+            damaged = self._damage_run(seg, first + n, units[n:n + 1], prev_end, limit_phys,
+                                       commit_log)
+            if damaged is not None:
+                self._take(seg, first, _joined(units[:n], damaged), prev_end)
+                return True
         if n:
             self._take(seg, first, units[:n])
         return n == len(live)
+
+    # Damaged units in a row a look passes on to pulls; a longer run is taken for a tail.
+    _DAMAGE_RUN = 16
+
+    def _damage_run(self, seg: MappedFile, at: int, seen: np.ndarray, prev_end: int,
+                    limit_phys: int, commit_log) -> np.ndarray | None:
+        """The units of ``seg`` from index ``at`` (not sane; ``seen`` as the look read it) that
+        are damage: a run followed, within _DAMAGE_RUN, by a unit that is sane, in order after
+        ``prev_end``, names a record below ``limit_phys`` and is that record's unit. Dispatch
+        writes units in order, so the run was written before that unit and what it holds now
+        is final. The writer's open keeps such a queue's length as well (recovery rebuilds
+        it); pulls serve the run's records from the log and report them. None when no unit
+        vouches for the run: units past the end after the last intact one are a tail (torn,
+        or still being copied), kept hidden."""
+        ahead = self.units_of(seg)[at + 1:at + 1 + self._DAMAGE_RUN].copy()
+        if len(ahead) < self._DAMAGE_RUN:  # the run may end in the next file
+            ahead = _joined(ahead, self._first_units_after(seg, self._DAMAGE_RUN - len(ahead)))
+        base = seg.start // CQ_UNIT_SIZE + at + 1  # queue offset of ahead[0]
+        for i, unit in enumerate(ahead):
+            phys, size = int(unit["phys_offset"]), int(unit["size"])
+            if phys == 0 and size == 0:
+                return None  # not written yet: what comes before is the tail so far
+            if (size == FILLER_SIZE or size <= 0 or phys < prev_end or phys + size > limit_phys
+                    or not self._record_is(commit_log, phys, size, base + i)):
+                continue
+            run = _joined(seen, ahead[:i])[:seg.size // CQ_UNIT_SIZE - at]
+            if self.units_of(seg)[at:at + len(run)].tobytes() != run.tobytes():
+                return None  # read while being written: the next look decides
+            self._warn(f"consume queue {self.topic}/{self.queue_id}: unit(s) {base - 1}.."
+                       f"{base + len(run) - 2} damaged, followed by intact units; passed on "
+                       f"to pulls, which serve their records from the commit log and report "
+                       f"them (mqstore check --fix rebuilds the queue)")
+            return run
+        return None
+
+    def _first_units_after(self, seg: MappedFile, count: int) -> np.ndarray:
+        """Up to ``count`` first units of the file after ``seg``, read without mapping it: a
+        follower maps a file once the ones before are admitted (see ``SegmentQueue.refresh``),
+        and a read-only recovery forgets the files after a cut."""
+        start = seg.start + seg.size
+        for later in self.segments.segments:
+            if later.start == start:
+                return self.units_of(later)[:count].copy()
+        try:
+            with open(os.path.join(self.directory, segment_name(start)), "rb") as f:
+                raw = os.pread(f.fileno(), count * CQ_UNIT_SIZE, 0)
+        except OSError:  # none yet, or deleted meanwhile
+            raw = b""
+        return np.frombuffer(raw[:len(raw) - len(raw) % CQ_UNIT_SIZE], dtype=CQ_DTYPE).copy()
 
     def _confirmed(self, seg: MappedFile, first: int, units: np.ndarray, live: np.ndarray,
                    n: int, commit_log) -> int:
@@ -290,7 +358,10 @@ class ConsumeQueue:
                    f"match the record it names; passed on to pulls, which report it")
         return 1
 
-    def _take(self, seg: MappedFile, first: int, units: np.ndarray) -> None:
+    def _take(self, seg: MappedFile, first: int, units: np.ndarray,
+              max_phys: int | None = None) -> None:
+        """Admit ``units`` from index ``first`` of ``seg``; ``max_phys``: the end of the last
+        record they name, when the last ones are damaged (their own ends are garbage)."""
         pos = seg.start + first * CQ_UNIT_SIZE
         filler = units["size"] == FILLER_SIZE
         if self.max_phys < 0 and pos == self.min_logic_offset:
@@ -299,7 +370,9 @@ class ConsumeQueue:
             self.min_logic_offset = pos + lead * CQ_UNIT_SIZE
         seg.wrote = (first + len(units)) * CQ_UNIT_SIZE
         real = units[~filler]
-        if len(real):
+        if max_phys is not None:
+            self.max_phys = max_phys
+        elif len(real):
             self.max_phys = int(real["phys_offset"][-1]) + int(real["size"][-1])
 
     # -- writing (dispatch only) -----------------------------------------------------------
@@ -427,6 +500,12 @@ class ConsumeQueue:
         self.segments.destroy()
 
 
+def _unwritten(unit) -> bool:
+    """Whether ``unit`` reads as one dispatch has not written yet (a written one never has
+    size 0)."""
+    return unit["size"] == 0 and unit["phys_offset"] == 0
+
+
 def _written(units: np.ndarray) -> int:
     """Units that hold anything (a never-written unit is all zeros)."""
     return int(np.count_nonzero((units["size"] != 0) | (units["phys_offset"] != 0)))
@@ -438,6 +517,11 @@ def _last_end(units: np.ndarray) -> int:
     if not len(real):
         return -1
     return int((real["phys_offset"].astype(np.int64) + real["size"].astype(np.int64)).max())
+
+
+def _joined(*parts: np.ndarray) -> np.ndarray:
+    """Units end to end, in the file's byte order (``np.concatenate`` would go native)."""
+    return np.concatenate(parts).astype(CQ_DTYPE)
 
 
 def _fillers(count: int) -> np.ndarray:
