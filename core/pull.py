@@ -19,6 +19,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from mqstore import pull_rows
+from mqstore.pull_runs import RUN_FROM, ColumnRuns
 from mqstore.errors import CorruptRecordError
 from mqstore.filtering import MATCH_ALL
 from mqstore.format.cq_ext import bitmap_matches
@@ -31,9 +32,6 @@ log = logging.getLogger("mqstore.pull")
 MAX_PULL_BYTES = 128 * 1024 * 1024
 _UNIT = struct.Struct(">qiq")  # a consume-queue unit: commit-log offset, size, tag code
 _MIN_RECORD = pull_rows.MIN_RECORD
-# Below this many messages a pull walks unit by unit: the column-wise checks cost a fixed
-# few dozen numpy calls, which only pay for themselves over longer batches.
-COLUMNS_FROM = 64
 
 
 class PullLimits:
@@ -210,14 +208,15 @@ def _found_null(result: GetResult, cq, offset: int, correct) -> GetResult:
     return result
 
 
-class _Scan:
+class _Scan(ColumnRuns):
     """One pull's walk over its window: the rows served so far (``parts``), where the next
     pull begins, and the commit-log segment last read (consecutive units mostly share it).
 
-    A chunk of units is served column-wise (``_take_columns``) when every unit in it is an
-    ordinary reference into one readable segment and every candidate record checks out;
-    anything else (fillers, removed or damaged records, a segment boundary) is walked unit by
-    unit, which reports each problem. Both follow the same rules, so they serve the same rows.
+    A chunk of units is cut at commit-log segment ends (``pull_runs``); a run is served
+    column-wise (``_take_columns``) when every unit in it is an ordinary reference into one
+    readable segment and every candidate record checks out; anything else (fillers, removed
+    records, the unit of a damaged record) is walked unit by unit, which reports each problem.
+    Both follow the same rules, so they serve the same rows.
     """
 
     __slots__ = ("result", "parts", "slow", "codes", "n", "flt", "req", "limits", "max_msgs",
@@ -244,7 +243,7 @@ class _Scan:
         self.log_seg = None
         self.log_start = self.log_end = 0
         self.total = self.max_phys_pulling = 0
-        self.next_phys_file_start = -1
+        self.next_phys_file_start = self.bad_row = -1
         self.nxt = req.offset
         self.commit_log, self.cq = commit_log, cq
 
@@ -257,18 +256,44 @@ class _Scan:
         return self.result
 
     def take(self, units, c_start: int) -> bool:
-        """Walk one chunk of units (``c_start`` units into the window); False once the batch
-        is full, which ends the pull."""
-        self.base = self.req.offset + c_start
-        served = self._take_columns(units)
-        if served is not None:
-            return served
+        """Serve one chunk of units (``c_start`` units into the window): its runs inside one
+        commit-log segment column-wise, the units between them by the walk; False once the
+        batch is full, which ends the pull."""
+        base = self.req.offset + c_start
+        mask = _window_mask(units, self.flt, self.req.ext_loader, self.req.bitmap)
+        pos, sizes, pieces = self._pieces(units)
+        pieces.reverse()
+        while pieces:
+            i, j, columns = pieces.pop()
+            if i == j:
+                continue
+            self.base = base + i
+            whole = i == 0 and j == len(units)
+            piece = units if whole else units[i:j]
+            piece_mask = mask if whole or mask is None else mask[i:j]
+            served = self._take_columns(piece, pos[i:j], sizes[i:j], piece_mask) if (
+                columns) else None
+            if served is None and columns and self.bad_row >= 0:
+                # Only the unit of the record that fails is walked (which says why); the
+                # rows around it stay column-wise.
+                bad = i + self.bad_row
+                pieces += [(bad + 1, j, j - bad - 1 >= RUN_FROM), (bad, bad + 1, False),
+                           (i, bad, bad - i >= RUN_FROM)]
+                continue
+            if served is None:
+                served = self._walk(piece, piece_mask)
+            if not served:
+                return False
+        return True
+
+    def _walk(self, units, mask) -> bool:
+        """Serve units one by one (``mask``: those that may match, None for all); False once
+        the batch is full."""
         self.slow = None
         self.codes = units["tags_code"].tolist()
         self.positions = positions = units["phys_offset"].tolist()
         sizes = units["size"].tolist()
         visit = self.visit
-        mask = _window_mask(units, self.flt, self.req.ext_loader, self.req.bitmap)
         if mask is None:
             if self.flt is MATCH_ALL:
                 return self._walk_plain(positions, sizes)
@@ -288,92 +313,6 @@ class _Scan:
                 return False
             i = c + 1
         return not (len(positions) > i and skip(i, len(positions)))
-
-    # -- column-wise ----------------------------------------------------------------------
-    def _take_columns(self, units) -> bool | None:
-        """Serve the chunk column-wise; None (nothing changed) when it needs the walk."""
-        if (self.next_phys_file_start >= 0 or len(units) < 2
-                or self.max_msgs - self.n < COLUMNS_FROM):
-            return None
-        pos = units["phys_offset"].astype(np.int64)
-        sizes = units["size"].astype(np.int64)
-        if int(sizes.min()) < pull_rows.MIN_RECORD or sizes.max() == FILLER_SIZE:
-            return None
-        log_seg = self.log_seg
-        first = int(pos[0])
-        if log_seg is None or not self.log_start <= first < self.log_end:
-            log_seg = self._segment_of(first)
-        if (log_seg is None or int(pos.min()) < self.log_start
-                or int((pos + sizes).max()) > self.log_end):
-            return None
-        try:
-            # Held from here on, the array keeps the map readable if cleanup closes it.
-            data = pull_rows.segment_bytes(log_seg.mm)
-        except ValueError:  # closed since the lookup: the walk says so
-            return None
-        mask = _window_mask(units, self.flt, self.req.ext_loader, self.req.bitmap)
-        offsets = self.base + np.arange(len(pos), dtype=np.int64)
-        rows = pull_rows.Rows(log_seg.start, data, pos, sizes, offsets, units["tags_code"],
-                              len(self.topic))
-        accepted = np.ones(len(pos), dtype=bool) if mask is None else np.asarray(mask, bool)
-        in_mem = (self.max_py - pos) <= self.mem_limit
-        checked = np.zeros(len(pos), dtype=bool)
-        flt = None if self.flt is MATCH_ALL else self.flt
-        filtered = 0
-        while True:
-            stop = self._full_at(accepted, sizes, in_mem)
-            todo = np.flatnonzero(accepted[:stop] & ~checked[:stop])
-            if not len(todo):
-                break
-            if not rows.check(todo, self.topic, self.queue_id, self.req.verify_crc):
-                return None  # the walk names what is wrong with which record
-            checked[todo] = True
-            rejected = rows.reject(todo, flt) if flt is not None else ()
-            if not len(rejected):
-                break
-            accepted[rejected] = False
-            filtered += len(rejected)
-        served = np.flatnonzero(accepted[:stop])
-        result = self.result
-        result.filtered_count += filtered
-        if len(served):
-            self.parts.append(rows.take(served))
-            self.n += len(served)
-            self.total += int(sizes[served].sum())
-            result.status = GetStatus.FOUND
-        if stop:
-            self.max_phys_pulling = int(pos[stop - 1])
-            self.nxt = self.base + stop
-            if not self.n:
-                result.status = GetStatus.NO_MATCHED_MESSAGE
-        return stop == len(pos)
-
-    def _full_at(self, accepted, sizes, in_mem) -> int:
-        """The first unit at which the batch counts as full (isTheBatchFull) when exactly the
-        ``accepted`` units are served; the chunk's length when none."""
-        lim = self.limits
-        k = len(accepted)
-        if accepted.all() and (in_mem.all() or not in_mem.any()):
-            # Every unit served, one set of limits: full where the count or the bytes reach it.
-            mem = bool(in_mem[0])
-            n = self.n
-            count_at = min(self.max_msgs, lim.mem_count if mem else lim.disk_count) - n
-            room = min(self.max_pull, lim.mem_bytes if mem else lim.disk_bytes) - self.total
-            bytes_at = int(np.searchsorted(np.cumsum(sizes), room, side="right"))
-            stop = min(max(count_at, 0), bytes_at, k)
-            if n or stop:
-                return stop
-            # The first message of a pull is always served, whatever its size.
-            return min(max(count_at, 1), max(bytes_at, 1), k) if count_at > 0 else 1
-        a = accepted.astype(np.int64)
-        n_before = self.n + np.cumsum(a) - a
-        sized = a * sizes
-        with_it = self.total + np.cumsum(sized) - sized + sizes
-        full = (n_before > 0) & ((n_before + 1 > self.max_msgs) | (with_it > self.max_pull) | (
-            np.where(in_mem, (with_it > lim.mem_bytes) | (n_before >= lim.mem_count),
-                     (with_it > lim.disk_bytes) | (n_before >= lim.disk_count))))
-        hit = np.flatnonzero(full)
-        return int(hit[0]) if len(hit) else len(accepted)
 
     # -- unit by unit ---------------------------------------------------------------------
     def _prepare_gaps(self, units) -> None:
@@ -431,7 +370,7 @@ class _Scan:
                     if n + 1 > max_msgs or with_it > max_pull or (
                             with_it > mem_bytes or n >= mem_count if max_py - pos <= mem_limit
                             else with_it > disk_bytes or n >= disk_count):
-                        return False
+                        break
                 at = pos - self.log_start
                 try:
                     raw = log_seg.mm[at:at + size]
@@ -458,10 +397,14 @@ class _Scan:
                 if walked is not None:
                     self.result.status = GetStatus.FOUND
                 return False
+        else:
+            c = len(positions)
+        # Full before unit c, or at the chunk's end: what was served in this loop is FOUND
+        # (the pull's first message may have been served here, not by ``visit``).
         self.n, self.total = n, total
         if walked is not None:
             self.result.status = GetStatus.FOUND
-        return True
+        return c == len(positions)
 
     def visit(self, c: int, pos: int, size: int) -> bool:
         """Serve or pass over the candidate unit ``c`` of the chunk; True when the batch is

@@ -12,13 +12,16 @@ import numpy as np
 
 from mqstore.format.record import HEADER_STRUCTS, RecordLayout
 from mqstore.format.record_rows import (
-    HEADER_V4, HEADER_V4_BYTES, MIN_V1_RECORD, crc_ok, gather, headers, segment_bytes,
-    v1_ipv4_ok,
+    HEADER_V4, HEADER_V4_BYTES, MIN_V1_RECORD, gather, headers, records_crc_ok,
+    segment_bytes, v1_ipv4_ok,
 )
 from mqstore.message import StoredMessage
 
 MIN_RECORD = MIN_V1_RECORD
 _HEAD_V4 = HEADER_STRUCTS[0]
+# Headers are kept as opaque 88-byte items: numpy copies a row of a dtype with fields field
+# by field, an opaque one with one memcpy (about 0.1 us a row less, each way).
+_HEAD_ROW = np.dtype((np.void, HEADER_V4_BYTES))
 _new_layout = tuple.__new__
 
 
@@ -44,7 +47,7 @@ class Rows:
         self.start, self.data = start, data
         self.pos, self.sizes, self.offsets, self.codes = pos, sizes, offsets, codes
         self.topic_len = topic_len
-        self.heads = np.zeros(len(pos), dtype=HEADER_V4)
+        self.heads = np.zeros(len(pos), dtype=_HEAD_ROW)
         self.msgs: dict[int, StoredMessage] = {}
 
     def check(self, todo: np.ndarray, topic: bytes, queue_id: int, verify_crc: bool) -> bool:
@@ -57,10 +60,9 @@ class Rows:
               & (head["queue_offset"] == self.offsets[todo]))
         if not ok.all():
             return False
-        if verify_crc and not crc_ok(data, (at + HEADER_V4_BYTES).tolist(),
-                                     head["body_len"].tolist(), head["body_crc"].tolist()):
+        if verify_crc and not records_crc_ok(data, at, self.sizes[todo], head, len(topic)):
             return False
-        self.heads[todo] = head
+        self.heads[todo] = np.ascontiguousarray(head).view(_HEAD_ROW)
         return True
 
     def reject(self, todo: np.ndarray, flt) -> np.ndarray:
@@ -82,7 +84,7 @@ class Rows:
         msgs = self.msgs
         return Part(self.start, self.data, self.pos[served], self.sizes[served],
                     self.offsets[served],
-                    self.codes[served], self.heads[served],
+                    self.codes[served], self.heads[served].view(HEADER_V4),
                     [msgs.get(r) for r in served.tolist()] if msgs else None)
 
 

@@ -124,3 +124,18 @@ def test_a_unit_past_its_segment_or_the_log_is_served_from_the_log(make_store, s
     assert "damaged unit" in res.corrupt[0][2]
     assert f"found in the commit log at offset {rs[1].phys_offset}" in res.corrupt[0][2]
     assert res.next_begin_offset == 4
+
+
+def test_a_pull_that_serves_past_a_damaged_record_answers_found(make_store, store_dir):
+    """The batch fills with the message after a damaged one: FOUND, as for any served message
+    (the walk once left NO_MATCHED_MESSAGE standing from the damaged unit)."""
+    store = make_store()
+    rs = [store.put(Message(topic="T", body=b"m%d" % i, queue_id=0)) for i in range(4)]
+    store.wait_dispatched()
+    _poke(store_dir, rs[0].phys_offset + 90, b"\xee")  # a body byte: the CRC tells
+    for max_msgs in (1, 2):
+        res = store.get("g", "T", 0, 0, max_msgs)
+        assert res.status is GetStatus.FOUND
+        assert [m.body for m in res.messages] == [b"m%d" % i for i in range(1, 1 + max_msgs)]
+        assert res.next_begin_offset == 1 + max_msgs
+        assert [c[:2] for c in res.corrupt] == [(0, rs[0].phys_offset)]

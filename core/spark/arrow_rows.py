@@ -26,7 +26,6 @@ log = logging.getLogger("mqstore.spark")
 # row on fewer, larger batches (a noop write of 1M rows: about 2.0 CPU-s at 8192, 1.5 at
 # 16384 to 32768); the reader a little more (its arrays leave the CPU caches sooner).
 READ_ROWS = 16384
-MIN_READ = 64  # the smallest read: the one that crosses a commit-log segment end
 
 
 @dataclass(frozen=True)
@@ -52,9 +51,8 @@ def read_range(part, settings: ReadSettings):
     # The plan was made in another process; this one's view may still be behind it.
     queue_end(store, part.topic, part.queue_id, at_least=part.end)
     offset = part.start
-    want = READ_ROWS
     while offset < part.end:
-        batch = store.read(part.topic, part.queue_id, offset, min(want, part.end - offset),
+        batch = store.read(part.topic, part.queue_id, offset, min(READ_ROWS, part.end - offset),
                            expression=expression, expression_type=expression_type,
                            verify=settings.verify_checksums)
         if batch is None:
@@ -67,39 +65,12 @@ def read_range(part, settings: ReadSettings):
             rows = to_record_batch(store, part, batch)
             keep = _keep(rows, batch, part.end, settings)
             yield rows if keep is None else rows.filter(keep)
-            want = _next_read(store.commit_log, batch.phys_offsets)
         if batch.next_begin_offset <= offset:
             # The queue holds less than was planned (its end was cut since): nothing more.
             log.warning("store %s %s/%d: read ends at %d of %d (%s)", part.store, part.topic,
                         part.queue_id, offset, part.end, batch.status.name)
             return
         offset = batch.next_begin_offset
-
-
-def _next_read(commit_log, phys: np.ndarray) -> int:
-    """How many messages the next ``store.read`` of a queue asks for, after a batch whose
-    rows lie at commit-log offsets ``phys``: READ_ROWS, or fewer when that many would likely
-    run past the end of the commit-log segment the batch ended in.
-
-    NOTE [ Reads across a segment end ]: ``store.read`` checks and gathers a run of units
-    column-wise only when every record it names lies in one segment; a run that crosses a
-    segment end is walked message by message instead (about 10 us a message against 1), so
-    one read of READ_ROWS across each segment end cost as much as ten in it. The next read is
-    therefore sized from this batch's stride through the log to stop short of the segment
-    end, and only the last small read (MIN_READ messages) crosses it. The size never changes
-    which rows a range yields, only how they are cut into batches; a wrong guess costs at
-    most one walk of the read that crossed, as before."""
-    if len(phys) < 2:
-        return READ_ROWS
-    last = int(phys[-1])
-    seg = commit_log.segments.find(last)
-    if seg is None:
-        return READ_ROWS
-    stride = (last - int(phys[0])) / (len(phys) - 1)  # commit-log bytes per message
-    left = (seg.end - last) / stride if stride > 0 else READ_ROWS  # messages before the end
-    if left >= 1.25 * READ_ROWS:
-        return READ_ROWS
-    return max(MIN_READ, int(left * 0.8))
 
 
 def _keep(rows: pa.RecordBatch, batch, end: int, settings: ReadSettings):
