@@ -28,7 +28,7 @@ def read_message(commit_log, phys_offset: int) -> StoredMessage | None:
         raise CorruptRecordError(f"record at commit-log offset {phys_offset}: size {size} "
                                  f"runs past the readable end {commit_log.max_offset}")
     raw = bytes(raw)
-    lay = verify_record(raw, phys_offset, size)
+    lay = verify_record(raw, phys_offset, size, commit_log.crc_range)
     f = lay.fields
     if f[4] == QUARANTINE_FLAG and is_quarantine(
             f[4], f[7], raw[lay.topic_at:lay.topic_at + lay.topic_len].decode("ascii", "replace")):

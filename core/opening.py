@@ -29,7 +29,7 @@ from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper, read_manifest
 from mqstore.storage.shared_segment import store_segment_name, unlink_segment
-from mqstore.store_meta import load_meta, settle_meta
+from mqstore.store_meta import load_meta, settle_meta, settle_record_crc
 from mqstore.store_view import DirectoryView
 from mqstore.workers import shm
 
@@ -135,6 +135,12 @@ class Opener:
             read_only=ro, known_queues=known_queues, marker=self._usable_marker())
         report.notes[:0] = self.notes
         store.recovery_report = report
+        if not ro:
+            self.meta = settle_record_crc(self.root, self.meta, self.config.commit_log.record_crc,
+                                          store.commit_log.max_offset)
+        since = self.meta.get("record_crc_since")
+        if since is not None:
+            store.commit_log.crc_range = (since, store.commit_log.max_offset if ro else 1 << 62)
         if not store.commit_log.segments.segments:
             self.queues.clear()
         if not ro:

@@ -124,12 +124,10 @@ def _out_of_range(offset: int, min_off: int, max_off: int, correct) -> GetResult
 
 def get_messages(commit_log, cq, req: PullRequest, limits: PullLimits) -> GetResult:
     """RocketMQ's getMessage: the messages as objects."""
-    if req.max_msgs == 1 and req.flt is MATCH_ALL and cq is not None:
-        min_off, max_off = cq.min_offset, cq.max_offset
-        if min_off <= req.offset < max_off:
-            one = _one(commit_log, cq, req, limits, min_off, max_off)
-            if one is not None:
-                return one
+    if req.max_msgs == 1 and req.flt is MATCH_ALL:
+        one = get_one(commit_log, cq, req.offset, limits)
+        if one is not None:
+            return one
     scan = scan_queue(commit_log, cq, req, limits)
     if isinstance(scan, GetResult):
         return scan
@@ -171,10 +169,14 @@ def scan_queue(commit_log, cq, req: PullRequest, limits: PullLimits):
     return scan
 
 
-def _one(commit_log, cq, req: PullRequest, limits: PullLimits, min_off: int, max_off: int):
-    """A one-message pull of an ordinary unit whose record checks out, as a finished GetResult;
-    None for anything else (the general walk handles it and says why)."""
-    offset = req.offset
+def get_one(commit_log, cq, offset: int, limits: PullLimits) -> GetResult | None:
+    """A one-message unfiltered pull of an ordinary unit whose record checks out, as a
+    finished GetResult; None for anything else (the general walk handles it and says why)."""
+    if cq is None:
+        return None
+    min_off, max_off = cq.min_offset, cq.max_offset
+    if not min_off <= offset < max_off:
+        return None
     seg = cq.segments.find(offset * CQ_UNIT_SIZE)
     if seg is None:
         return None
@@ -190,7 +192,8 @@ def _one(commit_log, cq, req: PullRequest, limits: PullLimits, min_off: int, max
         return None
     try:
         raw = log_seg.mm[rel:rel + size]
-        lay = verify_queue_record(raw, pos, size, cq.topic.encode(), cq.queue_id, offset)
+        lay = verify_queue_record(raw, pos, size, cq.topic.encode(), cq.queue_id, offset,
+                                  commit_log.crc_range)
     except ValueError:  # damaged (CorruptRecordError), or a segment closed since the lookup
         return None
     result = GetResult(GetStatus.FOUND, limits.correct(offset, offset + 1), min_off, max_off,
@@ -355,6 +358,7 @@ class _Scan(ColumnRuns):
         max_msgs, max_pull, max_py, mem_limit = self.max_msgs, self.max_pull, self.max_py, \
             self.mem_limit
         limits, codes = self.limits, self.codes
+        crc_range = self.commit_log.crc_range
         mem_bytes, mem_count = limits.mem_bytes, limits.mem_count
         disk_bytes, disk_count = limits.disk_bytes, limits.disk_count
         walked = None
@@ -374,7 +378,8 @@ class _Scan(ColumnRuns):
                 at = pos - self.log_start
                 try:
                     raw = log_seg.mm[at:at + size]
-                    lay = verify_queue_record(raw, pos, size, topic, queue_id, base + c)
+                    lay = verify_queue_record(raw, pos, size, topic, queue_id, base + c,
+                                              crc_range)
                 except ValueError:  # damaged, or closed by cleanup: the walk says which
                     lay = None
                 if lay is not None:
@@ -464,7 +469,8 @@ class _Scan(ColumnRuns):
             self.next_phys_file_start = pos + self.seg_bytes - pos % self.seg_bytes
             return False
         try:
-            lay = verify_queue_record(raw, pos, size, self.topic, self.queue_id, nxt - 1)
+            lay = verify_queue_record(raw, pos, size, self.topic, self.queue_id, nxt - 1,
+                                      self.commit_log.crc_range)
         except CorruptRecordError as exc:
             got = self._rescue(nxt - 1, pos, str(exc))
             if got is None:

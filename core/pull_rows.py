@@ -50,7 +50,8 @@ class Rows:
         self.heads = np.zeros(len(pos), dtype=_HEAD_ROW)
         self.msgs: dict[int, StoredMessage] = {}
 
-    def check(self, todo: np.ndarray, topic: bytes, queue_id: int, verify_crc: bool) -> bool:
+    def check(self, todo: np.ndarray, topic: bytes, queue_id: int, verify_crc: bool,
+              crc_range: tuple[int, int] | None = None) -> bool:
         """True when every record of the rows ``todo`` is intact and the one its unit names."""
         data = self.data
         at = self.pos[todo] - self.start
@@ -60,7 +61,12 @@ class Rows:
               & (head["queue_offset"] == self.offsets[todo]))
         if not ok.all():
             return False
-        if verify_crc and not records_crc_ok(data, at, self.sizes[todo], head, len(topic)):
+        required = None
+        if crc_range is not None:
+            pos = self.pos[todo]
+            required = (pos >= crc_range[0]) & (pos < crc_range[1])
+        if verify_crc and not records_crc_ok(data, at, self.sizes[todo], head, len(topic),
+                                             required):
             return False
         self.heads[todo] = np.ascontiguousarray(head).view(_HEAD_ROW)
         return True

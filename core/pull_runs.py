@@ -95,7 +95,8 @@ class ColumnRuns:
             todo = np.flatnonzero(accepted[:stop] & ~checked[:stop])
             if not len(todo):
                 break
-            if not rows.check(todo, self.topic, self.queue_id, self.req.verify_crc):
+            if not rows.check(todo, self.topic, self.queue_id, self.req.verify_crc,
+                              self.commit_log.crc_range):
                 self.bad_row = self._first_bad(rows, todo)
                 return None  # the walk names what is wrong with which record
             checked[todo] = True
@@ -125,7 +126,8 @@ class ColumnRuns:
         lo, hi = 0, len(todo)  # todo[lo:hi] holds the first failing row
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if rows.check(todo[lo:mid], self.topic, self.queue_id, self.req.verify_crc):
+            if rows.check(todo[lo:mid], self.topic, self.queue_id, self.req.verify_crc,
+                          self.commit_log.crc_range):
                 lo = mid
             else:
                 hi = mid

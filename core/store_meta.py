@@ -1,10 +1,14 @@
 """What a store records about itself in ``mqstore.json``, and recovering it when it is lost.
 
     {"format": 1, "hash": "mmh3" | "java",
-     "commit_log_segment_bytes": <int>, "consume_queue_file_bytes": <int>}
+     "commit_log_segment_bytes": <int>, "consume_queue_file_bytes": <int>,
+     "record_crc_since": <int>}
 
 ``hash`` is the string hash of tag codes and index keys; the sizes are those the files were
-written with (a later configuration never changes them). The file is written atomically when
+written with (a later configuration never changes them). ``record_crc_since``, present while
+``commit_log.record_crc`` is on, is the commit-log offset from which every record carries the
+record CRC (``format.record_crc``): a record there without one had it destroyed, which a
+record alone cannot tell from never having had one. The file is written atomically when
 a writable store opens. When it is missing or unreadable, the sizes come from the files and
 the hash from every derived file that was written with it: the tag codes that consume queues
 hold for stored messages, and the index entries of stored messages' keys, are each compared
@@ -210,6 +214,11 @@ def settle_meta(root: str, meta: dict, problem: str | None, *, commit_log, consu
     meta = dict(meta)
     if problem:
         notes.append(problem)
+    since = meta.get("record_crc_since")
+    if since is not None and (type(since) is not int or since < 0):
+        notes.append(f"mqstore.json: record_crc_since {since!r} is not a commit-log offset; "
+                     f"records are checked by the CRC each carries")
+        del meta["record_crc_since"]
     if "hash" not in meta:
         meta["hash"] = _settle_hash(root, commit_log, consume_queues, configured_hash,
                                     hash_explicit, read_only, problem, notes)
@@ -225,6 +234,21 @@ def settle_meta(root: str, meta: dict, problem: str | None, *, commit_log, consu
     if not read_only and (meta != recorded or problem):
         write_meta(root, meta)
     return meta
+
+
+def settle_record_crc(root: str, meta: dict, record_crc: bool, log_end: int) -> dict:
+    """``meta`` of a writable store whose recovered log ends at ``log_end``, with
+    ``record_crc_since`` as the configured ``record_crc`` makes it (recorded when it changes):
+    set to the end when the setting is turned on, dropped when it is off, since records from
+    here on come without the property and none may be required to have it."""
+    settled = dict(meta)
+    if record_crc:
+        settled.setdefault("record_crc_since", log_end)
+    else:
+        settled.pop("record_crc_since", None)
+    if settled != meta:
+        write_meta(root, settled)
+    return settled
 
 
 def _settle_hash(root, commit_log, consume_queues, configured_hash: str, hash_explicit: bool,

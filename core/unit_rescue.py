@@ -70,7 +70,7 @@ def _intact_unit(commit_log, cq, topic: bytes, offset: int):
         return None
     try:
         raw = seg.mm[pos - seg.start:pos - seg.start + size]
-        verify_queue_record(raw, pos, size, topic, cq.queue_id, offset)
+        verify_queue_record(raw, pos, size, topic, cq.queue_id, offset, commit_log.crc_range)
     except ValueError:
         return None
     return pos, size
@@ -127,7 +127,8 @@ def rescue(commit_log, cq, topic: bytes, offset: int, max_bytes: int = RESCUE_MA
             if qid == queue_id and qoff == offset:
                 raw = seg.mm[rel:rel + total]
                 try:
-                    return raw, verify_queue_record(raw, pos, total, topic, queue_id, offset), pos
+                    return raw, verify_queue_record(raw, pos, total, topic, queue_id, offset,
+                                                    commit_log.crc_range), pos
                 except CorruptRecordError:
                     pass  # another queue's record, or damaged: walk on
         except (ValueError, struct.error):  # closed by cleanup since the lookup

@@ -144,3 +144,30 @@ def test_stale_abort_marker(store, config):
     assert out["actions"][0] == "recovered after an unclean exit, from commit-log offset 0"
     assert not (store / "abort").exists()
     assert mqstore("check", store, "-c", config).stdout.rstrip().endswith(": clean")
+
+
+def test_a_header_flip_is_found_in_a_store_written_with_the_record_crc(tmp_path):
+    """Outside the body CRC's reach (BORNTIMESTAMP), the record CRC finds it; and a record
+    whose CRC property was overwritten is found too, since the store wrote one into each."""
+    config = tmp_path / "crc.yaml"
+    config.write_text(SMALL_CONFIG.replace("{segment_bytes: 65536}",
+                                           "{segment_bytes: 65536, record_crc: true}"))
+    root = tmp_path / "store"
+    cfg = load_config(str(config)).replace(dispatch={"worker": "thread"},
+                                           flush={"worker": "thread"})
+    with MessageStore.open(root, config=cfg) as store:
+        result = store.put_batch(MessageBatch(topic="orders", bodies=[b"b%03d" % i for i in
+                                                                     range(50)], queue_ids=0))
+    flipped, wiped = (int(result.phys_offsets[i]) for i in (7, 20))
+    with open(root / FIRST, "r+b") as f:
+        f.seek(flipped + 40)
+        byte = f.read(1)
+        f.seek(flipped + 40)
+        f.write(bytes([byte[0] ^ 0x01]))
+        f.seek(wiped + int(result.sizes[20]) - 20)
+        f.write(bytes(20))
+    found = mqstore_json("check", root, "-c", config, check=1)
+    assert found["crc_bad"] == 2 and found["records"] == 48
+    details = {p["offset"]: p["detail"] for p in found["problems"] if p["kind"] == "record"}
+    assert details[flipped].startswith("damaged record (record CRC mismatch)")
+    assert details[wiped].startswith("damaged record (record CRC property missing)")

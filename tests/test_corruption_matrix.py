@@ -62,8 +62,8 @@ def _copy(pristine, tmp_path) -> Path:
     return dest
 
 
-def _open(root: Path) -> MessageStore:
-    return MessageStore.open(root, config=load_config(overrides=OVERRIDES))
+def _open(root: Path, overrides: dict = OVERRIDES) -> MessageStore:
+    return MessageStore.open(root, config=load_config(overrides=overrides))
 
 
 def _segment(root: Path, index: int) -> Path:
@@ -76,9 +76,10 @@ def _hit(acks, sizes, begin: int, end: int) -> set[int]:
             if a.phys_offset < end and a.phys_offset + sizes[a.phys_offset] > begin}
 
 
-def _check(root: Path, acks, allowed_lost: set[int], *, damaged: bool):
+def _check(root: Path, acks, allowed_lost: set[int], *, damaged: bool,
+           overrides: dict = OVERRIDES):
     """Reopen, audit, and check the mend is complete and stable."""
-    store = _open(root)
+    store = _open(root, overrides)
     try:
         report = store.recovery_report
         store.wait_dispatched(timeout=30)
@@ -105,7 +106,7 @@ def _check(root: Path, acks, allowed_lost: set[int], *, damaged: bool):
             assert [m.phys_offset for m in hits] == [ack.phys_offset]
     finally:
         store.close()
-    again = _open(root)
+    again = _open(root, overrides)
     try:
         assert again.recovery_report.clean, again.recovery_report
         assert not again.recovery_report.abnormal
@@ -313,8 +314,7 @@ CRC_OVERRIDES = small_store_overrides(store={"hash": "mmh3"}, commit_log={"recor
 
 @pytest.fixture(scope="module", params=["clean", "killed"])
 def pristine_crc(request, tmp_path_factory):
-    """As ``pristine``, written with ``commit_log.record_crc`` (reopened without it: each
-    record says how it is checked)."""
+    """As ``pristine``, written (and reopened) with ``commit_log.record_crc``."""
     root = tmp_path_factory.mktemp(f"pristine-crc-{request.param}") / "store"
     acks = store_left_by_writer(root, CRC_OVERRIDES, SEED, COUNT, request.param)
     return root, acks, _record_sizes(root, acks), request.param
@@ -337,7 +337,8 @@ def test_record_crc_catches_a_flip_in_every_byte_position(pristine_crc, tmp_path
     assert len(hit) == 88 + 48
     if stale_abort:
         (root / "abort").write_text("12345")
-    result, lost = _check(root, acks, hit, damaged=stale_abort or pristine_crc[3] == "killed")
+    result, lost = _check(root, acks, hit, damaged=stale_abort or pristine_crc[3] == "killed",
+                          overrides=CRC_OVERRIDES)
     assert result.wrong == [] and lost == hit
 
 
@@ -361,7 +362,7 @@ def test_random_commit_log_damage_rounds(pristine_crc, tmp_path):
         hit = _hit(acks, sizes, seg * SEG + begin, seg * SEG + begin + length)
         if rng.random() < 0.5:
             (root / "abort").write_text("1")
-        result, lost = _check(root, acks, hit, damaged=False)
+        result, lost = _check(root, acks, hit, damaged=False, overrides=CRC_OVERRIDES)
         total_acked += len(acks)
         total_lost += len(lost)
         print(f"round {round_no}: {length} bytes at {seg * SEG + begin}: acked {len(acks)}, "

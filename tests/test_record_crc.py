@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 import zlib
 
 import pytest
@@ -215,3 +216,53 @@ def test_recovery_quarantines_a_header_flip_behind_the_checkpoint(make_store, st
     assert [m.body for m in got.messages] == [b"m%d" % i for i in range(20) if i != 5]
     assert got.status is GetStatus.FOUND
     assert [q for q, _p, _w in got.corrupt] == [5]
+
+
+def _meta(store_dir) -> dict:
+    import json
+    with open(os.path.join(store_dir, "mqstore.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("damage", [bytes(20), b"\x02GARBLED#\x01abcdefghi\x02"])
+def test_a_destroyed_crc_property_is_reported(make_store, store_dir, damage):
+    """Bytes a record alone cannot tell from a record without the property: the store knows
+    every record it wrote since ``record_crc`` was turned on carries it."""
+    store = make_store(CRC_ON)
+    rs = [store.put(Message("T", b"m%d" % i, keys=["k"], queue_id=0)) for i in range(3)]
+    store.wait_dispatched()
+    assert _meta(store_dir)["record_crc_since"] == 0
+    end = rs[1].phys_offset + rs[1].size
+    with open(_segment(store_dir), "r+b") as f:
+        f.seek(end - 20)
+        f.write(damage)
+    why = _reported(store, 1, rs[1].phys_offset)
+    assert why and all("record CRC property missing" in w for w in why), why
+    store.close()
+    reader = make_store(CRC_ON, read_only=True)
+    assert _reported(reader, 1, rs[1].phys_offset)
+    assert [m.body for m in reader.get("g", "T", 0, 0, 32).messages] == [b"m0", b"m2"]
+
+
+def test_turning_the_crc_off_and_on_never_fails_a_sound_record(make_store, store_dir):
+    plain = make_store()
+    a = plain.put(Message("T", b"before", queue_id=0))
+    plain.close()
+    on = make_store(CRC_ON)
+    assert _meta(store_dir)["record_crc_since"] == a.phys_offset + a.size
+    on.put(Message("T", b"with", queue_id=0))
+    on.close()
+    follower = make_store(CRC_ON, read_only=True)  # read while the next writer turns it off
+    off = make_store()
+    assert "record_crc_since" not in _meta(store_dir)
+    off.put(Message("T", b"after", queue_id=0))
+    off.wait_dispatched()
+    bodies = [b"before", b"with", b"after"]
+    assert [m.body for m in off.get("g", "T", 0, 0, 32).messages] == bodies
+    deadline = time.monotonic() + 10
+    while True:  # the follower sees the new record once the writer's dispatch publishes it
+        got = follower.get("g", "T", 0, 0, 32)
+        if len(got.messages) == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert [m.body for m in got.messages] == bodies and not got.corrupt

@@ -188,15 +188,16 @@ SCAN_BLANK = 1
 SCAN_BAD = 2
 
 
-def scan_record(buf, pos: int, limit: int, check_crc: bool, expected_phys: int | None = None):
+def scan_record(buf, pos: int, limit: int, check_crc: bool, expected_phys: int | None = None,
+                crc_range: tuple[int, int] | None = None):
     """Validate the record at ``buf[pos:]`` (``limit`` = end of readable data).
 
     Returns ``(SCAN_OK, size, RecordHead)``, ``(SCAN_BLANK, size, None)`` or
     ``(SCAN_BAD, reason, None)``; never raises on damaged bytes. A record is bad when it is cut
     off, has an unknown magic, its lengths do not add up to TOTALSIZE, its CRC is wrong
     (``check_crc``: the whole-record ``__CRC32#`` property when it carries one, else the
-    body's), or its stored physical offset is not where it lies (``expected_phys``): stale
-    bytes past a torn tail.
+    body's; in ``crc_range`` every record must carry the property), or its stored physical
+    offset is not where it lies (``expected_phys``): stale bytes past a torn tail.
     """
     if pos < 0:
         return SCAN_BAD, f"position {pos} is before the start of the data", None
@@ -227,6 +228,9 @@ def scan_record(buf, pos: int, limit: int, check_crc: bool, expected_phys: int |
         if crc_state == record_crc.CARRIED:
             if not record_crc.intact(buf, pos, end):
                 return SCAN_BAD, "record CRC mismatch", None
+        elif (crc_range is not None and expected_phys is not None
+              and crc_range[0] <= expected_phys < crc_range[1]):
+            return SCAN_BAD, "record CRC property missing", None
         elif crc32(buf[lay.body_at:lay.body_at + f[16]]) != f[2]:
             return SCAN_BAD, "body CRC mismatch", None
     try:

@@ -104,14 +104,14 @@ def crc_ok(data: np.ndarray, body_at: list, body_len: list, crcs: list) -> bool:
 
 
 def records_crc_ok(data: np.ndarray, at: np.ndarray, sizes: np.ndarray, head: np.ndarray,
-                   topic_len: int) -> bool:
+                   topic_len: int, required: np.ndarray | None = None) -> bool:
     """True when every V1/IPv4 record at ``at`` (already shape-checked, ``head`` its headers)
-    matches its CRC: the whole-record ``__CRC32#`` property where it carries one, else the
-    body's."""
+    matches its CRC: the whole-record ``__CRC32#`` property where it carries one (where
+    ``required`` is set, it must), else the body's."""
     ends = at + sizes
     props_at = at + (HEADER_V4_BYTES + 3 + topic_len) + head["body_len"].astype(np.int64)
     whole = record_crc.rows_carrying(data, ends, props_at)
-    if whole is None:
+    if whole is None or (required is not None and (required & ~whole).any()):
         return False
     if whole.any():
         stored = record_crc.rows_stored(data, ends[whole])

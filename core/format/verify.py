@@ -21,9 +21,11 @@ _new_layout = tuple.__new__
 _CRC_BYTES, _ABSENT, _CARRIED = record_crc.RESERVED, record_crc.ABSENT, record_crc.CARRIED
 
 
-def verify_record(raw, phys_offset: int, size: int | None = None) -> RecordLayout:
+def verify_record(raw, phys_offset: int, size: int | None = None,
+                  crc_range: tuple[int, int] | None = None) -> RecordLayout:
     """The layout of the intact record ``raw`` read at ``phys_offset``; CorruptRecordError
-    naming what is wrong otherwise."""
+    naming what is wrong otherwise. In the commit-log ``crc_range`` [lo, hi), every record
+    must carry the record CRC (``commit_log.record_crc``; see ``store_meta``)."""
     try:
         lay = unpack_record(raw)
     except ValueError as exc:  # its message places the problem within ``raw``; say where
@@ -35,19 +37,23 @@ def verify_record(raw, phys_offset: int, size: int | None = None) -> RecordLayou
                                  f"not the {size} its reference says")
     if f[6] != phys_offset:
         raise CorruptRecordError(f"record at commit-log offset {phys_offset} names offset {f[6]}")
-    why = crc_problem(raw, lay)
+    why = crc_problem(raw, lay, 0,
+                      crc_range is not None and crc_range[0] <= phys_offset < crc_range[1])
     if why is not None:
         raise CorruptRecordError(f"record at commit-log offset {phys_offset}: {why}")
     return lay
 
 
-def crc_problem(raw, lay: RecordLayout, start: int = 0) -> str | None:
+def crc_problem(raw, lay: RecordLayout, start: int = 0, required: bool = False) -> str | None:
     """What is wrong with the CRC of the record ``lay`` (at ``start`` of ``raw``), or None:
-    the whole-record CRC when the record carries one, else the body's."""
+    the whole-record CRC when the record carries one (it must when ``required``), else the
+    body's."""
     end = start + lay.fields[0]
     crc_state = record_crc.state(raw, lay.props_at, end)
     if crc_state == record_crc.DAMAGED:
         return "record CRC property damaged"
+    if crc_state == record_crc.ABSENT and required:
+        return "record CRC property missing (the store writes one into every record here)"
     if crc_state == record_crc.CARRIED:
         return None if record_crc.intact(raw, start, end) else "record CRC mismatch"
     if crc32(raw[lay.body_at:lay.body_at + lay.fields[16]]) != lay.fields[2]:
@@ -68,7 +74,8 @@ def check_queue_identity(raw, lay: RecordLayout, topic: bytes, queue_id: int,
 
 
 def verify_queue_record(raw, phys_offset: int, size: int, topic: bytes, queue_id: int,
-                        queue_offset: int) -> RecordLayout:
+                        queue_offset: int, crc_range: tuple[int, int] | None = None
+                        ) -> RecordLayout:
     """``verify_record`` and ``check_queue_identity`` in one pass over the header: the pull's
     per-message path, so it parses each field once. ``raw`` is exactly ``size`` bytes. On any
     mismatch the slow path names the problem."""
@@ -88,8 +95,9 @@ def verify_queue_record(raw, phys_offset: int, size: int, topic: bytes, queue_id
                 # Properties shorter than the record CRC's 20 bytes (a tag alone) cannot hold
                 # it: one comparison instead of a call on the common path.
                 and (zlib.crc32(raw[body_at:body_at + body_len]) & 0x7FFFFFFF == f[2]
-                     if size - props_at < _CRC_BYTES
-                     or record_crc.state(raw, props_at, size) == _ABSENT
+                     if (size - props_at < _CRC_BYTES
+                         or record_crc.state(raw, props_at, size) == _ABSENT)
+                     and (crc_range is None or not crc_range[0] <= phys_offset < crc_range[1])
                      else record_crc.state(raw, props_at, size) == _CARRIED
                      and record_crc.intact(raw, 0, size))):
             # tuple.__new__ skips the NamedTuple constructor's Python frame (a third of this
@@ -97,6 +105,6 @@ def verify_queue_record(raw, phys_offset: int, size: int, topic: bytes, queue_id
             return _new_layout(RecordLayout,
                                (f, body_at, topic_at, topic_len, props_at, size - props_at))
     # V2 records (long topics) and anything that failed above: the full checks, with reasons.
-    lay = verify_record(raw, phys_offset, size)
+    lay = verify_record(raw, phys_offset, size, crc_range)
     check_queue_identity(raw, lay, topic, queue_id, queue_offset, phys_offset)
     return lay

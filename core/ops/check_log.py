@@ -20,7 +20,7 @@ from mqstore.format.quarantine import find_record
 from mqstore.format.record import SCAN_BLANK, SCAN_OK, scan_record
 from mqstore.ops.problems import RECORD, SEGMENT, TORN_TAIL, Problem
 
-CRC_REASON = "body CRC mismatch"
+CRC_REASON = "CRC"  # body or record CRC mismatch, a record CRC property damaged or missing
 
 
 @dataclass
@@ -120,20 +120,23 @@ def scan_log(commit_log, root: str, progress: Callable[[int], None] = lambda n: 
             scan.problems.append(Problem(SEGMENT, rel, file_bytes,
                                          f"segment file is {file_bytes} bytes, not {size}",
                                          seg.start + file_bytes))
-        _walk_segment(scan, cols, seg, rel, last=seg is segs[-1])
+        _walk_segment(scan, cols, seg, rel, last=seg is segs[-1],
+                      crc_range=commit_log.crc_range)
         prev_end = seg.start + size
         progress(seg.size)
     cols.into(scan)
     return scan
 
 
-def _walk_segment(scan: LogScan, cols: _Columns, seg, rel: str, last: bool) -> None:
+def _walk_segment(scan: LogScan, cols: _Columns, seg, rel: str, last: bool,
+                  crc_range: tuple[int, int] | None = None) -> None:
     limit = seg.data_end()
     at = 0
     while at < seg.size:
         pos = seg.start + at
         if at < limit:
-            kind, size, head = scan_record(seg.mm, at, limit, True, expected_phys=pos)
+            kind, size, head = scan_record(seg.mm, at, limit, True, expected_phys=pos,
+                                           crc_range=crc_range)
         else:
             kind, size, head = 2, "unknown magic 0x00000000", None
         if kind == SCAN_OK:
@@ -146,7 +149,7 @@ def _walk_segment(scan: LogScan, cols: _Columns, seg, rel: str, last: bool) -> N
             return
         reason = size if kind != SCAN_BLANK else (
             f"blank record of {size} bytes does not close its segment")
-        if reason == CRC_REASON:
+        if CRC_REASON in reason:
             scan.crc_bad += 1
         extent = _nonzero_end(seg, at)
         if last and extent == at:

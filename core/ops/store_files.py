@@ -103,6 +103,8 @@ def open_files(root: str, config: StoreConfig) -> StoreFiles:
     except BaseException:
         commit_log.close()
         raise
+    if meta.get("record_crc_since") is not None:  # as the store's reads hold records to it
+        commit_log.crc_range = (meta["record_crc_since"], 1 << 62)
     known, manifest_problem = read_manifest(root)
     if manifest_problem:
         notes.append(manifest_problem)

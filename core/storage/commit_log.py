@@ -31,6 +31,10 @@ class CommitLog:
         self.segments = SegmentQueue(directory, segment_bytes, read_only=read_only,
                                      on_warning=on_warning, known_bytes=known_bytes)
         self._followed: int | None = None  # a follower's checked end (see follow_tail)
+        # [lo, hi): every record there carries the record CRC (store_meta), so one without it
+        # had it destroyed. A writer's range is open-ended; a reader's ends where the log ended
+        # when it read mqstore.json, since a later writer may have turned the setting off.
+        self.crc_range: tuple[int, int] | None = None
 
     @property
     def segment_bytes(self) -> int:
