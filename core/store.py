@@ -209,9 +209,19 @@ class MessageStore:
 
     # -- closing ---------------------------------------------------------------------------
     def close(self) -> None:
-        state = self._state
-        if state.closed:
+        if self._state.closed:
             return
+        # A Ctrl-C (or a program's own signal handler) landing inside the close is handled
+        # once the store is closed: a close cut short would leave workers, files and the lock
+        # held. NOTE [ Uninterrupted puts ]
+        shield.enter()
+        try:
+            self._close()
+        finally:
+            shield.leave()
+
+    def _close(self) -> None:
+        state = self._state
         self._consumers.close()  # consumers commit (auto-commit) and leave their groups first
         state.closed = True  # every call now raises StoreClosedError
         _open_stores.discard(self)

@@ -83,6 +83,9 @@ class _Shield:
 
     def _dispatch(self, signum, frame) -> None:
         original = self.originals.get(signum)
+        if original is None:  # the last store closed inside the section: handed back already
+            current = signal.getsignal(signum)
+            original = current if current is not self.handler else None
         if callable(original):
             original(signum, frame)
         elif signum == signal.SIGINT:

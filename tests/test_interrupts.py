@@ -337,3 +337,42 @@ def test_closing_the_last_store_gives_the_handlers_back(tmp_path):
         assert signal.getsignal(signal.SIGINT) is own
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_during_close_is_handled_once_the_store_is_closed(tmp_path):
+    """A Ctrl-C landing while the workers are being stopped: the close completes (workers
+    stopped, files released, clean-shutdown marker left, lock free) and the KeyboardInterrupt
+    arrives after it, in the program's own handler."""
+    root = tmp_path / "s"
+    store = MessageStore.open(root, load_config(overrides=small_store_overrides()))
+    before = signal.getsignal(signal.SIGINT)
+    seen = []
+
+    def own(signum, _frame):
+        seen.append(signum)
+        raise KeyboardInterrupt("the program's own")
+    signal.signal(signal.SIGINT, own)
+    try:
+        acks = [store.put(Message(TOPIC, b"m%d" % i, queue_id=0)) for i in range(50)]
+        runtime = store._runtime
+        stop = runtime.stop
+
+        def stop_with_ctrl_c(last_end):
+            os.kill(os.getpid(), signal.SIGINT)  # handled between bytecodes, inside the close
+            time.sleep(0.05)
+            return stop(last_end)
+        runtime.stop = stop_with_ctrl_c
+        with pytest.raises(KeyboardInterrupt, match="the program's own"):
+            store.close()
+        assert seen == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is own  # handed back by the finished close
+        assert not (root / "abort").exists() and (root / "mqstore.clean").exists()
+        again = MessageStore.open(root, load_config(overrides=small_store_overrides()))
+        try:
+            assert again.recovery_report.clean
+            got = pulled_queue(again, 0)
+            assert [m.phys_offset for m in got] == [a.phys_offset for a in acks]
+        finally:
+            again.close()
+    finally:
+        signal.signal(signal.SIGINT, before)
