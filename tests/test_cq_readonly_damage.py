@@ -138,12 +138,22 @@ def test_a_read_only_open_serves_past_a_damaged_unit(pristine, tmp_path, damage)
         reader.close()
     assert _queue_files(root) == before  # reads only
     # The writable open keeps every message of the queue too, at the same offsets.
+    _writable_serves_and_appends(root, acks)
+
+
+def _writable_serves_and_appends(root: Path, acks) -> None:
+    """A writable open serves queue 1 whole, and its next put takes the next offset and is
+    served."""
     store = _open(root)
     try:
         store.wait_dispatched(timeout=30)
         _serves_the_queue(store, acks, None)
         extra = store.put(Message(TOPIC, b"after", queue_id=1))
         assert (extra.status, extra.queue_offset) == (PutStatus.PUT_OK, len(_mine(acks)))
+        store.wait_dispatched(timeout=30)
+        got = store.get("g", TOPIC, 1, extra.queue_offset, 32)
+        assert [(m.queue_offset, m.body) for m in got.messages] == [
+            (extra.queue_offset, b"after")]
     finally:
         store.close()
 
@@ -173,18 +183,7 @@ def test_a_torn_tail_is_hidden_read_only_and_cut_writable(pristine, tmp_path, wi
     finally:
         reader.close()
     assert _queue_files(root) == before
-    store = _open(root)
-    try:
-        store.wait_dispatched(timeout=30)
-        _serves_the_queue(store, acks, None)
-        extra = store.put(Message(TOPIC, b"after", queue_id=1))
-        assert (extra.status, extra.queue_offset) == (PutStatus.PUT_OK, len(_mine(acks)))
-        store.wait_dispatched(timeout=30)
-        got = store.get("g", TOPIC, 1, extra.queue_offset, 32)
-        assert [(m.queue_offset, m.body) for m in got.messages] == [
-            (extra.queue_offset, b"after")]
-    finally:
-        store.close()
+    _writable_serves_and_appends(root, acks)
 
 
 def test_a_zeroed_unit_at_the_end_is_not_written_yet(pristine, tmp_path):
