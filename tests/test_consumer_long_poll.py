@@ -38,20 +38,26 @@ def _poll_in_thread(consumer, timeout_ms):
     return t, box
 
 
+def _woken_by_a_put(store, poller) -> tuple[list, float]:
+    """What ``poller`` returns when, already waiting, it is woken by a put to queue 0, and
+    how long after the put it returned."""
+    t, box = _poll_in_thread(poller, LONG_MS)
+    time.sleep(0.3)
+    assert t.is_alive()  # nothing yet: still waiting
+    sent = time.monotonic()
+    store.put(Message(TOPIC, b"new", queue_id=0))
+    t.join(LONG_MS / 1000)
+    return box["polled"], time.monotonic() - sent
+
+
 @pytest.mark.parametrize("loops", ["process", "thread"])
 def test_a_waiting_poll_returns_when_a_message_is_dispatched(make_store, request, loops):
     store = make_store({"dispatch": {"worker": loops}, "flush": {"worker": loops}})
     store.put(Message(TOPIC, b"old", queue_id=0))
     store.wait_dispatched()
     with store.consumer("lp", TOPIC) as c:  # from the end: "old" is not for it
-        t, box = _poll_in_thread(c, LONG_MS)
-        time.sleep(0.3)
-        assert t.is_alive()  # nothing yet: still waiting
-        sent = time.monotonic()
-        store.put(Message(TOPIC, b"new", queue_id=0))
-        t.join(LONG_MS / 1000)
-        woke_after = time.monotonic() - sent
-    assert [(m.queue_id, m.queue_offset, m.body) for m in box["polled"]] == [(0, 1, b"new")]
+        polled, woke_after = _woken_by_a_put(store, c)
+    assert [(m.queue_id, m.queue_offset, m.body) for m in polled] == [(0, 1, b"new")]
     assert woke_after < 2.0
 
 
@@ -140,14 +146,9 @@ def test_a_peek_waits_on_the_notification_and_takes_up_new_queues(make_store):
     store.put(Message(TOPIC, b"old", queue_id=0))
     store.wait_dispatched()
     with store.peek("lp", TOPIC) as peek:  # a group with no offsets, from the end
-        t, box = _poll_in_thread(peek, LONG_MS)
-        time.sleep(0.3)
-        assert t.is_alive()  # nothing yet: still waiting
-        sent = time.monotonic()
-        store.put(Message(TOPIC, b"new", queue_id=0))
-        t.join(LONG_MS / 1000)
-        assert time.monotonic() - sent < 2.0
-        assert [(m.queue_id, m.queue_offset, m.body) for m in box["polled"]] == [(0, 1, b"new")]
+        polled, woke_after = _woken_by_a_put(store, peek)
+        assert woke_after < 2.0
+        assert [(m.queue_id, m.queue_offset, m.body) for m in polled] == [(0, 1, b"new")]
         t, box = _poll_in_thread(peek, LONG_MS)
         time.sleep(0.3)
         store.put(Message(TOPIC, b"q4-first", queue_id=4))  # a queue made while it waits

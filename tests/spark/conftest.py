@@ -11,12 +11,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
 from mqstore import MessageStore, load_config
-from spark_helpers import SMALL_STORE
+from spark_helpers import SMALL_STORE, local_spark
 
 JAVA_HINT = ("the Spark tests need Java 17 or later (the JVM PySpark 4.3 runs on): install a "
              "JDK 17 and put java on PATH or set JAVA_HOME")
@@ -46,19 +45,10 @@ def check_java() -> None:
 @pytest.fixture(scope="session")
 def spark():
     check_java()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
-    session = (SparkSession.builder.master("local[2]").appName("mqstore-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.default.parallelism", "2")
-               .config("spark.driver.memory", "1g")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.python.filterPushdown.enabled", "true")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_spark("mqstore-tests", {
+        "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
+        "spark.driver.memory": "1g", "spark.sql.session.timeZone": "UTC",
+        "spark.sql.python.filterPushdown.enabled": "true"})
     yield session
     session.stop()
 

@@ -8,9 +8,10 @@ staged files behind as a crashed driver would.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
+
+from spark_helpers import local_spark
 
 
 def rows(index, it):
@@ -20,15 +21,7 @@ def rows(index, it):
 
 
 def main(root: str, config: str) -> None:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master("local[2]").appName("mqstore-crash-writer")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.memory", "512m")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("mqstore-crash-writer", {"spark.driver.memory": "512m"})
     data = [("orders", b"crashed-%d" % i) for i in range(6)]
     df = spark.sparkContext.parallelize(data, 2).mapPartitionsWithIndex(rows) \
         .toDF("topic string, body binary")

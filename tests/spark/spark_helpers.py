@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import sys
 
 from mqstore import Message
 
@@ -17,6 +19,22 @@ SMALL_STORE = {
     "flush": {"worker": "thread"},
 }
 EPOCH = dt.datetime(1970, 1, 1)  # the session runs in UTC; Spark hands back naive datetimes
+
+
+def local_spark(app: str, conf: dict[str, str]):
+    """A local[2] SparkSession without the UI, its Python workers on this interpreter: the
+    test session's, and the driver a test kills."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+    builder = (SparkSession.builder.master("local[2]").appName(app)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false"))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
 def spark_time(ms: int) -> dt.datetime:
