@@ -120,6 +120,10 @@ class Opener:
                                 configured_cq_bytes=cq_bytes, read_only=ro, notes=notes,
                                 hash_explicit="hash" in config.store.model_fields_set)
         store.hash_kind = self.meta["hash"]
+        if self.meta.get("record_crc_since") is not None:
+            # What the store's writers recorded, for recovery to hold records to; settled
+            # again (and bounded for a reader) once the log's end is known.
+            store.commit_log.crc_range = (self.meta["record_crc_since"], 1 << 62)
         store.checkpoint = Checkpoint(self.root, read_only=ro)
 
     def _recover(self) -> None:
@@ -139,8 +143,8 @@ class Opener:
             self.meta = settle_record_crc(self.root, self.meta, self.config.commit_log.record_crc,
                                           store.commit_log.max_offset)
         since = self.meta.get("record_crc_since")
-        if since is not None:
-            store.commit_log.crc_range = (since, store.commit_log.max_offset if ro else 1 << 62)
+        store.commit_log.crc_range = None if since is None else (
+            since, store.commit_log.max_offset if ro else 1 << 62)
         if not store.commit_log.segments.segments:
             self.queues.clear()
         if not ro:

@@ -129,24 +129,25 @@ def _nonzero_extent(seg, begin: int) -> int:
 
 
 # -- walking -----------------------------------------------------------------------------------
-def _intact_at_start(seg) -> bool:
-    kind, _size, _head = scan_record(seg.mm, 0, seg.size, True, expected_phys=seg.start)
+def _intact_at_start(seg, crc_range) -> bool:
+    kind, _size, _head = scan_record(seg.mm, 0, seg.size, True, expected_phys=seg.start,
+                                     crc_range=crc_range)
     return kind == SCAN_OK or (kind == SCAN_BLANK and blank_closes(seg.mm, 0, seg.size))
 
 
-def _resync(segq, seg, at: int) -> int | None:
+def _resync(segq, seg, at: int, crc_range) -> int | None:
     """Commit-log offset of the first intact record after a bad one at ``seg``/``at``."""
     segs = segq.segments
     last = segs[-1]
     limit = _nonzero_extent(seg, at) if seg is last else seg.data_end()
-    found = find_record(seg.mm, at + 1, limit, seg.start, seg.size)
+    found = find_record(seg.mm, at + 1, limit, seg.start, seg.size, crc_range)
     if found is not None:
         return seg.start + found
     for later in segs[segs.index(seg) + 1:]:
-        if _intact_at_start(later):
+        if _intact_at_start(later, crc_range):
             return later.start
         limit = _nonzero_extent(later, 0) if later is last else later.data_end()
-        found = find_record(later.mm, 1, limit, later.start, later.size)
+        found = find_record(later.mm, 1, limit, later.start, later.size, crc_range)
         if found is not None:
             return later.start + found
     return None
@@ -157,10 +158,12 @@ def _next_start(segq, pos: int) -> int | None:
 
 
 def _walk(segq, pos: int, check_crc: bool, report: RecoveryReport,
-          stop: int = NO_END, durable: int = NO_END) -> tuple[int, list[_Region], int]:
+          stop: int = NO_END, durable: int = NO_END,
+          crc_range: tuple[int, int] | None = None) -> tuple[int, list[_Region], int]:
     """Walk records from ``pos`` to the last intact one (or ``stop``), re-synchronising after
     damage below ``durable`` (damage at or past it is a torn tail: the walk ends there);
-    returns where it ended, the damaged regions passed and the records checked."""
+    returns where it ended, the damaged regions passed and the records checked. In
+    ``crc_range`` every record must carry the record CRC (``scan_record``)."""
     regions: list[_Region] = []
     checked = 0
     seg, readable = None, 0
@@ -177,7 +180,8 @@ def _walk(segq, pos: int, check_crc: bool, report: RecoveryReport,
             continue
         at = pos - seg.start
         # Past the allocated blocks there are only zeros (and they are not read: data_end).
-        kind, size, head = (scan_record(seg.mm, at, readable, check_crc, expected_phys=pos)
+        kind, size, head = (scan_record(seg.mm, at, readable, check_crc, expected_phys=pos,
+                                        crc_range=crc_range)
                             if at < readable else (SCAN_BAD, "unknown magic 0x00000000", None))
         if kind == SCAN_OK:
             checked += 1
@@ -188,7 +192,7 @@ def _walk(segq, pos: int, check_crc: bool, report: RecoveryReport,
             continue
         reason = size if kind != SCAN_BLANK else f"blank record of {size} bytes at {pos} " \
             f"does not close its segment"
-        nxt = _resync(segq, seg, at) if pos < durable else None
+        nxt = _resync(segq, seg, at, crc_range) if pos < durable else None
         if nxt is None:
             report.stop_reason = reason
             return pos, regions, checked
@@ -217,7 +221,8 @@ def mend_range(commit_log, begin: int, end: int, *, check_crc: bool, read_only: 
     """Walk and mend ``[begin, end)`` too: bytes below where recovery started that dispatch
     will read again (a dispatcher asks to resume earlier)."""
     segq = commit_log.segments
-    _pos, regions, _checked = _walk(segq, begin, check_crc, report, stop=end)
+    _pos, regions, _checked = _walk(segq, begin, check_crc, report, stop=end,
+                                    crc_range=commit_log.crc_range)
     root = os.path.dirname(segq.directory)
     for region in regions:
         _mend(segq, region, root, report, read_only)
@@ -354,6 +359,7 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
                    report=report)
     durable = _durable_end(checkpoint, abnormal)
     pos, regions, report.records_checked = _walk(segq, report.scan_from, check_crc, report,
+                                                 crc_range=commit_log.crc_range,
                                                  durable=durable)
     for region in regions:
         _mend(segq, region, root, report, read_only)

@@ -171,3 +171,27 @@ def test_a_header_flip_is_found_in_a_store_written_with_the_record_crc(tmp_path)
     details = {p["offset"]: p["detail"] for p in found["problems"] if p["kind"] == "record"}
     assert details[flipped].startswith("damaged record (record CRC mismatch)")
     assert details[wiped].startswith("damaged record (record CRC property missing)")
+
+
+def test_fix_quarantines_a_record_whose_crc_property_was_overwritten(tmp_path):
+    config = tmp_path / "crc.yaml"
+    config.write_text(SMALL_CONFIG.replace("{segment_bytes: 65536}",
+                                           "{segment_bytes: 65536, record_crc: true}"))
+    root = tmp_path / "store"
+    cfg = load_config(str(config)).replace(dispatch={"worker": "thread"},
+                                           flush={"worker": "thread"})
+    with MessageStore.open(root, config=cfg) as store:
+        result = store.put_batch(MessageBatch(topic="orders", bodies=[b"b%03d" % i for i in
+                                                                     range(50)], queue_ids=0))
+    wiped, size = int(result.phys_offsets[20]), int(result.sizes[20])
+    with open(root / FIRST, "r+b") as f:
+        f.seek(wiped + size - 20)
+        f.write(bytes(20))
+    out = fix(root, config)
+    assert any(a.startswith(f"quarantined commit-log bytes [{wiped}, {wiped + size}) (record "
+                            f"CRC property missing)") for a in out["actions"]), out["actions"]
+    with MessageStore.open(root, config=cfg) as store:
+        bodies = [m.body for m in store.get("g", "orders", 0, 0, 64).messages]
+        while len(bodies) < 49:
+            bodies += [m.body for m in store.get("g", "orders", 0, len(bodies) + 1, 64).messages]
+        assert bodies == [b"b%03d" % i for i in range(50) if i != 20]

@@ -266,3 +266,22 @@ def test_turning_the_crc_off_and_on_never_fails_a_sound_record(make_store, store
             break
         time.sleep(0.05)
     assert [m.body for m in got.messages] == bodies and not got.corrupt
+
+
+def test_recovery_quarantines_a_record_whose_crc_property_was_overwritten(make_store,
+                                                                         store_dir):
+    store = make_store(CRC_ON)
+    rs = [store.put(Message("T", b"m%d" % i, queue_id=0)) for i in range(20)]
+    store.close()
+    with open(_segment(store_dir), "r+b") as f:
+        f.seek(rs[5].phys_offset + rs[5].size - 20)
+        f.write(bytes(20))
+    with open(os.path.join(store_dir, "abort"), "w") as f:
+        f.write("1")
+    again = make_store(CRC_ON)
+    report = again.recovery_report
+    assert [(q.offset, q.length) for q in report.quarantined] == [
+        (rs[5].phys_offset, rs[5].size)]
+    again.wait_dispatched()
+    got = again.get("g", "T", 0, 0, 32)
+    assert [m.body for m in got.messages] == [b"m%d" % i for i in range(20) if i != 5]

@@ -31,11 +31,10 @@ import numpy as np
 
 from mqstore.format.hosts import Host
 from mqstore.format.record import (
-    BLANK_MAGIC, BLANK_RECORD, SCAN_BLANK, SCAN_OK, TX_PREPARED, encode_blank, encode_record,
-    scan_record,
+    BLANK_MAGIC, BLANK_RECORD, QUARANTINE_FLAG, SCAN_BLANK, SCAN_OK, TX_PREPARED, encode_blank,
+    encode_record, scan_record,
 )
 
-QUARANTINE_FLAG = 0x51524E54
 QUARANTINE_TOPIC = b"%QUARANTINE%"
 MIN_QUARANTINE_BYTES = 92  # 91 header bytes (V1, IPv4 hosts, empty properties) + 1 topic byte
 QUARANTINE_DIR = "quarantine"
@@ -74,15 +73,17 @@ def filler_for(length: int, store_timestamp: int, phys_offset: int, to_segment_e
     return encode_quarantine(length, store_timestamp, phys_offset)
 
 
-def find_record(buf, first: int, limit: int, base_phys: int, segment_size: int) -> int | None:
+def find_record(buf, first: int, limit: int, base_phys: int, segment_size: int,
+                crc_range: tuple[int, int] | None = None) -> int | None:
     """Position (relative to ``buf``) of the first intact record or closing blank starting
-    in ``[first, limit)``, or None. ``buf`` maps one segment starting at ``base_phys``."""
+    in ``[first, limit)``, or None. ``buf`` maps one segment starting at ``base_phys``;
+    ``crc_range`` as for ``scan_record``."""
     u8 = np.frombuffer(buf, dtype=np.uint8)
     at = first
     while at < limit - 8:
         stop = min(limit, at + SEARCH_CHUNK_BYTES + 8)
         for pos in _candidates(u8, at, stop):
-            if _intact(buf, pos, base_phys, segment_size):
+            if _intact(buf, pos, base_phys, segment_size, crc_range):
                 return pos
         at = stop - 8
     return None
@@ -101,11 +102,13 @@ def _candidates(u8: np.ndarray, begin: int, stop: int) -> list[int]:
     return (np.flatnonzero(record | blank) + begin).tolist()
 
 
-def _intact(buf, pos: int, base_phys: int, segment_size: int) -> bool:
+def _intact(buf, pos: int, base_phys: int, segment_size: int,
+            crc_range: tuple[int, int] | None = None) -> bool:
     # The whole mapped segment bounds the record, not the search limit: a record may end in
     # zero bytes past the last non-zero one.
     limit = min(segment_size, len(buf))
-    kind, size, _head = scan_record(buf, pos, limit, True, expected_phys=base_phys + pos)
+    kind, size, _head = scan_record(buf, pos, limit, True, expected_phys=base_phys + pos,
+                                    crc_range=crc_range)
     if kind == SCAN_OK:
         return True
     if kind == SCAN_BLANK:

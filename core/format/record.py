@@ -188,6 +188,19 @@ SCAN_BLANK = 1
 SCAN_BAD = 2
 
 
+# The FLAG of the quarantine records recovery writes over damaged bytes
+# (``format.quarantine``): they carry no properties, so no record CRC either.
+QUARANTINE_FLAG = 0x51524E54
+
+
+def needs_record_crc(crc_range: tuple[int, int] | None, phys_offset: int | None,
+                     flag: int) -> bool:
+    """Whether the record at ``phys_offset`` must carry the record CRC: in ``crc_range``
+    (where the store wrote it into every record) and not a quarantine record."""
+    return (crc_range is not None and phys_offset is not None
+            and crc_range[0] <= phys_offset < crc_range[1] and flag != QUARANTINE_FLAG)
+
+
 def scan_record(buf, pos: int, limit: int, check_crc: bool, expected_phys: int | None = None,
                 crc_range: tuple[int, int] | None = None):
     """Validate the record at ``buf[pos:]`` (``limit`` = end of readable data).
@@ -228,8 +241,7 @@ def scan_record(buf, pos: int, limit: int, check_crc: bool, expected_phys: int |
         if crc_state == record_crc.CARRIED:
             if not record_crc.intact(buf, pos, end):
                 return SCAN_BAD, "record CRC mismatch", None
-        elif (crc_range is not None and expected_phys is not None
-              and crc_range[0] <= expected_phys < crc_range[1]):
+        elif needs_record_crc(crc_range, expected_phys, f[4]):
             return SCAN_BAD, "record CRC property missing", None
         elif crc32(buf[lay.body_at:lay.body_at + f[16]]) != f[2]:
             return SCAN_BAD, "body CRC mismatch", None

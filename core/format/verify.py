@@ -14,7 +14,9 @@ import zlib
 
 from mqstore.errors import CorruptRecordError
 from mqstore.format import record_crc
-from mqstore.format.record import HEADER_STRUCTS, MAGIC_V1, POS_SYSFLAG, RecordLayout, unpack_record
+from mqstore.format.record import (
+    HEADER_STRUCTS, MAGIC_V1, POS_SYSFLAG, RecordLayout, needs_record_crc, unpack_record,
+)
 from mqstore.hashing import crc32
 
 _new_layout = tuple.__new__
@@ -37,8 +39,7 @@ def verify_record(raw, phys_offset: int, size: int | None = None,
                                  f"not the {size} its reference says")
     if f[6] != phys_offset:
         raise CorruptRecordError(f"record at commit-log offset {phys_offset} names offset {f[6]}")
-    why = crc_problem(raw, lay, 0,
-                      crc_range is not None and crc_range[0] <= phys_offset < crc_range[1])
+    why = crc_problem(raw, lay, 0, needs_record_crc(crc_range, phys_offset, f[4]))
     if why is not None:
         raise CorruptRecordError(f"record at commit-log offset {phys_offset}: {why}")
     return lay

@@ -154,7 +154,7 @@ def _walk_segment(scan: LogScan, cols: _Columns, seg, rel: str, last: bool,
         extent = _nonzero_end(seg, at)
         if last and extent == at:
             return  # zeros after the last record: the end of the log
-        nxt = find_record(seg.mm, at + 1, limit, seg.start, seg.size)
+        nxt = find_record(seg.mm, at + 1, limit, seg.start, seg.size, crc_range)
         if nxt is not None:
             scan.problems.append(Problem(RECORD, rel, at, f"damaged record ({reason}); the "
                                          f"next intact record is at {seg.start + nxt}", pos))
