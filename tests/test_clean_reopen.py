@@ -21,6 +21,7 @@ import pytest
 
 from mqstore import GetStatus, Message, MessageStore, PutStatus, load_config
 from mqstore.contracts import WRITER
+from mqstore.format.record import POS_SYSFLAG, store_timestamp_pos
 from mqstore.plugins.index_key import KeyIndex
 from mqstore.plugins_manager import PluginHooks, make_plugin_manager
 from mqstore.storage import clean_marker
@@ -353,6 +354,15 @@ def _checkpoint_times(root: Path) -> tuple[int, int, int]:
     return physic, logics, confirm
 
 
+def _store_time(root: Path, phys: int, seg_bytes: int) -> int:
+    """STORETIMESTAMP of the record at commit-log offset ``phys``, read from its file."""
+    with open(root / "commitlog" / f"{phys - phys % seg_bytes:020d}", "rb") as f:
+        f.seek(phys % seg_bytes)
+        head = f.read(80)
+    return struct.unpack_from(">q", head, store_timestamp_pos(
+        struct.unpack_from(">i", head, POS_SYSFLAG)[0]))[0]
+
+
 def test_abnormal_reopen_walks_only_what_the_checkpoint_does_not_cover(tmp_path, watchdog):
     """RocketMQ's rule, at segment granularity: the walk starts at the newest segment whose
     first record is older than the checkpoint's minimum time, not at the first one."""
@@ -360,20 +370,17 @@ def test_abnormal_reopen_walks_only_what_the_checkpoint_does_not_cover(tmp_path,
     writer = FaultWriter(str(root), OVERRIDES, seed=3, count=2500, pace_ms=2,
                          then="wait").start()
     assert writer.read_until()  # every put answered, the store still open
-    # Checkpoint flushes (once a second) until one after the last put was flushed and
-    # dispatched: its times stop moving. A loaded machine may take longer than a second.
-    seen, deadline = None, time.monotonic() + 60
-    while time.monotonic() < deadline:
-        time.sleep(1.5)
-        now = _checkpoint_times(root)[:2]
-        if now == seen and min(now) > 0:
-            break
-        seen = now
+    # Checkpoint flushes (about once a second, later on a loaded machine) until one records
+    # the last put as flushed and dispatched: both its times reach that record's store time.
+    seg_bytes = OVERRIDES["commit_log"]["segment_bytes"]
+    last = _store_time(root, max(a.phys_offset for a in writer.acks), seg_bytes)
+    deadline = time.monotonic() + 60
+    while min(_checkpoint_times(root)[:2]) < last and time.monotonic() < deadline:
+        time.sleep(0.2)
     writer.kill(signal.SIGKILL)
     assert (root / "abort").exists() and not (root / MARKER).exists()
     physic, logics, _confirm = _checkpoint_times(root)
     min_time = min(physic, logics) - 3000
-    seg_bytes = OVERRIDES["commit_log"]["segment_bytes"]
 
     with MessageStore.open(root, load_config(overrides=OVERRIDES)) as store:
         report = store.recovery_report
