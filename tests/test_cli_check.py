@@ -146,9 +146,8 @@ def test_stale_abort_marker(store, config):
     assert mqstore("check", store, "-c", config).stdout.rstrip().endswith(": clean")
 
 
-def test_a_header_flip_is_found_in_a_store_written_with_the_record_crc(tmp_path):
-    """Outside the body CRC's reach (BORNTIMESTAMP), the record CRC finds it; and a record
-    whose CRC property was overwritten is found too, since the store wrote one into each."""
+def _crc_store(tmp_path):
+    """(config path, config, root, put result) of 50 messages written with the record CRC."""
     config = tmp_path / "crc.yaml"
     config.write_text(SMALL_CONFIG.replace("{segment_bytes: 65536}",
                                            "{segment_bytes: 65536, record_crc: true}"))
@@ -158,6 +157,13 @@ def test_a_header_flip_is_found_in_a_store_written_with_the_record_crc(tmp_path)
     with MessageStore.open(root, config=cfg) as store:
         result = store.put_batch(MessageBatch(topic="orders", bodies=[b"b%03d" % i for i in
                                                                      range(50)], queue_ids=0))
+    return config, cfg, root, result
+
+
+def test_a_header_flip_is_found_in_a_store_written_with_the_record_crc(tmp_path):
+    """Outside the body CRC's reach (BORNTIMESTAMP), the record CRC finds it; and a record
+    whose CRC property was overwritten is found too, since the store wrote one into each."""
+    config, cfg, root, result = _crc_store(tmp_path)
     flipped, wiped = (int(result.phys_offsets[i]) for i in (7, 20))
     with open(root / FIRST, "r+b") as f:
         f.seek(flipped + 40)
@@ -174,15 +180,7 @@ def test_a_header_flip_is_found_in_a_store_written_with_the_record_crc(tmp_path)
 
 
 def test_fix_quarantines_a_record_whose_crc_property_was_overwritten(tmp_path):
-    config = tmp_path / "crc.yaml"
-    config.write_text(SMALL_CONFIG.replace("{segment_bytes: 65536}",
-                                           "{segment_bytes: 65536, record_crc: true}"))
-    root = tmp_path / "store"
-    cfg = load_config(str(config)).replace(dispatch={"worker": "thread"},
-                                           flush={"worker": "thread"})
-    with MessageStore.open(root, config=cfg) as store:
-        result = store.put_batch(MessageBatch(topic="orders", bodies=[b"b%03d" % i for i in
-                                                                     range(50)], queue_ids=0))
+    config, cfg, root, result = _crc_store(tmp_path)
     wiped, size = int(result.phys_offsets[20]), int(result.sizes[20])
     with open(root / FIRST, "r+b") as f:
         f.seek(wiped + size - 20)
