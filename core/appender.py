@@ -219,8 +219,9 @@ class PutContext:
 
 
 # Tails of accepted messages that carry at most a tag, keyed by all their bytes depend on:
-# topic, tag, record version and whether the record CRC is reserved. Most traffic repeats a handful of these, so checking and
-# encoding each once is enough; stores with different settings in one process share it safely.
+# topic, tag, record version and whether the record CRC is reserved. Most traffic repeats a
+# handful of these, so checking and encoding each once is enough; stores with different
+# settings in one process share it safely.
 _simple_tails: dict[tuple[str, str | None, bool, bool], tuple[bytes, dict[str, str]]] = {}
 _SIMPLE_TAILS_MAX = 4096
 

@@ -201,6 +201,23 @@ def needs_record_crc(crc_range: tuple[int, int] | None, phys_offset: int | None,
             and crc_range[0] <= phys_offset < crc_range[1] and flag != QUARANTINE_FLAG)
 
 
+def crc_problem(buf, lay: RecordLayout, start: int = 0, required: bool = False) -> str | None:
+    """What is wrong with the CRC of the record ``lay`` (starting at ``start`` of ``buf``), or
+    None: the whole-record CRC when the record carries one (it must when ``required``), else
+    the body's."""
+    end = start + lay.fields[0]
+    crc_state = record_crc.state(buf, lay.props_at, end)
+    if crc_state == record_crc.DAMAGED:
+        return "record CRC property damaged"
+    if crc_state == record_crc.CARRIED:
+        return None if record_crc.intact(buf, start, end) else "record CRC mismatch"
+    if required:
+        return "record CRC property missing"
+    if crc32(buf[lay.body_at:lay.body_at + lay.fields[16]]) != lay.fields[2]:
+        return "body CRC mismatch"
+    return None
+
+
 def scan_record(buf, pos: int, limit: int, check_crc: bool, expected_phys: int | None = None,
                 crc_range: tuple[int, int] | None = None):
     """Validate the record at ``buf[pos:]`` (``limit`` = end of readable data).
@@ -234,17 +251,9 @@ def scan_record(buf, pos: int, limit: int, check_crc: bool, expected_phys: int |
     if expected_phys is not None and f[6] != expected_phys:
         return SCAN_BAD, f"physical offset field {f[6]} != position {expected_phys}", None
     if check_crc:
-        end = pos + total
-        crc_state = record_crc.state(buf, lay.props_at, end)
-        if crc_state == record_crc.DAMAGED:
-            return SCAN_BAD, "record CRC property damaged", None
-        if crc_state == record_crc.CARRIED:
-            if not record_crc.intact(buf, pos, end):
-                return SCAN_BAD, "record CRC mismatch", None
-        elif needs_record_crc(crc_range, expected_phys, f[4]):
-            return SCAN_BAD, "record CRC property missing", None
-        elif crc32(buf[lay.body_at:lay.body_at + f[16]]) != f[2]:
-            return SCAN_BAD, "body CRC mismatch", None
+        why = crc_problem(buf, lay, pos, needs_record_crc(crc_range, expected_phys, f[4]))
+        if why is not None:
+            return SCAN_BAD, why, None
     try:
         topic = bytes(buf[lay.topic_at:lay.topic_at + lay.topic_len]).decode("utf-8")
     except UnicodeDecodeError:

@@ -15,9 +15,9 @@ import zlib
 from mqstore.errors import CorruptRecordError
 from mqstore.format import record_crc
 from mqstore.format.record import (
-    HEADER_STRUCTS, MAGIC_V1, POS_SYSFLAG, RecordLayout, needs_record_crc, unpack_record,
+    HEADER_STRUCTS, MAGIC_V1, POS_SYSFLAG, RecordLayout, crc_problem, needs_record_crc,
+    unpack_record,
 )
-from mqstore.hashing import crc32
 
 _new_layout = tuple.__new__
 _CRC_BYTES, _ABSENT, _CARRIED = record_crc.RESERVED, record_crc.ABSENT, record_crc.CARRIED
@@ -43,23 +43,6 @@ def verify_record(raw, phys_offset: int, size: int | None = None,
     if why is not None:
         raise CorruptRecordError(f"record at commit-log offset {phys_offset}: {why}")
     return lay
-
-
-def crc_problem(raw, lay: RecordLayout, start: int = 0, required: bool = False) -> str | None:
-    """What is wrong with the CRC of the record ``lay`` (at ``start`` of ``raw``), or None:
-    the whole-record CRC when the record carries one (it must when ``required``), else the
-    body's."""
-    end = start + lay.fields[0]
-    crc_state = record_crc.state(raw, lay.props_at, end)
-    if crc_state == record_crc.DAMAGED:
-        return "record CRC property damaged"
-    if crc_state == record_crc.ABSENT and required:
-        return "record CRC property missing (the store writes one into every record here)"
-    if crc_state == record_crc.CARRIED:
-        return None if record_crc.intact(raw, start, end) else "record CRC mismatch"
-    if crc32(raw[lay.body_at:lay.body_at + lay.fields[16]]) != lay.fields[2]:
-        return "body CRC mismatch"
-    return None
 
 
 def check_queue_identity(raw, lay: RecordLayout, topic: bytes, queue_id: int,
