@@ -13,7 +13,6 @@ is still reported in ``GetResult.corrupt``.
 from __future__ import annotations
 
 import logging
-import struct
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -30,13 +29,12 @@ from mqstore.unit_rescue import rescue, warn_once
 
 log = logging.getLogger("mqstore.pull")
 MAX_PULL_BYTES = 128 * 1024 * 1024
-_UNIT = struct.Struct(">qiq")  # a consume-queue unit: commit-log offset, size, tag code
 _MIN_RECORD = pull_rows.MIN_RECORD
 
 
 class PullLimits:
     __slots__ = ("window_bytes", "mem_bytes", "mem_count", "disk_bytes", "disk_count",
-                 "in_memory_bytes", "correct")
+                 "in_memory_bytes", "correct", "batch")
 
     def __init__(self, cfg, physical_memory_bytes: int, slave_no_check: bool) -> None:
         self.window_bytes = cfg.max_filter_bytes
@@ -47,6 +45,9 @@ class PullLimits:
         self.in_memory_bytes = physical_memory_bytes * cfg.access_in_memory_max_ratio // 100
         # A slave that does not check offsets keeps the consumer's offset unchanged.
         self.correct = (lambda old, new: old) if slave_no_check else (lambda old, new: new)
+        # isTheBatchFull's figures for a pull without a byte cap of its own, read at once.
+        self.batch = (self.in_memory_bytes, min(self.mem_bytes, MAX_PULL_BYTES), self.mem_count,
+                      min(self.disk_bytes, MAX_PULL_BYTES), self.disk_count)
 
     def bulk_limits(self) -> "PullLimits":
         """The limits of a bulk read: only its own count and bytes. getMessage's transfer
@@ -124,10 +125,6 @@ def _out_of_range(offset: int, min_off: int, max_off: int, correct) -> GetResult
 
 def get_messages(commit_log, cq, req: PullRequest, limits: PullLimits) -> GetResult:
     """RocketMQ's getMessage: the messages as objects."""
-    if req.max_msgs == 1 and req.flt is MATCH_ALL:
-        one = get_one(commit_log, cq, req.offset, limits)
-        if one is not None:
-            return one
     scan = scan_queue(commit_log, cq, req, limits)
     if isinstance(scan, GetResult):
         return scan
@@ -167,39 +164,6 @@ def scan_queue(commit_log, cq, req: PullRequest, limits: PullLimits):
         c0, chunk = c0 + len(units), chunk * 4  # a filtered scan widens fast
     scan.done()
     return scan
-
-
-def get_one(commit_log, cq, offset: int, limits: PullLimits) -> GetResult | None:
-    """A one-message unfiltered pull of an ordinary unit whose record checks out, as a
-    finished GetResult; None for anything else (the general walk handles it and says why)."""
-    if cq is None:
-        return None
-    min_off, max_off = cq.min_offset, cq.max_offset
-    if not min_off <= offset < max_off:
-        return None
-    seg = cq.segments.find(offset * CQ_UNIT_SIZE)
-    if seg is None:
-        return None
-    at = offset * CQ_UNIT_SIZE - seg.start
-    if at >= seg.wrote:
-        return None
-    pos, size, _code = _UNIT.unpack_from(seg.mm, at)
-    log_seg = commit_log.segments.find(pos)
-    if log_seg is None or size == FILLER_SIZE or size <= 0 or pos < 0:
-        return None
-    rel = pos - log_seg.start
-    if rel + size > log_seg.committed:
-        return None
-    try:
-        raw = log_seg.mm[rel:rel + size]
-        lay = verify_queue_record(raw, pos, size, cq.topic.encode(), cq.queue_id, offset,
-                                  commit_log.crc_range)
-    except ValueError:  # damaged (CorruptRecordError), or a segment closed since the lookup
-        return None
-    result = GetResult(GetStatus.FOUND, limits.correct(offset, offset + 1), min_off, max_off,
-                       [StoredMessage(raw, lay)])
-    result.suggest_pulling_from_slave = commit_log.max_offset - pos > limits.in_memory_bytes
-    return result
 
 
 def _found_null(result: GetResult, cq, offset: int, correct) -> GetResult:

@@ -24,7 +24,8 @@ from mqstore import pull_rows
 from mqstore.format.cq_unit import EXT_ADDRESS_MAX
 from mqstore.message import GetResult, StoredMessage
 from mqstore.message_reader import read_message
-from mqstore.pull import PullRequest, get_messages, get_one, scan_queue
+from mqstore.pull import PullRequest, get_messages, scan_queue
+from mqstore.pull_plain import get_plain
 from mqstore.read_batch import ReadBatch
 from mqstore.running_flags import NOT_READABLE
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
@@ -140,16 +141,22 @@ class Reader:
             raise StoreClosedError(f"store {self.root!r} is closed")
         if self.state.running_flags & NOT_READABLE:
             return None
-        if (max_msgs == 1 and expression is None and max_total_bytes is None
-                and type(offset) is int and type(group) is str and type(topic) is str and topic
-                and type(queue_id) is int and 0 <= queue_id <= appender.INT32_MAX):
-            # One message by position, the arguments plainly valid: no request to build.
-            one = get_one(self.commit_log, self.queue(topic, queue_id), offset, self._limits)
-            if one is not None:
-                return one
+        if (expression is None and max_total_bytes is None and type(max_msgs) is int
+                and max_msgs > 0 and type(offset) is int and type(group) is str
+                and type(topic) is str and topic and type(queue_id) is int
+                and 0 <= queue_id <= appender.INT32_MAX):
+            # A consumer's plain pull, its arguments plainly valid: no request to build.
+            cq = self.queue(topic, queue_id)
+            got = get_plain(self.commit_log, cq, offset, max_msgs, self._limits)
+            if got is not None:
+                return got
+        else:
+            cq = None
         req = self._request(group, topic, queue_id, offset, max_msgs, expression,
                             expression_type, max_total_bytes)
-        return get_messages(self.commit_log, self.queue(topic, queue_id), req, self._limits)
+        if cq is None:
+            cq = self.queue(topic, queue_id)
+        return get_messages(self.commit_log, cq, req, self._limits)
 
     def read(self, topic: str, queue_id: int, offset: int, max_msgs: int = 1024, *,
              expression: str | None = None, expression_type: str = "TAG",

@@ -1,0 +1,124 @@
+"""A plain ``get`` (no filter, no byte cap) is answered from the units in one loop
+(``pull_plain``); every answer must be the general pull's, call by call: status, next
+offset, bounds, corrupt units, suggest_pulling_from_slave and the exact records, under
+getMessage's count and byte limits in memory and on disk, across commit-log segment ends and
+around damaged units and records."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mqstore import GetStatus, Message, PutStatus
+from mqstore import pull_plain, reading
+from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
+
+TOPIC = "P"
+SEGMENT = 64 << 10
+# Small transfer limits, so that byte and count limits both end batches; with 1 MiB of
+# "physical memory" the older records count as on disk.
+LIMITS = {"max_transfer_bytes_in_memory": 2500, "max_transfer_count_in_memory": 6,
+          "max_transfer_bytes_on_disk": 1800, "max_transfer_count_on_disk": 3,
+          "physical_memory_bytes": 1 << 20}
+
+
+@pytest.fixture
+def store(make_store):
+    store = make_store({"commit_log": {"segment_bytes": SEGMENT}, "get": LIMITS})
+    rng = random.Random(3)
+    for k in range(6):
+        assert store.put_batch([
+            Message(TOPIC, rng.randbytes(rng.choice([0, 40, 128, 128, 700, 1500])),
+                    queue_id=rng.randrange(2), tags=rng.choice([None, "A"]),
+                    keys=rng.choice([None, [f"k{k}-{i}"]]))
+            for i in range(250)]).status is PutStatus.PUT_OK
+    store.wait_dispatched()
+    return store
+
+
+def _answer(result) -> tuple:
+    return (result.status, result.next_begin_offset, result.min_offset, result.max_offset,
+            result.filtered_count, list(result.corrupt), result.suggest_pulling_from_slave,
+            [(m.queue_offset, bytes(m.raw)) for m in result.messages])
+
+
+def _calls(store, rng: random.Random, k: int) -> list:
+    ends = [store.max_offset(TOPIC, q) for q in range(2)]
+    return [(q, rng.randrange(-2, ends[q] + 3), rng.choice([1, 1, 2, 3, 5, 6, 7, 32, 500]))
+            for q in (rng.randrange(2) for _ in range(k))]
+
+
+def _compare(store, monkeypatch, calls) -> int:
+    """Assert the plain path answers every call as the general pull does; how many it
+    answered itself."""
+    served = []
+    plain = pull_plain.get_plain
+
+    def counting(*args):
+        got = plain(*args)
+        served.append(got is not None)
+        return got
+
+    monkeypatch.setattr(reading, "get_plain", counting)
+    fast = [_answer(store.get("g", TOPIC, q, off, n)) for q, off, n in calls]
+    monkeypatch.setattr(reading, "get_plain", lambda *args: None)
+    assert [_answer(store.get("g", TOPIC, q, off, n)) for q, off, n in calls] == fast
+    return sum(served)
+
+
+def test_plain_gets_are_the_general_pulls_answers(store, monkeypatch):
+    phys = store.read(TOPIC, 0, 0, 10_000).phys_offsets
+    assert len(set((phys // SEGMENT).tolist())) > 5  # segment ends are crossed
+    calls = _calls(store, random.Random(8), 600)
+    assert _compare(store, monkeypatch, calls) > 450
+    answers = [_answer(store.get("g", TOPIC, q, off, n)) for q, off, n in calls]
+    # Both kinds of limit ended batches, on disk and in memory.
+    assert any(a[0] is GetStatus.FOUND and a[6] for a in answers)
+    assert any(a[0] is GetStatus.FOUND and not a[6] for a in answers)
+    assert {len(a[7]) for a in answers} >= {1, 2, 3, 6}
+
+
+def _write_unit(store, queue: int, offset: int, at: int, data: bytes) -> None:
+    """Overwrite bytes of a unit in its file (written by the dispatch worker, mapped
+    read-only here)."""
+    seg = store.consume_queue(TOPIC, queue).segments.find(offset * CQ_UNIT_SIZE)
+    with open(seg.path, "r+b") as f:
+        f.seek(offset * CQ_UNIT_SIZE - seg.start + at)
+        f.write(data)
+
+
+def test_damage_is_left_to_the_general_pull(store, monkeypatch):
+    whole = store.read(TOPIC, 0, 0, 10_000)
+    sized = [i for i in range(len(whole)) if len(whole.body(i)) > 2]
+    body_hit, head_hit, filler, bad_unit = (int(whole.queue_offsets[sized[k]])
+                                            for k in (10, 60, 120, 200))
+    for off in (body_hit, head_hit):
+        pos = int(whole.phys_offsets[off])
+        seg = store.commit_log.segments.find(pos)
+        # A body byte, then the queue-offset field (IPv4 hosts: the body at 88).
+        seg.mm[pos - seg.start + (88 + 2 if off == body_hit else 20 + 7)] ^= 0x10
+    _write_unit(store, 0, filler, 8, FILLER_SIZE.to_bytes(4, "big"))
+    _write_unit(store, 0, bad_unit, 0, (1 << 40).to_bytes(8, "big"))  # past the log's end
+    hits = (body_hit, head_hit, filler, bad_unit)
+    calls = [(0, hit + d, n) for hit in hits for d in (-7, -2, -1, 0, 1)
+             for n in (1, 2, 3, 6, 32)]
+    calls += _calls(store, random.Random(9), 300)
+    assert _compare(store, monkeypatch, calls) > 150
+    answers = [_answer(store.get("g", TOPIC, 0, hit, 1)) for hit in hits]
+    assert [a[5][0][0] if a[5] else None for a in answers] == [body_hit, head_hit, filler,
+                                                                bad_unit]
+
+
+def test_a_slave_that_keeps_offsets_still_moves_past_what_it_serves(make_store, store_dir):
+    writer = make_store(root=store_dir)
+    assert writer.put_batch([Message(TOPIC, b"m%d" % i, queue_id=0) for i in range(3)]
+                            ).status is PutStatus.PUT_OK
+    writer.wait_dispatched()
+    writer.close()
+    slave = make_store({"store": {"role": "slave"}, "get": {"offset_check_in_slave": False}},
+                       root=store_dir)
+    for n, expected in ((1, 1), (2, 2), (32, 3)):
+        got = slave.get("g", TOPIC, 0, 0, n)
+        assert (got.status, got.next_begin_offset) == (GetStatus.FOUND, expected)
+        assert [m.body for m in got.messages] == [b"m%d" % i for i in range(expected)]
