@@ -73,6 +73,11 @@ QUEUES = 4
 BATCH = 1000           # messages per put_batch / rows per SQLite transaction
 READ_BATCH = 1000      # rows per store.read call and per fetchmany
 GET_BATCH = 32         # messages per get call (RocketMQ's in-memory transfer limit)
+# get(32)'s bar of 1M msg/s at 128 B was set on a machine whose SQLite ordered read ran at
+# 4.03M msg/s: as a ratio to SQLite measured in the same run it holds on any machine.
+GET32_RATIO = 1_000_000 / 4_030_000
+# offset_by_time's bar of 10 us was set where SQLite's seek by time took 3.9 us (p50).
+TIME_RATIO = 10 / 3.9
 SIZES = ((128, "128 B"), (1024, "1 KiB"))
 DISTINCT_BODIES = 1024  # bodies cycle through this many distinct values (memory stays small)
 CFG = load_config_compat({"commit_log": {"segment_bytes": SEGMENT_BYTES},
@@ -537,16 +542,21 @@ def main() -> int:
                 checks.append((f"{label} {what} >= 1.0x SQLite ordered read", None,
                                ("no store.read" if not HAS_READ else "read has no verify=")
                                + " in this revision"))
-    mq = figures["128 B", "get(32)"][0]
-    checks.append(("128 B get(32) >= 1,000,000 msg/s", mq >= 1e6, f"{mq:,.0f} msg/s"))
+    mq, sq, _u, _b2 = figures["128 B", "get(32)"]
+    checks.append(("128 B get(32) >= 1,000,000 msg/s (absolute, this machine)", mq >= 1e6,
+                   f"{mq:,.0f} msg/s"))
+    checks.append((f"128 B get(32) >= {GET32_RATIO:.3f}x SQLite ordered read (the same bar, "
+                   f"as a ratio)", mq / sq >= GET32_RATIO, f"{mq / sq:.3f}x"))
     for _b, label in SIZES:
         mq, sq, _u, _b2 = figures[label, "get(1) p50"]
         checks.append((f"{label} get(1) p50 <= SQLite p50", mq <= sq,
                        f"{mq:.2f} us vs {sq:.2f} us"))
     for _b, label in SIZES:
-        mq = figures[label, "offset_by_time p50"][0]
+        mq, sq, _u, _b2 = figures[label, "offset_by_time p50"]
         checks.append((f"{label} offset_by_time p50 <= 10 us (queues of ~{per_q:,})", mq <= 10,
                        f"{mq:.2f} us"))
+        checks.append((f"{label} offset_by_time p50 <= {TIME_RATIO:.2f}x SQLite's (the same "
+                       f"bar, as a ratio)", mq / sq <= TIME_RATIO, f"{mq / sq:.2f}x"))
     for _b, label in SIZES:
         mq = figures[label, "query_by_key p99"][0]
         checks.append((f"{label} query_by_key p99 < 1 ms", mq < 1000, f"{mq:.2f} us"))
