@@ -45,9 +45,12 @@ class PullLimits:
         self.in_memory_bytes = physical_memory_bytes * cfg.access_in_memory_max_ratio // 100
         # A slave that does not check offsets keeps the consumer's offset unchanged.
         self.correct = (lambda old, new: old) if slave_no_check else (lambda old, new: new)
-        # isTheBatchFull's figures for a pull without a byte cap of its own, read at once.
-        self.batch = (self.in_memory_bytes, min(self.mem_bytes, MAX_PULL_BYTES), self.mem_count,
-                      min(self.disk_bytes, MAX_PULL_BYTES), self.disk_count)
+        self.batch = self._batch()
+
+    def _batch(self) -> tuple:
+        """isTheBatchFull's figures for a pull without a byte cap of its own, read at once."""
+        return (self.in_memory_bytes, min(self.mem_bytes, MAX_PULL_BYTES), self.mem_count,
+                min(self.disk_bytes, MAX_PULL_BYTES), self.disk_count)
 
     def bulk_limits(self) -> "PullLimits":
         """The limits of a bulk read: only its own count and bytes. getMessage's transfer
@@ -58,6 +61,7 @@ class PullLimits:
             setattr(bulk, name, getattr(self, name))
         bulk.mem_bytes = bulk.disk_bytes = MAX_PULL_BYTES
         bulk.mem_count = bulk.disk_count = 1 << 62
+        bulk.batch = bulk._batch()
         return bulk
 
 
