@@ -39,8 +39,14 @@ def main(argv: list[str]) -> int:
 
     from mqstore import MessageStore, load_config
 
+    # SIGTERM ends a long poll at once (the futex wait returns on a signal). Anywhere else (a
+    # commit, a line being written, the close) it only asks the loop to stop after it.
+    state = {"polling": False, "stop": False}
+
     def stop(_signum, _frame):
-        raise Stop  # ends a long poll at once (the futex wait returns on a signal)
+        state["stop"] = True
+        if state["polling"]:
+            raise Stop
     signal.signal(signal.SIGTERM, stop)
 
     cfg = load_config(overrides={"plugins": {"load_entry_points": False},
@@ -58,12 +64,15 @@ def main(argv: list[str]) -> int:
             assigned = consumer.assignment
             say("assigned", json.dumps(assigned))
             while True:
-                if select.select([sys.stdin], [], [], 0)[0]:  # a line, or stdin closed: stop
-                    break
+                if state["stop"] or select.select([sys.stdin], [], [], 0)[0]:
+                    break  # SIGTERM, a line, or stdin closed
                 try:
+                    state["polling"] = True
                     polled = consumer.poll(args.max_msgs, args.timeout_ms)
                 except Stop:
                     break
+                finally:
+                    state["polling"] = False
                 if consumer.assignment != assigned:
                     assigned = consumer.assignment
                     say("assigned", json.dumps(assigned))
