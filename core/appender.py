@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import re
 import struct
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -35,7 +34,7 @@ from mqstore.format.record import (
     SYSFLAG_INNER_BATCH, SYSFLAG_STOREHOST_V6, SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, TX_COMMIT,
     TX_NOT, topic_field,
 )
-from mqstore.hashing import crc32
+from mqstore.hashing import crc32, zlib_crc32
 from mqstore.message import Message, PutStatus
 
 TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")  # used with fullmatch: "$" allows a final "\n"
@@ -416,6 +415,6 @@ def encode_single(p: Prepared, store_host: Host, queue_id: int, queue_offset: in
     )
     tail = p.tail
     if crc:
-        value = zlib.crc32(tail[:-record_crc.RESERVED], zlib.crc32(p.body, zlib.crc32(header)))
+        value = zlib_crc32(tail[:-record_crc.RESERVED], zlib_crc32(p.body, zlib_crc32(header)))
         tail = record_crc.stamp(tail, value & 0x7FFFFFFF)
     return b"".join((header, p.body, tail))

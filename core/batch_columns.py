@@ -17,7 +17,6 @@ code per message; per-message tags or properties are encoded message by message.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -43,6 +42,7 @@ from mqstore.format.record import (
     HEADER_STRUCTS, MAGIC_V1, MAGIC_V2, MAX_V1_TOPIC_BYTES, SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6, header_dtype, record_dtype, topic_field,
 )
+from mqstore.hashing import zlib_crc32
 from mqstore.message import Message, MessageBatch, PutStatus
 
 
@@ -377,7 +377,7 @@ def _columns(shape: _Shape, ctx: PutContext) -> Columns:
     born_ts = b.born_timestamp
     if born_ts is not None:
         born_ts = _int_field("born_timestamp", born_ts, INT64_MIN, INT64_MAX)
-    crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & 0x7FFFFFFF
+    crcs = np.fromiter(map(zlib_crc32, bodies), dtype=np.int64, count=n) & 0x7FFFFFFF
     return Columns(
         n=n, topics=topics, queue_ids=queue_ids, bodies=bodies, tails=tails, sizes=sizes,
         body_lens=lens, body_crcs=crcs, magics=magics, sysflags=sysflag, flags=flag,

@@ -15,9 +15,9 @@ before encoding (as RocketMQ does).
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
+
+from mqstore.hashing import zlib_crc32
 
 PROPERTY_CRC32 = "__CRC32#"
 MARK = b"__CRC32#\x01"
@@ -88,7 +88,7 @@ def intact(raw, start: int, end: int) -> bool:
     text = bytes(raw[end - 11:end - 1])
     if not text.isdigit():
         return False
-    return zlib.crc32(raw[start:end - RESERVED]) & 0x7FFFFFFF == int(text[::-1])
+    return zlib_crc32(raw[start:end - RESERVED]) & 0x7FFFFFFF == int(text[::-1])
 
 
 def stamp(tail: bytes, crc: int) -> bytes:
@@ -107,11 +107,11 @@ def stamp_records(buf: np.ndarray, sizes: np.ndarray) -> None:
         # tolist() and zlib's map run as C loops (no Python frame per record).
         covered = np.ndarray((n,), dtype=np.dtype((np.void, width - RESERVED)), buffer=buf,
                              strides=(width,))
-        crcs = np.fromiter(map(zlib.crc32, covered.tolist()), dtype=np.int64, count=n)
+        crcs = np.fromiter(map(zlib_crc32, covered.tolist()), dtype=np.int64, count=n)
     else:
         mv = memoryview(buf)
         try:
-            crc32 = zlib.crc32
+            crc32 = zlib_crc32
             crcs = np.fromiter((crc32(mv[s:e]) for s, e in zip((ends - sizes).tolist(),
                                                                 (ends - RESERVED).tolist())),
                                dtype=np.int64, count=n)

@@ -10,10 +10,9 @@ never as a wrong message.
 
 from __future__ import annotations
 
-from zlib import crc32
-
 from mqstore.errors import CorruptRecordError
 from mqstore.format import record_crc
+from mqstore.hashing import zlib_crc32 as crc32
 from mqstore.format.record import (
     HEADER_STRUCTS, MAGIC_V1, POS_SYSFLAG, RecordLayout, crc_problem, needs_record_crc,
     unpack_record,
