@@ -208,8 +208,8 @@ class StoredMessage:
 
     @property
     def body(self) -> bytes:
-        at = self._lay.body_at
-        return self._raw[at:at + self._lay.fields[16]]
+        lay = self._lay
+        return self._raw[lay.body_at:lay.body_at + lay.fields[16]]
 
     @property
     def topic(self) -> str:

@@ -4,9 +4,10 @@
 messages at a time. When every unit of such a pull is an ordinary reference into a readable
 commit-log segment and every record checks out, the answer follows from the units alone:
 the messages of consecutive offsets until getMessage's batch counts as full. ``get_plain``
-serves exactly that case from the unit bytes, in one loop; anything else (a filler, a damaged
-unit or record, a removed segment) makes it answer None, and the general pull (``pull``),
-which says what is wrong and how it moves past it, answers instead.
+serves exactly that case from the unit bytes, in one loop (a one-message get, a point read,
+without it); anything else (a filler, a damaged unit or record, a removed segment) makes it
+answer None, and the general pull (``pull``), which says what is wrong and how it moves past
+it, answers instead.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mqstore.message import GetResult, GetStatus, StoredMessage
 from mqstore.pull_rows import MIN_RECORD
 
 _UNIT = struct.Struct(">qiq")  # a consume-queue unit: commit-log offset, size, tag code
+_TWO_UNITS = struct.Struct(">qiqqiq")
 _FOUND = GetStatus.FOUND
 
 
@@ -46,6 +48,9 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
         return None
     # The log's end after the queue's bounds: every unit below max_offset names bytes below it.
     max_py = commit_log.max_offset
+    if max_msgs == 1:
+        return _one(commit_log, cq, seg.mm, at, count == 2, offset, min_off, max_off,
+                    max_py - limits.batch[0])
     try:
         units = seg.mm[at:at + count * CQ_UNIT_SIZE]
     except ValueError:  # the file was closed since the lookup
@@ -85,6 +90,35 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
         n += 1
         total += size
         last = pos
-    result = GetResult(_FOUND, offset + n, min_off, max_off, messages)
-    result.suggest_pulling_from_slave = max_py - last > in_memory
-    return result
+    return GetResult(_FOUND, offset + n, min_off, max_off, messages, max_py - last > in_memory)
+
+
+def _one(commit_log, cq, mm, at: int, peek: bool, offset: int, min_off: int, max_off: int,
+         in_memory_from: int) -> GetResult | None:
+    """``get_plain`` of one message: the loop's first round and the look at the unit after
+    it (``peek``: one is stored in the same file), without the loop."""
+    try:
+        if peek:
+            pos, size, _code, after_pos, after_size, _ = _TWO_UNITS.unpack_from(mm, at)
+            if after_size < MIN_RECORD or after_size == FILLER_SIZE or after_pos < 0:
+                return None
+        else:
+            pos, size, _code = _UNIT.unpack_from(mm, at)
+    except ValueError:  # the file was closed since the lookup
+        return None
+    if size < MIN_RECORD or size == FILLER_SIZE or pos < 0:
+        return None
+    log_seg = commit_log.segments.find(pos)
+    if log_seg is None:
+        return None
+    rel = pos - log_seg.start
+    if rel + size > log_seg.committed:
+        return None
+    try:
+        raw = log_seg.mm[rel:rel + size]
+        lay = verify_queue_record(raw, pos, size, cq.topic.encode(), cq.queue_id, offset,
+                                  commit_log.crc_range)
+    except ValueError:
+        return None
+    return GetResult(_FOUND, offset + 1, min_off, max_off, [StoredMessage(raw, lay)],
+                     pos < in_memory_from)

@@ -1,8 +1,8 @@
-"""A plain ``get`` (no filter, no byte cap) is answered from the units in one loop
+"""A plain ``get`` (no filter, no byte cap) is answered from the units alone
 (``pull_plain``); every answer must be the general pull's, call by call: status, next
 offset, bounds, corrupt units, suggest_pulling_from_slave and the exact records, under
-getMessage's count and byte limits in memory and on disk, across commit-log segment ends and
-around damaged units and records."""
+getMessage's count and byte limits in memory and on disk, across commit-log segment and
+consume-queue file ends and around damaged units and records."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 
 TOPIC = "P"
 SEGMENT = 64 << 10
+CQ_FILE_UNITS = 97  # about 750 units a queue: a get meets file ends
 # Small transfer limits, so that byte and count limits both end batches; with 1 MiB of
 # "physical memory" the older records count as on disk.
 LIMITS = {"max_transfer_bytes_in_memory": 2500, "max_transfer_count_in_memory": 6,
@@ -25,7 +26,8 @@ LIMITS = {"max_transfer_bytes_in_memory": 2500, "max_transfer_count_in_memory": 
 
 @pytest.fixture
 def store(make_store):
-    store = make_store({"commit_log": {"segment_bytes": SEGMENT}, "get": LIMITS})
+    store = make_store({"commit_log": {"segment_bytes": SEGMENT}, "get": LIMITS,
+                        "consume_queue": {"file_units": CQ_FILE_UNITS}})
     rng = random.Random(3)
     for k in range(6):
         assert store.put_batch([
@@ -41,6 +43,16 @@ def _answer(result) -> tuple:
     return (result.status, result.next_begin_offset, result.min_offset, result.max_offset,
             result.filtered_count, list(result.corrupt), result.suggest_pulling_from_slave,
             [(m.queue_offset, bytes(m.raw)) for m in result.messages])
+
+
+def _rows(store, queue: int) -> list[tuple[int, int, int]]:
+    """(queue offset, commit-log offset, body length) of every message of a queue."""
+    rows, offset = [], 0
+    while (batch := store.read(TOPIC, queue, offset, 10_000)) and len(batch):
+        rows += [(int(batch.queue_offsets[i]), int(batch.phys_offsets[i]), len(batch.body(i)))
+                 for i in range(len(batch))]
+        offset = batch.next_begin_offset
+    return rows
 
 
 def _calls(store, rng: random.Random, k: int) -> list:
@@ -68,15 +80,21 @@ def _compare(store, monkeypatch, calls) -> int:
 
 
 def test_plain_gets_are_the_general_pulls_answers(store, monkeypatch):
-    phys = store.read(TOPIC, 0, 0, 10_000).phys_offsets
-    assert len(set((phys // SEGMENT).tolist())) > 5  # segment ends are crossed
+    assert len({phys // SEGMENT for _q, phys, _n in _rows(store, 0)}) > 5  # segment ends
     calls = _calls(store, random.Random(8), 600)
-    assert _compare(store, monkeypatch, calls) > 450
+    calls += [(q, end + d, n) for q in range(2) for end in range(0, 800, CQ_FILE_UNITS)
+              for d in (-2, -1, 0) for n in (1, 2, 32)]
+    assert _compare(store, monkeypatch, calls) > 550
     answers = [_answer(store.get("g", TOPIC, q, off, n)) for q, off, n in calls]
     # Both kinds of limit ended batches, on disk and in memory.
     assert any(a[0] is GetStatus.FOUND and a[6] for a in answers)
     assert any(a[0] is GetStatus.FOUND and not a[6] for a in answers)
     assert {len(a[7]) for a in answers} >= {1, 2, 3, 6}
+    # One-message gets (their own path) were served both ways, and next to file ends.
+    ones = [(a, off) for a, (_q, off, n) in zip(answers, calls)
+            if n == 1 and a[0] is GetStatus.FOUND]
+    assert {a[6] for a, _off in ones} == {True, False}
+    assert any((off + 1) % CQ_FILE_UNITS == 0 for _a, off in ones)
 
 
 def _write_unit(store, queue: int, offset: int, at: int, data: bytes) -> None:
@@ -89,12 +107,11 @@ def _write_unit(store, queue: int, offset: int, at: int, data: bytes) -> None:
 
 
 def test_damage_is_left_to_the_general_pull(store, monkeypatch):
-    whole = store.read(TOPIC, 0, 0, 10_000)
-    sized = [i for i in range(len(whole)) if len(whole.body(i)) > 2]
-    body_hit, head_hit, filler, bad_unit = (int(whole.queue_offsets[sized[k]])
-                                            for k in (10, 60, 120, 200))
+    rows = _rows(store, 0)
+    sized = [off for off, _phys, n in rows if n > 2]
+    body_hit, head_hit, filler, bad_unit = (sized[k] for k in (10, 60, 120, 200))
     for off in (body_hit, head_hit):
-        pos = int(whole.phys_offsets[off])
+        pos = rows[off][1]
         seg = store.commit_log.segments.find(pos)
         # A body byte, then the queue-offset field (IPv4 hosts: the body at 88).
         seg.mm[pos - seg.start + (88 + 2 if off == body_hit else 20 + 7)] ^= 0x10
