@@ -11,12 +11,13 @@ import sys
 import textwrap
 import time
 import warnings
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import pytest
 
 from mqstore import Message, MessageStore, PutStatus, load_config
-from mqstore.storage.shared_segment import store_segment_name
+from mqstore.storage.shared_segment import close_segment, open_segment, store_segment_name
 from mqstore.testing.faults import FaultWriter, small_store_overrides
 
 SHM = Path("/dev/shm")
@@ -101,6 +102,21 @@ def test_a_killed_group_leaves_shared_memory_that_the_next_open_reclaims(tmp_pat
         for ack in writer.acks:
             assert store.message_at(ack.phys_offset) is not None
     assert _store_segments(root) == []
+
+
+def test_store_segments_never_reach_the_resource_tracker(tmp_path, monkeypatch):
+    # The store and its workers share one tracker: a register/unregister pair from each,
+    # interleaved, left a KeyError traceback on stderr. Anonymous segments stay tracked.
+    calls = []
+    monkeypatch.setattr(resource_tracker, "register", lambda name, kind: calls.append(name))
+    monkeypatch.setattr(resource_tracker, "unregister", lambda name, kind: calls.append(name))
+    with MessageStore.open(tmp_path / "data", config=load_config()) as store:
+        assert store.put(Message("T", b"x")).status is PutStatus.PUT_OK
+        store.wait_dispatched()
+    assert calls == []
+    shm, owner = open_segment(None, 64)
+    close_segment(shm, owner)
+    assert calls == [shm._name, shm._name]
 
 
 def test_a_dispatcher_that_keeps_failing_refuses_puts_with_its_reason(tmp_path, monkeypatch):

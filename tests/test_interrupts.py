@@ -35,9 +35,12 @@ lost 0, wrong 0" line per run.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -376,3 +379,39 @@ def test_ctrl_c_during_close_is_handled_once_the_store_is_closed(tmp_path):
             again.close()
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+_FORKSERVER_MASK = """
+import json, sys
+from multiprocessing import forkserver
+from mqstore import MessageStore, load_config
+from mqstore.testing.faults import small_store_overrides
+
+def blocked(pid):
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["SigBlk"], 16)
+
+store = MessageStore.open(sys.argv[1], load_config(overrides=small_store_overrides()))
+try:
+    print(json.dumps({"forkserver": blocked(forkserver._forkserver._forkserver_pid),
+                      "store": blocked("self")}))
+finally:
+    store.close()
+"""
+
+
+def test_workers_are_forked_with_ctrl_c_blocked_until_they_ignore_it(tmp_path):
+    """A worker must not die of a Ctrl-C sent to the group while it starts, before it sets
+    its own handling: the forkserver it is forked from runs with SIGINT blocked, also when
+    the store's open is the first to start multiprocessing's resource tracker (in a fresh
+    process, as here), which unblocks SIGINT in the thread that starts it."""
+    script = tmp_path / "mask.py"
+    script.write_text(_FORKSERVER_MASK)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "s")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    masks = json.loads(out.stdout.strip().splitlines()[-1])
+    sigint = 1 << (signal.SIGINT - 1)
+    assert masks["forkserver"] & sigint, masks
+    assert not masks["store"] & sigint, masks  # the store's own thread is as it was

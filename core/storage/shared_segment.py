@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
+import threading
 from multiprocessing import resource_tracker, shared_memory
 
 import _posixshmem
@@ -35,13 +37,8 @@ def open_segment(name: str | None, size: int, *, create: bool | None = None,
     if create is None:
         create = name is None
     if not create:
-        shm = shared_memory.SharedMemory(name=name)
-        if not tracked:
-            resource_tracker.unregister(shm._name, "shared_memory")
-        return shm, False
-    shm = shared_memory.SharedMemory(name=name, create=True, size=size)
-    if not tracked:
-        resource_tracker.unregister(shm._name, "shared_memory")
+        return _shared_memory(name, False, 0, tracked), False
+    shm = _shared_memory(name, True, size, tracked)
     try:
         # Pages of a full /dev/shm are SIGBUS on first touch; refuse now instead.
         reserve_file(shm._fd, size, f"{SHM_DIR}{shm._name}")
@@ -49,6 +46,36 @@ def open_segment(name: str | None, size: int, *, create: bool | None = None,
         close_segment(shm, True, tracked)
         raise
     return shm, True
+
+
+class _Untracked:
+    """Stands in for the resource tracker inside ``shared_memory`` while an untracked segment
+    opens: registering and then unregistering it would race the same calls of the store's
+    other processes in the one tracker they share, whose set then misses a name (a KeyError
+    traceback on stderr)."""
+
+    @staticmethod
+    def register(_name, _rtype) -> None:
+        return None
+
+    unregister = register
+
+
+_UNTRACKED_LOCK = threading.Lock()
+
+
+def _shared_memory(name: str | None, create: bool, size: int,
+                   tracked: bool) -> shared_memory.SharedMemory:
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, create=create, size=size, track=tracked)
+    with _UNTRACKED_LOCK:  # a tracked one opening meanwhile would miss its registration
+        if tracked:
+            return shared_memory.SharedMemory(name=name, create=create, size=size)
+        shared_memory.resource_tracker = _Untracked
+        try:
+            return shared_memory.SharedMemory(name=name, create=create, size=size)
+        finally:
+            shared_memory.resource_tracker = resource_tracker
 
 
 def close_segment(shm: shared_memory.SharedMemory, owner: bool, tracked: bool = True) -> None:

@@ -37,7 +37,7 @@ import os
 import sys
 import threading
 import time
-from multiprocessing import connection, util
+from multiprocessing import connection, resource_tracker, util
 
 from mqstore.plugins_manager import DEFAULT_PLUGINS
 from mqstore.uninterrupted import interrupts_blocked
@@ -163,6 +163,11 @@ class WorkerSupervisor:
             args=(dict(os.environ), self.target, self.root, self.config, self.channels,
                   self.wake_r, self.progress_w, os.getpid(), restarted, self.clock,
                   *self.extra))
+        # The resource tracker first, if it is not running yet: starting it ends with SIGINT
+        # unblocked in this thread (multiprocessing undoes its own block with SIG_UNBLOCK), and
+        # inside the block below that would start the forkserver, and so every worker, with
+        # SIGINT open before the worker sets its handler.
+        resource_tracker.ensure_running()
         with _main_module_hidden(), interrupts_blocked():
             proc.start()
         self.process = proc  # only a started process is recorded (never join an unstarted one)
