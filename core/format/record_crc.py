@@ -104,17 +104,15 @@ def stamp_records(buf: np.ndarray, sizes: np.ndarray) -> None:
     width = int(sizes[0]) if n else 0
     if n > 1 and (sizes == width).all():
         # Records of one size: their covered bytes as one strided array of void items, whose
-        # tolist() and zlib's map run as C loops (no Python frame per record).
+        # tolist() and the CRC's map run as C loops (no Python frame per record).
         covered = np.ndarray((n,), dtype=np.dtype((np.void, width - RESERVED)), buffer=buf,
                              strides=(width,))
         crcs = np.fromiter(map(zlib_crc32, covered.tolist()), dtype=np.int64, count=n)
     else:
         mv = memoryview(buf)
         try:
-            crc32 = zlib_crc32
-            crcs = np.fromiter((crc32(mv[s:e]) for s, e in zip((ends - sizes).tolist(),
-                                                                (ends - RESERVED).tolist())),
-                               dtype=np.int64, count=n)
+            spans = zip((ends - sizes).tolist(), (ends - RESERVED).tolist())
+            crcs = np.fromiter((zlib_crc32(mv[s:e]) for s, e in spans), dtype=np.int64, count=n)
         finally:
             mv.release()
     crcs &= 0x7FFFFFFF

@@ -10,7 +10,6 @@ as a few dozen Python calls. Records of any other shape are left to the per-reco
 
 from __future__ import annotations
 
-
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -92,12 +91,10 @@ def crc_ok(data: np.ndarray, body_at: list, body_len: list, crcs: list) -> bool:
         window = _window(data, width)
         at = np.asarray(body_at, dtype=np.int64)
         if window is not None and int(at.min()) >= 0 and int(at.max()) < len(window):
-            crc32 = zlib_crc32
-            return [crc32(b) & 0x7FFFFFFF for b in window[at].tolist()] == list(crcs)
+            return [zlib_crc32(b) & 0x7FFFFFFF for b in window[at].tolist()] == list(crcs)
     mv = memoryview(data)
     try:
-        crc32 = zlib_crc32
-        return all(crc32(mv[a:a + n]) & 0x7FFFFFFF == c
+        return all(zlib_crc32(mv[a:a + n]) & 0x7FFFFFFF == c
                    for a, n, c in zip(body_at, body_len, crcs))
     finally:
         mv.release()

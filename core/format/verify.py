@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from mqstore.errors import CorruptRecordError
 from mqstore.format import record_crc
-from mqstore.hashing import zlib_crc32 as crc32
 from mqstore.format.record import (
     HEADER_STRUCTS, MAGIC_V1, POS_SYSFLAG, RecordLayout, crc_problem, needs_record_crc,
     unpack_record,
 )
+from mqstore.hashing import zlib_crc32 as crc32
 
 _new_layout = tuple.__new__
 _CRC_BYTES, _ABSENT, _CARRIED = record_crc.RESERVED, record_crc.ABSENT, record_crc.CARRIED
