@@ -141,20 +141,19 @@ class Reader:
             raise StoreClosedError(f"store {self.root!r} is closed")
         if self.state.running_flags & NOT_READABLE:
             return None
-        if (expression is None and max_total_bytes is None and type(max_msgs) is int
-                and max_msgs > 0 and type(offset) is int and type(group) is str
-                and type(topic) is str and topic and type(queue_id) is int
-                and 0 <= queue_id <= appender.INT32_MAX):
+        plain = (expression is None and max_total_bytes is None and type(max_msgs) is int
+                 and max_msgs > 0 and type(offset) is int and type(group) is str
+                 and type(topic) is str and topic and type(queue_id) is int
+                 and 0 <= queue_id <= appender.INT32_MAX)
+        if plain:
             # A consumer's plain pull, its arguments plainly valid: no request to build.
             cq = self.queue(topic, queue_id)
             got = get_plain(self.commit_log, cq, offset, max_msgs, self._limits)
             if got is not None:
                 return got
-        else:
-            cq = None
         req = self._request(group, topic, queue_id, offset, max_msgs, expression,
                             expression_type, max_total_bytes)
-        if cq is None:
+        if not plain:  # looked up after the arguments are checked
             cq = self.queue(topic, queue_id)
         return get_messages(self.commit_log, cq, req, self._limits)
 
