@@ -31,6 +31,7 @@ from mqstore.format.record import (
     POS_SYSFLAG, SCAN_BAD, SCAN_BLANK, SYSFLAG_BORNHOST_V6, scan_record, unpack_record,
 )
 from mqstore.format.record_columns import MIN_RECORD_BYTES, heads, walk
+from mqstore.storage.queue_progress import DispatchMark
 
 log = logging.getLogger("mqstore.dispatch")
 
@@ -255,6 +256,8 @@ class DispatchLoop:
         self.tags_coder = tags_coder
         self.confirm_offset = confirm_offset
         self.dispatched = start_offset
+        # The last record handed to every dispatcher (None: none yet), for ``mqstore.queued``.
+        self.last_mark: DispatchMark | None = None
         self.batch_bytes = batch_bytes
         self.after_dispatch = after_dispatch
         self.error: str | None = None
@@ -282,8 +285,13 @@ class DispatchLoop:
         parts, pos = self._gather(begin, end, min(end, begin + self.batch_bytes))
         if pos < 0:
             return 0
-        if parts and not self._hand_over(DispatchBatch.concat(begin, pos, parts), begin):
-            return 0
+        mark = self.last_mark
+        if parts:
+            batch = DispatchBatch.concat(begin, pos, parts)
+            if not self._hand_over(batch, begin):
+                return 0
+            mark = DispatchMark(int(batch.phys_offsets[-1]), int(batch.sizes[-1]),
+                                int(batch.store_timestamps[-1]))
         if self.failing is not None:
             log.warning("dispatch at commit-log offset %d goes on after %d failed attempts",
                         begin, self.failures)
@@ -291,6 +299,7 @@ class DispatchLoop:
         moved = pos - begin
         if moved:
             with self.progress:
+                self.last_mark = mark
                 self.dispatched = pos
                 self.progress.notify_all()
         return moved

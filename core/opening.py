@@ -28,6 +28,7 @@ from mqstore.storage.checkpoint import Checkpoint, StoreLock, abort_exists, crea
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper, read_manifest
+from mqstore.storage.queue_progress import read_queued, remove_queued
 from mqstore.storage.shared_segment import store_segment_name, unlink_segment
 from mqstore.store_meta import load_meta, settle_meta, settle_record_crc
 from mqstore.store_view import DirectoryView
@@ -133,12 +134,18 @@ class Opener:
         self.manifest = ManifestKeeper(self.root)
         if manifest_problem:
             self.notes.append(manifest_problem)
+        queued, queued_problem = read_queued(self.root)
+        if queued_problem:
+            self.notes.append(f"{queued_problem}; ignored")
         report: RecoveryReport = recover(
             store.commit_log, list(self.queues.values()), store.checkpoint,
             abnormal=self.abnormal, check_crc=self.config.commit_log.check_crc_on_recover,
-            read_only=ro, known_queues=known_queues, marker=self._usable_marker())
+            read_only=ro, known_queues=known_queues, marker=self._usable_marker(),
+            queued=queued)
         report.notes[:0] = self.notes
         store.recovery_report = report
+        if not ro and queued is not None and report.redispatch_from < queued.phys_offset:
+            remove_queued(self.root)  # units rebuilt below it are not on disk yet
         if not ro:
             self.meta = settle_record_crc(self.root, self.meta, self.config.commit_log.record_crc,
                                           store.commit_log.max_offset)

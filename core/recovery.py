@@ -41,6 +41,7 @@ from mqstore.format.quarantine import (
 )
 from mqstore.format.record import SCAN_BAD, SCAN_BLANK, SCAN_OK, encode_blank, scan_record
 from mqstore.storage import clean_marker
+from mqstore.storage.queue_progress import QUEUED_FILE, DispatchMark
 
 ZERO_PROBE_BYTES = 64 * 1024
 NO_END = 1 << 62
@@ -282,6 +283,52 @@ def _mend(segq, region: _Region, root: str, report: RecoveryReport, read_only: b
         os.fsync(saved.fileno())
 
 
+def _record_at(segq, pos: int, crc_range, *, or_blank: bool = False) -> tuple | None:
+    """``(size, head)`` of the intact record that starts at ``pos`` and says so itself, or
+    None; with ``or_blank``, a segment's start or the blank that closes it count too
+    (``(0, None)``)."""
+    seg = segq.find(pos)
+    if seg is None:
+        return None
+    at = pos - seg.start
+    if or_blank and at == 0:
+        return 0, None
+    kind, size, head = scan_record(seg.mm, at, seg.data_end(), True, expected_phys=pos,
+                                   crc_range=crc_range)
+    if kind == SCAN_OK:
+        return size, head
+    if or_blank and kind == SCAN_BLANK and blank_closes(seg.mm, at, seg.size):
+        return 0, None
+    return None
+
+
+def _queued_start(segq, mark: DispatchMark, dispatch_from: int, crc_range,
+                  report: RecoveryReport) -> int:
+    """Where an abnormal recovery may start walking and re-dispatching by ``mqstore.queued``:
+    at its record, once found where it says and intact, or earlier at the newest unit of the
+    consume queues when that is older and is itself an intact record's start; else -1 (the
+    segment rule stands, and a note says why)."""
+    name = QUEUED_FILE
+    found = _record_at(segq, mark.phys_offset, crc_range)
+    if found is None or found[0] != mark.size or found[1].store_timestamp != mark.store_timestamp:
+        report.notes.append(f"{name} names the record at {mark.phys_offset} of {mark.size} bytes "
+                            f"stored at {mark.store_timestamp}, which the commit log does not "
+                            f"hold there; the walk starts at a segment's start")
+        return -1
+    start = mark.phys_offset
+    if dispatch_from < start:
+        if dispatch_from < 0 or _record_at(segq, dispatch_from, crc_range,
+                                           or_blank=True) is None:
+            report.notes.append(f"the consume queues end before {name}'s record, at "
+                                f"{dispatch_from}, where no intact record starts; the walk "
+                                f"starts at a segment's start")
+            return -1
+        start = dispatch_from
+    report.notes.append(f"{name}: the derived files were on disk below the record at "
+                        f"{mark.phys_offset}; the walk starts at {start}")
+    return start
+
+
 def _durable_end(checkpoint, abnormal: bool) -> int:
     """Every byte below this offset was on disk before the store went down."""
     if not abnormal:
@@ -335,9 +382,11 @@ def _trust(report: RecoveryReport, commit_log, consume_queues, marker: dict) -> 
 
 def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc: bool,
             read_only: bool, known_queues: dict | None = None,
-            marker: dict | None = None) -> RecoveryReport:
+            marker: dict | None = None, queued: DispatchMark | None = None) -> RecoveryReport:
     """``known_queues``: the queue manifest (``storage.queue_manifest``), if any; ``marker``:
-    a clean-shutdown marker, trusted if it matches the files (the caller checked ``abort``)."""
+    a clean-shutdown marker, trusted if it matches the files (the caller checked ``abort``);
+    ``queued``: the record below which the derived files were on disk
+    (``storage.queue_progress``), if recorded."""
     report = RecoveryReport(abnormal=abnormal)
     if marker is not None and _marker_matches(report, marker, commit_log, consume_queues):
         return _trust(report, commit_log, consume_queues, marker)
@@ -349,8 +398,10 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
     if not segs:
         return _without_segments(report, consume_queues, read_only)
 
-    start = _pick_start(segs, abnormal, dispatch_from, checkpoint.min_timestamp())
-    report.scan_from = segs[start].start
+    exact = (_queued_start(segq, queued, dispatch_from, commit_log.crc_range, report)
+             if abnormal and queued is not None else -1)
+    report.scan_from = exact if exact >= 0 else segs[_pick_start(
+        segs, abnormal, dispatch_from, checkpoint.min_timestamp())].start
     root = os.path.dirname(segq.directory)
     # Whatever the start, files found missing or short are mended wherever they lie: that
     # costs no reading beyond them, and readers must be able to walk the whole log.

@@ -17,6 +17,7 @@ import weakref
 from mqstore import cleanup
 from mqstore.config import describe_watermark, parse_delay_levels
 from mqstore.contracts import READS_STORE, CapabilityError, check_capabilities
+from mqstore.derived_flush import DerivedFlush
 from mqstore.dispatch import DispatchLoop, DispatchThread, TagsCoder
 from mqstore.errors import PluginError, WorkerError
 from mqstore.pool_writer import staging_pool
@@ -70,6 +71,10 @@ class Runtime:
         self.wakeup = None  # thread mode: NOTE [ Long polling ] in workers.wakeup
         self._next_cleanup = time.monotonic() + config.cleanup.interval_ms / 1000.0
         self._cleanup_lock = threading.Lock()
+        self._flush_derived = DerivedFlush(
+            self.root, view, dispatchers, manifest,
+            lambda: None if self.dispatch_loop is None else self.dispatch_loop.last_mark,
+            lambda: self.channels.flush.flushed)
         self.flush_client = FlushClient(
             self.root, config, self.channels, clock, self.commit_log.segments.directory,
             self.commit_log.segment_bytes, flush_schedule, self.staging,
@@ -215,9 +220,7 @@ class Runtime:
             self.checkpoint.flush()
             return
         logics = self.checkpoint.logics_msg_timestamp
-        self.view.flush_queues()
-        self.dispatchers.persist()
-        self.manifest.update(self.view.consume_queues)
+        self._flush_derived()
         self.checkpoint.flush(logics_msg_timestamp=logics)
 
     # -- cleanup -------------------------------------------------------------------------------

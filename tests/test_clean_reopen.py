@@ -26,6 +26,7 @@ from mqstore.plugins.index_key import KeyIndex
 from mqstore.plugins_manager import PluginHooks, make_plugin_manager
 from mqstore.storage import clean_marker
 from mqstore.storage.commit_log import CommitLog
+from mqstore.storage.queue_progress import QUEUED_FILE
 from mqstore.testing.faults import FaultWriter, audit, small_store_overrides
 from mqstore.workers import dispatch_worker, shm
 
@@ -363,9 +364,11 @@ def _store_time(root: Path, phys: int, seg_bytes: int) -> int:
         struct.unpack_from(">i", head, POS_SYSFLAG)[0]))[0]
 
 
-def test_abnormal_reopen_walks_only_what_the_checkpoint_does_not_cover(tmp_path, watchdog):
-    """RocketMQ's rule, at segment granularity: the walk starts at the newest segment whose
-    first record is older than the checkpoint's minimum time, not at the first one."""
+def test_abnormal_reopen_without_mqstore_queued_walks_from_a_segment_start(tmp_path, watchdog):
+    """RocketMQ's rule, at segment granularity, when mqstore's own record of the derived
+    files is gone (``tests/test_abnormal_reopen.py`` has the rest): the walk starts at the
+    newest segment whose first record is older than the checkpoint's minimum time, not at the
+    first one."""
     root = tmp_path / "store"
     writer = FaultWriter(str(root), OVERRIDES, seed=3, count=2500, pace_ms=2,
                          then="wait").start()
@@ -379,6 +382,7 @@ def test_abnormal_reopen_walks_only_what_the_checkpoint_does_not_cover(tmp_path,
         time.sleep(0.2)
     writer.kill(signal.SIGKILL)
     assert (root / "abort").exists() and not (root / MARKER).exists()
+    (root / QUEUED_FILE).unlink()
     physic, logics, _confirm = _checkpoint_times(root)
     min_time = min(physic, logics) - 3000
 

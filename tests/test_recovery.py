@@ -19,6 +19,7 @@ import pytest
 
 from mqstore import GetStatus, Message, PutStatus
 from mqstore.errors import CorruptRecordError, StoreLockedError
+from mqstore.storage.queue_progress import read_queued, remove_queued
 
 BORN = 1_700_000_000_000
 CHECKPOINT_BYTES = 4096
@@ -512,7 +513,8 @@ def test_tail_torn_at_a_random_byte_keeps_an_exact_prefix(make_store, tmp_path, 
 
 
 # -- several segments, tear in the last ------------------------------------------------------
-def test_tear_in_last_of_several_segments(make_store, store_dir, tmp_path, manual_clock):
+@pytest.mark.parametrize("mark", ["kept", "removed"])
+def test_tear_in_last_of_several_segments(make_store, store_dir, tmp_path, manual_clock, mark):
     seg = 4096
     overrides = {"commit_log": {"segment_bytes": seg}}
     rng = random.Random(7)
@@ -539,8 +541,14 @@ def test_tear_in_last_of_several_segments(make_store, store_dir, tmp_path, manua
     kept = sum(1 for r, _ in acked if r.phys_offset + r.size <= tear)
     kept_end = max(last_start, acked[kept - 1][0].phys_offset + acked[kept - 1][0].size)
 
-    # Abnormal recovery starts at the newest segment whose first record is older than the
-    # checkpoint's minimum time (the checkpoint on disk is session one's).
+    # Abnormal recovery starts at the record mqstore.queued names (session one's close left
+    # one; session two may have written a later one), unless the tear took it. Without it,
+    # at the newest segment whose first record is older than the checkpoint's minimum time
+    # (the checkpoint on disk is session one's).
+    queued, _problem = read_queued(str(root))
+    assert queued is not None
+    if mark == "removed":
+        remove_queued(str(root))
     min_time = session_one_last - 3000
     firsts = {}
     for result, _ in acked:
@@ -548,6 +556,8 @@ def test_tear_in_last_of_several_segments(make_store, store_dir, tmp_path, manua
     scan_from = max((start for start, r in firsts.items()
                      if start > 0 and r.store_timestamp <= min_time), default=0)
     assert scan_from > 0
+    if mark == "kept" and queued.end <= tear:
+        scan_from = queued.phys_offset
 
     crashed = make_store(overrides, root=root)
     report = crashed.recovery_report

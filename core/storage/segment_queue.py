@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Callable
 
 from mqstore.storage.mapped_file import MappedFile, segment_name
+from mqstore.storage.sealed_json import sync_dir
 
 
 def _infer_size(starts: list[int], sizes: list[int], known: int | None) -> int:
@@ -52,6 +53,7 @@ class SegmentQueue:
         self.read_only = read_only
         self.segments: list[MappedFile] = []
         self._warn = on_warning or (lambda _msg: None)
+        self._unsynced_dirs: set[str] = set()
 
     # -- loading ---------------------------------------------------------------------------
     def load(self) -> list[str]:
@@ -293,11 +295,22 @@ class SegmentQueue:
             begin = self.segments[-1].end
         else:
             begin = (start or 0) - (start or 0) % size
-        os.makedirs(self.directory, exist_ok=True)
+        self._make_directory()
         seg = MappedFile(os.path.join(self.directory, segment_name(begin)), begin, size,
                          create=True, whole=self.whole)
         self.segments = self.segments + [seg]
+        self._unsynced_dirs.add(self.directory)
         return seg
+
+    def _make_directory(self) -> None:
+        """Create the directory and its missing parents; their entries are forced with the
+        next ``flush``."""
+        missing, d = [], self.directory
+        while not os.path.isdir(d):
+            missing.append(d)
+            d = os.path.dirname(d)
+        os.makedirs(self.directory, exist_ok=True)
+        self._unsynced_dirs.update(os.path.dirname(m) for m in missing)
 
     def truncate_to(self, offset: int) -> list[str]:
         """Make ``offset`` the end of the stream: delete later segments, move positions back."""
@@ -335,9 +348,17 @@ class SegmentQueue:
         return [seg.path for seg in gone]
 
     def flush(self) -> int:
+        """Force the unflushed bytes, then the names of files and directories created since
+        the last flush: a file forced under a name that is not is lost with the power."""
         for seg in self.segments:
             if seg.flushed < seg.wrote:
                 seg.flush()
+        while self._unsynced_dirs:
+            d = self._unsynced_dirs.pop()
+            try:
+                sync_dir(d)
+            except FileNotFoundError:  # removed since (a destroyed queue)
+                pass
         return self.flushed_offset
 
     def close(self) -> None:

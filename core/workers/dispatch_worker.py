@@ -15,6 +15,7 @@ import time
 from mqstore import cleanup
 from mqstore.config import StoreConfig, parse_delay_levels
 from mqstore.contracts import WRITER
+from mqstore.derived_flush import DerivedFlush
 from mqstore.dispatch import DispatchLoop, TagsCoder
 from mqstore.dispatchers import Dispatchers
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
@@ -130,13 +131,15 @@ def _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, cloc
                         batch_bytes=config.dispatch.batch_bytes,
                         after_dispatch=_after_dispatch(view, hooks.after_dispatch))
     wakeup = open_wakeup(root)
+    flush_derived = DerivedFlush(root, view, dispatchers, view.manifest,
+                                 lambda: loop.last_mark, lambda: channels.flush.flushed)
     try:
-        _Serving(view, loop, dispatchers, hooks, channels, wakeup).serve(
+        _Serving(view, loop, dispatchers, hooks, channels, wakeup, flush_derived).serve(
             wake_r, progress_w, parent_pid, config.dispatch.interval_ms / 1000.0)
     finally:
         if wakeup is not None:
             wakeup.close()
-        view.flush_queues()
+        flush_derived()  # on a clean stop the flush worker has flushed everything first
         view.manifest.update(view.consume_queues, final=True)
         dispatchers.close()
         view.close()
@@ -147,7 +150,8 @@ class _Serving:
     """The worker's loop over the parts ``_run`` built: map new segments, flush its files once
     a second, follow cleanup, dispatch and publish, report failures, and sleep when idle."""
 
-    def __init__(self, view, loop, dispatchers, hooks, channels: shm.Channels, wakeup) -> None:
+    def __init__(self, view, loop, dispatchers, hooks, channels: shm.Channels, wakeup,
+                 flush_derived: DerivedFlush) -> None:
         self.view = view
         self.loop = loop
         self.dispatchers = dispatchers
@@ -155,6 +159,7 @@ class _Serving:
         self.channels = channels
         self.ch = channels.dispatch
         self.wakeup = wakeup
+        self.flush_derived = flush_derived
 
     def serve(self, wake_r, progress_w, parent_pid: int, nap_s: float) -> None:
         ch, loop, confirmed_of = self.ch, self.loop, self.channels.append
@@ -204,15 +209,12 @@ class _Serving:
                     seg.wrote = seg.size
 
     def _flush_files_if_due(self, next_flush: float) -> float:
-        """Once a second: the consume queues, the dispatchers' ``persist``, the manifest;
-        returns when next."""
+        """Once a second: the files dispatch derives (``derived_flush``); returns when
+        next."""
         now = time.monotonic()
         if now < next_flush:
             return next_flush
-        view = self.view
-        view.flush_queues()
-        self.dispatchers.persist()
-        view.manifest.update(view.consume_queues)
+        self.flush_derived()
         return now + FLUSH_INTERVAL_S
 
     def _publish(self, progress_w) -> None:

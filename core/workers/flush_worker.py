@@ -29,6 +29,7 @@ import time
 from mqstore.contracts import FlushSchedule
 from mqstore.pool_writer import attach_pool
 from mqstore.storage.mapped_file import segment_name
+from mqstore.storage.sealed_json import sync_dir
 from mqstore.storage.transient_pool import TransientPool
 from mqstore.uninterrupted import parent_alive, terminate_requested, worker_signals
 from mqstore.workers import shm, sync_waiters
@@ -57,6 +58,7 @@ class FlushService:
         self.after_flush = after_flush
         self.waker = waker  # wakes the sync-flush puts a force covers (workers.sync_waiters)
         self._fds: dict[int, int] = {}
+        self._unnamed: set[int] = set()  # opened here, its directory entry not forced yet
         self.flushed = self.ch.flushed
         self.committed = self.ch.committed
         self._seen_written = self.committed  # WRITTEN at the last commit decision
@@ -70,12 +72,14 @@ class FlushService:
             except FileNotFoundError:  # removed by cleanup: nothing left to make durable
                 return None
             self._fds[start] = fd
+            self._unnamed.add(start)
         return fd
 
     def _close_done(self) -> None:
         done = min(self.flushed, self.committed)
         for start in [s for s in self._fds if s + self.size <= done]:
             os.close(self._fds.pop(start))
+            self._unnamed.discard(start)
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -138,6 +142,9 @@ class FlushService:
                 if fd is not None:
                     began = time.perf_counter_ns()
                     force(fd)
+                    if start in self._unnamed:  # a new file's name must outlive a power loss
+                        sync_dir(self.directory)
+                        self._unnamed.discard(start)
                     self.ch.fsync_ns += time.perf_counter_ns() - began
                     self.ch.fsyncs += 1
                 f = upto

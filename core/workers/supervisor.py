@@ -15,7 +15,8 @@ side. The flush worker follows the same pattern with its own pipes and channel.
      dispatched >= confirmed (progress)            a byte to progress
   4. dispatch.stop = 1, tell the monitor not to
      restart, write to wake               --->  sees STOP after its current batch, flushes
-                                                consume queues, closes dispatchers, exits 0
+                                                what it derives (``derived_flush``),
+                                                closes dispatchers, exits 0
   5. join <= STOP_TIMEOUT_S; then terminate,
      then kill
   6. unlink the shared segments, positions and transient pool (only after the workers are gone)
