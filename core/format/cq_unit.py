@@ -46,16 +46,29 @@ def valid_prefix(units: np.ndarray, prev_end: int = -1) -> int:
     writes them in commit-log order. A unit copied in from elsewhere or a torn write breaks
     the order and ends the prefix, before the unit whose order breaks or the one ahead of it
     (either may be the stray one; what is cut is rebuilt from the commit log)."""
+    return valid_run(units, prev_end)[0]
+
+
+def valid_run(units: np.ndarray, prev_end: int = -1) -> tuple[int, int]:
+    """``valid_prefix`` and where the records of that prefix end: the largest record end in
+    it, or ``prev_end`` when it is larger (or the prefix names no record)."""
     phys = units["phys_offset"].astype(np.int64)
     size = units["size"].astype(np.int64)
     real = size != FILLER_SIZE
     ends = np.where(real, phys + size, -1)
-    before = np.maximum.accumulate(np.concatenate(([prev_end], ends[:-1])))
+    upto = np.maximum.accumulate(ends)  # upto[i]: the largest end among units 0..i
+    np.maximum(upto, prev_end, out=upto)
+    before = np.empty_like(upto)  # the largest end before unit i
+    if len(before):
+        before[0] = prev_end
+        before[1:] = upto[:-1]
     broken = (phys < 0) | (size <= 0)
     unordered = real & (phys < before) & ~broken
     bad = np.flatnonzero(broken | unordered)
     if not len(bad):
-        return len(units)
-    first = int(bad[0])
-    # Out of order, the unit before may be the stray one (it jumped ahead): it goes too.
-    return first - 1 if unordered[first] and first > 0 and real[first - 1] else first
+        n = len(units)
+    else:
+        first = int(bad[0])
+        # Out of order, the unit before may be the stray one (it jumped ahead): it goes too.
+        n = first - 1 if unordered[first] and first > 0 and real[first - 1] else first
+    return n, (int(upto[n - 1]) if n else prev_end)

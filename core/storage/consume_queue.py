@@ -14,7 +14,9 @@ import time
 
 import numpy as np
 
-from mqstore.format.cq_unit import CQ_DTYPE, CQ_UNIT_SIZE, FILLER_SIZE, valid_prefix
+from mqstore.format.cq_unit import (
+    CQ_DTYPE, CQ_UNIT_SIZE, FILLER_SIZE, valid_prefix, valid_run,
+)
 from mqstore.storage.mapped_file import MappedFile, segment_name
 from mqstore.storage.segment_queue import SegmentQueue
 
@@ -86,14 +88,11 @@ class ConsumeQueue:
         if first:
             # Where the unchecked files' records end, up to any damage in them: a damaged
             # unit's garbage end there would put every checked unit out of order.
-            before = self.stored_units(segs[first - 1])
-            prev_end = _last_end(before[:valid_prefix(before)])
+            _n, prev_end = valid_run(self.stored_units(segs[first - 1]))
         end_seg, end_pos = segs[first], 0
         for seg in segs[first:]:
-            units = self.stored_units(seg)
-            n = valid_prefix(units, prev_end)
+            n, prev_end = valid_run(self.stored_units(seg), prev_end)
             end_seg, end_pos = seg, n * CQ_UNIT_SIZE
-            prev_end = max(prev_end, _last_end(units[:n]))
             if n < seg.size // CQ_UNIT_SIZE:
                 break
         dropped = _written(self.stored_units(end_seg)[end_pos // CQ_UNIT_SIZE:])
@@ -512,11 +511,11 @@ def _written(units: np.ndarray) -> int:
 
 
 def _last_end(units: np.ndarray) -> int:
-    real = units[units["size"] != FILLER_SIZE]
-    real = real[real["size"] > 0]
-    if not len(real):
+    size = units["size"].astype(np.int64)
+    real = (size != FILLER_SIZE) & (size > 0)
+    if not real.any():
         return -1
-    return int((real["phys_offset"].astype(np.int64) + real["size"].astype(np.int64)).max())
+    return int((units["phys_offset"].astype(np.int64) + size)[real].max())
 
 
 def _joined(*parts: np.ndarray) -> np.ndarray:

@@ -115,14 +115,15 @@ def _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, cloc
     view = _view(root, config, channels, clock, restarted or bool(channels.append.abnormal),
                  hooks, -1 if restarted else channels.append.trusted_end)
     dispatched = ch.dispatched
-    trusted = view.recovery_report.trusted_end >= 0
     for cq in view.consume_queues.values():
-        if trusted:  # the store process found them as a clean close left them: not rechecked
+        if not restarted:
+            # The store process recovered them just now (or trusted a clean close's marker):
+            # each ends at its last valid unit, zeros after, so the files say where.
             cq.restore(*cq.tail())
             continue
         cq.recover()  # loaded files count as full until their units are checked
-        if restarted:  # a killed predecessor may have left units past its published position
-            cq.truncate_to_phys(dispatched)
+        # A killed predecessor may have left units past its published position.
+        cq.truncate_to_phys(dispatched)
     dispatchers = Dispatchers(hooks.dispatchers, view, WRITER)
     start = max(min([dispatched, *dispatchers.resume_offsets()]), 0)
     loop = DispatchLoop(view.commit_log, dispatchers,
