@@ -19,6 +19,7 @@ from mqstore import GetStatus, Message, MessageBatch
 from mqstore.errors import CorruptRecordError
 from mqstore.format import record_crc
 from mqstore.format.record import SCAN_BAD, SCAN_OK, scan_record
+from mqstore.storage.queue_progress import DispatchMark, write_queued
 
 CRC_ON = {"commit_log": {"segment_bytes": 1 << 20, "record_crc": True}}
 
@@ -195,19 +196,28 @@ def test_a_property_named_like_the_crc_is_refused_and_changes_nothing(make_store
     assert store.message_at(r.phys_offset).properties["x__CRC32#"] == "0123456789"
 
 
+def _crashed_after(store, store_dir, last) -> None:
+    """Close ``store``, then leave it as a crash would have soon after the put of ``last``:
+    ``abort`` there, and ``mqstore.queued`` naming ``last`` (the derived files' last forced
+    record), so recovery walks from it."""
+    m = store.message_at(last.phys_offset)
+    store.close()
+    write_queued(str(store_dir), DispatchMark(m.phys_offset, m.size, m.store_timestamp))
+    with open(os.path.join(store_dir, "abort"), "w") as f:
+        f.write("1")
+
+
 def test_recovery_quarantines_a_header_flip_behind_the_checkpoint(make_store, store_dir):
     """Bit rot the body CRC cannot see: recovery after a crash reports the record and keeps
     every record after it."""
     store = make_store(CRC_ON)
     rs = [store.put(Message("T", b"m%d" % i, queue_id=0)) for i in range(20)]
-    store.close()
+    _crashed_after(store, store_dir, rs[2])
     _flip(store_dir, rs[5].phys_offset + 40, 3)  # BORNTIMESTAMP: outside the body CRC
     kind, why, _ = scan_record(_raw(store_dir, 0, rs[-1].phys_offset + rs[-1].size),
                                rs[5].phys_offset, 1 << 20, True,
                                expected_phys=rs[5].phys_offset)
     assert (kind, why) == (SCAN_BAD, "record CRC mismatch")
-    with open(os.path.join(store_dir, "abort"), "w") as f:
-        f.write("1")
     again = make_store(CRC_ON)
     report = again.recovery_report
     assert not report.clean
@@ -272,12 +282,10 @@ def test_recovery_quarantines_a_record_whose_crc_property_was_overwritten(make_s
                                                                          store_dir):
     store = make_store(CRC_ON)
     rs = [store.put(Message("T", b"m%d" % i, queue_id=0)) for i in range(20)]
-    store.close()
+    _crashed_after(store, store_dir, rs[2])
     with open(_segment(store_dir), "r+b") as f:
         f.seek(rs[5].phys_offset + rs[5].size - 20)
         f.write(bytes(20))
-    with open(os.path.join(store_dir, "abort"), "w") as f:
-        f.write("1")
     again = make_store(CRC_ON)
     report = again.recovery_report
     assert [(q.offset, q.length) for q in report.quarantined] == [

@@ -147,6 +147,9 @@ class WorkerSupervisor:
         self._started_at = 0.0
         self._quick_failures = 0
         self.gave_up: str | None = None  # why the worker is not restarted any more
+        # A dead worker's exit code is one read from a pipe (the forkserver's): two threads
+        # asking at once would leave one of them an EOF, and that process the code 255.
+        self._status_lock = threading.Lock()
 
     def start(self) -> None:
         self._spawn(restarted=False)
@@ -180,7 +183,8 @@ class WorkerSupervisor:
             ready = connection.wait([proc.sentinel, self._stop_r])
             if self._stop_r in ready or self._stopping:
                 return
-            _reap(proc)
+            with self._status_lock:
+                _reap(proc)
             quick = time.monotonic() - self._started_at < QUICK_FAILURE_S
             self._quick_failures = self._quick_failures + 1 if quick else 0
             if self._quick_failures > MAX_QUICK_FAILURES:
@@ -222,7 +226,8 @@ class WorkerSupervisor:
         poke(self.wake_w)
 
     def alive(self) -> bool:
-        return self.process is not None and self.process.is_alive()
+        with self._status_lock:
+            return self.process is not None and self.process.is_alive()
 
     def kill(self) -> None:
         """End the worker at once, as the death of the store process would (tests, crashes)."""
