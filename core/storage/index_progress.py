@@ -27,7 +27,7 @@ import os
 from typing import NamedTuple
 
 from mqstore.format.index_layout import IndexHeader
-from mqstore.storage.sealed_json import unseal, write_sealed
+from mqstore.storage.sealed_json import read_sealed, write_sealed
 
 PROGRESS_FILE = "mqstore.indexed"
 PROGRESS_FORMAT = 1
@@ -53,15 +53,9 @@ def write_progress(root: str, progress: IndexProgress) -> None:
 def read_progress(root: str) -> tuple[IndexProgress | None, str | None]:
     """The recorded progress, or None and why it cannot be used (None, None: no file)."""
     path = progress_path(root)
-    try:
-        with open(path, "rb") as f:
-            body, problem = unseal(f.read())
-    except FileNotFoundError:
-        return None, None
-    except OSError as exc:
-        return None, f"{path} cannot be read ({exc})"
+    body, problem = read_sealed(path)
     if body is None:
-        return None, f"{path}: {problem}"
+        return None, problem
     name, header, until = body.get("file"), body.get("header"), body.get("indexed_until")
     if (body.get("format") != PROGRESS_FORMAT or not isinstance(until, int) or until < 0
             or (name is None) != (header is None)

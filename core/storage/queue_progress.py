@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from mqstore.storage.sealed_json import sync_dir, unseal, write_sealed
+from mqstore.storage.sealed_json import read_sealed, sync_dir, write_sealed
 
 QUEUED_FILE = "mqstore.queued"
 QUEUED_FORMAT = 1
@@ -57,15 +57,9 @@ def write_queued(root: str, mark: DispatchMark) -> None:
 def read_queued(root: str) -> tuple[DispatchMark | None, str | None]:
     """The recorded mark, or None and why it cannot be used (None, None: no file)."""
     path = queued_path(root)
-    try:
-        with open(path, "rb") as f:
-            body, problem = unseal(f.read())
-    except FileNotFoundError:
-        return None, None
-    except OSError as exc:
-        return None, f"{path} cannot be read ({exc})"
+    body, problem = read_sealed(path)
     if body is None:
-        return None, f"{path}: {problem}"
+        return None, problem
     record = body.get("record")
     if (body.get("format") != QUEUED_FORMAT or not isinstance(record, list) or len(record) != 3
             or not all(type(v) is int for v in record)

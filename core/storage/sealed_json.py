@@ -36,6 +36,19 @@ def unseal(data: bytes) -> tuple[dict | None, str | None]:
     return body, None
 
 
+def read_sealed(path: str) -> tuple[dict | None, str | None]:
+    """The object a sealed file holds, or None and why it cannot be used (None, None: there
+    is no such file)."""
+    try:
+        with open(path, "rb") as f:
+            body, problem = unseal(f.read())
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"{path} cannot be read ({exc})"
+    return (body, None) if body is not None else (None, f"{path}: {problem}")
+
+
 def write_sealed(path: str, body: dict) -> None:
     write_small_file(path, seal(body), atomic=True)
     sync_dir(os.path.dirname(path))
