@@ -17,7 +17,7 @@ import logging
 from collections import deque
 from typing import Callable
 
-from mqstore.storage.queue_progress import DispatchMark, write_queued
+from mqstore.storage.queue_progress import QUEUED_FILE, DispatchMark, write_queued
 
 log = logging.getLogger("mqstore.dispatch")
 PENDING_MARKS = 64  # one a flush: a minute of marks waiting for the commit log's flush
@@ -55,6 +55,6 @@ class DerivedFlush:
             write_queued(self.root, durable)
         except OSError as exc:  # a full disk: recovery falls back to an older mark; try later
             self._pending.appendleft(durable)
-            log.warning("%s not written (%s); it is tried again", "mqstore.queued", exc)
+            log.warning("%s not written (%s); it is tried again", QUEUED_FILE, exc)
             return
         self._written = durable

@@ -144,6 +144,7 @@ class FlushService:
                     force(fd)
                     if start in self._unnamed:  # a new file's name must outlive a power loss
                         sync_dir(self.directory)
+                        sync_dir(os.path.dirname(self.directory))  # the first: commitlog/
                         self._unnamed.discard(start)
                     self.ch.fsync_ns += time.perf_counter_ns() - began
                     self.ch.fsyncs += 1
