@@ -32,7 +32,7 @@ import numpy as np
 from benchlib import emit_json
 from mqstore import MessageBatch, MessageStore, load_config
 from mqstore.clock import ManualClock
-from mqstore.time_search import probing_offset_by_time as probing
+from mqstore.read.time_search import probing_offset_by_time as probing
 
 TOPIC = "TimeBench"
 BLOCK = 500
@@ -70,7 +70,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from mqstore import time_search  # the revision's own search (this tree: the time column)
+    from mqstore.read import time_search  # the revision's own search (this tree: the time column)
 
     root = tempfile.mkdtemp(prefix="mqstore-bench-time-")
     clock = ManualClock(1_700_000_000_000)

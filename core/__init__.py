@@ -1,12 +1,13 @@
 """mqstore: an embeddable message store with RocketMQ-compatible on-disk formats."""
 
+from mqstore import _moved
 from mqstore.config import StoreConfig, load_config
-from mqstore.hookspecs import hookimpl
+from mqstore.plugin_api.hookspecs import hookimpl
 from mqstore.message import (
     BatchPutResult, GetResult, GetStatus, Message, MessageBatch, PutResult, PutStatus,
     StoredMessage,
 )
-from mqstore.recovery import RecoveryReport
+from mqstore.plugin_api.recovery_report import RecoveryReport
 from mqstore.store import MessageStore
 
 __all__ = [
@@ -14,3 +15,5 @@ __all__ = [
     "GetResult", "StoredMessage", "RecoveryReport", "StoreConfig", "load_config", "hookimpl",
 ]
 __version__ = "0.1.0"
+
+_moved.install()  # old import paths warn (DeprecationWarning) for one release

@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mqstore.errors import ConfigError, PluginError
 from mqstore.format.hosts import parse_host
-from mqstore.plugins_manager import PluginHooks, make_plugin_manager, plugin_names
 
 GiB = 1 << 30
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
@@ -319,9 +318,14 @@ def _build(data: Any, source: str) -> StoreConfig:
 def _plugin_problems(config: StoreConfig) -> list[str]:
     """Check the names the config picks against the plugins it loads, built the way the store
     builds them (same modules, disable list, entry points and environment)."""
+    # Imported here: the plugin API's modules import this one (the plugin manager, once built,
+    # validates the names a config picks; the config's parsers serve plugins).
+    from mqstore.plugin_api.manager import CORE_PARTS, PluginHooks, make_plugin_manager, plugin_names
+
     p = config.plugins
     known = plugin_names(p.modules)
-    problems = [f"plugins.disable: no plugin is named {name!r} (known: {', '.join(known)})"
+    problems = [f"plugins.disable: {name!r} {CORE_PARTS[name]}" if name in CORE_PARTS else
+                f"plugins.disable: no plugin is named {name!r} (known: {', '.join(known)})"
                 for name in dict.fromkeys(p.disable) if name not in known]
     try:
         hooks = PluginHooks(make_plugin_manager(modules=p.modules, disable=p.disable,

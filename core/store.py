@@ -24,17 +24,17 @@ from mqstore.clock import system_clock
 from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import CONSUMER_CALLS, ConsumerService
 from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
-from mqstore.opening import Opener
-from mqstore.reading import Reader
+from mqstore.lifecycle.opener import Opener
+from mqstore.read.reader import Reader
 from mqstore.running_flags import (  # noqa: F401 - flags are part of the store's API
     DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,
     WRITE_LOGICS_QUEUE_ERROR, StoreState,
 )
-from mqstore.runtime import Runtime
+from mqstore.runtime.loops import Runtime
 from mqstore.storage import clean_marker
 from mqstore.storage.checkpoint import remove_abort
 from mqstore.uninterrupted import shield
-from mqstore.workers import shm
+from mqstore.runtime.workers import shm
 
 log = logging.getLogger("mqstore.store")
 
@@ -200,7 +200,7 @@ class MessageStore:
         clock (0: whatever its age), or with ``force``; deletion stops at the first segment that must stay, so it
         never skips one. The consume queues and the dispatchers' files below the new minimum
         are dropped before this returns (by the dispatch loop's process; see
-        ``mqstore.cleanup``). Returns the deleted segment paths.
+        ``mqstore.runtime.cleanup``). Returns the deleted segment paths.
         """
         runtime = self._writable()
         if reserved_ms < 0 or max_segments < 0:

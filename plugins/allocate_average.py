@@ -7,7 +7,7 @@ last members take none.
 
 from __future__ import annotations
 
-from mqstore.hookspecs import hookimpl
+from mqstore.plugin_api import hookimpl
 
 
 class AverageAllocation:

@@ -5,7 +5,7 @@ Queues are dealt out to the sorted members like cards: member i takes queues i, 
 
 from __future__ import annotations
 
-from mqstore.hookspecs import hookimpl
+from mqstore.plugin_api import hookimpl
 
 
 class CircleAllocation:

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import logging
 
-from mqstore.consumer.locked_json import CorruptStateError
-from mqstore.consumer.offsets import ConsumerOffsets
-from mqstore.consumer.progress import retention_floor
-from mqstore.contracts import READS_STORE, CleanupDecision, StoreReads
-from mqstore.errors import StoreClosedError
-from mqstore.hookspecs import hookimpl
+from mqstore.plugin_api import (
+    READS_STORE, CleanupDecision, CorruptStateError, StoreClosedError, StoreReads, hookimpl,
+)
 from mqstore.plugins.cleanup_rocketmq import RocketMQCleanup
 
 log = logging.getLogger("mqstore.cleanup")
@@ -28,20 +25,18 @@ class KeepUnconsumedCleanup(RocketMQCleanup):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self._store = None
-        self._offsets: ConsumerOffsets | None = None
+        self._store: StoreReads | None = None
         self._last_reason: str | None = None
 
     def bind(self, store: StoreReads) -> None:
         self._store = store
-        self._offsets = ConsumerOffsets(store.root)
 
     def decide(self, now_ms: int, disk_used: float) -> CleanupDecision:
         decision = super().decide(now_ms, disk_used)
         if not decision.delete or self._store is None or self.over_forcibly(disk_used):
             return decision
         try:
-            floor, who = retention_floor(self._store, self._store.root, self._offsets)
+            floor, who = self._store.consumed_floor()
         except (ReferenceError, StoreClosedError):  # the store is going; its cleanup with it
             return decision
         except CorruptStateError as exc:

@@ -5,17 +5,15 @@ Segments go at the delete hours (``cleanup.delete_when``) once their newest reco
 ``cleanup.disk_max_used_ratio``. Over ``disk_forcibly_ratio`` (and with ``clean_forcibly``) the
 oldest go whatever their age; over ``disk_warning_ratio`` puts are refused (DISK_FULL) until use
 is back under ``disk_forcibly_ratio``. A ratio given as a byte amount is a free-space watermark
-(``mqstore.cleanup.watermark_passed``).
+(``mqstore.plugin_api.watermark_passed``).
 """
 
 from __future__ import annotations
 
 import time
 
-from mqstore.cleanup import watermark_passed as _over
-from mqstore.config import parse_hours
-from mqstore.contracts import CleanupDecision
-from mqstore.hookspecs import hookimpl
+from mqstore.plugin_api import CleanupDecision, hookimpl, parse_hours
+from mqstore.plugin_api import watermark_passed as _over
 
 HOUR_MS = 3_600_000
 

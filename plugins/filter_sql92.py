@@ -8,7 +8,7 @@ A bad expression raises :class:`mqstore.plugins.sql92.FilterSyntaxError` from ``
 
 from __future__ import annotations
 
-from mqstore.hookspecs import hookimpl
+from mqstore.plugin_api import hookimpl
 from mqstore.plugins.sql92 import FilterSyntaxError, Sql92Expression, compile_expression
 
 __all__ = ["compile_sql92", "register_filters", "FilterSyntaxError", "Sql92Expression"]

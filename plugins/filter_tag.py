@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mqstore.filtering import MATCH_ALL
-from mqstore.hookspecs import hookimpl
+from mqstore.plugin_api import MATCH_ALL, hookimpl
 
 SUB_ALL = "*"
 

@@ -1,6 +1,6 @@
 """Asynchronous flush (``flush.policy: async``), RocketMQ's FlushRealTimeService.
 
-The flush loop (a worker process or thread, see ``mqstore.workers.flush_worker``) flushes the
+The flush loop (a worker process or thread, see ``mqstore.runtime.workers.flush_worker``) flushes the
 commit log every ``flush.interval_ms`` if at least ``flush.least_pages`` pages (4 KiB) were
 written past the flushed position, and every ``flush.thorough_interval_ms`` regardless. A put
 never waits; consumers see what is written (committed, with the transient pool).
@@ -8,9 +8,7 @@ never waits; consumers see what is written (committed, with the transient pool).
 
 from __future__ import annotations
 
-from mqstore.contracts import FlushSchedule
-from mqstore.hookspecs import hookimpl
-from mqstore.message import PutStatus
+from mqstore.plugin_api import FlushSchedule, hookimpl, PutStatus
 
 
 class AsyncFlush:

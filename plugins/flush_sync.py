@@ -1,8 +1,8 @@
 """Synchronous flush (``flush.policy: sync``): a put returns once its bytes are on disk.
 
 Group commit as RocketMQ's GroupCommitService: a put publishes the end offset it needs, wakes
-the flush loop if it sleeps (see ``mqstore.workers.flush_worker``) and sleeps until the loop
-wakes it (``mqstore.workers.sync_waiters``); the loop forces everything written so far, so
+the flush loop if it sleeps (see ``mqstore.runtime.workers.flush_worker``) and sleeps until the loop
+wakes it (``mqstore.runtime.workers.sync_waiters``); the loop forces everything written so far, so
 producers that arrive while the disk works are covered by the next force together. A put not covered within ``flush.sync_timeout_ms`` answers FLUSH_DISK_TIMEOUT (the
 message stays stored). ``WAIT=false`` returns at once; those bytes go with the next pass (at
 the latest after ``flush.interval_ms``). Consumers see only flushed bytes.
@@ -10,9 +10,7 @@ the latest after ``flush.interval_ms``). Consumers see only flushed bytes.
 
 from __future__ import annotations
 
-from mqstore.contracts import FlushSchedule
-from mqstore.hookspecs import hookimpl
-from mqstore.message import PutStatus
+from mqstore.plugin_api import FlushSchedule, hookimpl, PutStatus
 
 
 class SyncFlush:

@@ -22,20 +22,15 @@ import time
 
 import numpy as np
 
-from mqstore.format import index_layout as L
-from mqstore.format.record import SYSFLAG_TX_MASK, TX_ROLLBACK
-from mqstore.format.murmur3 import hash_ranges
-from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY
-from mqstore.format.property_keys import key_ranges
-from mqstore.contracts import (
-    DROPS_OLD_FILES, LOOKS_UP_KEYS, PERSISTS, READER, RESUMES, WRITER,
+from mqstore.plugin_api import (
+    CHECKPOINTS, DROPS_OLD_FILES, LOOKS_UP_KEYS, PERSISTS, READER, RESUMES, WRITER, hookimpl,
 )
-from mqstore.hashing import HASH_MMH3, bytes_hasher
-from mqstore.hookspecs import hookimpl
-from mqstore.storage.index_file import INDEX_DIR, IndexFile
-from mqstore.storage.index_progress import (
-    PROGRESS_FILE, IndexProgress, read_progress, write_progress,
+from mqstore.plugin_api.index import (
+    HASH_MMH3, INDEX_DIR, PROGRESS_FILE, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, SYSFLAG_TX_MASK,
+    TX_ROLLBACK, IndexFile, IndexProgress, bytes_hasher, hash_ranges, key_ranges, read_progress,
+    write_progress,
 )
+from mqstore.plugin_api.index import layout as L
 
 log = logging.getLogger("mqstore.index")
 
@@ -47,7 +42,7 @@ def index_file_name(ms: int) -> str:
 
 
 class KeyIndex:
-    capabilities = frozenset({RESUMES, LOOKS_UP_KEYS, DROPS_OLD_FILES, PERSISTS})
+    capabilities = frozenset({RESUMES, LOOKS_UP_KEYS, DROPS_OLD_FILES, PERSISTS, CHECKPOINTS})
 
     def __init__(self, store, role: str = WRITER) -> None:
         cfg = store.config.index
@@ -68,6 +63,7 @@ class KeyIndex:
         self.files: list[IndexFile] = []
         self._persisted: IndexProgress | None = None
         self._resume_at: int | None = None  # set when the recorded progress was taken up
+        self._forced_until_ts = 0  # newest store time a full, forced file covers (CHECKPOINTS)
         kept_all = self._load(store.recovery_report)
         self._next_phys = self._indexed_until(store, kept_all)
 
@@ -190,6 +186,9 @@ class KeyIndex:
         msg = store.message_at(last) if last < store.commit_log.max_offset else None
         return last + msg.size if msg is not None else last
 
+    def checkpoint_time(self) -> int:
+        return self._forced_until_ts
+
     def resume_offset(self) -> int:
         """Commit-log offset from which records must be indexed again."""
         return max(self._next_phys, 0)
@@ -284,7 +283,7 @@ class KeyIndex:
                     return
                 # full: persist it and start the next file from its end values
                 f.flush()
-                self.store.checkpoint.index_msg_timestamp = f.end_timestamp
+                self._forced_until_ts = f.end_timestamp
             self._new_file(f)
 
     def _new_file(self, prev: IndexFile | None) -> IndexFile:

@@ -8,8 +8,7 @@ string hash (mmh3 for new stores, Java's for RocketMQ stores); integers hash as 
 
 from __future__ import annotations
 
-from mqstore.hashing import java_remainder
-from mqstore.hookspecs import hookimpl
+from mqstore.plugin_api import hookimpl, java_remainder
 
 
 def java_int_hash(value: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from mqstore.hookspecs import hookimpl
+from mqstore.plugin_api import hookimpl
 
 
 class RandomSelector:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import threading
 
-from mqstore.hookspecs import hookimpl
+from mqstore.plugin_api import hookimpl
 
 
 class RoundRobinSelector:

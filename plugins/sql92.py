@@ -53,12 +53,11 @@ from collections.abc import Mapping
 from lark import Lark, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
-from mqstore.contracts import PRECOMPUTES
+from mqstore.plugin_api import PRECOMPUTES, MQStoreError
 from mqstore.plugins.sql92_java import (  # noqa: F401 - part of this module's API
     _FROM_STRING, _LONG_DIGITS, INT_MAX, INT_MIN, LONG_MAX, LONG_MIN, EvaluationError, Long,
     _clip, compare, compare_doubles, parse_boolean, parse_double, parse_int, parse_long,
 )
-from mqstore.errors import MQStoreError
 
 log = logging.getLogger("mqstore.sql92")
 

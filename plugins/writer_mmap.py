@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from mqstore.contracts import WriterContext
-from mqstore.hookspecs import hookimpl
+from mqstore.plugin_api import hookimpl, WriterContext
 
 
 class MmapWriter:

@@ -24,7 +24,9 @@ REQUIRED_CONTRACTS = {
     "format is pure",
     "errors and hashing are leaves",
     "core does not import plugins",
-    "storage does not know the store",
+    "the engine's layers",
+    "the kernel imports no layer above the plugin API",
+    "plugins use only the plugin API",
 }
 
 # What `lint-imports` (the console script) runs, started from this interpreter.
@@ -79,8 +81,20 @@ def test_contracts_catch_violations(tmp_path):
     (pkg / "_arch_probe_core.py").write_text("from mqstore.plugins import writer_mmap\n")
     # A function-level import counts as well.
     (pkg / "storage" / "_arch_probe.py").write_text(
-        "def late():\n    from mqstore.workers import pipes\n    return pipes\n"
+        "def late():\n    from mqstore.runtime.workers import pipes\n    return pipes\n"
     )
+    # An upward import between layers, one hidden under TYPE_CHECKING, and one from the kernel.
+    (pkg / "read" / "_arch_probe.py").write_text("from mqstore.dispatch import loop\n")
+    (pkg / "plugin_api" / "_arch_probe.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mqstore.view import directory_view\n"
+    )
+    # A plugin reaching past the plugin API, into storage or the package face.
+    (pkg / "plugins" / "_arch_probe.py").write_text(
+        "from mqstore.storage import index_file\nfrom mqstore import Message\n"
+        "from mqstore.plugin_api import hookimpl\n"
+    )
+    with (pkg / "message.py").open("a") as f:
+        f.write("\nfrom mqstore.runtime import cleanup as _arch_probe_cleanup\n")
     code, report = _lint(tmp_path)
     assert code == 1, report
     for name in REQUIRED_CONTRACTS:
@@ -91,7 +105,12 @@ def test_contracts_catch_violations(tmp_path):
         "mqstore.format._arch_probe -> mqstore.store (l.3)",
         "mqstore.errors -> mqstore.config",
         "mqstore._arch_probe_core -> mqstore.plugins.writer_mmap (l.1)",
-        "mqstore.storage._arch_probe -> mqstore.workers.pipes (l.2)",
+        "mqstore.storage._arch_probe -> mqstore.runtime.workers.pipes (l.2)",
+        "mqstore.read._arch_probe -> mqstore.dispatch.loop (l.1)",
+        "mqstore.plugin_api._arch_probe -> mqstore.view.directory_view (l.3)",
+        "mqstore.message -> mqstore.runtime.cleanup",
+        "mqstore.plugins._arch_probe -> mqstore.storage.index_file (l.1)",
+        "mqstore.plugins._arch_probe -> mqstore (l.2)",
     ):
         assert planted in report, f"{planted!r} not reported:\n{report}"
 

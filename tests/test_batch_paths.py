@@ -21,19 +21,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqstore import GetStatus, Message, MessageBatch, PutStatus
-from mqstore.appender import PutContext, Rejected, prepare_batch
-from mqstore.batch_columns import (
+from mqstore.append.encoding import PutContext, Rejected, prepare_batch
+from mqstore.append.columns import (
     _Shape, columns_from_batch, columns_from_messages, columns_from_prepared, encode_columns,
 )
-from mqstore.dispatch import SCHEDULE_TOPIC, TagsCoder, heads_alike, walk_runs
+from mqstore.dispatch.loop import SCHEDULE_TOPIC, TagsCoder, heads_alike, walk_runs
 from mqstore.format.hosts import Host, parse_host
 from mqstore.format.record import encode_blank, encode_record
 from mqstore.format.record_columns import heads, walk
 from mqstore.hashing import HASH_JAVA, bytes_hasher, java_string_hash, mmh3_string_hash
-from mqstore.hookspecs import hookimpl
+from mqstore.plugin_api.hookspecs import hookimpl
 from mqstore.plugins.index_key import java_hash_ranges
 from mqstore.storage.commit_log import CommitLog
-from mqstore.workers.dispatch_worker import _forget_growing_tail
+from mqstore.runtime.workers.dispatch_worker import _forget_growing_tail
 
 FUZZ = settings(max_examples=300, deadline=None)
 STORE_HOSTS = [parse_host("127.0.0.1:10911"), parse_host("[::1]:10911")]

@@ -20,7 +20,7 @@ from mqstore.plugins.sql92 import (
     FilterSyntaxError, compile_expression, compile_uncached, parse_double, parse_int,
 )
 from mqstore.storage.index_file import IndexFile
-from mqstore.subscriptions import SUBSCRIPTIONS_FILE, Subscriptions
+from mqstore.view.subscriptions import SUBSCRIPTIONS_FILE, Subscriptions
 
 SQL92_PLUGIN = {"plugins": {"modules": ["mqstore.plugins.filter_sql92"]}}
 LONG_MAX = (1 << 63) - 1

@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 
 from mqstore import GetStatus, Message, MessageStore, PutStatus, load_config
-from mqstore.contracts import WRITER
+from mqstore.plugin_api.contracts import WRITER
 from mqstore.format.record import POS_SYSFLAG, store_timestamp_pos
 from mqstore.plugins.index_key import KeyIndex
-from mqstore.plugins_manager import PluginHooks, make_plugin_manager
+from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
 from mqstore.storage import clean_marker
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.queue_progress import QUEUED_FILE
 from mqstore.testing.faults import FaultWriter, audit, small_store_overrides
-from mqstore.workers import dispatch_worker, shm
+from mqstore.runtime.workers import dispatch_worker, shm
 
 SEG = 16 * 1024
 SMALL = {"commit_log": {"segment_bytes": SEG}, "consume_queue": {"file_units": 64},

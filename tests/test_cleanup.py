@@ -7,7 +7,7 @@ import time
 import pytest
 
 from mqstore import GetStatus, Message, PutStatus, load_config
-from mqstore import cleanup
+from mqstore.runtime import cleanup
 from mqstore.errors import ConfigError
 from mqstore.plugins.cleanup_rocketmq import RocketMQCleanup
 from mqstore.store import DISK_FULL

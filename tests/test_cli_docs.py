@@ -8,11 +8,11 @@ import pytest
 
 from mqstore.cli import main
 from mqstore.config import StoreConfig
-from mqstore.ops.reference import cli_reference, config_reference
+from mqstore.cli.reference import cli_reference, config_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-REGENERATE = "python -m mqstore.ops.reference --config config/mqstore.yaml --out docs"
+REGENERATE = "python -m mqstore.cli.reference --config config/mqstore.yaml --out docs"
 
 
 @pytest.mark.parametrize("name, make", [

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mqstore import MessageStore, hookimpl, load_config, plugins_manager
+from mqstore import MessageStore, hookimpl, load_config
+from mqstore.plugin_api import manager as plugins_manager
 from mqstore.config import StoreConfig, parse_delay_levels
 from mqstore.errors import ConfigError, PluginError
-from mqstore.registry import Registry
+from mqstore.plugin_api.registry import Registry
 
 CONFIG = Path(__file__).resolve().parents[1] / "config" / "mqstore.yaml"
 

@@ -1,5 +1,5 @@
 """Long polling (issue 14): a waiting poll is woken by the dispatch loop's notification
-(NOTE [ Long polling ] in mqstore.workers.wakeup), in this process and in a read-only store of
+(NOTE [ Long polling ] in mqstore.runtime.workers.wakeup), in this process and in a read-only store of
 another process, with the loops as worker processes or as threads; it sleeps instead of
 polling while nothing comes. Wake-up latency is measured in benchmarks/bench_consumer.py."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from mqstore import Message
-from mqstore.workers import wakeup as wakeup_module
-from mqstore.workers.wakeup import Wakeup, wakeup_path
+from mqstore.runtime.workers import wakeup as wakeup_module
+from mqstore.runtime.workers.wakeup import Wakeup, wakeup_path
 
 _spec = importlib.util.spec_from_file_location(
     "consumer_proc", Path(__file__).with_name("consumer_proc.py"))

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from mqstore import GetStatus, Message, load_config
-from mqstore import cleanup
-from mqstore.cleanup import DiskUsage, watermark_passed
+from mqstore.runtime import cleanup
+from mqstore.runtime.cleanup import DiskUsage, watermark_passed
 from mqstore.errors import ConfigError
 from mqstore.plugins.cleanup_keep_unconsumed import KeepUnconsumedCleanup
 from mqstore.plugins.cleanup_rocketmq import RocketMQCleanup

@@ -9,10 +9,10 @@ import os
 import pytest
 
 from mqstore import Message, MessageStore, PutStatus, load_config
-from mqstore.derived_flush import DerivedFlush
+from mqstore.dispatch.derived_flush import DerivedFlush
 from mqstore.storage import queue_progress, segment_queue
 from mqstore.storage.queue_progress import DispatchMark, read_queued
-from mqstore.workers import flush_worker
+from mqstore.runtime.workers import flush_worker
 
 
 class _Files:
@@ -93,10 +93,10 @@ def test_a_mark_that_cannot_be_written_is_tried_again(tmp_path, monkeypatch):
 
     def full(root, mark):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr("mqstore.derived_flush.write_queued", full)
+    monkeypatch.setattr("mqstore.dispatch.derived_flush.write_queued", full)
     flush()
     assert _written(tmp_path) is None
-    monkeypatch.setattr("mqstore.derived_flush.write_queued", real)
+    monkeypatch.setattr("mqstore.dispatch.derived_flush.write_queued", real)
     flush()
     assert _written(tmp_path) == a
 

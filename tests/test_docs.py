@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mqstore import hookspecs
-from mqstore.plugins_manager import make_plugin_manager
+from mqstore.plugin_api import hookspecs
+from mqstore.plugin_api.manager import make_plugin_manager
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PLUGIN_HOOKS = DOCS / "plugin_hooks.md"

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from mqstore import GetStatus, Message, PutStatus
-from mqstore.workers import flush_worker
+from mqstore.runtime.workers import flush_worker
 
 
 def _msg(**kw):

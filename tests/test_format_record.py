@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore.appender import PutContext, encode_single, prepare
-from mqstore.batch_columns import encode_batch
+from mqstore.append.encoding import PutContext, encode_single, prepare
+from mqstore.append.columns import encode_batch
 from mqstore.format.hosts import Host, parse_host
 from mqstore.format.properties import encode_properties
 from mqstore.format.record import (

@@ -20,10 +20,10 @@ from pathlib import Path
 import pluggy
 import pytest
 
-from mqstore.contracts import READS_STORE, CleanupDecision, StoreReads, Writer
-from mqstore import GetStatus, Message, PutStatus, hookimpl
-from mqstore.errors import PluginError
-from mqstore.plugins_manager import DEFAULT_PLUGINS, PluginHooks, make_plugin_manager
+from mqstore.plugin_api.contracts import READS_STORE, CleanupDecision, StoreReads, Writer
+from mqstore import GetStatus, Message, PutStatus, hookimpl, load_config
+from mqstore.errors import ConfigError, PluginError
+from mqstore.plugin_api.manager import DEFAULT_PLUGINS, PluginHooks, make_plugin_manager
 
 PLUGIN_PKG = Path(__file__).resolve().parent / "plugin_pkg"
 DEMO_MODULE = "mqstore_demo_plugin"
@@ -402,8 +402,16 @@ def test_store_reading_cleanup_policy_is_bound_to_the_store_read_api(make_store,
     assert bound.topics() == ["T"] and bound.queue_ids("T") == [1]
     assert (bound.min_offset("T", 1), bound.max_offset("T", 1)) == (0, 3)
     assert bound.read("T", 1, 1, 1, verify=False).queue_offsets.tolist() == [1]
+    assert bound.consumed_floor() == (-1, None)  # no group has an offset yet
+    with store.consumer("G", "T", consume_from="first") as group:
+        assert len(group.poll(max_msgs=1, timeout_ms=5000)) == 1
+        group.commit()
+    floor, who = bound.consumed_floor()
+    assert floor == store.get("G", "T", 1, 1, 1).messages[0].phys_offset
+    assert "'G'" in who and "T/1 offset 1" in who
     listed = set(StoreReads.__annotations__) | {n for n in vars(StoreReads) if n[0] != "_"}
-    assert listed == {"root", "clock", "topics", "queue_ids", "min_offset", "max_offset", "read"}
+    assert listed == {"root", "clock", "topics", "queue_ids", "min_offset", "max_offset", "read",
+                      "consumed_floor"}
 
 
 @pytest.mark.loops("thread")
@@ -507,29 +515,27 @@ class OverridePlugin:
         registry.add("round_robin", QueueTwo)
 
 
-@pytest.mark.loops("thread")
-def test_third_party_registration_of_a_builtin_name_wins(make_store, add_plugin):
-    store = make_store(with_modules(add_plugin("override_plugin", OverridePlugin())))
-    puts = [store.put(Message("T", body, tags="A")) for body in (b"keep-1", b"drop", b"keep-2")]
-    assert [r.queue_id for r in puts] == [2, 2, 2]
-    store.wait_dispatched()
-    r = store.get(GROUP, "T", 2, 0, 32, expression="A", expression_type="TAG")
-    assert [m.body for m in r.messages] == [b"keep-1", b"keep-2"]
+def test_a_second_registration_of_a_builtin_name_is_refused_naming_both(make_store, add_plugin):
+    # Keeping either silently would make "round_robin" mean different strategies depending
+    # on which packages are installed.
+    with pytest.raises(ConfigError) as caught:
+        make_store(with_modules(add_plugin("override_plugin", OverridePlugin())))
+    message = str(caught.value)
+    assert "registered twice" in message
+    assert "module override_plugin" in message
+    assert ("module mqstore.plugins.filter_tag" in message
+            or "module mqstore.plugins.queue_select_round_robin" in message), message
 
 
-def test_third_party_wins_even_when_registered_before_the_builtins():
-    # Only trylast on the built-ins lets the plugin win here: pluggy otherwise calls the
-    # later-registered implementation first, and the first registration of a name wins.
+def test_a_second_registration_is_refused_whatever_the_order():
     pm = make_plugin_manager(load_entry_points=False)
     builtins = [(name, pm.unregister(name=name)) for name in DEFAULT_PLUGINS]
     pm.register(OverridePlugin(), "override_plugin")
     for name, module in builtins:
         pm.register(module, name)
-    hooks = PluginHooks(pm)
-    assert hooks.filters.owner("TAG") == "override_plugin"
-    assert hooks.filters.get("TAG") is KeepFilter
-    assert hooks.queue_selectors.get("round_robin") is QueueTwo
-    assert hooks.queue_selectors.owner("random") == "mqstore.plugins.queue_select_random"
+    with pytest.raises(PluginError, match="registered twice") as caught:
+        PluginHooks(pm)
+    assert "override_plugin" in str(caught.value)
 
 
 def test_disable_blocks_a_builtin_plugin(make_store, monkeypatch):
@@ -543,6 +549,40 @@ def test_disable_blocks_a_builtin_plugin(make_store, monkeypatch):
     assert pm.is_blocked("mqstore.plugins.queue_select_hash")
     assert "key_hash" not in PluginHooks(pm).queue_selectors
     assert "random" in PluginHooks(pm).queue_selectors
+
+
+class ShadowingDispatcherPlugin:
+    @hookimpl
+    def register_dispatchers(self, registry):
+        registry.add("consume_queue", lambda view, role: None)
+
+
+def test_consume_queue_building_cannot_be_disabled(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides={"plugins": {"disable": ["mqstore.plugins.cq_builder"]}})
+    message = str(caught.value)
+    assert "'mqstore.plugins.cq_builder'" in message
+    assert "consume queues are built by the core's dispatch" in message
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_dispatcher_named_consume_queue_is_refused_at_load(add_plugin):
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides=with_modules(add_plugin("shadow", ShadowingDispatcherPlugin())))
+    message = str(caught.value)
+    assert "dispatcher name 'consume_queue' (registered by module shadow) is reserved" in message
+    assert "the core's consume-queue builder" in message
+
+
+def test_consume_queues_are_built_with_every_builtin_dispatcher_disabled(make_store):
+    # The default configuration (worker processes): the dispatch worker builds the queues
+    # from the core, whatever plugins it loads.
+    store = make_store({"plugins": {"disable": ["mqstore.plugins.index_key"]}})
+    put = store.put_batch([Message("T", b"m%d" % i, queue_id=0) for i in range(3)])
+    assert put.status is PutStatus.PUT_OK and put.queue_offsets.tolist() == [0, 1, 2]
+    store.wait_dispatched()
+    got = store.get(GROUP, "T", 0, 0, 32)
+    assert got.status is GetStatus.FOUND and [m.body for m in got.messages] == [b"m0", b"m1", b"m2"]
 
 
 # -- the demo package's strategies, in stores with the default worker processes ----------------
@@ -766,11 +806,11 @@ def test_demo_flush_policy_forces_whatever_is_pending_every_interval(demo_site, 
 SEGMENT_BYTES = 4096
 
 CLEANUP_SCRIPT = """
-    import mqstore.cleanup
+    import mqstore.runtime.cleanup
     from mqstore.clock import ManualClock
 
     # Age decides here, not disk pressure (a busy machine's disk may pass the forcibly ratio).
-    mqstore.cleanup.disk_used_ratio = lambda path: 0.5
+    mqstore.runtime.cleanup.disk_used_ratio = lambda path: 0.5
 
     S = config.commit_log.segment_bytes
     clock = ManualClock()
@@ -822,7 +862,7 @@ def test_demo_cleanup_policy_deletes_segments_older_than_the_max_age(demo_site, 
 
 def test_demo_cleanup_policy_decisions(demo_module, monkeypatch):
     from mqstore import load_config
-    from mqstore.contracts import CleanupDecision
+    from mqstore.plugin_api.contracts import CleanupDecision
 
     demo = importlib.import_module(demo_module)
     config = load_config(overrides={"plugins": {"load_entry_points": False},

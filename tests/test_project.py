@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 import mqstore
-from mqstore.plugins_manager import DEFAULT_PLUGINS
+from mqstore.plugin_api.manager import DEFAULT_PLUGINS
 
 ROOT = Path(__file__).resolve().parents[1]
 

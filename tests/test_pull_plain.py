@@ -11,7 +11,7 @@ import random
 import pytest
 
 from mqstore import GetStatus, Message, PutStatus
-from mqstore import pull_plain, reading
+from mqstore.read import plain_pull as pull_plain, reader as reading
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 
 TOPIC = "P"

@@ -13,8 +13,8 @@ import random
 import pytest
 
 from mqstore import GetStatus, Message, PutStatus
-from mqstore import pull
-from mqstore.pull_runs import COLUMNS_FROM, RUN_FROM, ColumnRuns
+from mqstore.read import pull
+from mqstore.read.segment_runs import COLUMNS_FROM, RUN_FROM, ColumnRuns
 
 TOPIC = "R"
 SEGMENT = 64 << 10

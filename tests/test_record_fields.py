@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from mqstore import Message
 from mqstore.format.properties import decode_properties
 from mqstore.message import MessageBatch
-from mqstore.record_fields import _properties, record_fields
+from mqstore.read.fields import _properties, record_fields
 
 
 def _maps(fields, n):

@@ -4,7 +4,7 @@ Real stores (small files, worker processes) written with mmh3 or Java's hash, th
 ``mqstore.json`` deleted, alone or with ``consumequeue/`` and ``index/``: the hash comes from
 the consume queues' tag codes or from the index entries; with neither left, the configured
 ``store.hash`` is taken and the report says so; files that cannot tell refuse the open.
-Afterwards every key and tag query answers exactly (see ``core/store_meta.py``).
+Afterwards every key and tag query answers exactly (see ``core/lifecycle/store_meta.py``).
 """
 
 from __future__ import annotations

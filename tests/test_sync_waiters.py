@@ -12,9 +12,9 @@ from multiprocessing import forkserver, resource_tracker
 import pytest
 
 from mqstore import Message, MessageStore, PutStatus, load_config
-from mqstore.workers import shm, sync_waiters
-from mqstore.workers.supervisor import worker_context
-from mqstore.workers.sync_waiters import SyncWaiters, Waker
+from mqstore.runtime.workers import shm, sync_waiters
+from mqstore.runtime.workers.supervisor import worker_context
+from mqstore.runtime.workers.sync_waiters import SyncWaiters, Waker
 
 
 @pytest.fixture

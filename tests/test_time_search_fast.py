@@ -1,4 +1,4 @@
-"""The time-column search (``mqstore.time_index``) answers exactly as the probing search did.
+"""The time-column search (``mqstore.read.time_cache``) answers exactly as the probing search did.
 
 ``probing_offset_by_time`` (one commit-log read per probe, as spec 10.7 describes the search)
 defines the answers; the behaviour and fixture tests pin it. Every answer of ``offset_by_time``
@@ -24,14 +24,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqstore import Message, MessageBatch, MessageStore, PutStatus, load_config, time_index
+from mqstore import Message, MessageBatch, MessageStore, PutStatus, load_config
+from mqstore.read import time_cache as time_index
 from mqstore.format.cq_unit import CQ_DTYPE, CQ_UNIT_SIZE, FILLER_SIZE
 from mqstore.format.hosts import Host
 from mqstore.format.record import encode_record
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import ConsumeQueue
-from mqstore.time_search import offset_by_time
-from mqstore.time_search import probing_offset_by_time as reference
+from mqstore.read.time_search import offset_by_time
+from mqstore.read.time_search import probing_offset_by_time as reference
 
 LOWER, UPPER = "lower", "upper"
 BOUNDS = (LOWER, UPPER)

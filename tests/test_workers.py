@@ -12,7 +12,7 @@ import pytest
 
 from mqstore import Message, MessageBatch, MessageStore
 from mqstore.errors import WorkerError
-from mqstore.workers.supervisor import DISPATCH_CATCH_UP_S, STOP_TIMEOUT_S
+from mqstore.runtime.workers.supervisor import DISPATCH_CATCH_UP_S, STOP_TIMEOUT_S
 
 WORKER = {"dispatch": {"worker": "process"}}
 
@@ -212,8 +212,8 @@ def register_dispatchers(registry):
     monkeypatch.syspath_prepend(str(plugin_dir))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(plugin_dir),
                                                                    os.environ.get("PYTHONPATH")])))
-    monkeypatch.setattr("mqstore.workers.supervisor.QUICK_FAILURE_S", 60.0)
-    monkeypatch.setattr("mqstore.workers.supervisor.MAX_QUICK_FAILURES", 2)
+    monkeypatch.setattr("mqstore.runtime.workers.supervisor.QUICK_FAILURE_S", 60.0)
+    monkeypatch.setattr("mqstore.runtime.workers.supervisor.MAX_QUICK_FAILURES", 2)
     store = make_store({**WORKER, "plugins": {"modules": ["worker_breaker_plugin"]}})
     store.put(Message(topic="T", body=b"x", queue_id=0))
     deadline = time.monotonic() + 60

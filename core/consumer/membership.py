@@ -37,7 +37,7 @@ import secrets
 import socket
 import stat
 
-from mqstore.file_locks import is_file_at
+from mqstore.storage.file_locks import is_file_at
 
 GROUPS_DIR = os.path.join("consumer", "groups")
 MEMBERS = "members"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Iterator, Sequence
 
-from mqstore.read_batch import ReadBatch
+from mqstore.message import ReadBatch
 
 
 class ConsumedMessage:

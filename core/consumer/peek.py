@@ -27,7 +27,7 @@ from mqstore.consumer.group import initial_offset, read_queues
 from mqstore.consumer.messages import Polled
 from mqstore.errors import StoreClosedError
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
-from mqstore.workers.wakeup import Wakeup
+from mqstore.runtime.workers.wakeup import Wakeup
 
 
 class GroupPeek:

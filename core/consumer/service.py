@@ -19,12 +19,14 @@ from mqstore.consumer.membership import remove_group_files
 from mqstore.consumer.offsets import ConsumerOffsets
 from mqstore.consumer.peek import GroupPeek
 from mqstore.consumer.pop import PopConsumer
-from mqstore.consumer.progress import QueueLag, group_offsets, groups, queue_lags
-from mqstore.workers.wakeup import Wakeup
+from mqstore.consumer.progress import (
+    QueueLag, group_offsets, groups, queue_lags, retention_floor,
+)
+from mqstore.runtime.workers.wakeup import Wakeup
 
 log = logging.getLogger("mqstore.consumer")
 
-CONSUMER_CALLS = ("consumer", "peek", "consumer_lag", "consumer_groups",
+CONSUMER_CALLS = ("consumer", "peek", "consumer_lag", "consumer_groups", "consumed_floor",
                   "delete_consumer_group", "pop", "ack", "change_invisible_duration")
 
 
@@ -86,6 +88,13 @@ class ConsumerService:
         """``{(topic, group): {queue_id: consumed offset}}`` of every group that committed
         (``config/consumerOffset.json``) or popped."""
         return groups(self.root, self.offsets)
+
+    def consumed_floor(self) -> tuple[int, str | None]:
+        """The lowest commit-log offset holding a message some consumer group (committed or
+        popping) has not consumed, and which group, queue and offset that is; ``(-1, None)``
+        when every group has consumed everything stored. ``CorruptStateError`` when a group's
+        state file cannot be read (its progress is unknown)."""
+        return retention_floor(self.store, self.root, self.offsets)
 
     def delete_consumer_group(self, group: str, topic: str | None = None
                               ) -> list[tuple[str, str]]:

@@ -16,7 +16,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from mqstore import cleanup
+from mqstore.runtime import cleanup
 from mqstore.consumer import CorruptStateError
 from mqstore.ops.consumer_lag import group_lags
 from mqstore.ops.put_metrics import PutCounts

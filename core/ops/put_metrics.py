@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from mqstore.hookspecs import hookimpl
+from mqstore.plugin_api.hookspecs import hookimpl
 
 MODULE = __name__
 

@@ -17,7 +17,7 @@ import shutil
 
 from mqstore.config import StoreConfig
 from mqstore.ops.problems import CONSUME_QUEUE, INDEX, RECORD, SEGMENT, Problem
-from mqstore.recovery import RecoveryReport
+from mqstore.plugin_api.recovery_report import RecoveryReport
 from mqstore.storage.checkpoint import abort_exists
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
 from mqstore.storage.index_file import INDEX_DIR

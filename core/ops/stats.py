@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from mqstore import cleanup
+from mqstore.runtime import cleanup
 from mqstore.config import StoreConfig
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 from mqstore.ops.consumer_lag import group_lags
@@ -27,8 +27,8 @@ from mqstore.ops.store_files import abort_state
 from mqstore.storage.checkpoint import Checkpoint
 from mqstore.storage.shared_segment import store_segment_name
 from mqstore.store import MessageStore
-from mqstore.time_search import store_time_at
-from mqstore.workers import shm
+from mqstore.read.time_search import store_time_at
+from mqstore.runtime.workers import shm
 
 HOUR_MS = 3_600_000
 

@@ -17,7 +17,7 @@ from mqstore.storage.checkpoint import ABORT_FILE
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
 from mqstore.storage.queue_manifest import read_manifest
-from mqstore.store_meta import load_meta, settle_meta
+from mqstore.lifecycle.store_meta import load_meta, settle_meta
 
 log = logging.getLogger("mqstore.ops")
 COMMIT_LOG_DIR = "commitlog"

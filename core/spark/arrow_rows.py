@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mqstore.record_fields import Strings, record_fields
+from mqstore.read.fields import Strings, record_fields
 from mqstore.spark.pushdown import Pushed
 from mqstore.spark.schema import arrow_schema
 from mqstore.spark.stores import open_read_only, queue_end

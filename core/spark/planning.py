@@ -18,7 +18,7 @@ from pyspark.sql.datasource import InputPartition
 from mqstore.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError, ReadOptions
 from mqstore.spark.pushdown import Pushed
 from mqstore.spark.stores import open_read_only, queue_end
-from mqstore.time_search import LOWER
+from mqstore.read.time_search import LOWER
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import os
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mqstore.record_fields import record_fields
+from mqstore.read.fields import record_fields
 from mqstore.spark.appends import append_rows
 from mqstore.spark.arrow_rows import strings_array
 

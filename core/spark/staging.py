@@ -36,8 +36,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from mqstore.appender import body_too_large, check_queue_id, check_topic
-from mqstore.file_locks import is_file_at
+from mqstore.append.encoding import body_too_large, check_queue_id, check_topic
+from mqstore.storage.file_locks import is_file_at
 from mqstore.spark import lease
 
 # The columns a write takes, and the Spark types each may have; others are ignored.

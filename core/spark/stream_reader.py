@@ -23,7 +23,7 @@ from mqstore.spark.options import ReadOptions
 from mqstore.spark.planning import QueueRange, spec_offset, split, store_queues
 from mqstore.spark.pushdown import Pushed
 from mqstore.spark.stores import open_read_only, queue_end, resolve_paths, resolve_quietly
-from mqstore.time_search import LOWER
+from mqstore.read.time_search import LOWER
 
 
 def _get(offsets: dict, root: str, topic: str, queue_id: int) -> int | None:

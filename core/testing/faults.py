@@ -30,8 +30,8 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
-from mqstore.hookspecs import hookimpl
-from mqstore.pool_writer import TransientPoolWriter
+from mqstore.plugin_api.hookspecs import hookimpl
+from mqstore.append.pool_writer import TransientPoolWriter
 
 TOPIC = "F"
 QUEUES = 4
@@ -352,7 +352,7 @@ class _Interrupting:
 
 class _InterruptingPoolWriter(TransientPoolWriter):
     """The core's transient-pool writer itself, sending SIGINT after chosen writes. Staging is
-    the core's pool writer's alone (``mqstore.pool_writer``): a wrapper around it would be a
+    the core's pool writer's alone (``mqstore.append.pool_writer``): a wrapper around it would be a
     plain writer, so this one is a subclass."""
 
     def __init__(self, ctx) -> None:

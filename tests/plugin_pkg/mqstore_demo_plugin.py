@@ -1,4 +1,4 @@
-"""A third-party mqstore plugin: one strategy of each kind, written against ``mqstore.contracts``.
+"""A third-party mqstore plugin: one strategy of each kind, written against ``mqstore.plugin_api.contracts``.
 
 What it registers (no name clashes with the built-ins):
 
@@ -46,14 +46,14 @@ import re
 from typing import TYPE_CHECKING
 
 from mqstore import PutStatus, hookimpl
-from mqstore.contracts import (
+from mqstore.plugin_api.contracts import (
     RESUMES, WRITER, CleanupDecision, Dispatcher, FlushSchedule, Role, StoreView, StringHash,
     Writer, WriterContext,
 )
 
 if TYPE_CHECKING:
     from mqstore.config import StoreConfig
-    from mqstore.contracts import Flusher
+    from mqstore.plugin_api.contracts import Flusher
     from mqstore.storage.mapped_file import MappedFile
 
 log = logging.getLogger("mqstore_demo_plugin")

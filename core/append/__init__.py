@@ -1,0 +1,1 @@
+"""Appending: validating, encoding and writing messages into the commit log."""

@@ -1,0 +1,395 @@
+"""The Appender: put and put_batch, one path, serialised on the put lock.
+
+Everything that does not depend on where a record lands (validation, encoding of bodies and
+properties, queue selection) happens before the lock is taken. Under the lock, ``_append``
+plans queue offsets, reserves every segment the records need (anything that can fail), then
+only copies and assigns (NOTE [ Uninterrupted puts ]): a put is all or nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Sequence
+
+import numpy as np
+
+from mqstore.append import encoding
+from mqstore.append.columns import columns_from_batch, columns_from_messages, encode_columns
+from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
+from mqstore.errors import StoreClosedError
+from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult, PutStatus
+from mqstore.running_flags import UNWRITABLE
+from mqstore.storage.commit_log import BlockTooLargeError
+from mqstore.storage.transient_pool import PoolExhaustedError
+from mqstore.uninterrupted import shield
+
+
+def _explicit_ids(messages, n: int):
+    if isinstance(messages, MessageBatch):
+        return [None] * n
+    return [m.queue_id for m in messages]
+
+
+def _queue_keys(topics: list[str], queue_ids: np.ndarray) -> tuple[list, np.ndarray]:
+    """Distinct (topic, queue id) keys of a batch and each message's index into them."""
+    if len(set(topics)) == 1:
+        uniq, inverse = np.unique(queue_ids, return_inverse=True)
+        topic = topics[0]
+        return [(topic, int(q)) for q in uniq.tolist()], inverse.ravel()
+    index: dict = {}
+    inverse = np.fromiter((index.setdefault((t, q), len(index))
+                           for t, q in zip(topics, queue_ids.tolist())),
+                          dtype=np.int64, count=len(topics))
+    return list(index), inverse
+
+
+def _blocks(ends: np.ndarray, limit: int) -> list[tuple[int, int]]:
+    """Split a batch (record ends ``ends``) into runs of whole records of at most ``limit``
+    bytes each: one run per commit-log segment it will occupy."""
+    blocks = []
+    start, n = 0, len(ends)
+    while start < n:
+        base = int(ends[start - 1]) if start else 0
+        stop = int(np.searchsorted(ends, base + limit, side="right"))
+        blocks.append((start, stop))
+        start = stop
+    return blocks
+
+
+def _rank_within_group(inverse: np.ndarray, groups: int) -> np.ndarray:
+    """For each message, how many earlier messages of the batch share its queue."""
+    order = np.argsort(inverse, kind="stable")
+    counts = np.bincount(inverse, minlength=groups)
+    starts = np.cumsum(counts) - counts
+    rank = np.empty(len(inverse), dtype=np.int64)
+    rank[order] = np.arange(len(inverse)) - np.repeat(starts, counts)
+    return rank
+
+
+class _Refused(Exception):
+    """A segment could not be reserved: the put answers CREATE_MAPPED_FILE_FAILED."""
+
+
+class Appender:
+    """Owns the put lock, the queue-offset table and the writer."""
+
+    def __init__(self, *, state, commit_log, writer, selector, flush_policy, hooks, config,
+                 put_ctx, store_host, clock, queue_offsets: dict, last_append: tuple[int, int],
+                 failing: Callable[[], str | None], appended: Callable[[int], None]) -> None:
+        """``failing()``: why the loops cannot do their work (puts wait), or None.
+        ``appended(end)``: called after each append with the new end of the log (publishes
+        it, wakes the loops)."""
+        self.state = state
+        self.slave = config.store.role == "slave"
+        self.busy_timeout_ms = config.store.os_page_cache_busy_timeout_ms
+        self.disk_warning_ratio = config.cleanup.disk_warning_ratio
+        self.failing = failing
+        self.commit_log = commit_log
+        self.writer = writer
+        self.selector = selector
+        self.flush_policy = flush_policy
+        self.hooks = hooks
+        self.queues_per_topic = config.queue_select.queues_per_topic
+        self.put_ctx = put_ctx
+        self.store_host = store_host
+        self.msg_id_prefix = offset_msg_id(store_host, 0)[:-16]
+        self.clock = clock
+        self.queue_offsets = queue_offsets
+        self.last_append = last_append  # (end offset, store time) of the newest record
+        self.appended = appended
+        self.lock = threading.Lock()
+        self.begin_in_lock = 0  # store time the current append took the lock (0: free)
+        self._last_store_ts = last_append[1]
+        self._limit = commit_log.segment_bytes - END_FILE_MIN_BLANK_BYTES
+
+    # -- service checks --------------------------------------------------------------------
+    def refusal(self) -> tuple[PutStatus, str] | None:
+        """Why the store takes no put now (RocketMQ's status and a reason), or None."""
+        state = self.state
+        if state.closed:
+            raise StoreClosedError(f"store {state.root!r} is closed")
+        if self.slave:
+            return PutStatus.SERVICE_NOT_AVAILABLE, "store role is slave"
+        if state.running_flags & UNWRITABLE:
+            return PutStatus.SERVICE_NOT_AVAILABLE, state.unwritable_reason(self.disk_warning_ratio)
+        stuck = self.failing()
+        if stuck is not None:  # what is appended now would never become readable
+            return PutStatus.SERVICE_NOT_AVAILABLE, stuck
+        begin = self.begin_in_lock
+        if begin:
+            held = self.clock() - begin
+            if self.busy_timeout_ms < held < 10_000_000:
+                return PutStatus.OS_PAGE_CACHE_BUSY, f"put lock held for {held} ms"
+        return None
+
+    # -- put -------------------------------------------------------------------------------
+    def put(self, message: Message) -> PutResult:
+        return self._put(message, _Single)
+
+    def put_batch(self, messages: Sequence[Message] | MessageBatch) -> BatchPutResult:
+        return self._put(messages, _Batch)
+
+    def _put(self, messages, kind):
+        """The one path of ``put`` and ``put_batch``; ``kind`` (``_Single`` or ``_Batch``) says
+        how its messages are prepared, written and answered.
+
+        Refused by the store: answered at once, no hook runs. Else ``before_append``; then
+        validation and encoding (a rejection is answered after ``after_append`` saw it);
+        then the records go in under the put lock (a segment that cannot be created answers
+        CREATE_MAPPED_FILE_FAILED); the flush policy's ``complete_put`` gives the status;
+        ``after_append``."""
+        refused = self.refusal()
+        if refused is not None:
+            return kind.refused(*refused)
+        if kind.many:
+            messages = _Batch.checked(messages)
+        hooks = self.hooks
+        if hooks.has_before_append:
+            hooks.before_append(kind.hook_messages(messages))
+        try:
+            plan = kind.prepare(self, messages)
+        except encoding.Rejected as rej:
+            seen, answer = kind.rejected(rej)
+            hooks.after_append(seen)
+            return answer
+        try:
+            end, written = kind.append(self, plan)
+        except _Refused as exc:
+            return kind.refused(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
+        answer = kind.answer(self, plan, written, self.flush_policy.complete_put(end, plan.wait))
+        if hooks.has_after_append:
+            hooks.after_append(kind.hook_result(self, answer))
+        return answer
+
+    def _columns(self, messages):
+        """The batch as columns, each message with its queue id (selected when it has none)."""
+        if isinstance(messages, MessageBatch):
+            cols = columns_from_batch(messages, self.put_ctx)
+        else:
+            cols = columns_from_messages(messages, self.put_ctx)
+        if cols.queue_ids is None:
+            queues, select = self.queues_per_topic, self.selector.select
+            cols.queue_ids = np.fromiter(
+                (encoding.check_queue_id(select(m, queues)) if q is None else q
+                 for m, q in zip(cols.select_inputs, _explicit_ids(messages, cols.n))),
+                dtype=np.int64, count=cols.n)
+        return cols
+
+    def _check_fits(self, size: int, index: int | None) -> None:
+        if size > self._limit:
+            seg_bytes = self.commit_log.segment_bytes
+            raise encoding.Rejected(
+                PutStatus.MESSAGE_ILLEGAL,
+                f"record of {size} bytes does not fit a commit-log segment of {seg_bytes} "
+                f"bytes (at most {self._limit} per record)", index)
+
+    # -- the locked section ------------------------------------------------------------------
+    def _append(self, block_bytes: list[int], keys: list, counts: list[int], encode,
+                plan=None):
+        """Write blocks of records (one per segment they occupy) under the put lock.
+
+        ``encode(self, plan, segments, queue_offset_bases, now)`` returns the blocks' bytes and
+        the first record's commit-log offset; it may raise, and then nothing is written.
+        Returns ``(bases, first_phys, now)``.
+        """
+        log = self.commit_log
+        writer = self.writer
+        shield.enter()  # NOTE [ Uninterrupted puts ]
+        try:
+            with self.lock:
+                now = self.clock()
+                if now < self._last_store_ts:  # store times never go backwards in log order,
+                    now = self._last_store_ts  # so time search can bisect
+                self._last_store_ts = self.begin_in_lock = now
+                try:
+                    table = self.queue_offsets
+                    bases = [table.get(k, 0) for k in keys]
+                    try:
+                        segs = (log.reserve_blocks_locked(block_bytes, writer)
+                                if len(block_bytes) > 1
+                                else [log.reserve_locked(block_bytes[0], writer)])
+                    except (OSError, BlockTooLargeError, PoolExhaustedError) as exc:
+                        raise _Refused(str(exc)) from None
+                    try:
+                        records, first = encode(self, plan, segs, bases, now)
+                    except BaseException:
+                        log.abandon_locked(segs, writer)
+                        raise
+                    # From here on only copies and assignments: nothing can fail half way.
+                    seg = segs[-1]
+                    for earlier, record in zip(segs[:-1], records):
+                        writer.write(earlier, record)
+                        log.close_segment_locked(earlier, writer)
+                    writer.write(seg, records[-1])
+                    for key, base, count in zip(keys, bases, counts):
+                        table[key] = base + count
+                    end = seg.start + seg.wrote
+                    self.last_append = (end, now)
+                finally:
+                    self.begin_in_lock = 0
+            self.appended(end)
+        finally:
+            shield.leave()
+        return bases, first, now
+
+    def lock_held_ms(self) -> int:
+        """How long the current append has held the put lock (0 when free)."""
+        begin = self.begin_in_lock
+        return max(0, self.clock() - begin) if begin else 0
+
+
+_ONE = [1]  # a single record's count for its queue (read, never changed)
+
+
+class _Single:
+    """``put``: one message, one record; no columns and no arrays unless a hook wants them."""
+
+    many = False
+
+    @staticmethod
+    def refused(status: PutStatus, reason: str) -> PutResult:
+        return PutResult(status, error=reason)
+
+    @staticmethod
+    def hook_messages(message: Message) -> list[Message]:
+        return [message]
+
+    @staticmethod
+    def prepare(app: Appender, message: Message):
+        p = encoding.prepare(message, app.put_ctx)
+        if p.queue_id is None:
+            p.queue_id = encoding.check_queue_id(
+                app.selector.select(message, app.queues_per_topic))
+        app._check_fits(p.size, None)
+        return p
+
+    @staticmethod
+    def rejected(rej: encoding.Rejected) -> tuple[BatchPutResult, PutResult]:
+        return (BatchPutResult.rejected(rej.status, rej.reason, 0),
+                PutResult(rej.status, error=rej.reason))
+
+    @staticmethod
+    def append(app: Appender, p) -> tuple[int, tuple[int, int, int]]:
+        """The record's end, and ``(queue offset, commit-log offset, store time)``."""
+        keys = [(p.topic, p.queue_id)] if p.queued else []
+        bases, phys, now = app._append([p.size], keys, _ONE, _Single.encode, p)
+        return phys + p.size, (bases[0] if keys else 0, phys, now)
+
+    @staticmethod
+    def encode(app: Appender, p, segs, bases, now):
+        seg = segs[0]
+        phys = seg.start + seg.wrote
+        return [encoding.encode_single(p, app.store_host, p.queue_id,
+                                       bases[0] if p.queued else 0, phys, now,
+                                       app.put_ctx.record_crc)], phys
+
+    @staticmethod
+    def answer(app: Appender, p, written: tuple[int, int, int], status: PutStatus) -> PutResult:
+        qoff, phys, now = written
+        return PutResult(status, p.queue_id, qoff, phys, p.size,
+                         f"{app.msg_id_prefix}{phys:016X}", now)
+
+    @staticmethod
+    def hook_result(app: Appender, r: PutResult) -> BatchPutResult:
+        return BatchPutResult(r.status, np.array([r.queue_id]), np.array([r.queue_offset]),
+                              np.array([r.phys_offset]), np.array([r.size]),
+                              r.store_timestamp, app.store_host)
+
+
+class _Batch:
+    """``put_batch``: a list of messages or a ``MessageBatch``, as columns, written as one
+    block per commit-log segment it occupies."""
+
+    many = True
+
+    @staticmethod
+    def refused(status: PutStatus, reason: str) -> BatchPutResult:
+        return BatchPutResult.rejected(status, reason)
+
+    @staticmethod
+    def checked(messages):
+        if isinstance(messages, MessageBatch):
+            return messages
+        messages = list(messages)
+        if not messages:
+            raise ValueError("put_batch needs at least one message")
+        return messages
+
+    @staticmethod
+    def hook_messages(messages):
+        return messages
+
+    @staticmethod
+    def prepare(app: Appender, messages):
+        cols = app._columns(messages)
+        biggest = int(np.argmax(cols.sizes))
+        app._check_fits(int(cols.sizes[biggest]), biggest)
+        return cols
+
+    @staticmethod
+    def rejected(rej: encoding.Rejected) -> tuple[BatchPutResult, BatchPutResult]:
+        result = BatchPutResult.rejected(rej.status, f"message {rej.index}: {rej.reason}",
+                                         rej.index)
+        return result, result
+
+    @staticmethod
+    def append(app: Appender, cols) -> tuple[int, tuple]:
+        """The last record's end, and ``(queue offsets, commit-log offsets, store time)``."""
+        sizes, qids = cols.sizes, cols.queue_ids
+        ends = np.cumsum(sizes)
+        blocks = _blocks(ends, app._limit)
+        keys, inverse = _queue_keys(cols.topics, qids)
+        counts = np.bincount(inverse, minlength=len(keys))
+        phys = np.empty(cols.n, dtype=np.int64)
+        qoffs = None
+        store_host = app.store_host
+
+        def encode(_app, _plan, segs, bases, now):
+            nonlocal qoffs
+            qoffs = np.asarray(bases, dtype=np.int64)[inverse] + _rank_within_group(
+                inverse, len(keys))
+            records = []
+            for (start, stop), seg in zip(blocks, segs):
+                base = int(ends[start - 1]) if start else 0
+                phys[start:stop] = (seg.start + seg.wrote
+                                    + (ends[start:stop] - sizes[start:stop] - base))
+                records.append(encode_columns(cols, start, stop, store_host, qids, qoffs,
+                                              phys, now))
+            return records, int(phys[0])
+
+        block_bytes = [int(ends[stop - 1] - (ends[start - 1] if start else 0))
+                       for start, stop in blocks]
+        _bases, _first, now = app._append(block_bytes, keys, counts.tolist(), encode)
+        return int(phys[-1] + sizes[-1]), (qoffs, phys, now)
+
+    @staticmethod
+    def answer(app: Appender, cols, written: tuple, status: PutStatus) -> BatchPutResult:
+        qoffs, phys, now = written
+        return BatchPutResult(status, cols.queue_ids, qoffs, phys, cols.sizes, now,
+                              app.store_host)
+
+    @staticmethod
+    def hook_result(app: Appender, result: BatchPutResult) -> BatchPutResult:
+        return result  # the caller's result itself
+
+
+class ReadOnlyAppender:
+    """What a read-only store answers to puts."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+
+    def _refusal(self) -> str:
+        if self.state.closed:
+            raise StoreClosedError(f"store {self.state.root!r} is closed")
+        return "store is open read-only"
+
+    def put(self, message) -> PutResult:
+        return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error=self._refusal())
+
+    def put_batch(self, messages) -> BatchPutResult:
+        return BatchPutResult.rejected(PutStatus.SERVICE_NOT_AVAILABLE, self._refusal())
+
+    def lock_held_ms(self) -> int:
+        self._refusal()
+        return 0

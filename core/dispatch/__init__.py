@@ -1,0 +1,1 @@
+"""Dispatch: commit-log records into consume queues, index files and plugins' derived files."""

@@ -1,0 +1,272 @@
+"""Opening a store directory: files, recovery, the parts and the loops, in that order.
+
+Recovery (commit log, then consume queues) runs here, before any loop exists; its re-dispatch
+is the dispatch loop's job (``Runtime.start``), and the open waits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+
+from mqstore.append import encoding
+from mqstore.append.appender import Appender, ReadOnlyAppender
+from mqstore.plugin_api.contracts import FOLLOWER, READER, STAGING_WRITER, WRITER, WriterContext
+from mqstore.dispatch.dispatchers import Dispatchers
+from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
+from mqstore.format.hosts import parse_host
+from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
+from mqstore.append.pool_writer import TransientPoolWriter, salvage_pool
+from mqstore.read.pull import PullLimits
+from mqstore.read.reader import Reader
+from mqstore.lifecycle.recovery import RecoveryReport, mend_range, recover
+from mqstore.running_flags import NOT_WRITEABLE
+from mqstore.runtime.loops import Runtime
+from mqstore.storage import clean_marker
+from mqstore.storage.checkpoint import Checkpoint, StoreLock, abort_exists, create_abort
+from mqstore.storage.commit_log import CommitLog
+from mqstore.storage.consume_queue import load_consume_queues
+from mqstore.storage.queue_manifest import ManifestKeeper, read_manifest
+from mqstore.storage.queue_progress import read_queued, remove_queued
+from mqstore.storage.shared_segment import store_segment_name, unlink_segment
+from mqstore.lifecycle.store_meta import load_meta, settle_meta, settle_record_crc
+from mqstore.view.directory_view import DirectoryView
+from mqstore.runtime.workers import shm
+
+log = logging.getLogger("mqstore.store")
+
+COMMIT_LOG_DIR = "commitlog"
+DEFAULT_PHYSICAL_MEMORY = 24 << 30  # RocketMQ's fallback when total RAM is unknown
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return DEFAULT_PHYSICAL_MEMORY
+
+
+class Opener:
+    """Opens a store directory: files, recovery, the parts, the loops. A failed open leaves
+    the directory as it found it: no threads, no workers, no lock."""
+
+    def __init__(self, store, config, clock) -> None:
+        """``store``: the ``MessageStore`` being opened (its parts are set on it)."""
+        self.store = store
+        self.state = store._state
+        self.root = store._state.root
+        self.config = config
+        self.clock = clock
+
+    def open(self) -> None:
+        store, state = self.store, self.state
+        store.config, store.clock = self.config, self.clock
+        if state.read_only:
+            if not os.path.isdir(self.root):
+                raise FileNotFoundError(f"store directory {self.root!r} does not exist")
+        else:
+            os.makedirs(self.root, exist_ok=True)
+            store._lock = StoreLock(self.root)
+            store._lock.acquire()
+        try:
+            self._files()
+            self._recover()
+            self._parts()
+            if not state.read_only:
+                self._start()
+        except BaseException:
+            if store._runtime is not None:
+                store._runtime.abort_start()
+            store._release_files()
+            store._unlock()
+            raise
+        # The hot calls go straight to their service, past the facade's delegation.
+        for name in ("put", "put_batch"):
+            setattr(store, name, getattr(store._appender, name))
+        for name in ("get", "message_at"):
+            setattr(store, name, getattr(store._reader, name))
+        state.closed = False
+
+    def _files(self) -> None:
+        """Commit log, consume queues and the store's recorded settings."""
+        store, config, ro = self.store, self.config, self.state.read_only
+        # Taken (for writing: removed, durably) before any file changes, so a crash from here
+        # on never finds a marker describing files this open went on to change.
+        self.marker, self.marker_problem = clean_marker.take(self.root, remove=not ro)
+        meta, meta_problem = load_meta(self.root)
+        store.hooks = PluginHooks(make_plugin_manager(
+            modules=config.plugins.modules, disable=config.plugins.disable,
+            load_entry_points=config.plugins.load_entry_points))
+        # Sizes the store was written with win over the configured ones, which apply to new
+        # stores; a read-only store with no segment yet learns the size from the first one.
+        store.commit_log = CommitLog(os.path.join(self.root, COMMIT_LOG_DIR),
+                                     None if ro else config.commit_log.segment_bytes,
+                                     read_only=ro, on_warning=log.warning,
+                                     known_bytes=meta.get("commit_log_segment_bytes"))
+        self.notes = notes = store.commit_log.load()
+        if not ro:
+            # A killed store leaves its shared memory behind: its transient pool may hold
+            # acknowledged records its files lack (see NOTE [ Shutdown ]); reclaim both.
+            notes += salvage_pool(self.root, store.commit_log.segments)
+            unlink_segment(store_segment_name(self.root, shm.POSITIONS_SEGMENT))
+        cq_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
+            config.consume_queue.file_units * CQ_UNIT_SIZE)
+        self.queues = load_consume_queues(
+            self.root, cq_bytes, read_only=ro, on_warning=log.warning, notes=notes,
+            known_bytes=meta.get("consume_queue_file_bytes"))
+        self.meta = settle_meta(self.root, meta, meta_problem, commit_log=store.commit_log,
+                                consume_queues=self.queues.values(),
+                                configured_hash=config.store.hash,
+                                configured_cq_bytes=cq_bytes, read_only=ro, notes=notes,
+                                hash_explicit="hash" in config.store.model_fields_set)
+        store.hash_kind = self.meta["hash"]
+        if self.meta.get("record_crc_since") is not None:
+            # What the store's writers recorded, for recovery to hold records to; settled
+            # again (and bounded for a reader) once the log's end is known.
+            store.commit_log.crc_range = (self.meta["record_crc_since"], 1 << 62)
+        store.checkpoint = Checkpoint(self.root, read_only=ro)
+
+    def _recover(self) -> None:
+        store, ro = self.store, self.state.read_only
+        self.abnormal = abort_exists(self.root)
+        known_queues, manifest_problem = read_manifest(self.root)
+        self.manifest = ManifestKeeper(self.root)
+        if manifest_problem:
+            self.notes.append(manifest_problem)
+        queued, queued_problem = read_queued(self.root)
+        if queued_problem:
+            self.notes.append(f"{queued_problem}; ignored")
+        report: RecoveryReport = recover(
+            store.commit_log, list(self.queues.values()), store.checkpoint,
+            abnormal=self.abnormal, check_crc=self.config.commit_log.check_crc_on_recover,
+            read_only=ro, known_queues=known_queues, marker=self._usable_marker(),
+            queued=queued)
+        report.notes[:0] = self.notes
+        store.recovery_report = report
+        if not ro and queued is not None and report.redispatch_from < queued.phys_offset:
+            remove_queued(self.root)  # units rebuilt below it are not on disk yet
+        if not ro:
+            self.meta = settle_record_crc(self.root, self.meta, self.config.commit_log.record_crc,
+                                          store.commit_log.max_offset)
+        since = self.meta.get("record_crc_since")
+        store.commit_log.crc_range = None if since is None else (
+            since, store.commit_log.max_offset if ro else 1 << 62)
+        if not store.commit_log.segments.segments:
+            self.queues.clear()
+        if not ro:
+            # What recovery kept or mended is on disk before anything new is acknowledged.
+            for seg in store.commit_log.segments.segments:
+                if seg.end > report.scan_from:
+                    seg.force()
+            store.checkpoint.confirm_phy_offset = store.commit_log.max_offset
+            store.checkpoint.note_appended(store.commit_log.max_offset)
+
+    def _usable_marker(self) -> dict | None:
+        """The clean-shutdown marker, unless what it cannot know rules it out already."""
+        why = self.marker_problem
+        if self.marker is not None:
+            if self.abnormal:
+                why = "the abort file is there (the last exit was not clean)"
+            elif self.config.index.enabled and not self.marker["index"]["active"]:
+                why = "the key index was not active when the store closed"
+            else:
+                return self.marker
+        if why is not None:
+            self.notes.append(f"clean-shutdown marker {clean_marker.MARKER_FILE} not trusted: "
+                              f"{why}; full recovery")
+        return None
+
+    def _parts(self) -> None:
+        """The view, the dispatchers of this process's role, the reader."""
+        store, config, ro = self.store, self.config, self.state.read_only
+        in_process = not ro and config.dispatch.worker == "thread"
+        store.view = view = DirectoryView(
+            self.root, config, clock=self.clock, hash_kind=store.hash_kind,
+            commit_log=store.commit_log, checkpoint=store.checkpoint,
+            recovery_report=store.recovery_report,
+            cq_file_bytes=self.meta["consume_queue_file_bytes"], consume_queues=self.queues,
+            filters=store.hooks.filters, writes_queues=in_process, manifest=self.manifest)
+        store.consume_queues = view.consume_queues
+        store.subscriptions = view.subscriptions
+        store.string_hash = view.string_hash
+        store.store_host = parse_host(config.store.store_host)
+        self.role = READER if ro else (WRITER if in_process else FOLLOWER)
+        store.dispatchers = Dispatchers(store.hooks.dispatchers, view, self.role)
+        memory = (config.get.physical_memory_bytes if config.get.physical_memory_bytes is not None
+                  else _physical_memory())
+        limits = PullLimits(config.get, memory,
+                            config.store.role == "slave" and not config.get.offset_check_in_slave)
+        store._reader = Reader(self.state, view, limits, store.dispatchers,
+                               self._follow_limit())
+        store._appender = ReadOnlyAppender(self.state)
+        if ro:
+            self.state.running_flags |= NOT_WRITEABLE
+
+    def _follow_limit(self):
+        """How far this process's consume-queue views may advance (None: it writes them)."""
+        store = self.store
+        if self.state.read_only:
+            return store.commit_log.follow_tail
+        return lambda: None  # a follower's limit is the worker's channel, set by _start
+
+    def _start(self) -> None:
+        """Writer, selector, flush policy, the loops; recovery's re-dispatch first."""
+        store, config, hooks = self.store, self.config, self.store.hooks
+        runtime_ref: list = []
+        factory = hooks.writers.get(config.writer.kind)
+        if factory is STAGING_WRITER:
+            factory = TransientPoolWriter
+        writer = factory(WriterContext(
+            self.root, config, store.commit_log,
+            lambda: runtime_ref[0]().wake_committer() if runtime_ref else None))
+        try:
+            flush_factory = hooks.flush_policies.get(config.flush.policy)
+            runtime = store._runtime = Runtime(
+                state=self.state, config=config, view=store.view, dispatchers=store.dispatchers,
+                hooks=hooks, writer=writer, flush_schedule=flush_factory.schedule(config),
+                clock=self.clock, manifest=self.manifest)
+        except BaseException:
+            writer.close()
+            raise
+        runtime_ref.append(weakref.ref(runtime))
+        if self.role == FOLLOWER:
+            store._reader.follow(lambda ch=runtime.channels.dispatch: ch.dispatched)
+        policy = flush_factory(config, runtime.flush_client)
+        runtime.visible_after_flush = bool(policy.visible_after_flush)
+        store._appender = runtime.appender = Appender(
+            state=self.state, commit_log=store.commit_log, writer=writer,
+            selector=hooks.queue_selectors.get(config.queue_select.selector)(
+                config, store.string_hash),
+            flush_policy=policy, hooks=hooks, config=config,
+            put_ctx=encoding.PutContext(store.store_host, config.commit_log.max_message_bytes,
+                                        config.commit_log.auto_v2_on_long_topic,
+                                        store.store_host.is_v6, config.commit_log.record_crc),
+            store_host=store.store_host, clock=self.clock, queue_offsets={},
+            last_append=(store.commit_log.max_offset, store.checkpoint.physic_msg_timestamp),
+            failing=runtime.failing, appended=runtime.appended)
+        report = store.recovery_report
+        commit_log = store.commit_log
+        start = max(min([report.redispatch_from, *store.dispatchers.resume_offsets()]),
+                    commit_log.min_offset)
+        if start < report.scan_from:
+            mend_range(commit_log, start, report.scan_from,
+                       check_crc=config.commit_log.check_crc_on_recover, read_only=False,
+                       report=report)
+        create_abort(self.root)
+        report.redispatch_bytes, report.redispatch_seconds = runtime.start(
+            start, report.abnormal, report.trusted_end)
+        store._appender.queue_offsets.update(self._queue_offsets())
+
+    def _queue_offsets(self) -> dict:
+        """Each queue's next offset, now that dispatch has caught up; queues also stop
+        offering units below the first stored record."""
+        reader, store = self.store._reader, self.store
+        reader.discover_queues()
+        offsets = {}
+        min_phys = store.commit_log.min_offset
+        for key in list(store.consume_queues):
+            cq = reader.queue(*key)
+            cq.correct_min_offset(min_phys)
+            offsets[key] = cq.max_offset
+        return offsets

@@ -1,0 +1,55 @@
+"""Compiled subscription filters (``contracts.Filter``): the match-all filter and the cache
+of compiled expressions."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mqstore.plugin_api.contracts import CapabilityError, check_capabilities
+from mqstore.errors import PluginError
+
+if TYPE_CHECKING:
+    from mqstore.message import StoredMessage
+
+FILTER_CACHE_SIZE = 100
+
+
+class MatchAll:
+    """The filter of a pull without a subscription."""
+
+    def match_units(self, tags_codes: np.ndarray) -> None:
+        return None
+
+    def match_message(self, message: "StoredMessage") -> bool:
+        return True
+
+
+MATCH_ALL = MatchAll()
+
+
+class FilterCache:
+    """The last FILTER_CACHE_SIZE compiled expressions, by (type, expression)."""
+
+    def __init__(self, factories, string_hash) -> None:
+        self.factories = factories  # the filters Registry
+        self.string_hash = string_hash
+        self._cache: OrderedDict = OrderedDict()
+
+    def compile(self, expression: str | None, expression_type: str):
+        key = (expression_type.upper(), expression)
+        flt = self._cache.get(key)
+        if flt is None:
+            flt = self.factories.get(expression_type)(expression, self.string_hash)
+            try:
+                check_capabilities(flt, f"filter {expression_type!r}")
+            except CapabilityError as exc:
+                raise PluginError(str(exc)) from None
+            self._cache[key] = flt
+            if len(self._cache) > FILTER_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return flt
