@@ -18,14 +18,15 @@ import multiprocessing.util  # noqa: F401 - registers its exit handler before ou
 import os
 import warnings
 import weakref
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
+from mqstore.append.appender import Appender
 from mqstore.clock import system_clock
 from mqstore.config import StoreConfig, load_config
-from mqstore.consumer.service import CONSUMER_CALLS, ConsumerService
+from mqstore.consumer.service import ConsumerService
 from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
 from mqstore.lifecycle.opener import Opener
-from mqstore.read.reader import Reader
+from mqstore.message import GetResult, ReadBatch, StoredMessage
 from mqstore.running_flags import (  # noqa: F401 - flags are part of the store's API
     DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,
     WRITE_LOGICS_QUEUE_ERROR, StoreState,
@@ -35,6 +36,21 @@ from mqstore.storage import clean_marker
 from mqstore.storage.checkpoint import remove_abort
 from mqstore.uninterrupted import shield
 from mqstore.runtime.workers import shm
+
+if TYPE_CHECKING:
+    from mqstore.append.appender import ReadOnlyAppender
+    from mqstore.consumer.group import GroupConsumer
+    from mqstore.consumer.peek import GroupPeek
+    from mqstore.consumer.progress import QueueLag
+    from mqstore.dispatch.dispatchers import Dispatchers
+    from mqstore.format.hosts import Host
+    from mqstore.lifecycle.parts import StoreParts
+    from mqstore.plugin_api.manager import PluginHooks
+    from mqstore.plugin_api.recovery_report import RecoveryReport
+    from mqstore.read.reader import Reader
+    from mqstore.storage.checkpoint import Checkpoint
+    from mqstore.storage.commit_log import CommitLog
+    from mqstore.view.directory_view import DirectoryView
 
 log = logging.getLogger("mqstore.store")
 
@@ -58,6 +74,24 @@ atexit.register(_close_open_stores)
 class MessageStore:
     """An open store directory. Create with :meth:`open`; close with :meth:`close` or ``with``."""
 
+    # The parts an open wires together (``lifecycle.parts.StoreParts``), for tools and tests.
+    config: StoreConfig
+    clock: Callable[[], int]
+    hooks: PluginHooks
+    commit_log: CommitLog
+    hash_kind: str
+    checkpoint: Checkpoint
+    recovery_report: RecoveryReport
+    view: DirectoryView
+    store_host: Host
+    dispatchers: Dispatchers
+    _state: StoreState
+    _parts: StoreParts
+    _reader: Reader
+    _appender: Appender | ReadOnlyAppender
+    _runtime: Runtime | None
+    _consumers: ConsumerService
+
     @classmethod
     def open(cls, root: str | os.PathLike, config: StoreConfig | None = None, *,
              read_only: bool = False, clock: Callable[[], int] | None = None) -> "MessageStore":
@@ -65,8 +99,7 @@ class MessageStore:
             raise TypeError(f"config must be a StoreConfig (see load_config), got {type(config).__name__}")
         store = cls.__new__(cls)
         store._state = StoreState(os.path.abspath(os.fspath(root)), read_only)
-        store._runtime = store._lock = None
-        Opener(store, config or load_config(), clock or system_clock).open()
+        store._adopt(Opener(store._state, config or load_config(), clock or system_clock).open())
         store._consumers = ConsumerService(store)
         _open_stores.add(store)
         runtime = store._runtime
@@ -75,6 +108,20 @@ class MessageStore:
         if not read_only:
             shield.install()  # NOTE [ Uninterrupted puts ]
         return store
+
+    def _adopt(self, parts: StoreParts) -> None:
+        # An open that returned set every part but the runtime (none when read-only).
+        assert parts.hooks is not None and parts.commit_log is not None
+        assert parts.checkpoint is not None and parts.recovery_report is not None
+        assert parts.view is not None and parts.store_host is not None
+        assert parts.dispatchers is not None and parts.reader is not None
+        assert parts.appender is not None
+        self._parts = parts
+        self.config, self.clock, self.hooks = parts.config, parts.clock, parts.hooks
+        self.commit_log, self.hash_kind = parts.commit_log, parts.hash_kind
+        self.checkpoint, self.recovery_report = parts.checkpoint, parts.recovery_report
+        self.view, self.store_host, self.dispatchers = parts.view, parts.store_host, parts.dispatchers
+        self._reader, self._appender, self._runtime = parts.reader, parts.appender, parts.runtime
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -143,6 +190,183 @@ class MessageStore:
         if self._runtime is None:
             raise PermissionError(f"store {self.root!r} is open read-only")
         return self._runtime
+
+    # -- reading (``read.reader.Reader``; reads never take the put lock) --------------------
+    def get(self, group: str, topic: str, queue_id: int, offset: int, max_msgs: int = 32, *,
+            expression: str | None = None, expression_type: str = "TAG",
+            max_total_bytes: int | None = None) -> GetResult | None:
+        """Up to ``max_msgs`` messages of a queue from queue ``offset``, with RocketMQ's
+        getMessage status and next offset (spec 10.6); ``expression`` filters by the filter
+        type ``expression_type`` names. None when no such queue exists."""
+        return self._reader.get(group, topic, queue_id, offset, max_msgs, expression=expression,
+                                expression_type=expression_type,
+                                max_total_bytes=max_total_bytes)
+
+    def read(self, topic: str, queue_id: int, offset: int, max_msgs: int = 1024, *,
+             expression: str | None = None, expression_type: str = "TAG",
+             group: str | None = None, max_total_bytes: int | None = None,
+             verify: bool = True) -> ReadBatch | None:
+        """Like ``get``, as columns (``ReadBatch``): no per-message objects until asked for."""
+        return self._reader.read(topic, queue_id, offset, max_msgs, expression=expression,
+                                 expression_type=expression_type, group=group,
+                                 max_total_bytes=max_total_bytes, verify=verify)
+
+    def message_at(self, phys_offset: int) -> StoredMessage | None:
+        """The checked message starting at commit-log offset ``phys_offset`` (None when none
+        starts there; ``CorruptRecordError`` when one does but is damaged)."""
+        return self._reader.message_at(phys_offset)
+
+    def message_by_id(self, msg_id: str) -> StoredMessage | None:
+        """The message of an offset message id (RocketMQ's ``viewMessage``)."""
+        return self._reader.message_by_id(msg_id)
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int,
+                       boundary: str = "lower") -> int:
+        """The queue offset of the first (``"lower"``) or last (``"upper"``) message stored at
+        ``timestamp_ms`` or, with none there, the nearest one (spec 10.7)."""
+        return self._reader.offset_by_time(topic, queue_id, timestamp_ms, boundary)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The first queue offset still stored."""
+        return self._reader.min_offset(topic, queue_id)
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """One past the last queue offset dispatched."""
+        return self._reader.max_offset(topic, queue_id)
+
+    def earliest_message_time(self, topic: str, queue_id: int) -> int:
+        """The store time of the queue's first stored message (-1 when it has none)."""
+        return self._reader.earliest_message_time(topic, queue_id)
+
+    def topics(self) -> list[str]:
+        """Every topic with a consume queue."""
+        return self._reader.topics()
+
+    def queue_ids(self, topic: str) -> list[int]:
+        """The queue ids of ``topic``, ascending."""
+        return self._reader.queue_ids(topic)
+
+    def query_by_key(self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0,
+                     end_ms: int | None = None) -> list[StoredMessage]:
+        """Messages of ``topic`` carrying ``key`` (KEYS or UNIQ_KEY), newest first, stored in
+        ``[begin_ms, end_ms]``, through the key index."""
+        return self._reader.query_by_key(topic, key, max_num, begin_ms, end_ms)
+
+    def query_by_unique_key(self, topic: str, uniq_key: str) -> StoredMessage | None:
+        """The message whose UNIQ_KEY (client message id) is ``uniq_key``."""
+        return self._reader.query_by_unique_key(topic, uniq_key)
+
+    def register_subscription(self, group: str, topic: str, expression: str,
+                              expression_type: str = "SQL92") -> None:
+        """Register a subscription whose filter type precomputes (SQL92's): dispatch then
+        keeps its answers as bloom bitmaps, so filtered pulls skip non-matching messages."""
+        self._reader.register_subscription(group, topic, expression, expression_type)
+
+    def unregister_subscription(self, group: str, topic: str) -> bool:
+        return self._reader.unregister_subscription(group, topic)
+
+    @property
+    def min_phys_offset(self) -> int:
+        """First stored commit-log byte."""
+        return self._reader.min_phys_offset
+
+    @property
+    def max_phys_offset(self) -> int:
+        """End of the readable commit log."""
+        return self._reader.max_phys_offset
+
+    @property
+    def consume_queues(self) -> dict:
+        return self.view.consume_queues
+
+    @property
+    def subscriptions(self):
+        return self.view.subscriptions
+
+    @property
+    def string_hash(self) -> Callable[[str], int]:
+        return self.view.string_hash
+
+    # -- consuming (``consumer.service.ConsumerService``; docs/consumers.md) ------------------
+    def consumer(self, group: str, topic: str, expression: str | None = None,
+                 expression_type: str = "TAG", *, consume_from: str = "last",
+                 consume_timestamp: int | None = None, auto_commit: bool | None = None,
+                 allocation: str | None = None) -> GroupConsumer:
+        """An instance of consumer group ``group`` reading ``topic``: ``poll``, ``commit``,
+        ``lag``, ``close`` (or ``with``). Instances of a group, in this process or others,
+        split the topic's queues. ``consume_from`` (``"first"``, ``"last"``,
+        ``"timestamp"`` with ``consume_timestamp`` in epoch ms) says where a group with no
+        committed offset starts."""
+        self._check_open()
+        return self._consumers.consumer(group, topic, expression, expression_type,
+                                        consume_from=consume_from,
+                                        consume_timestamp=consume_timestamp,
+                                        auto_commit=auto_commit, allocation=allocation)
+
+    def peek(self, group: str, topic: str, expression: str | None = None,
+             expression_type: str = "TAG", *, consume_from: str = "last",
+             consume_timestamp: int | None = None) -> GroupPeek:
+        """The messages ``group`` would get next from ``topic``, read without joining it:
+        ``poll`` from the group's committed offsets (``consume_from`` as for ``consumer``
+        where it has none), writing nothing (no membership, no offsets); ``close`` (or
+        ``with``)."""
+        self._check_open()
+        return self._consumers.peek(group, topic, expression, expression_type,
+                                    consume_from=consume_from,
+                                    consume_timestamp=consume_timestamp)
+
+    def consumer_lag(self, group: str, topic: str) -> list[QueueLag]:
+        """``QueueLag`` of ``group`` in every queue of ``topic``: max offset - committed
+        offset, and the store-clock age of the oldest message it has not consumed."""
+        self._check_open()
+        return self._consumers.consumer_lag(group, topic)
+
+    def consumer_groups(self) -> dict[tuple[str, str], dict[int, int]]:
+        """``{(topic, group): {queue_id: consumed offset}}`` of every group that committed
+        (``config/consumerOffset.json``) or popped."""
+        self._check_open()
+        return self._consumers.consumer_groups()
+
+    def consumed_floor(self) -> tuple[int, str | None]:
+        """The lowest commit-log offset holding a message some consumer group (committed or
+        popping) has not consumed, and which group, queue and offset that is; ``(-1, None)``
+        when every group has consumed everything stored. ``CorruptStateError`` when a group's
+        state file cannot be read (its progress is unknown)."""
+        self._check_open()
+        return self._consumers.consumed_floor()
+
+    def delete_consumer_group(self, group: str, topic: str | None = None
+                              ) -> list[tuple[str, str]]:
+        """Forget ``group``'s committed offsets and pop state (of ``topic``, or all): it no
+        longer holds back ``cleanup.policy: keep_unconsumed``. Its membership files
+        (``consumer/groups/<group>/``) go too, unless a live instance holds them. Returns the
+        ``(topic, group)`` pairs whose offsets or pop state were forgotten."""
+        self._check_open()
+        return self._consumers.delete_consumer_group(group, topic)
+
+    def pop(self, group: str, topic: str, max_msgs: int = 32, invisible_ms: int = 30000, *,
+            expression: str | None = None, expression_type: str = "TAG",
+            wait_ms: int | float = 0, consume_from: str = "last") -> list:
+        """RocketMQ 5's pop (SimpleConsumer.receive): up to ``max_msgs`` messages of
+        ``topic``, from all its queues, each invisible to other pops for ``invisible_ms`` and
+        carrying a ``receipt_handle`` for ``ack``; unacked ones come back with
+        ``delivery_attempt`` + 1. Waits up to ``wait_ms`` for messages to arrive."""
+        self._check_open()
+        return self._consumers.pop(group, topic, max_msgs, invisible_ms, expression=expression,
+                                   expression_type=expression_type, wait_ms=wait_ms,
+                                   consume_from=consume_from)
+
+    def ack(self, receipt_handle: str) -> None:
+        """Acknowledge a popped message; a stale or unknown handle raises
+        ``ReceiptHandleError`` and changes nothing."""
+        self._check_open()
+        self._consumers.ack(receipt_handle)
+
+    def change_invisible_duration(self, receipt_handle: str, invisible_ms: int) -> str:
+        """Make a popped message invisible for ``invisible_ms`` from now; returns its new
+        receipt handle (the old one goes stale)."""
+        self._check_open()
+        return self._consumers.change_invisible_duration(receipt_handle, invisible_ms)
 
     # -- dispatch --------------------------------------------------------------------------
     def wait_dispatched(self, timeout: float = 5.0) -> None:
@@ -230,15 +454,17 @@ class MessageStore:
         runtime = self._runtime
         try:
             if runtime is not None:
-                with self._appender.lock:
+                appender = self._appender
+                assert isinstance(appender, Appender)  # a writable store's
+                with appender.lock:
                     pass  # let an in-flight append finish
-                last_end = self._appender.last_append[0]
+                last_end = appender.last_append[0]
                 caught_up = runtime.stop(last_end)
                 clean = caught_up and not state.running_flags & (UNWRITABLE & ~DISK_FULL)
                 if clean:
                     ends = self._ends()
         finally:
-            self._release_files()
+            self._parts.release_files()
             if clean:
                 # Before ``abort`` goes: a crash between the two leaves both, and a marker
                 # beside ``abort`` is never trusted. Written once every file is closed.
@@ -249,14 +475,14 @@ class MessageStore:
                 remove_abort(self.root)
             if runtime is not None:
                 shield.uninstall()
-            self._unlock()
+            self._parts.unlock()
 
     def _ends(self) -> tuple[int, int, bool] | None:
         """What the clean-shutdown marker records from this process (the rest is read from
         the files once closed): the commit-log end, the segment size and whether a key
         index was built; None when bytes are still staged past the readable end."""
         segq = self.commit_log.segments
-        if segq.max_offset != segq.write_end:
+        if segq.max_offset != segq.write_end or segq.segment_bytes is None:
             return None
         return segq.max_offset, segq.segment_bytes, self.dispatchers.key_lookup() is not None
 
@@ -267,27 +493,8 @@ class MessageStore:
         if self._runtime is not None:
             self._runtime.kill()
             shield.uninstall()
-        self._release_files()
-        self._unlock()
-
-    def _unlock(self) -> None:
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-
-    def _release_files(self) -> None:
-        runtime = self._runtime
-        if getattr(self, "dispatchers", None) is not None:
-            self.dispatchers.close()
-        if getattr(self, "view", None) is not None:
-            self.view.close()
-        if runtime is not None:
-            runtime.close_writer(getattr(self._appender, "last_append", (0, 0))[0])
-            runtime.close_channels()
-        for part in ("checkpoint", "commit_log"):
-            obj = getattr(self, part, None)
-            if obj is not None:
-                obj.close()
+        self._parts.release_files()
+        self._parts.unlock()
 
     def __del__(self) -> None:
         # A store its program dropped without closing is closed as a file would be: its
@@ -311,40 +518,6 @@ class MessageStore:
     def __repr__(self) -> str:
         state = "closed" if self._state.closed else ("read-only" if self.read_only else "open")
         return f"MessageStore({self.root!r}, {state})"
-
-
-_READS = ("get", "read", "message_at", "message_by_id", "offset_by_time", "min_offset",
-          "max_offset", "earliest_message_time", "topics", "queue_ids", "query_by_key",
-          "query_by_unique_key", "register_subscription", "unregister_subscription")
-
-
-def _delegate(name: str):
-    def call(self, *args, **kwargs):
-        return getattr(self._reader, name)(*args, **kwargs)
-    call.__name__ = name
-    call.__doc__ = getattr(Reader, name).__doc__
-    return call
-
-
-for _name in _READS:
-    setattr(MessageStore, _name, _delegate(_name))
-
-
-def _consumer_call(name: str):
-    def call(self, *args, **kwargs):
-        self._check_open()
-        return getattr(self._consumers, name)(*args, **kwargs)
-    call.__name__ = name
-    call.__doc__ = getattr(ConsumerService, name).__doc__
-    return call
-
-
-for _name in CONSUMER_CALLS:  # consumer, pop, ack, ... (docs/consumers.md)
-    setattr(MessageStore, _name, _consumer_call(_name))
-MessageStore.min_phys_offset = property(lambda self: self._reader.min_phys_offset,
-                                        doc="First stored commit-log byte.")
-MessageStore.max_phys_offset = property(lambda self: self._reader.max_phys_offset,
-                                        doc="End of the readable commit log.")
 
 
 __all__ = ["MessageStore"]

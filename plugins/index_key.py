@@ -89,6 +89,7 @@ class KeyIndex:
                                         f"progress; re-indexed from {progress.indexed_until}")
                     os.unlink(path)
                 continue
+            problem: str | None
             try:
                 f = self._open_file(path)
             except (ValueError, OSError) as exc:

@@ -247,13 +247,13 @@ def _ordering(left: _Node, right: _Node, op: str) -> _Node:
     if left.kind == PROP and right.kind == CONST and type(right.value) is not float:
         c, conv = right.value, _FROM_STRING[type(right.value)]
 
-        def fn(p):
+        def against_const(p):
             v = lf(p)
             if v is None:
                 return None
             x = conv(v)
             return truth[(x > c) - (x < c) + 1]
-        return _Node(BOOL, fn, left, op, below=max(left.depth, right.depth))
+        return _Node(BOOL, against_const, left, op, below=max(left.depth, right.depth))
 
     def fn(p):
         lv = lf(p)
@@ -455,7 +455,9 @@ def compile_uncached(expression: str) -> Sql92Expression:
                                 expression)
     _check_length(expression)
     try:
-        return Sql92Expression(expression, _PARSER.parse(expression).fn)
+        # The parser runs _Compiler as it parses: the tree it returns is the compiled root node.
+        compiled: _Node = _PARSER.parse(expression)  # type: ignore[assignment]
+        return Sql92Expression(expression, compiled.fn)
     except UnexpectedInput as exc:
         raise _syntax_error(expression, exc) from None
     except FilterSyntaxError as exc:

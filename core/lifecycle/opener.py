@@ -21,7 +21,8 @@ from mqstore.append.pool_writer import TransientPoolWriter, salvage_pool
 from mqstore.read.pull import PullLimits
 from mqstore.read.reader import Reader
 from mqstore.lifecycle.recovery import RecoveryReport, mend_range, recover
-from mqstore.running_flags import NOT_WRITEABLE
+from mqstore.config import StoreConfig
+from mqstore.running_flags import NOT_WRITEABLE, StoreState
 from mqstore.runtime.loops import Runtime
 from mqstore.storage import clean_marker
 from mqstore.storage.checkpoint import Checkpoint, StoreLock, abort_exists, create_abort
@@ -30,6 +31,7 @@ from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper, read_manifest
 from mqstore.storage.queue_progress import read_queued, remove_queued
 from mqstore.storage.shared_segment import store_segment_name, unlink_segment
+from mqstore.lifecycle.parts import StoreParts
 from mqstore.lifecycle.store_meta import load_meta, settle_meta, settle_record_crc
 from mqstore.view.directory_view import DirectoryView
 from mqstore.runtime.workers import shm
@@ -48,27 +50,27 @@ def _physical_memory() -> int:
 
 
 class Opener:
-    """Opens a store directory: files, recovery, the parts, the loops. A failed open leaves
-    the directory as it found it: no threads, no workers, no lock."""
+    """Opens a store directory: files, recovery, the parts, the loops; returns the parts
+    (``StoreParts``). A failed open leaves the directory as it found it: no threads, no
+    workers, no lock."""
 
-    def __init__(self, store, config, clock) -> None:
-        """``store``: the ``MessageStore`` being opened (its parts are set on it)."""
-        self.store = store
-        self.state = store._state
-        self.root = store._state.root
+    def __init__(self, state: StoreState, config: StoreConfig, clock) -> None:
+        """``state``: the open/closed state and flags the store's parts share."""
+        self.state = state
+        self.root = state.root
         self.config = config
         self.clock = clock
+        self.parts = StoreParts(config, clock)
 
-    def open(self) -> None:
-        store, state = self.store, self.state
-        store.config, store.clock = self.config, self.clock
+    def open(self) -> StoreParts:
+        parts, state = self.parts, self.state
         if state.read_only:
             if not os.path.isdir(self.root):
                 raise FileNotFoundError(f"store directory {self.root!r} does not exist")
         else:
             os.makedirs(self.root, exist_ok=True)
-            store._lock = StoreLock(self.root)
-            store._lock.acquire()
+            parts.lock = StoreLock(self.root)
+            parts.lock.acquire()
         try:
             self._files()
             self._recover()
@@ -76,59 +78,55 @@ class Opener:
             if not state.read_only:
                 self._start()
         except BaseException:
-            if store._runtime is not None:
-                store._runtime.abort_start()
-            store._release_files()
-            store._unlock()
+            if parts.runtime is not None:
+                parts.runtime.abort_start()
+            parts.release_files()
+            parts.unlock()
             raise
-        # The hot calls go straight to their service, past the facade's delegation.
-        for name in ("put", "put_batch"):
-            setattr(store, name, getattr(store._appender, name))
-        for name in ("get", "message_at"):
-            setattr(store, name, getattr(store._reader, name))
         state.closed = False
+        return parts
 
     def _files(self) -> None:
         """Commit log, consume queues and the store's recorded settings."""
-        store, config, ro = self.store, self.config, self.state.read_only
+        parts, config, ro = self.parts, self.config, self.state.read_only
         # Taken (for writing: removed, durably) before any file changes, so a crash from here
         # on never finds a marker describing files this open went on to change.
         self.marker, self.marker_problem = clean_marker.take(self.root, remove=not ro)
         meta, meta_problem = load_meta(self.root)
-        store.hooks = PluginHooks(make_plugin_manager(
+        parts.hooks = PluginHooks(make_plugin_manager(
             modules=config.plugins.modules, disable=config.plugins.disable,
             load_entry_points=config.plugins.load_entry_points))
         # Sizes the store was written with win over the configured ones, which apply to new
         # stores; a read-only store with no segment yet learns the size from the first one.
-        store.commit_log = CommitLog(os.path.join(self.root, COMMIT_LOG_DIR),
+        parts.commit_log = CommitLog(os.path.join(self.root, COMMIT_LOG_DIR),
                                      None if ro else config.commit_log.segment_bytes,
                                      read_only=ro, on_warning=log.warning,
                                      known_bytes=meta.get("commit_log_segment_bytes"))
-        self.notes = notes = store.commit_log.load()
+        self.notes = notes = parts.commit_log.load()
         if not ro:
             # A killed store leaves its shared memory behind: its transient pool may hold
             # acknowledged records its files lack (see NOTE [ Shutdown ]); reclaim both.
-            notes += salvage_pool(self.root, store.commit_log.segments)
+            notes += salvage_pool(self.root, parts.commit_log.segments)
             unlink_segment(store_segment_name(self.root, shm.POSITIONS_SEGMENT))
         cq_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
             config.consume_queue.file_units * CQ_UNIT_SIZE)
         self.queues = load_consume_queues(
             self.root, cq_bytes, read_only=ro, on_warning=log.warning, notes=notes,
             known_bytes=meta.get("consume_queue_file_bytes"))
-        self.meta = settle_meta(self.root, meta, meta_problem, commit_log=store.commit_log,
+        self.meta = settle_meta(self.root, meta, meta_problem, commit_log=parts.commit_log,
                                 consume_queues=self.queues.values(),
                                 configured_hash=config.store.hash,
                                 configured_cq_bytes=cq_bytes, read_only=ro, notes=notes,
                                 hash_explicit="hash" in config.store.model_fields_set)
-        store.hash_kind = self.meta["hash"]
+        parts.hash_kind = self.meta["hash"]
         if self.meta.get("record_crc_since") is not None:
             # What the store's writers recorded, for recovery to hold records to; settled
             # again (and bounded for a reader) once the log's end is known.
-            store.commit_log.crc_range = (self.meta["record_crc_since"], 1 << 62)
-        store.checkpoint = Checkpoint(self.root, read_only=ro)
+            parts.commit_log.crc_range = (self.meta["record_crc_since"], 1 << 62)
+        parts.checkpoint = Checkpoint(self.root, read_only=ro)
 
     def _recover(self) -> None:
-        store, ro = self.store, self.state.read_only
+        parts, ro = self.parts, self.state.read_only
         self.abnormal = abort_exists(self.root)
         known_queues, manifest_problem = read_manifest(self.root)
         self.manifest = ManifestKeeper(self.root)
@@ -138,29 +136,29 @@ class Opener:
         if queued_problem:
             self.notes.append(f"{queued_problem}; ignored")
         report: RecoveryReport = recover(
-            store.commit_log, list(self.queues.values()), store.checkpoint,
+            parts.commit_log, list(self.queues.values()), parts.checkpoint,
             abnormal=self.abnormal, check_crc=self.config.commit_log.check_crc_on_recover,
             read_only=ro, known_queues=known_queues, marker=self._usable_marker(),
             queued=queued)
         report.notes[:0] = self.notes
-        store.recovery_report = report
+        parts.recovery_report = report
         if not ro and queued is not None and report.redispatch_from < queued.phys_offset:
             remove_queued(self.root)  # units rebuilt below it are not on disk yet
         if not ro:
             self.meta = settle_record_crc(self.root, self.meta, self.config.commit_log.record_crc,
-                                          store.commit_log.max_offset)
+                                          parts.commit_log.max_offset)
         since = self.meta.get("record_crc_since")
-        store.commit_log.crc_range = None if since is None else (
-            since, store.commit_log.max_offset if ro else 1 << 62)
-        if not store.commit_log.segments.segments:
+        parts.commit_log.crc_range = None if since is None else (
+            since, parts.commit_log.max_offset if ro else 1 << 62)
+        if not parts.commit_log.segments.segments:
             self.queues.clear()
         if not ro:
             # What recovery kept or mended is on disk before anything new is acknowledged.
-            for seg in store.commit_log.segments.segments:
+            for seg in parts.commit_log.segments.segments:
                 if seg.end > report.scan_from:
                     seg.force()
-            store.checkpoint.confirm_phy_offset = store.commit_log.max_offset
-            store.checkpoint.note_appended(store.commit_log.max_offset)
+            parts.checkpoint.confirm_phy_offset = parts.commit_log.max_offset
+            parts.checkpoint.note_appended(parts.commit_log.max_offset)
 
     def _usable_marker(self) -> dict | None:
         """The clean-shutdown marker, unless what it cannot know rules it out already."""
@@ -179,51 +177,48 @@ class Opener:
 
     def _parts(self) -> None:
         """The view, the dispatchers of this process's role, the reader."""
-        store, config, ro = self.store, self.config, self.state.read_only
+        parts, config, ro = self.parts, self.config, self.state.read_only
         in_process = not ro and config.dispatch.worker == "thread"
-        store.view = view = DirectoryView(
-            self.root, config, clock=self.clock, hash_kind=store.hash_kind,
-            commit_log=store.commit_log, checkpoint=store.checkpoint,
-            recovery_report=store.recovery_report,
+        parts.view = view = DirectoryView(
+            self.root, config, clock=self.clock, hash_kind=parts.hash_kind,
+            commit_log=parts.commit_log, checkpoint=parts.checkpoint,
+            recovery_report=parts.recovery_report,
             cq_file_bytes=self.meta["consume_queue_file_bytes"], consume_queues=self.queues,
-            filters=store.hooks.filters, writes_queues=in_process, manifest=self.manifest)
-        store.consume_queues = view.consume_queues
-        store.subscriptions = view.subscriptions
-        store.string_hash = view.string_hash
-        store.store_host = parse_host(config.store.store_host)
+            filters=parts.hooks.filters, writes_queues=in_process, manifest=self.manifest)
+        parts.store_host = parse_host(config.store.store_host)
         self.role = READER if ro else (WRITER if in_process else FOLLOWER)
-        store.dispatchers = Dispatchers(store.hooks.dispatchers, view, self.role)
+        parts.dispatchers = Dispatchers(parts.hooks.dispatchers, view, self.role)
         memory = (config.get.physical_memory_bytes if config.get.physical_memory_bytes is not None
                   else _physical_memory())
         limits = PullLimits(config.get, memory,
                             config.store.role == "slave" and not config.get.offset_check_in_slave)
-        store._reader = Reader(self.state, view, limits, store.dispatchers,
+        parts.reader = Reader(self.state, view, limits, parts.dispatchers,
                                self._follow_limit())
-        store._appender = ReadOnlyAppender(self.state)
+        parts.appender = ReadOnlyAppender(self.state)
         if ro:
             self.state.running_flags |= NOT_WRITEABLE
 
     def _follow_limit(self):
         """How far this process's consume-queue views may advance (None: it writes them)."""
-        store = self.store
+        parts = self.parts
         if self.state.read_only:
-            return store.commit_log.follow_tail
+            return parts.commit_log.follow_tail
         return lambda: None  # a follower's limit is the worker's channel, set by _start
 
     def _start(self) -> None:
         """Writer, selector, flush policy, the loops; recovery's re-dispatch first."""
-        store, config, hooks = self.store, self.config, self.store.hooks
+        parts, config, hooks = self.parts, self.config, self.parts.hooks
         runtime_ref: list = []
         factory = hooks.writers.get(config.writer.kind)
         if factory is STAGING_WRITER:
             factory = TransientPoolWriter
         writer = factory(WriterContext(
-            self.root, config, store.commit_log,
+            self.root, config, parts.commit_log,
             lambda: runtime_ref[0]().wake_committer() if runtime_ref else None))
         try:
             flush_factory = hooks.flush_policies.get(config.flush.policy)
-            runtime = store._runtime = Runtime(
-                state=self.state, config=config, view=store.view, dispatchers=store.dispatchers,
+            runtime = parts.runtime = Runtime(
+                state=self.state, config=config, view=parts.view, dispatchers=parts.dispatchers,
                 hooks=hooks, writer=writer, flush_schedule=flush_factory.schedule(config),
                 clock=self.clock, manifest=self.manifest)
         except BaseException:
@@ -231,23 +226,23 @@ class Opener:
             raise
         runtime_ref.append(weakref.ref(runtime))
         if self.role == FOLLOWER:
-            store._reader.follow(lambda ch=runtime.channels.dispatch: ch.dispatched)
+            parts.reader.follow(lambda ch=runtime.channels.dispatch: ch.dispatched)
         policy = flush_factory(config, runtime.flush_client)
         runtime.visible_after_flush = bool(policy.visible_after_flush)
-        store._appender = runtime.appender = Appender(
-            state=self.state, commit_log=store.commit_log, writer=writer,
+        parts.appender = runtime.appender = Appender(
+            state=self.state, commit_log=parts.commit_log, writer=writer,
             selector=hooks.queue_selectors.get(config.queue_select.selector)(
-                config, store.string_hash),
+                config, parts.view.string_hash),
             flush_policy=policy, hooks=hooks, config=config,
-            put_ctx=encoding.PutContext(store.store_host, config.commit_log.max_message_bytes,
+            put_ctx=encoding.PutContext(parts.store_host, config.commit_log.max_message_bytes,
                                         config.commit_log.auto_v2_on_long_topic,
-                                        store.store_host.is_v6, config.commit_log.record_crc),
-            store_host=store.store_host, clock=self.clock, queue_offsets={},
-            last_append=(store.commit_log.max_offset, store.checkpoint.physic_msg_timestamp),
+                                        parts.store_host.is_v6, config.commit_log.record_crc),
+            store_host=parts.store_host, clock=self.clock, queue_offsets={},
+            last_append=(parts.commit_log.max_offset, parts.checkpoint.physic_msg_timestamp),
             failing=runtime.failing, appended=runtime.appended)
-        report = store.recovery_report
-        commit_log = store.commit_log
-        start = max(min([report.redispatch_from, *store.dispatchers.resume_offsets()]),
+        report = parts.recovery_report
+        commit_log = parts.commit_log
+        start = max(min([report.redispatch_from, *parts.dispatchers.resume_offsets()]),
                     commit_log.min_offset)
         if start < report.scan_from:
             mend_range(commit_log, start, report.scan_from,
@@ -256,16 +251,16 @@ class Opener:
         create_abort(self.root)
         report.redispatch_bytes, report.redispatch_seconds = runtime.start(
             start, report.abnormal, report.trusted_end)
-        store._appender.queue_offsets.update(self._queue_offsets())
+        parts.appender.queue_offsets.update(self._queue_offsets())
 
     def _queue_offsets(self) -> dict:
         """Each queue's next offset, now that dispatch has caught up; queues also stop
         offering units below the first stored record."""
-        reader, store = self.store._reader, self.store
+        reader, parts = self.parts.reader, self.parts
         reader.discover_queues()
         offsets = {}
-        min_phys = store.commit_log.min_offset
-        for key in list(store.consume_queues):
+        min_phys = parts.commit_log.min_offset
+        for key in list(parts.view.consume_queues):
             cq = reader.queue(*key)
             cq.correct_min_offset(min_phys)
             offsets[key] = cq.max_offset

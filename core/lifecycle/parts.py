@@ -1,0 +1,64 @@
+"""The parts of one open store, as the opener builds them and the facade holds them.
+
+Every field is set by ``lifecycle.opener.Opener`` in the order an open runs (files, recovery,
+view and readers, then the writer and loops of a writable store) and released by ``release``
+in the reverse order; a failed open releases what it built so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from mqstore.append.appender import Appender, ReadOnlyAppender
+    from mqstore.config import StoreConfig
+    from mqstore.dispatch.dispatchers import Dispatchers
+    from mqstore.format.hosts import Host
+    from mqstore.plugin_api.manager import PluginHooks
+    from mqstore.plugin_api.recovery_report import RecoveryReport
+    from mqstore.read.reader import Reader
+    from mqstore.runtime.loops import Runtime
+    from mqstore.storage.checkpoint import Checkpoint, StoreLock
+    from mqstore.storage.commit_log import CommitLog
+    from mqstore.view.directory_view import DirectoryView
+
+
+@dataclass(eq=False)
+class StoreParts:
+    config: "StoreConfig"
+    clock: Callable[[], int]
+    lock: "StoreLock | None" = None
+    hooks: "PluginHooks | None" = None
+    commit_log: "CommitLog | None" = None
+    hash_kind: str = "java"
+    checkpoint: "Checkpoint | None" = None
+    recovery_report: "RecoveryReport | None" = None
+    view: "DirectoryView | None" = None
+    store_host: "Host | None" = None
+    dispatchers: "Dispatchers | None" = None
+    reader: "Reader | None" = None
+    appender: "Appender | ReadOnlyAppender | None" = None
+    runtime: "Runtime | None" = None
+
+    def last_append_end(self) -> int:
+        last = getattr(self.appender, "last_append", None)
+        return last[0] if last is not None else 0
+
+    def release_files(self) -> None:
+        """Close what maps or holds files, loops stopped first by the caller."""
+        if self.dispatchers is not None:
+            self.dispatchers.close()
+        if self.view is not None:
+            self.view.close()
+        if self.runtime is not None:
+            self.runtime.close_writer(self.last_append_end())
+            self.runtime.close_channels()
+        for part in (self.checkpoint, self.commit_log):
+            if part is not None:
+                part.close()
+
+    def unlock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
