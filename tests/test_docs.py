@@ -67,7 +67,7 @@ def test_every_hook_section_says_which_process_runs_it():
 
 def test_plugin_hooks_doc_shows_a_packaged_plugin():
     text = PLUGIN_HOOKS.read_text()
-    assert any("@hookimpl" in block and "from mqstore import hookimpl" in block
+    assert any("@hookimpl" in block and "from mqstore.plugin_api import hookimpl" in block
                for block in code_blocks(text, "python"))
     (toml,) = code_blocks(text, "toml")
     assert "[project.entry-points.mqstore]" in toml
@@ -131,3 +131,46 @@ def test_file_formats_doc_covers_every_file():
                   "mqstore.json"):
         assert title in sections, title
         assert re.search(r"^\+-+", sections[title], re.M), f"{title}: no box diagram"
+
+
+ARCHITECTURE = DOCS / "architecture.md"
+ROOT = DOCS.parent
+
+
+def _modules() -> list[str]:
+    """Every module of the package, as docs/architecture.md names it (``read.pull``,
+    ``plugins.index_key``; a package by its own name)."""
+    names = []
+    for base, prefix in ((ROOT / "core", ""), (ROOT / "plugins", "plugins.")):
+        for path in sorted(base.rglob("*.py")):
+            rel = path.relative_to(base).with_suffix("")
+            parts = list(rel.parts)
+            if "packaging" in parts or parts[-1] == "__main__":
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            name = prefix + ".".join(parts)
+            if name and name != "plugins.":
+                names.append(name.rstrip("."))
+    return names
+
+
+def test_architecture_doc_names_every_module():
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    named = set(re.findall(r"`([a-z_][a-z0-9_.]*)`", text))
+    named |= {m.strip("/").replace("/", ".") for m in re.findall(r"`([a-z_][a-z_/]*/)`", text)}
+    missing = [m for m in _modules() if m not in named and f"mqstore.{m}" not in named
+               and m.split(".")[-1] not in ("__init__",)]
+    assert not missing, f"docs/architecture.md does not name: {missing}"
+
+
+def test_architecture_doc_names_only_modules_that_exist():
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    known = set(_modules())
+    layers = ("format", "storage", "plugin_api", "view", "append", "read", "dispatch", "runtime",
+              "lifecycle", "consumer", "ops", "cli", "spark", "testing", "plugins")
+    named = {m for m in re.findall(r"`([a-z_]+(?:\.[a-z_0-9]+)+)`", text)
+             if m.split(".")[0] in layers}
+    stale = sorted(m for m in named if m not in known and not any(
+        m.startswith(k + ".") for k in known))  # attributes: module.Class.method
+    assert not stale, f"docs/architecture.md names modules that do not exist: {stale}"

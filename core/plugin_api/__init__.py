@@ -11,6 +11,7 @@ too. The rest of mqstore is internal to plugins: an import contract keeps the bu
 this surface (``pyproject.toml``, "plugins use only the plugin API").
 """
 
+from mqstore.config import StoreConfig
 from mqstore.errors import CorruptStateError, MQStoreError, PluginError, StoreClosedError
 from mqstore.hashing import java_remainder
 from mqstore.plugin_api.batch import DispatchBatch
@@ -51,7 +52,7 @@ __all__ = [
     "StoreReadingCleanupPolicy", "StoreReads", "DiskUsage", "watermark_passed", "parse_hours",
     "AllocationStrategy", "AllocationStrategyFactory",
     # values plugins meet
-    "Message", "MessageBatch", "StoredMessage", "PutStatus", "SYSFLAG_TX_MASK", "TX_NOT",
+    "StoreConfig", "Message", "MessageBatch", "StoredMessage", "PutStatus", "SYSFLAG_TX_MASK", "TX_NOT",
     "TX_PREPARED", "TX_COMMIT", "TX_ROLLBACK", "Clock", "StringHash",
     # errors
     "MQStoreError", "PluginError", "StoreClosedError", "CorruptStateError",

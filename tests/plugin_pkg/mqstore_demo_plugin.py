@@ -45,16 +45,13 @@ import os
 import re
 from typing import TYPE_CHECKING
 
-from mqstore import PutStatus, hookimpl
-from mqstore.plugin_api.contracts import (
-    RESUMES, WRITER, CleanupDecision, Dispatcher, FlushSchedule, Role, StoreView, StringHash,
-    Writer, WriterContext,
+from mqstore.plugin_api import (
+    RESUMES, WRITER, CleanupDecision, Dispatcher, FlushSchedule, PutStatus, Role, StoreView,
+    StringHash, WritableSegment, Writer, WriterContext, hookimpl,
 )
 
 if TYPE_CHECKING:
-    from mqstore.config import StoreConfig
-    from mqstore.plugin_api.contracts import Flusher
-    from mqstore.storage.mapped_file import MappedFile
+    from mqstore.plugin_api import Flusher, StoreConfig
 
 log = logging.getLogger("mqstore_demo_plugin")
 
@@ -78,7 +75,7 @@ class CountingWriter(Writer):
     def __init__(self, ctx: WriterContext) -> None:
         pass
 
-    def write(self, segment: "MappedFile", data: bytes | memoryview) -> int:
+    def write(self, segment: WritableSegment, data: bytes | memoryview) -> int:
         WRITTEN["writes"] += 1  # under the put lock: no other put runs meanwhile
         WRITTEN["bytes"] += len(data)
         return segment.write(data)
