@@ -5,7 +5,6 @@ restart and a SIGKILL, and long polling."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,9 +15,31 @@ import pytest
 
 from mqstore import Message, MessageStore
 from mqstore.consumer import PoppedMessage, ReceiptHandleError, StaleReceiptHandleError
-from mqstore.consumer.pop_state import pop_state_path
+from mqstore.consumer.pop_journal import PopJournal
+from mqstore.consumer.pop_state import POP_DIR, pop_state_path
 
 TOPIC = "T"
+
+
+def state_of(store, group: str) -> dict:
+    """The group's pop state as other processes see it (checkpoint plus journal)."""
+    journal = PopJournal(store.root, TOPIC, group)
+    try:
+        state = journal.snapshot()
+    finally:
+        journal.close()
+    return {str(q): {"offset": nxt, "inflight": {str(o): list(v) for o, v in
+                                                 state.inflight.get(q, {}).items()}}
+            for q, nxt in state.next.items()}
+
+
+def pop_files(store) -> dict:
+    folder = os.path.join(store.root, POP_DIR)
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            out[name] = f.read()
+    return out
 
 
 def put_all(store, per_queue: int, queues: int = 4, tags=None) -> None:
@@ -44,10 +65,8 @@ def test_pop_then_ack_delivers_each_message_once(make_store):
     for m in first + rest:
         store.ack(m.receipt_handle)
     assert store.pop("g", TOPIC, 10, 30_000) == []
-    with open(pop_state_path(store.root, TOPIC, "g")) as f:
-        state = json.load(f)
-    assert state["queues"] == {"0": {"offset": 3, "inflight": {}},
-                               "1": {"offset": 3, "inflight": {}}}
+    assert state_of(store, "g") == {"0": {"offset": 3, "inflight": {}},
+                                    "1": {"offset": 3, "inflight": {}}}
     assert store.consumer_groups()[(TOPIC, "g")] == {0: 3, 1: 3}
     assert [lag.lag for lag in store.consumer_lag("g", TOPIC)] == [0, 0]
 
@@ -114,17 +133,14 @@ def test_unknown_handles_are_refused_and_change_nothing(make_store, handle, need
     store = make_store()
     put_all(store, 1, queues=1)
     store.pop("g", TOPIC, 1, 30_000, consume_from="first")
-    path = pop_state_path(store.root, TOPIC, "g")
-    with open(path, "rb") as f:
-        before = f.read()
+    before = pop_files(store)
     for call in (lambda: store.ack(handle),
                  lambda: store.change_invisible_duration(handle, 1_000)):
         with pytest.raises(ReceiptHandleError) as err:
             call()
         assert needle in str(err.value)
         assert not isinstance(err.value, StaleReceiptHandleError)
-    with open(path, "rb") as f:
-        assert f.read() == before
+    assert pop_files(store) == before
     assert not os.path.exists(pop_state_path(store.root, TOPIC, "nobody"))
 
 
@@ -133,7 +149,8 @@ def test_unknown_handles_are_refused_and_change_nothing(make_store, handle, need
     ({"invisible_ms": -1}, "invisible_ms -1 must be an int >= 0"),
     ({"wait_ms": -5}, "wait_ms -5 must be a number >= 0"),
     ({"group": "a:b"}, "group 'a:b' must match"),
-    ({"consume_from": "timestamp"}, "consume_from 'timestamp' must be 'first' or 'last'"),
+    ({"consume_from": "timestamp"},
+     "consume_from 'timestamp' must be one of 'first', 'last', 'max' for pops"),
     ({"expression": "a ||| ", "expression_type": "SQL92"}, "SQL92"),
 ])
 def test_bad_pop_arguments_are_refused_before_any_state_is_written(make_store, kwargs, needle):
@@ -253,9 +270,8 @@ def test_a_new_pop_group_starts_at_the_end_of_every_queue_unless_told_first(make
     store = make_store()
     put_all(store, 3, queues=3)
     assert store.pop("late", TOPIC, 10, 60_000) == []  # consume_from="last": the end of each
-    with open(pop_state_path(store.root, TOPIC, "late")) as f:
-        assert {q: e["offset"] for q, e in json.load(f)["queues"].items()} == {
-            "0": 3, "1": 3, "2": 3}
+    assert {q: e["offset"] for q, e in state_of(store, "late").items()} == {
+        "0": 3, "1": 3, "2": 3}
     store.put(Message(TOPIC, b"after", queue_id=1))
     store.put(Message(TOPIC, b"new queue", queue_id=5))  # new to the group: from its start
     store.wait_dispatched()
