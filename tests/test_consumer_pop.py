@@ -5,6 +5,7 @@ restart and a SIGKILL, and long polling."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from mqstore import Message, MessageStore
 from mqstore.consumer import PoppedMessage, ReceiptHandleError, StaleReceiptHandleError
 from mqstore.consumer.pop_journal import PopJournal
 from mqstore.consumer.pop_state import POP_DIR, pop_state_path
+from mqstore.testing import wait_until
 
 TOPIC = "T"
 
@@ -303,3 +305,132 @@ def test_forgetting_a_pop_group_removes_its_state(make_store):
         store.ack(m.receipt_handle)
     with MessageStore.open(store.root, read_only=True) as reader:
         assert reader.consumer_groups() == {}
+
+
+def test_a_batch_ack_answers_every_handle_in_order(make_store, manual_clock):
+    store = make_store()
+    put_all(store, 3, queues=2)
+    popped = store.pop("g", TOPIC, 6, 10_000, consume_from="first")
+    (other,) = store.pop("h", TOPIC, 1, 10_000, consume_from="first")
+    assert len(popped) == 6
+    first, second = popped[:2]
+    store.ack(first.receipt_handle)
+    manual_clock.advance(10_000)
+    again = {(m.queue_id, m.queue_offset): m for m in store.pop("g", TOPIC, 6, 10_000)}
+    assert sorted(again) == sorted((m.queue_id, m.queue_offset) for m in popped[1:])
+    b2, c2, d2, *rest2 = [again[m.queue_id, m.queue_offset] for m in popped[1:]]
+    handles = [c2.receipt_handle, first.receipt_handle, "junk", second.receipt_handle,
+               other.receipt_handle, c2.receipt_handle, "mq2:T:nobody:0:0:1:1:00000000",
+               b2.receipt_handle]
+    results = store.ack(handles)
+    assert len(results) == len(handles)
+    assert [type(r).__name__ for r in results] == [
+        "NoneType", "StaleReceiptHandleError", "ReceiptHandleError", "StaleReceiptHandleError",
+        "NoneType", "StaleReceiptHandleError", "ReceiptHandleError", "NoneType"]
+    assert "was acknowledged" in str(results[1])
+    assert "receipt handle 'junk' is not one this store hands out" in str(results[2])
+    assert "was delivered again (attempt 2)" in str(results[3])
+    assert "was acknowledged" in str(results[5])  # the same handle twice in one batch
+    assert "is not one this store hands out" in str(results[6])  # its check does not match
+    assert store.ack([]) == []
+    assert store.ack((d2.receipt_handle,)) == [None]
+    # What the batches acknowledged stays acknowledged: only the others come back.
+    manual_clock.advance(10_000)
+    assert keys(store.pop("g", TOPIC, 6, 10_000)) == sorted(
+        (m.queue_id, m.queue_offset, 3) for m in rest2)
+    rest_h = store.pop("h", TOPIC, 6, 10_000)  # its first message was acknowledged
+    assert len(rest_h) == 5 and {m.delivery_attempt for m in rest_h} == {1}
+    assert (other.queue_id, other.queue_offset) not in {(m.queue_id, m.queue_offset)
+                                                         for m in rest_h}
+
+
+def test_a_garbled_handle_is_refused_as_never_handed_out(make_store):
+    store = make_store()
+    put_all(store, 1, queues=1)
+    (m,) = store.pop("g", TOPIC, 1, 30_000, consume_from="first")
+    handle = m.receipt_handle
+    assert handle.startswith("mq2:T:g:0:0:1:")
+    text, _, check = handle.rpartition(":")
+    delivery = text.rpartition(":")[2]
+    bumped = text[:-len(delivery)] + format(int(delivery, 16) + 1, "x")
+    for bad in (f"{bumped}:{check}",                      # another delivery, old check
+                handle.replace(":0:0:1:", ":0:0:2:"),     # another attempt
+                handle[:-1] + ("0" if handle[-1] != "0" else "1"),
+                handle + ":1", handle[:-9]):
+        with pytest.raises(ReceiptHandleError) as err:
+            store.ack(bad)
+        assert not isinstance(err.value, StaleReceiptHandleError)
+        assert "is not one this store hands out" in str(err.value)
+    store.ack(handle)
+
+
+def test_handles_are_unique_per_delivery(make_store, manual_clock):
+    store = make_store()
+    put_all(store, 2, queues=2)
+    seen = set()
+    popped = store.pop("g", TOPIC, 4, 1_000, consume_from="first")
+    seen |= {m.receipt_handle for m in popped}
+    for _ in range(3):
+        m = popped[0]
+        popped[0].receipt_handle = store.change_invisible_duration(m.receipt_handle, 1_000)
+        seen.add(popped[0].receipt_handle)
+        manual_clock.advance(1_000)
+        popped = store.pop("g", TOPIC, 4, 1_000)
+        seen |= {m.receipt_handle for m in popped}
+    assert len(seen) == 4 + 3 * 5
+
+
+def _drop_first_segments(make_store):
+    store = make_store({"commit_log": {"segment_bytes": 4096},
+                        "cleanup": {"interval_ms": 30, "file_reserved_hours": 0,
+                                    "delete_when": ";".join(str(h) for h in range(24))}})
+    i = 0
+    while len(store.commit_log.segments.segments) < 4:
+        store.put(Message(TOPIC, b"%05d" % i + b"x" * 300, queue_id=0))
+        i += 1
+    store.wait_dispatched()
+    wait_until(lambda: store.min_offset(TOPIC, 0) > 0, timeout=30)
+    return store, i
+
+
+def test_consume_from_max_starts_at_the_first_message_while_offset_0_is_stored(make_store):
+    store = make_store()
+    put_all(store, 3, queues=2)
+    popped = store.pop("g", TOPIC, 10, 30_000, consume_from="max")
+    assert keys(popped) == [(q, o, 1) for q in (0, 1) for o in range(3)]
+    # An empty queue: from its start, so the first message put there is received.
+    assert store.pop("e", "Empty", 10, 30_000, consume_from="max") == []
+    store.put(Message("Empty", b"first", queue_id=0))
+    store.wait_dispatched()
+    assert [m.body for m in store.pop("e", "Empty", 10, 30_000, consume_from="max")] == [
+        b"first"]
+
+
+def test_consume_from_max_starts_at_the_last_message_once_offset_0_is_gone(make_store):
+    store, count = _drop_first_segments(make_store)
+    high = store.max_offset(TOPIC, 0)
+    assert high == count and store.min_offset(TOPIC, 0) > 0
+    (m,) = store.pop("g", TOPIC, 10, 30_000, consume_from="max")
+    assert m.queue_offset == high - 1 and m.body.startswith(b"%05d" % (count - 1))
+    assert store.pop("late", TOPIC, 10, 30_000) == []  # "last" still starts past the end
+    assert [m.queue_offset for m in store.pop("all", TOPIC, 1, 30_000, consume_from="first")
+            ] == [store.min_offset(TOPIC, 0)]
+
+
+def test_a_version_1_state_file_and_its_handles_are_read(make_store, store_dir, manual_clock):
+    store = make_store()
+    put_all(store, 3, queues=1)
+    store.close()
+    until = manual_clock.now + 10_000
+    os.makedirs(store_dir / "consumer" / "pop")
+    with open(pop_state_path(str(store_dir), TOPIC, "g"), "w") as f:
+        json.dump({"version": 1, "delivery": 7, "rotate": 1, "queues": {
+            "0": {"offset": 2, "inflight": {"0": [1, until, 6], "1": [2, until, 7]}}}}, f)
+    store = make_store()
+    store.ack("mq1:T:g:0:0:1:6")
+    with pytest.raises(StaleReceiptHandleError, match="got a new invisible time"):
+        store.ack("mq1:T:g:0:1:2:5")
+    assert keys(store.pop("g", TOPIC, 10, 10_000)) == [(0, 2, 1)]
+    manual_clock.advance(10_000)
+    assert keys(store.pop("g", TOPIC, 10, 10_000)) == [(0, 1, 3), (0, 2, 2)]
+    assert store.consumer_groups()[(TOPIC, "g")] == {0: 1}

@@ -135,7 +135,7 @@ class PopConsumer:
                     first = rotate % len(queues)
                     rotate = first + 1
                     order = queues[first:] + queues[:first]
-                    under_way = bool(state.next)  # the group popped before
+                    under_way = bool(state.next) or journal.has_history()
                     start = _Start(self._service, store, topic, group, consume_from,
                                    under_way, existing)
                     share = math.ceil((max_msgs - len(picked)) / len(order))

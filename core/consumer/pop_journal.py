@@ -76,6 +76,12 @@ class PopJournal:
     def exists(self) -> bool:
         return os.path.exists(self.journal) or os.path.exists(self.path)
 
+    def has_history(self) -> bool:
+        """Whether the state came from files (inside ``changing``): the group popped before,
+        even when damage cost the state its queues (they then start at their first message,
+        never past what the group had not consumed)."""
+        return self._fd >= 0 or self._checkpoint_bytes > 0
+
     # -- holding the state ----------------------------------------------------------------
     @contextlib.contextmanager
     def changing(self) -> Iterator[PopState]:

@@ -15,7 +15,7 @@ Record, a header then ``count`` entries:
     +-----------+-----------+------------+--------------+-----------+
     | magic u32 | count u32 | rotate u32 | delivery u64 | crc32 u32 |
     +-----------+-----------+------------+--------------+-----------+
-    total = 4 + 4 + 4 + 8 + 4 = 24 bytes + count x 40; the crc covers the 20 bytes before it and the entries
+    total = 4 + 4 + 4 + 8 + 4 = 24 bytes, then count x 40; crc32 of bytes 0..19 and the entries
 
 Entry:
 
