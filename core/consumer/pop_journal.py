@@ -295,7 +295,7 @@ class PopJournal:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)
                 self._close_journal()
-                self._state = None
+                self._state, self._dirty = None, False
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
@@ -316,9 +316,9 @@ class PopJournal:
                             self._compact()
                     finally:
                         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-                except (OSError, CorruptStateError):
-                    log.exception("compacting %s at close failed; its journal keeps the state",
-                                  self.journal)
+                except (OSError, CorruptStateError) as exc:
+                    log.warning("compacting %s at close failed (%s); its journal keeps the "
+                                "state", self.journal, exc)
             self._close_journal()
             if self._lock_fd >= 0:
                 os.close(self._lock_fd)
