@@ -40,6 +40,7 @@ __all__ = ["PoppedMessage", "PopConsumer", "make_handle", "parse_handle", "POP_C
 MAX_WAIT_SLICE_S = 1.0  # deadlines are on the store clock: look again at least this often
 _NOTHING_NEW = (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
 POP_CONSUME_FROM = (names.FIRST, names.LAST, names.MAX)
+_EMPTY: dict = {}
 
 
 class PoppedMessage(ConsumedMessage):
@@ -226,10 +227,11 @@ class PopConsumer:
             with journal.changing() as state:
                 acked: set = set()
                 done = []
+                inflight = state.inflight
                 for i, handle, (q, o, attempt, d) in items:
-                    error = _check(state, handle, q, o, attempt, d, acked)
-                    if error is not None:
-                        results[i] = error
+                    now = inflight.get(q, _EMPTY).get(o)
+                    if now is None or now[2] != d or (q, o) in acked:  # not the current one
+                        results[i] = _check(state, handle, q, o, attempt, d, acked)
                     else:
                         acked.add((q, o))
                         done.append((DONE, q, o, 0, d, 0, 0))

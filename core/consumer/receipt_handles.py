@@ -57,7 +57,7 @@ def parse_handle(handle: object) -> tuple[str, str, int, int, int, int]:
                 _CHECKED.clear()
             _CHECKED.add((topic, group))
         q, offset, attempt = int(parts[3]), int(parts[4]), int(parts[5])
-        if min(q, offset, attempt, delivery) < 0 or q >= 1 << 31:
+        if q < 0 or offset < 0 or attempt < 0 or delivery < 0 or q >= 1 << 31:
             raise ValueError
     except ValueError:
         raise ReceiptHandleError(f"receipt handle {handle!r} is not one this store hands out "
