@@ -10,9 +10,12 @@ NOTE [ Pop journal ]
     consumer/pop/<topic>@<group>.journal.damaged   bytes cut from the journal, kept for study
 
 A change (pop, ack, change of invisible time) takes the exclusive flock, brings the process's
-copy of the state up to date (the records other processes appended since it last looked: an
-fstat, and a read only when the file grew), decides, appends ONE record in one ``write``, applies
-it to its copy and lets go. So changes from any number of processes (the writer and read-only
+copy of the state up to date (the records other processes appended since it last looked: a
+``stat`` of the journal's path, and a read only when the file grew), decides, appends ONE
+record in one ``write``, applies it to its copy and lets go. A journal at that path with
+another inode than the one the process holds open was replaced (compaction, a cut of damage,
+a forgotten group): the process reloads. The comparison cannot be fooled by a recycled inode
+number: the descriptor it holds keeps its inode alive. So changes from any number of processes (the writer and read-only
 stores) are serialized: none is lost, and no message is handed out twice while in flight. A
 record reaches the page cache before the call returns, so it survives the process being
 killed; ``consumer.commit_fsync`` also forces it to disk (``fdatasync``) before the call
@@ -29,8 +32,11 @@ the new journal as a different inode than the one it holds open, and reloads.
 Damage (a record cut short by a crash or a full disk, bytes garbled): only the valid prefix
 of the journal counts. The state of a prefix is an earlier state, so a cut can deliver
 messages again, never lose one (a message is done only once its ack record is read). Under the
-exclusive flock the damaged tail is moved to ``.journal.damaged`` and cut off, with a warning
-naming the file, the byte and the reason; readers (shared flock) use the prefix and warn.
+exclusive flock the damaged tail is moved to ``.journal.damaged`` and the prefix rewritten as a
+new journal (so processes holding records past the cut reload), with a warning naming the
+file, the byte and the reason; readers (shared flock) use the prefix and warn. A journal whose
+header is unreadable counts for nothing; the group still counts as under way (``has_history``),
+so its queues start at their first message, not past what it had not received.
 """
 
 from __future__ import annotations
@@ -138,7 +144,10 @@ class PopJournal:
     def _lock(self) -> int:
         if self._lock_fd < 0:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self._lock_fd = os.open(self.path + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                self._lock_fd = os.open(self.path + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
+            except PermissionError:  # a reader that may not write here: flock needs no write
+                self._lock_fd = os.open(self.path + LOCK_SUFFIX, os.O_RDONLY)
         return self._lock_fd
 
     def _catch_up(self, repair: bool) -> PopState:
