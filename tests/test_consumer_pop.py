@@ -434,3 +434,24 @@ def test_a_version_1_state_file_and_its_handles_are_read(make_store, store_dir, 
     manual_clock.advance(10_000)
     assert keys(store.pop("g", TOPIC, 10, 10_000)) == [(0, 1, 3), (0, 2, 2)]
     assert store.consumer_groups()[(TOPIC, "g")] == {0: 1}
+
+
+def test_threads_of_one_process_never_pop_a_message_twice(make_store):
+    store = make_store()
+    put_all(store, 50, queues=4)
+    got: list = []
+
+    def popper() -> None:
+        while True:
+            popped = store.pop("g", TOPIC, 3, 60_000, consume_from="first")
+            if not popped:
+                return
+            got.extend((m.queue_id, m.queue_offset) for m in popped)
+            assert store.ack([m.receipt_handle for m in popped[::2]]) == [None] * len(
+                popped[::2])
+    threads = [threading.Thread(target=popper) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(got) == len(set(got)) == 200
