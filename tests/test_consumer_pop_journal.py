@@ -11,6 +11,8 @@ import logging
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mqstore import Message, MessageStore
 from mqstore.consumer import ReceiptHandleError, StaleReceiptHandleError, pop_journal
@@ -332,3 +334,51 @@ def test_an_unknown_group_creates_no_files(make_store):
         store.ack("mq1:T:g:0:0:1:1")
     assert store.ack(["mq1:T:g:0:0:1:1"])[0] is not None
     assert not os.path.exists(os.path.join(store.root, POP_DIR))
+
+
+# -- the record layout ------------------------------------------------------------------------
+
+_rows = st.lists(st.tuples(
+    st.sampled_from([pop_record.INFLIGHT, pop_record.DONE, pop_record.NEXT]),
+    st.integers(0, 2**31 - 1), st.integers(0, 2**62), st.integers(0, 2**62),
+    st.integers(0, 2**62 - 1), st.integers(1, 2**31 - 1), st.just(0)), max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_rows, st.integers(0, 2**32 - 1), st.integers(0, 2**62 - 1)),
+                max_size=4), st.data())
+def test_records_read_back_and_any_damage_leaves_a_prefix(records, data):
+    blob = b"".join(pop_record.encode_record(rows, rotate, delivery)
+                    for rows, rotate, delivery in records)
+    found = pop_record.scan(blob)
+    assert found.damage is None and found.end == len(blob)
+    assert [(r.tolist(), rot, d) for r, rot, d in found.records] == [
+        (list(rows), rot, d) for rows, rot, d in records]
+    if not blob:
+        return
+    # Cut anywhere, or flip any bit: the scan stops at a record boundary, keeps the records
+    # before it intact, and says why it stopped.
+    cut = data.draw(st.integers(0, len(blob) - 1))
+    flipped = bytearray(blob)
+    bit = data.draw(st.integers(0, len(blob) * 8 - 1))
+    flipped[bit // 8] ^= 1 << (bit % 8)
+    for damaged in (blob[:cut], bytes(flipped)):
+        found = pop_record.scan(damaged)
+        ends = [0]
+        for rows, rotate, delivery in records:
+            ends.append(ends[-1] + len(pop_record.encode_record(rows, rotate, delivery)))
+        assert found.end in ends
+        kept = ends.index(found.end)
+        assert [(r.tolist(), rot, d) for r, rot, d in found.records] == [
+            (list(rows), rot, d) for rows, rot, d in records[:kept]]
+        assert (found.damage is None) == (found.end == len(damaged))
+
+
+def test_a_journal_header_names_its_generation():
+    assert pop_record.decode_header(pop_record.encode_header(7)) == 7
+    header = bytearray(pop_record.encode_header(7))
+    header[8] ^= 1
+    with pytest.raises(ValueError, match="header crc mismatch"):
+        pop_record.decode_header(bytes(header))
+    with pytest.raises(ValueError, match="magic"):
+        pop_record.decode_header(b"XXXX" + bytes(header[4:]))

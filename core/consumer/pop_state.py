@@ -40,7 +40,7 @@ DELIVERY_CLOCK_SHIFT = 20  # delivery numbers start at store-clock ms << 20 (see
 _HEAP_SLACK = 4096
 
 _Key = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,17})$")]
-_Count = Annotated[int, Field(ge=0, lt=1 << 63)]
+_Count = Annotated[int, Field(ge=0, lt=1 << 62)]  # room above for the next numbers in int64
 
 
 class _QueueDoc(BaseModel):

@@ -2,8 +2,8 @@
 
 A group's consumed offset in a queue is its committed offset (``config/consumerOffset.json``)
 or, for a pop group, its first unacknowledged offset (``pop_state``, NOTE [ Pop journal ]); a
-group with both counts the lower. Everything here reads through the store's public read API, so it works the same in
-the writer's process and in read-only stores.
+group with both counts the lower. Everything here reads through the store's public read API,
+so it works the same in the writer's process and in read-only stores.
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ ENTRY = np.dtype([("kind", "<i4"), ("queue", "<i4"), ("offset", "<i8"), ("visibl
                   ("delivery", "<i8"), ("attempt", "<i4"), ("zero", "<i4")])
 ENTRY_SIZE = ENTRY.itemsize
 MAX_ENTRIES = 1 << 24  # far beyond any pop; a larger count is damage, not a record
+MAX_DELIVERY = (1 << 62) - 1  # room above it for the next numbers in an int64
 assert HEADER_SIZE == 24 and RECORD_HEADER_SIZE == 24 and ENTRY_SIZE == 40
 
 
@@ -101,7 +102,8 @@ def _broken_rule(rows: np.ndarray) -> str | None:
     bad = ~np.isin(kinds, (INFLIGHT, DONE, NEXT))
     bad |= (rows["queue"] < 0) | (rows["offset"] < 0) | (rows["zero"] != 0)
     flight = kinds == INFLIGHT
-    bad |= flight & ((rows["attempt"] < 1) | (rows["visible_at"] < 0) | (rows["delivery"] < 0))
+    bad |= flight & ((rows["attempt"] < 1) | (rows["visible_at"] < 0) | (rows["delivery"] < 0)
+                     | (rows["delivery"] > MAX_DELIVERY))
     bad |= (kinds == DONE) & (rows["delivery"] < -1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -119,8 +121,9 @@ def scan(buf, start: int = 0) -> Scan:
         magic, count, rotate, delivery, crc = _RECORD.unpack_from(view, pos)
         if magic != RECORD_MAGIC:
             return Scan(records, pos, f"no record at byte {pos} (magic {magic:#010x})")
-        if count > MAX_ENTRIES:
-            return Scan(records, pos, f"record at byte {pos} claims {count} entries")
+        if count > MAX_ENTRIES or delivery > MAX_DELIVERY:
+            return Scan(records, pos, f"record at byte {pos} claims {count} entries, "
+                                      f"delivery {delivery}")
         end = pos + RECORD_HEADER_SIZE + count * ENTRY_SIZE
         if end > size:
             return Scan(records, pos, f"record at byte {pos} cut short ({size - pos} of "
