@@ -455,3 +455,18 @@ def test_threads_of_one_process_never_pop_a_message_twice(make_store):
     for t in threads:
         t.join(60)
     assert len(got) == len(set(got)) == 200
+
+
+def test_a_store_not_readable_for_a_moment_loses_no_redelivery(make_store, manual_clock,
+                                                                monkeypatch):
+    """``read`` answers None while the store is not readable: messages due again wait for the
+    next pop (before the journal they were dropped from the state, never delivered again)."""
+    store = make_store()
+    put_all(store, 1, queues=2)
+    popped = store.pop("g", TOPIC, 2, 1_000, consume_from="first")
+    manual_clock.advance(1_000)
+    with monkeypatch.context() as patch:
+        patch.setattr(store, "read", lambda *args, **kwargs: None)
+        assert store.pop("g", TOPIC, 2, 1_000) == []
+    assert keys(store.pop("g", TOPIC, 2, 1_000)) == sorted(
+        (m.queue_id, m.queue_offset, 2) for m in popped)
