@@ -111,6 +111,7 @@ def contains_run(lines: list[str], run: list[str]) -> bool:
     ("mqstore.format.cq_unit", 3),
     ("mqstore.storage.checkpoint", 7),
     ("mqstore.storage.clean_marker", 19),
+    ("mqstore.format.pop_record", 12),
 ])
 def test_file_formats_doc_repeats_the_module_diagrams(module_name, min_lines):
     doc = importlib.import_module(module_name).__doc__
@@ -128,7 +129,7 @@ def test_file_formats_doc_covers_every_file():
     sections = doc_sections(FILE_FORMATS.read_text())
     for title in ("Commit-log record", "Blank record", "Offset message id", "Consume-queue unit",
                   "Checkpoint", "Abort marker", "Clean-shutdown marker", "Lock file",
-                  "mqstore.json"):
+                  "mqstore.json", "Pop journal (`consumer/pop/<topic>@<group>.journal`)"):
         assert title in sections, title
         assert re.search(r"^\+-+", sections[title], re.M), f"{title}: no box diagram"
 

@@ -16,6 +16,7 @@ _TOPIC = re.compile(r"[%|a-zA-Z0-9_.-]{1,255}")
 
 FIRST, LAST, TIMESTAMP = "first", "last", "timestamp"
 CONSUME_FROM = (FIRST, LAST, TIMESTAMP)
+MAX = "max"  # pops only: RocketMQ 5's ConsumeInitMode.MAX (the gRPC proxy's start)
 HALF_AN_HOUR_MS = 30 * 60 * 1000  # RocketMQ's default consumeTimestamp: half an hour back
 
 

@@ -2,37 +2,45 @@
 
 ``pop`` hands out up to ``max_msgs`` messages of a topic, taken from all its queues (a fair
 share of each, the first queue rotating from pop to pop), each invisible to other pops for
-``invisible_ms`` and carrying a receipt handle. ``ack(handle)`` ends a delivery;
+``invisible_ms`` and carrying a receipt handle. ``ack(handle)`` ends a delivery, and
+``ack([handle, ...])`` ends many in one step, with one result per handle;
 ``change_invisible_duration(handle, ms)`` moves its deadline and hands out a new handle (the
 old one goes stale). A message not acknowledged by its deadline is delivered again, first in
 the next pop, with ``delivery_attempt`` + 1 and a new handle. Deadlines are on the store clock.
 
 A handle stays good until its delivery ends: acknowledged, delivered again, or given a new
 invisible time. One that is over raises ``StaleReceiptHandleError`` (saying why); one this
-store never handed out, ``ReceiptHandleError`` (RocketMQ's INVALID_RECEIPT_HANDLE). Handles are
-``mq1:<topic>:<group>:<queue>:<offset>:<attempt>:<delivery>``, opaque to callers.
+store never handed out, ``ReceiptHandleError`` (RocketMQ's INVALID_RECEIPT_HANDLE). The format
+is in ``receipt_handles``.
 
-State: ``pop_state`` (one locked JSON file per topic and group, rewritten by every pop, ack and
-change), so it survives restarts and SIGKILL: a message is delivered again only if it was not
-acknowledged, never lost. A queue new to a pop group starts at the group's committed offset
-(``config/consumerOffset.json``) when it has one, else by ``consume_from``.
+State: NOTE [ Pop journal ] (``pop_journal``): each pop, ack batch and change is one record
+appended under a short exclusive flock to the topic and group's journal, which a checkpoint
+compacts now and then; so it survives restarts and SIGKILL (a message is delivered again only
+if it was not acknowledged, never lost), and pops from several processes never hand out one
+message twice while it is in flight. A queue new to a pop group starts at the group's
+committed offset (``config/consumerOffset.json``) when it has one, else by ``consume_from``.
 """
 
 from __future__ import annotations
 
 import math
-import os
+import threading
 import time
 
 from mqstore.consumer import names
 from mqstore.consumer.errors import ReceiptHandleError, StaleReceiptHandleError
 from mqstore.consumer.messages import ConsumedMessage
-from mqstore.consumer.pop_state import open_state
+from mqstore.consumer.pop_journal import PopJournal
+from mqstore.consumer.receipt_handles import make_handle, parse_handle
+from mqstore.format.pop_record import DONE, INFLIGHT, NEXT
 from mqstore.message import GetStatus
 
-HANDLE_PREFIX = "mq1"
+__all__ = ["PoppedMessage", "PopConsumer", "make_handle", "parse_handle", "POP_CONSUME_FROM"]
+
 MAX_WAIT_SLICE_S = 1.0  # deadlines are on the store clock: look again at least this often
 _NOTHING_NEW = (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
+POP_CONSUME_FROM = (names.FIRST, names.LAST, names.MAX)
+_EMPTY: dict = {}
 
 
 class PoppedMessage(ConsumedMessage):
@@ -48,38 +56,22 @@ class PoppedMessage(ConsumedMessage):
         self.invisible_until_ms = until
 
 
-def make_handle(topic, group, queue_id, offset, attempt, delivery) -> str:
-    return f"{HANDLE_PREFIX}:{topic}:{group}:{queue_id}:{offset}:{attempt}:{delivery}"
-
-
-def parse_handle(handle: object) -> tuple[str, str, int, int, int, int]:
-    parts = handle.split(":") if isinstance(handle, str) else []
-    try:
-        if len(parts) != 7 or parts[0] != HANDLE_PREFIX:
-            raise ValueError
-        topic, group = names.check_topic(parts[1]), names.check_group(parts[2])
-        q, offset, attempt, delivery = (int(p) for p in parts[3:])
-        if min(q, offset, attempt, delivery) < 0:
-            raise ValueError
-    except ValueError:
-        raise ReceiptHandleError(
-            f"receipt handle {handle!r} is not one this store hands out (they read "
-            f"{HANDLE_PREFIX}:<topic>:<group>:<queue>:<offset>:<attempt>:<delivery>)") from None
-    return topic, group, q, offset, attempt, delivery
-
-
 class PopConsumer:
     def __init__(self, service) -> None:
         self._service = service
-        self._states: dict = {}
+        self._journals: dict = {}
+        self._lock = threading.Lock()
 
-    def _state(self, topic: str, group: str):
+    def _journal(self, topic: str, group: str) -> PopJournal:
         key = (topic, group)
-        state = self._states.get(key)
-        if state is None:
-            state = self._states[key] = open_state(self._service.root, topic, group,
-                                                   fsync=self._service.config.commit_fsync)
-        return state
+        journal = self._journals.get(key)
+        if journal is None:
+            with self._lock:
+                journal = self._journals.get(key)
+                if journal is None:
+                    journal = self._journals[key] = PopJournal(
+                        self._service.root, topic, group, fsync=self._service.config.commit_fsync)
+        return journal
 
     # -- pop ------------------------------------------------------------------------------
     def pop(self, group, topic, max_msgs, invisible_ms, *, expression=None,
@@ -90,8 +82,9 @@ class PopConsumer:
         names.check_int("invisible_ms", invisible_ms, 0)
         if isinstance(wait_ms, bool) or not isinstance(wait_ms, (int, float)) or not wait_ms >= 0:
             raise ValueError(f"wait_ms {wait_ms!r} must be a number >= 0")
-        if consume_from not in (names.FIRST, names.LAST):
-            raise ValueError(f"consume_from {consume_from!r} must be 'first' or 'last' for pops")
+        if consume_from not in POP_CONSUME_FROM:
+            raise ValueError(f"consume_from {consume_from!r} must be one of "
+                             f"{', '.join(map(repr, POP_CONSUME_FROM))} for pops")
         store = self._service.store
         if expression is not None:
             store.view.compile_filter(expression, expression_type)
@@ -99,162 +92,232 @@ class PopConsumer:
         deadline = time.monotonic() + wait_ms / 1000.0
         # A queue that appears while this pop waits starts at its first message, even for a
         # group starting "last": what was put there came after the pop began.
-        existing = set(store.queue_ids(topic))
+        queues = store.queue_ids(topic)
+        existing = set(queues)
         while True:
             seen = wakeup.sequence()  # NOTE [ Long polling ]
-            got, next_due_ms = self._pop_once(store, group, topic, max_msgs, invisible_ms,
-                                              expression, expression_type, consume_from,
-                                              existing)
+            got, next_due_ms = self._pop_once(store, group, topic, queues, max_msgs,
+                                              invisible_ms, expression, expression_type,
+                                              consume_from, existing)
             left = deadline - time.monotonic()
             if got or left <= 0:
                 return got
             slice_s = MAX_WAIT_SLICE_S if next_due_ms is None else max(
                 0.001, min(MAX_WAIT_SLICE_S, (next_due_ms - store.clock()) / 1000.0))
             wakeup.wait(seen, min(left, slice_s))
+            queues = store.queue_ids(topic)
 
-    def _pop_once(self, store, group, topic, max_msgs, invisible_ms, expression,
+    def _pop_once(self, store, group, topic, queues, max_msgs, invisible_ms, expression,
                   expression_type, consume_from, existing):
-        queues = store.queue_ids(topic)
-        committed = self._service.offsets.offsets(topic, group)
-        picked: list = []  # (queue, batch, row, attempt, delivery, invisible until)
-
-        def change(doc: dict):
+        journal = self._journal(topic, group)
+        picked: list = []  # (queue, batch, row, attempt, delivery, queue offset)
+        with journal.changing() as state:
             now = store.clock()
             until = now + invisible_ms
-            qs = doc.setdefault("queues", {})
-            under_way = bool(qs)  # before this pop adds queues: the group popped before
-            changed = False
+            first_delivery = delivery = state.next_delivery(now)
+            rows: list = []  # the record: format.pop_record.ENTRY tuples
             # Deliveries that ran out come back first, oldest deadline first.
-            due = sorted((v[1], int(q), int(o)) for q, e in qs.items()
-                         for o, v in e.get("inflight", {}).items() if v[1] <= now)
-            for _at, q, o in due:
-                if len(picked) >= max_msgs:
-                    break
-                inflight = qs[str(q)]["inflight"]
-                batch = store.read(topic, q, o, 1, verify=True)
-                changed = True
-                if batch is None or not len(batch) or int(batch.queue_offsets[0]) != o:
-                    del inflight[str(o)]  # its record is gone (cleanup): nothing to deliver
-                    continue
-                doc["delivery"] += 1
-                attempt = inflight[str(o)][0] + 1
-                inflight[str(o)] = [attempt, until, doc["delivery"]]
-                picked.append((q, batch, 0, attempt, doc["delivery"], until))
-            if queues and len(picked) < max_msgs:
-                first = doc.get("rotate", 0) % len(queues)
-                doc["rotate"] = first + 1
-                order = queues[first:] + queues[:first]
-                share = math.ceil((max_msgs - len(picked)) / len(order))
-                for limit in (share, max_msgs):  # a fair share of each queue, then the rest
-                    for q in order:
-                        room = min(limit, max_msgs - len(picked))
-                        if room > 0:
-                            from_first = (consume_from == names.FIRST or under_way
-                                          or q not in existing)
-                            changed |= self._take_new(store, doc, qs, topic, group, q, room,
-                                                      until, picked, expression,
-                                                      expression_type, committed, from_first)
-            upcoming = [v[1] for e in qs.values() for v in e.get("inflight", {}).values()]
-            return changed, min(upcoming) if upcoming else None
-
-        next_due = self._state(topic, group).update(change)
-        out = [PoppedMessage(topic, q, batch, row, make_handle(
-                   topic, group, q, int(batch.queue_offsets[row]), attempt, delivery),
-                   attempt, until)
-               for q, batch, row, attempt, delivery, until in picked]
+            taken = state.take_due(now, max_msgs)
+            try:
+                for i, (q, o, attempt, old) in enumerate(taken):
+                    batch = store.read(topic, q, o, 1, verify=True)
+                    if batch is None:  # the store is not readable now: they wait
+                        state.requeue(taken[i:])
+                        taken = taken[:i]
+                        break
+                    if not len(batch) or int(batch.queue_offsets[0]) != o:
+                        rows.append((DONE, q, o, 0, old, 0, 0))  # its record is gone
+                        continue
+                    rows.append((INFLIGHT, q, o, until, delivery, attempt + 1, 0))
+                    picked.append((q, batch, 0, attempt + 1, delivery, o))
+                    delivery += 1
+                rotate = state.rotate
+                if queues and len(picked) < max_msgs:
+                    first = rotate % len(queues)
+                    rotate = first + 1
+                    order = queues[first:] + queues[:first]
+                    under_way = bool(state.next) or journal.has_history()
+                    start = _Start(self._service, store, topic, group, consume_from,
+                                   under_way, existing)
+                    share = math.ceil((max_msgs - len(picked)) / len(order))
+                    positions: dict = {}  # queue -> next offset, as this pop leaves it
+                    for limit in (share, max_msgs):  # a fair share of each queue, then the rest
+                        for q in order:
+                            room = min(limit, max_msgs - len(picked))
+                            if room > 0:
+                                delivery = self._take_new(
+                                    store, state, topic, group, q, room, until, delivery,
+                                    picked, rows, expression, expression_type, start,
+                                    positions)
+                    rows += [(NEXT, q, o, 0, 0, 0, 0) for q, o in positions.items()
+                             if o != state.next.get(q)]
+                if rows:
+                    last = delivery - 1 if delivery > first_delivery else state.delivery
+                    journal.append(rows, rotate, last)
+                else:
+                    state.rotate = rotate  # nothing to record: the rotation is a hint
+            except BaseException:
+                state.requeue(taken)
+                raise
+            next_due = None if picked else state.next_due()  # only a waiting pop needs it
+        out = [PoppedMessage(topic, q, batch, row, make_handle(topic, group, q, o, attempt, d),
+                             attempt, until)
+               for q, batch, row, attempt, d, o in picked]
         return out, next_due
 
-    def _take_new(self, store, doc, qs, topic, group, q, room, until, picked, expression,
-                  expression_type, committed, from_first) -> bool:
-        """Pop up to ``room`` never-popped messages of queue ``q`` (a queue new to the group
-        starts at its committed offset, else its first message with ``from_first``, else its
-        end); True if the state moved."""
-        entry = qs.get(str(q))
-        changed = False
-        if entry is None:
-            if q in committed:
-                start = committed[q]
-            elif from_first:
-                start = store.min_offset(topic, q)
-            else:
-                start = store.max_offset(topic, q)
-            entry = qs[str(q)] = {"offset": start, "inflight": {}}
-            changed = True
+    @staticmethod
+    def _take_new(store, state, topic, group, q, room, until, delivery, picked, rows,
+                  expression, expression_type, start, positions) -> int:
+        """Pop up to ``room`` never-popped messages of queue ``q`` (from ``positions[q]``,
+        which it moves on); returns the next delivery number."""
+        offset = positions.get(q)
+        if offset is None:
+            offset = state.next.get(q)
+            if offset is None:
+                offset = start.offset(q)
         taken = 0
         while taken < room:
-            offset = entry["offset"]
             batch = store.read(topic, q, offset, room - taken, expression=expression,
                                expression_type=expression_type, group=group)
             if batch is None:
                 break
-            for row in range(len(batch)):
-                doc["delivery"] += 1
-                entry["inflight"][str(int(batch.queue_offsets[row]))] = [1, until,
-                                                                         doc["delivery"]]
-                picked.append((q, batch, row, 1, doc["delivery"], until))
-            taken += len(batch)
+            n = len(batch)
+            if n:
+                for row, o in enumerate(batch.queue_offsets.tolist()):
+                    rows.append((INFLIGHT, q, o, until, delivery + row, 1, 0))
+                    picked.append((q, batch, row, 1, delivery + row, o))
+                delivery += n
+                taken += n
             moved = batch.next_begin_offset
-            if moved != offset:
-                entry["offset"] = moved
-                changed = True
             if batch.status in _NOTHING_NEW or moved == offset:
+                offset = moved
                 break
-        return changed
+            offset = moved
+        positions[q] = offset
+        return delivery
 
     # -- ack and change of invisible time -------------------------------------------------
-    def ack(self, handle: str) -> None:
-        topic, group, q, offset, attempt, delivery = parse_handle(handle)
+    def ack(self, handles):
+        """One handle: None, or raise why it cannot be acknowledged. A list (or tuple) of
+        handles: one result per handle, in order: None (acknowledged) or the
+        ``ReceiptHandleError`` saying why not."""
+        if isinstance(handles, (list, tuple)):
+            return self._ack_many(handles)
+        error = self._ack_many([handles])[0]
+        if error is not None:
+            raise error
+        return None
 
-        def change(doc: dict):
-            inflight = self._current(doc, handle, q, offset, attempt, delivery)
-            del inflight[str(offset)]
-            return True, None
-        self._update(topic, group, handle, change)
+    def _ack_many(self, handles) -> list:
+        results: list = [None] * len(handles)
+        by_state: dict = {}
+        for i, handle in enumerate(handles):
+            try:
+                parsed = parse_handle(handle)
+            except ReceiptHandleError as exc:
+                results[i] = exc
+                continue
+            by_state.setdefault(parsed[:2], []).append((i, handle, parsed[2:]))
+        for (topic, group), items in by_state.items():
+            journal = self._journal(topic, group)
+            if not journal.exists():
+                for i, handle, _ in items:
+                    results[i] = _never_popped(handle, topic, group)
+                continue
+            with journal.changing() as state:
+                acked: set = set()
+                done = []
+                inflight = state.inflight
+                for i, handle, (q, o, attempt, d) in items:
+                    now = inflight.get(q, _EMPTY).get(o)
+                    if now is None or now[2] != d or (q, o) in acked:  # not the current one
+                        results[i] = _check(state, handle, q, o, attempt, d, acked)
+                    else:
+                        acked.add((q, o))
+                        done.append((DONE, q, o, 0, d, 0, 0))
+                if done:
+                    journal.append(done, state.rotate, state.delivery)
+        return results
 
     def change_invisible_duration(self, handle: str, invisible_ms: int) -> str:
         topic, group, q, offset, attempt, delivery = parse_handle(handle)
         names.check_int("invisible_ms", invisible_ms, 0)
-        store = self._service.store
+        journal = self._journal(topic, group)
+        if not journal.exists():
+            raise _never_popped(handle, topic, group)
+        with journal.changing() as state:
+            error = _check(state, handle, q, offset, attempt, delivery, ())
+            if error is not None:
+                raise error
+            now = self._service.store.clock()
+            new = state.next_delivery(now)
+            journal.append([(INFLIGHT, q, offset, now + invisible_ms, new, attempt, 0)],
+                           state.rotate, new)
+        return make_handle(topic, group, q, offset, attempt, new)
 
-        def change(doc: dict):
-            inflight = self._current(doc, handle, q, offset, attempt, delivery)
-            doc["delivery"] += 1
-            inflight[str(offset)] = [attempt, store.clock() + invisible_ms, doc["delivery"]]
-            return True, make_handle(topic, group, q, offset, attempt, doc["delivery"])
-        return self._update(topic, group, handle, change)
-
-    def _update(self, topic, group, handle, change):
-        state = self._state(topic, group)
-        if not os.path.exists(state.path):
-            raise ReceiptHandleError(f"receipt handle {handle!r}: group {group!r} has popped "
-                                     f"nothing from topic {topic!r}")
-        return state.update(change)
-
-    @staticmethod
-    def _current(doc, handle, q, offset, attempt, delivery) -> dict:
-        """The in-flight table holding this delivery, or the error saying why it is over."""
-        entry = (doc.get("queues") or {}).get(str(q))
-        if entry is None or offset >= entry.get("offset", 0):
-            raise ReceiptHandleError(f"receipt handle {handle!r}: queue {q} offset {offset} "
-                                     f"was never popped by this group")
-        inflight = entry.get("inflight", {})
-        now = inflight.get(str(offset))
-        if now is None:
-            raise StaleReceiptHandleError(f"receipt handle {handle!r} is stale: the message "
-                                          f"at queue {q} offset {offset} was acknowledged")
-        if now[2] != delivery:
-            why = (f"was delivered again (attempt {now[0]})" if now[0] != attempt else
-                   "got a new invisible time, which handed out a new handle")
-            raise StaleReceiptHandleError(f"receipt handle {handle!r} is stale: the message "
-                                          f"at queue {q} offset {offset} {why}")
-        return inflight
-
-    def forget(self, topic: str, group: str) -> None:
-        state = self._states.pop((topic, group), None)
-        if state is not None:
-            state.close()
+    # -- the state as a whole -------------------------------------------------------------
+    def remove(self, topic: str, group: str) -> None:
+        """Forget a group's pop state (its files go)."""
+        journal = self._journal(topic, group)
+        journal.remove()
+        with self._lock:
+            self._journals.pop((topic, group), None)
+        journal.close()
 
     def close(self) -> None:
-        for state in self._states.values():
-            state.close()
-        self._states.clear()
+        with self._lock:
+            journals, self._journals = list(self._journals.values()), {}
+        for journal in journals:
+            journal.close()
+
+
+class _Start:
+    """Where a queue new to the group starts (decided under the flock, so every process
+    agrees): the group's committed offset there, else by ``consume_from``."""
+
+    def __init__(self, service, store, topic, group, consume_from, under_way, existing):
+        self._service, self._store = service, store
+        self._topic, self._group = topic, group
+        self._consume_from, self._under_way, self._existing = consume_from, under_way, existing
+        self._committed = None
+
+    def offset(self, q: int) -> int:
+        if self._committed is None:
+            self._committed = self._service.offsets.offsets(self._topic, self._group)
+        if q in self._committed:
+            return self._committed[q]
+        store, topic = self._store, self._topic
+        low = store.min_offset(topic, q)
+        if (self._consume_from == names.FIRST or self._under_way
+                or q not in self._existing):
+            return low
+        high = store.max_offset(topic, q)
+        if self._consume_from == names.MAX:
+            # RocketMQ 5's ConsumeInitMode.MAX with initPopOffsetByCheckMsgInMem: from the
+            # start while the queue's first message is still stored, else its last message.
+            return 0 if low == 0 else max(high - 1, low)
+        return high
+
+
+def _never_popped(handle, topic, group) -> ReceiptHandleError:
+    return ReceiptHandleError(f"receipt handle {handle!r}: group {group!r} has popped nothing "
+                              f"from topic {topic!r}")
+
+
+def _check(state, handle, q, offset, attempt, delivery, acked):
+    """None when the handle is the current delivery of its message, else the error saying
+    why it is not."""
+    nxt = state.next.get(q)
+    if nxt is None or offset >= nxt:
+        return ReceiptHandleError(f"receipt handle {handle!r}: queue {q} offset {offset} was "
+                                  f"never popped by this group")
+    now = state.inflight.get(q, {}).get(offset)
+    if now is None or (q, offset) in acked:
+        return StaleReceiptHandleError(f"receipt handle {handle!r} is stale: the message at "
+                                       f"queue {q} offset {offset} was acknowledged")
+    if now[2] != delivery:
+        why = (f"was delivered again (attempt {now[0]})" if now[0] != attempt else
+               "got a new invisible time, which handed out a new handle")
+        return StaleReceiptHandleError(f"receipt handle {handle!r} is stale: the message at "
+                                       f"queue {q} offset {offset} {why}")
+    return None

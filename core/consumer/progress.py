@@ -1,9 +1,9 @@
 """How far each consumer group has got, whatever the model: lag and the retention floor.
 
 A group's consumed offset in a queue is its committed offset (``config/consumerOffset.json``)
-or, for a pop group, its first unacknowledged offset (``pop_state``); a group with both counts
-the lower. Everything here reads through the store's public read API, so it works the same in
-the writer's process and in read-only stores.
+or, for a pop group, its first unacknowledged offset (``pop_state``, NOTE [ Pop journal ]); a
+group with both counts the lower. Everything here reads through the store's public read API,
+so it works the same in the writer's process and in read-only stores.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from mqstore.consumer import pop_state
 from mqstore.consumer.locked_json import CorruptStateError
 from mqstore.consumer.offsets import ConsumerOffsets
+from mqstore.consumer.pop_journal import PopJournal
 from mqstore.message import GetStatus
 
 
@@ -35,10 +36,13 @@ def groups(root: str, offsets: ConsumerOffsets) -> dict[tuple[str, str], dict[in
     """Every ``(topic, group)`` that committed or popped, with its consumed offsets."""
     out = {key: dict(value) for key, value in offsets.table().items()}
     for topic, group in pop_state.pop_groups(root):
+        journal = PopJournal(root, topic, group)
         try:
-            popped = pop_state.consumed_offsets(pop_state.open_state(root, topic, group).read())
+            popped = journal.snapshot().consumed_offsets()
         except CorruptStateError:
             continue  # its pops fail loudly; its progress is unknown, not zero
+        finally:
+            journal.close()
         mine = out.setdefault((topic, group), {})
         for q, off in popped.items():
             mine[q] = min(off, mine.get(q, off))

@@ -9,7 +9,6 @@ weakly (no reference cycle through the facade, which is closed when dropped).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 
@@ -108,13 +107,7 @@ class ConsumerService:
         gone = set(self.offsets.delete(group, None if topic is None else [topic]))
         for t, g in pop_state.pop_groups(self.root):
             if g == group and (topic is None or t == topic):
-                with self._lock:
-                    if self._pop is not None:
-                        self._pop.forget(t, g)
-                try:
-                    os.unlink(pop_state.pop_state_path(self.root, t, g))
-                except FileNotFoundError:
-                    pass
+                self._pop_consumer().remove(t, g)
                 gone.add((t, g))
         remove_group_files(self.root, group, topic)
         return sorted(gone)
@@ -125,15 +118,21 @@ class ConsumerService:
         """RocketMQ 5's pop (SimpleConsumer.receive): up to ``max_msgs`` messages of
         ``topic``, from all its queues, each invisible to other pops for ``invisible_ms`` and
         carrying a ``receipt_handle`` for ``ack``; unacked ones come back with
-        ``delivery_attempt`` + 1. Waits up to ``wait_ms`` for messages to arrive."""
+        ``delivery_attempt`` + 1. Waits up to ``wait_ms`` for messages to arrive. A queue new
+        to the group starts at its committed offset, else by ``consume_from``: ``"last"``
+        (its end), ``"first"`` (its first message) or ``"max"`` (RocketMQ 5's proxy: its
+        first message while offset 0 is still stored, else its last message)."""
         return self._pop_consumer().pop(group, topic, max_msgs, invisible_ms,
                                         expression=expression, expression_type=expression_type,
                                         wait_ms=wait_ms, consume_from=consume_from)
 
-    def ack(self, receipt_handle: str) -> None:
+    def ack(self, receipt_handle: str | list[str] | tuple[str, ...]):
         """Acknowledge a popped message; a stale or unknown handle raises
-        ``ReceiptHandleError`` and changes nothing."""
-        self._pop_consumer().ack(receipt_handle)
+        ``ReceiptHandleError`` and changes nothing. Given a list (or tuple) of handles,
+        acknowledges them all in one step per topic and group and returns one result per
+        handle, in order: None (acknowledged) or the ``ReceiptHandleError`` (a
+        ``StaleReceiptHandleError`` for a delivery that is over) saying why not."""
+        return self._pop_consumer().ack(receipt_handle)
 
     def change_invisible_duration(self, receipt_handle: str, invisible_ms: int) -> str:
         """Make a popped message invisible for ``invisible_ms`` from now; returns its new
