@@ -18,7 +18,7 @@ import multiprocessing.util  # noqa: F401 - registers its exit handler before ou
 import os
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, overload
 
 from mqstore.append.appender import Appender
 from mqstore.clock import system_clock
@@ -39,6 +39,7 @@ from mqstore.runtime.workers import shm
 
 if TYPE_CHECKING:
     from mqstore.append.appender import ReadOnlyAppender
+    from mqstore.consumer.errors import ReceiptHandleError
     from mqstore.consumer.group import GroupConsumer
     from mqstore.consumer.peek import GroupPeek
     from mqstore.consumer.progress import QueueLag
@@ -350,17 +351,30 @@ class MessageStore:
         """RocketMQ 5's pop (SimpleConsumer.receive): up to ``max_msgs`` messages of
         ``topic``, from all its queues, each invisible to other pops for ``invisible_ms`` and
         carrying a ``receipt_handle`` for ``ack``; unacked ones come back with
-        ``delivery_attempt`` + 1. Waits up to ``wait_ms`` for messages to arrive."""
+        ``delivery_attempt`` + 1. Waits up to ``wait_ms`` for messages to arrive. A queue new
+        to the group starts at its committed offset, else by ``consume_from``: ``"last"``
+        (its end), ``"first"`` (its first message) or ``"max"`` (RocketMQ 5's proxy: its
+        first message while offset 0 is still stored, else its last message)."""
         self._check_open()
         return self._consumers.pop(group, topic, max_msgs, invisible_ms, expression=expression,
                                    expression_type=expression_type, wait_ms=wait_ms,
                                    consume_from=consume_from)
 
-    def ack(self, receipt_handle: str) -> None:
+    @overload
+    def ack(self, receipt_handle: str) -> None: ...
+
+    @overload
+    def ack(self, receipt_handle: list[str] | tuple[str, ...]
+            ) -> list[ReceiptHandleError | None]: ...
+
+    def ack(self, receipt_handle):
         """Acknowledge a popped message; a stale or unknown handle raises
-        ``ReceiptHandleError`` and changes nothing."""
+        ``ReceiptHandleError`` and changes nothing. Given a list (or tuple) of handles,
+        acknowledges them all in one step per topic and group and returns one result per
+        handle, in order: None (acknowledged) or the ``ReceiptHandleError`` (a
+        ``StaleReceiptHandleError`` for a delivery that is over) saying why not."""
         self._check_open()
-        self._consumers.ack(receipt_handle)
+        return self._consumers.ack(receipt_handle)
 
     def change_invisible_duration(self, receipt_handle: str, invisible_ms: int) -> str:
         """Make a popped message invisible for ``invisible_ms`` from now; returns its new

@@ -60,10 +60,12 @@ def test_pop_then_ack_delivers_each_message_once(make_store):
     put_all(store, 3, queues=2)
     first = store.pop("g", TOPIC, 4, 30_000, consume_from="first")
     assert all(isinstance(m, PoppedMessage) for m in first)
-    assert keys(first) == [(0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 1)]
-    assert [m.body for m in first if m.queue_id == 0] == [b"p0000", b"p0002"]
+    # As RocketMQ's broker pops: each queue in turn fills what room is left, and the next pop
+    # starts at the next queue.
+    assert keys(first) == [(0, 0, 1), (0, 1, 1), (0, 2, 1), (1, 0, 1)]
+    assert [m.body for m in first if m.queue_id == 0] == [b"p0000", b"p0002", b"p0004"]
     rest = store.pop("g", TOPIC, 10, 30_000)
-    assert keys(rest) == [(0, 2, 1), (1, 2, 1)]
+    assert keys(rest) == [(1, 1, 1), (1, 2, 1)]
     for m in first + rest:
         store.ack(m.receipt_handle)
     assert store.pop("g", TOPIC, 10, 30_000) == []
@@ -167,18 +169,21 @@ def test_bad_pop_arguments_are_refused_before_any_state_is_written(make_store, k
         store.change_invisible_duration("mq1:T:g:0:0:1:1", -3)
 
 
-def test_pops_spread_over_every_queue(make_store):
+def test_pops_take_every_queue_in_turn(make_store):
     store = make_store()
     put_all(store, 10, queues=4)
-    popped = store.pop("g", TOPIC, 8, 30_000, consume_from="first")
-    per_queue = {q: sum(m.queue_id == q for m in popped) for q in range(4)}
-    assert per_queue == {0: 2, 1: 2, 2: 2, 3: 2}
-    # Fewer than there are queues: the first queue rotates from pop to pop.
+    # The first queue fills what it can (one read), the next queues what room is left.
+    popped = store.pop("g", TOPIC, 12, 30_000, consume_from="first")
+    assert [(m.queue_id, m.queue_offset) for m in popped] == (
+        [(0, o) for o in range(10)] + [(1, 0), (1, 1)])
+    store.ack([m.receipt_handle for m in popped])
+    put_all(store, 10, queues=4)  # queue 0 has messages again
+    # The first queue rotates from pop to pop, so every queue leads in turn.
     firsts = [store.pop("g", TOPIC, 1, 30_000)[0].queue_id for _ in range(4)]
     assert sorted(firsts) == [0, 1, 2, 3]
     # One queue runs dry: the others fill the batch.
     rest = store.pop("g", TOPIC, 100, 30_000)
-    assert len(popped) + 4 + len(rest) == 40
+    assert len(popped) + 4 + len(rest) == 80 and {m.queue_id for m in rest} == {0, 1, 2, 3}
 
 
 def test_filters_apply_to_pops(make_store):

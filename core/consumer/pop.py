@@ -1,7 +1,8 @@
 """The pop consumer: RocketMQ 5's SimpleConsumer model, independent of any transport.
 
-``pop`` hands out up to ``max_msgs`` messages of a topic, taken from all its queues (a fair
-share of each, the first queue rotating from pop to pop), each invisible to other pops for
+``pop`` hands out up to ``max_msgs`` messages of a topic, taken from all its queues in turn (as
+RocketMQ's broker pops: each queue fills what room is left, the first queue rotating from pop
+to pop, so every queue leads in turn), each invisible to other pops for
 ``invisible_ms`` and carrying a receipt handle. ``ack(handle)`` ends a delivery, and
 ``ack([handle, ...])`` ends many in one step, with one result per handle;
 ``change_invisible_duration(handle, ms)`` moves its deadline and hands out a new handle (the
@@ -23,7 +24,6 @@ committed offset (``config/consumerOffset.json``) when it has one, else by ``con
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 
@@ -139,16 +139,16 @@ class PopConsumer:
                     under_way = bool(state.next) or journal.has_history()
                     start = _Start(self._service, store, topic, group, consume_from,
                                    under_way, existing)
-                    share = math.ceil((max_msgs - len(picked)) / len(order))
                     positions: dict = {}  # queue -> next offset, as this pop leaves it
-                    for limit in (share, max_msgs):  # a fair share of each queue, then the rest
-                        for q in order:
-                            room = min(limit, max_msgs - len(picked))
-                            if room > 0:
-                                delivery = self._take_new(
-                                    store, state, topic, group, q, room, until, delivery,
-                                    picked, rows, expression, expression_type, start,
-                                    positions)
+                    # One read per queue that has messages: splitting a pop into shares of
+                    # every queue costs a read's fixed cost per share.
+                    for q in order:
+                        room = max_msgs - len(picked)
+                        if room <= 0:
+                            break
+                        delivery = self._take_new(
+                            store, state, topic, group, q, room, until, delivery, picked,
+                            rows, expression, expression_type, start, positions)
                     rows += [(NEXT, q, o, 0, 0, 0, 0) for q, o in positions.items()
                              if o != state.next.get(q)]
                 if rows:
