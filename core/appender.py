@@ -71,10 +71,37 @@ def check_topic(topic: object) -> str:
     if type(topic) is str and topic in _valid_topics:
         return topic
     if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
-        raise ValueError(f"topic {topic!r} must match {TOPIC_PATTERN.pattern} (letters, digits, %|_-)")
+        raise ValueError(f"topic {shown(topic)} must match {TOPIC_PATTERN.pattern} (letters, digits, %|_-)")
     if len(_valid_topics) < 100_000:
         _valid_topics.add(topic)
     return topic
+
+
+# Topics that reads and consumers name (they become path components of consume-queue and
+# consumer-state directories): the put rule's characters, and dots, as a RocketMQ broker's
+# store may hold ``metrics.cpu``; no topic longer than MAX_TOPIC_BYTES is ever stored.
+STORED_TOPIC_RULE = f"^[%|a-zA-Z0-9_.-]+$, at most {MAX_TOPIC_BYTES} characters, not only dots"
+_STORED_TOPIC = re.compile(rf"[%|a-zA-Z0-9_.-]{{1,{MAX_TOPIC_BYTES}}}")
+_valid_stored_topics: set[str] = set()
+
+
+def check_stored_topic(topic: object) -> str:
+    """A topic a read or a consumer names, by STORED_TOPIC_RULE: always one safe path component
+    of the store directory (never ``..``, never too long for a file name)."""
+    if type(topic) is str and topic in _valid_stored_topics:
+        return topic
+    if not isinstance(topic, str) or not _STORED_TOPIC.fullmatch(topic) or not topic.strip("."):
+        raise ValueError(f"topic {shown(topic)} must match {STORED_TOPIC_RULE}")
+    if len(_valid_stored_topics) < 100_000:
+        _valid_stored_topics.add(topic)
+    return topic
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message; a long string is cut and its length named."""
+    if isinstance(value, str) and len(value) > 64:
+        return f"{value[:32]!r}... ({len(value)} characters)"
+    return repr(value)
 
 
 def check_queue_id(queue_id: object) -> int:
@@ -93,7 +120,7 @@ def check_body(body: object) -> bytes | None:
     raise ValueError(f"body must be bytes, got {type(body).__name__}")
 
 
-def _int_field(name: str, value: object, lo: int, hi: int) -> int:
+def check_int(name: str, value: object, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
         raise ValueError(f"{name} {value!r} must be an int in [{lo}, {hi}]")
     return int(value)
@@ -253,7 +280,7 @@ def finish_tail(topic: str, v2: bool, crc: bool, props: dict[str, str],
 
 
 def _check_sysflag(sysflag: object) -> int:
-    sysflag = _int_field("sysflag", sysflag, 0, INT32_MAX)
+    sysflag = check_int("sysflag", sysflag, 0, INT32_MAX)
     if sysflag & ~SYSFLAG_USER_BITS:
         raise ValueError(f"sysflag {sysflag:#x} sets bits the store owns (allowed: {SYSFLAG_USER_BITS:#x})")
     return sysflag
@@ -328,16 +355,16 @@ def _checked_ints(msg: Message) -> tuple[int, int, int | None, int, int]:
         sysflag = _check_sysflag(sysflag)
     flag = msg.flag
     if type(flag) is not int or flag:
-        flag = _int_field("flag", flag, INT32_MIN, INT32_MAX)
+        flag = check_int("flag", flag, INT32_MIN, INT32_MAX)
     born_ts = msg.born_timestamp
     if born_ts is not None:
-        born_ts = _int_field("born_timestamp", born_ts, INT64_MIN, INT64_MAX)
+        born_ts = check_int("born_timestamp", born_ts, INT64_MIN, INT64_MAX)
     reconsume = msg.reconsume_times
     if type(reconsume) is not int or reconsume:
-        reconsume = _int_field("reconsume_times", reconsume, INT32_MIN, INT32_MAX)
+        reconsume = check_int("reconsume_times", reconsume, INT32_MIN, INT32_MAX)
     prepared = msg.prepared_tx_offset
     if type(prepared) is not int or prepared:
-        prepared = _int_field("prepared_tx_offset", prepared, INT64_MIN, INT64_MAX)
+        prepared = check_int("prepared_tx_offset", prepared, INT64_MIN, INT64_MAX)
     return sysflag, flag, born_ts, reconsume, prepared
 
 
