@@ -25,7 +25,7 @@ from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import CONSUMER_CALLS, ConsumerService
 from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
 from mqstore.opening import Opener
-from mqstore.reading import Reader
+from mqstore.reading import Reader, check_queue
 from mqstore.running_flags import (  # noqa: F401 - flags are part of the store's API
     DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,
     WRITE_LOGICS_QUEUE_ERROR, StoreState,
@@ -172,6 +172,7 @@ class MessageStore:
     def consume_queue(self, topic: str, queue_id: int, create: bool = False):
         """The consume queue of ``topic``/``queue_id`` in this process (None if it has none)."""
         self._check_open()
+        check_queue(topic, queue_id)
         return self.view.consume_queue(topic, queue_id, create)
 
     @property

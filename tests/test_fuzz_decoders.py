@@ -309,7 +309,7 @@ PHYS, QUEUE_ID, QUEUE_OFFSET = 4096, 3, 7
 
 small_records = st.fixed_dictionaries({
     "families": st.sampled_from(HOST_FAMILIES),
-    "body": st.binary(max_size=40),  # records of 91 (no body, empty topic) to ~160 bytes
+    "body": st.binary(max_size=40),  # records of 91 bytes (no body, empty topic) to ~190
     "topic": st.sampled_from([b"", b"T", b"Topic-1"]),
     "properties": st.sampled_from([b"", b"TAGS\x01a\x02KEYS\x01k1 k2\x02"]),
     "v2": st.booleans(),

@@ -72,6 +72,8 @@ BAD_READS = [
     (lambda s: s.max_offset(None, 0), f"topic None {TOPIC_RULE}"),
     (lambda s: s.queue_ids(LONG), LONG_TOPIC),
     (lambda s: s.queue_ids(".."), f"topic '..' {TOPIC_RULE}"),
+    (lambda s: s.consume_queue("../T", 0, create=True), f"topic '../T' {TOPIC_RULE}"),
+    (lambda s: s.consume_queue(LONG, 0), LONG_TOPIC),
     # keys
     (lambda s: s.query_by_key(LONG, "k"), LONG_TOPIC),
     (lambda s: s.query_by_key("T", "k", max_num=1.5),
