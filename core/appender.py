@@ -71,7 +71,8 @@ def check_topic(topic: object) -> str:
     if type(topic) is str and topic in _valid_topics:
         return topic
     if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
-        raise ValueError(f"topic {shown(topic)} must match {TOPIC_PATTERN.pattern} (letters, digits, %|_-)")
+        raise ValueError(f"topic {shown(topic)} must match {TOPIC_PATTERN.pattern} "
+                         f"(letters, digits, %|_-)")
     if len(_valid_topics) < 100_000:
         _valid_topics.add(topic)
     return topic
