@@ -27,6 +27,7 @@ from mqstore.consumer.service import ConsumerService
 from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
 from mqstore.lifecycle.opener import Opener
 from mqstore.message import GetResult, ReadBatch, StoredMessage
+from mqstore.read.reader import check_queue
 from mqstore.running_flags import (  # noqa: F401 - flags are part of the store's API
     DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,
     WRITE_LOGICS_QUEUE_ERROR, StoreState,
@@ -410,6 +411,7 @@ class MessageStore:
     def consume_queue(self, topic: str, queue_id: int, create: bool = False):
         """The consume queue of ``topic``/``queue_id`` in this process (None if it has none)."""
         self._check_open()
+        check_queue(topic, queue_id)
         return self.view.consume_queue(topic, queue_id, create)
 
     @property

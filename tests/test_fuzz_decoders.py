@@ -6,8 +6,11 @@ input still decodes exactly; ``heads`` accepts exactly the records ``unpack_reco
 from __future__ import annotations
 
 import os
+import struct
 import tempfile
 import zlib
+from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -22,7 +25,12 @@ from mqstore.format.record import (
     SYSFLAG_STOREHOST_V6, decode_record, decompress_body, encode_blank, encode_record,
     scan_record, unpack_record,
 )
+from mqstore.dispatch import heads_alike
 from mqstore.format.record_columns import MIN_RECORD_BYTES, heads, walk
+from mqstore.format.verify import check_queue_identity, verify_queue_record, verify_record
+from mqstore.message import StoredMessage
+from mqstore.read.served_rows import Rows
+from mqstore.read.fields import record_fields as strings_of_rows
 from mqstore.storage.index_file import IndexFile
 
 FUZZ = settings(max_examples=250, deadline=None)
@@ -284,3 +292,165 @@ def test_index_header_and_sizes_raise_only_value_errors(raw, offset, size):
     only_value_errors(L.unpack_header, raw, offset)
     got = only_value_errors(L.counts_for_size, size)
     assert got is None or L.file_size(*got) == size
+
+
+# -- host-family bits against record sizes ---------------------------------------------------
+# Sysflag bits 0x10 and 0x20 (IPv6 born / store host) each widen a record's header by 12 bytes.
+# Damage to them makes a small record's header promise more bytes than the record holds (a
+# 97-byte record has no room for the 103-byte header of an IPv6 host), or a large one's fields
+# read 12 bytes off. Every decoder of commit-log records takes that for damage, whatever the
+# record's size: a ValueError naming it (``only_value_errors``), never struct.error or
+# IndexError, and the fast paths agree with the exact ones on what is a record.
+
+HOST_FAMILIES = [(False, False), (True, False), (False, True), (True, True)]
+HOST_BITS = (SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6)
+V4_HOST, V6_HOST = Host(bytes([10, 1, 2, 3]), 10911), Host(bytes(15) + b"\x01", 50000)
+PHYS, QUEUE_ID, QUEUE_OFFSET = 4096, 3, 7
+
+small_records = st.fixed_dictionaries({
+    "families": st.sampled_from(HOST_FAMILIES),
+    "body": st.binary(max_size=40),  # records of 91 bytes (no body, empty topic) to ~190
+    "topic": st.sampled_from([b"", b"T", b"Topic-1"]),
+    "properties": st.sampled_from([b"", b"TAGS\x01a\x02KEYS\x01k1 k2\x02"]),
+    "v2": st.booleans(),
+})
+# Stored sysflags: every combination of the host bits with other bits set or not, and any int.
+SYSFLAGS = st.one_of(st.integers(0, 0xFFF), INT32)
+
+
+def small_record(families=(False, False), body=b"", topic=b"T", properties=b"", v2=False,
+                 sysflag=0) -> bytes:
+    born_v6, store_v6 = families
+    return encode_record(
+        queue_id=QUEUE_ID, flag=0, queue_offset=QUEUE_OFFSET, phys_offset=PHYS, sysflag=sysflag,
+        born_timestamp=1, born_host=V6_HOST if born_v6 else V4_HOST, store_timestamp=2,
+        store_host=V6_HOST if store_v6 else V4_HOST, reconsume_times=0, prepared_tx_offset=0,
+        body=body, topic=topic, properties=properties, v2=v2)
+
+
+def with_sysflag(rec: bytes, sysflag: int) -> bytes:
+    return rec[:36] + struct.pack(">i", sysflag) + rec[40:]
+
+
+def exact_queue_check(raw: bytes, topic: bytes):
+    """``verify_record`` then ``check_queue_identity``: the checks the fast path must match."""
+    lay = verify_record(raw, PHYS, len(raw))
+    check_queue_identity(raw, lay, topic, QUEUE_ID, QUEUE_OFFSET, PHYS)
+    return lay
+
+
+def decoded_everywhere(raw: bytes, topic: bytes):
+    """Every decoder of commit-log records over ``raw`` (one record, maybe damaged, laid at
+    PHYS for queue QUEUE_ID offset QUEUE_OFFSET of ``topic``). Each answers or raises a
+    ValueError naming the problem, and they agree; returns ``unpack_record``'s layout or None."""
+    lay = only_value_errors(unpack_record, raw)
+    only_value_errors(decode_record, raw)
+    kind, size, head = scan_record(raw, 0, len(raw) + 8, True, expected_phys=PHYS)
+    assert kind != SCAN_OK or (lay is not None and (size, head.sysflag) == (
+        len(raw), lay.fields[7]))
+    assert kind != SCAN_BAD or (isinstance(size, str) and size)
+    # The pull's per-message path agrees with the exact checks, reasons and all.
+    fast = exact = None
+    try:
+        fast = verify_queue_record(raw, PHYS, len(raw), topic, QUEUE_ID, QUEUE_OFFSET)
+    except CorruptRecordError as exc:
+        fast = str(exc)
+    try:
+        exact = exact_queue_check(raw, topic)
+    except CorruptRecordError as exc:
+        exact = str(exc)
+    assert fast == exact
+    u8 = np.frombuffer(raw, dtype=np.uint8)
+    if len(raw) >= MIN_RECORD_BYTES:
+        # Dispatch's column-wise decoders accept exactly what unpack_record accepts.
+        cols, n = heads(u8, np.zeros(1, dtype=np.int64))
+        assert n == (lay is not None)
+        alike = heads_alike(raw, u8, np.zeros(1, dtype=np.int64))
+        assert alike is None or (alike[1] == n and all(
+            (alike[0][k] == v).all() for k, v in cols.items()))
+        if n:
+            assert int(cols["sysflag"][0]) == lay.fields[7]
+        # A pull's column-wise check serves only what the per-message path serves.
+        rows = Rows(PHYS, u8, np.array([PHYS]), np.array([len(raw)]), np.array([QUEUE_OFFSET]),
+                    np.zeros(1, dtype=np.int64), len(topic))
+        assert not rows.check(np.zeros(1, dtype=np.int64), topic, QUEUE_ID, True) or (
+            not isinstance(fast, str))
+    return lay
+
+
+@FUZZ
+@given(rec=small_records, sysflag=SYSFLAGS, data=st.data())
+def test_any_sysflag_on_a_record_of_any_size(rec, sysflag, data):
+    valid = small_record(**rec)
+    raw = with_sysflag(valid, sysflag)
+    if data.draw(st.booleans()):
+        raw = data.draw(damaged(raw))
+    lay = decoded_everywhere(raw, rec["topic"])
+    stored_bits = sysflag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
+    if raw == with_sysflag(valid, sysflag) and stored_bits == sum(
+            bit for bit, v6 in zip(HOST_BITS, rec["families"]) if v6):
+        assert lay is not None and lay.fields[7] == sysflag  # the layout it says: intact
+
+
+def width(host_bits: int) -> int:
+    """Header bytes of a record whose sysflag holds ``host_bits``."""
+    return 88 + 12 * bin(host_bits & 0x30).count("1")
+
+
+def test_every_host_family_claim_on_every_small_record_size():
+    # Exhaustive over the four layouts a record may have, the four its sysflag may claim,
+    # and every record size from 91 bytes to past the widest header (115 + body).
+    for families in HOST_FAMILIES:
+        actual = sum(bit for bit, v6 in zip(HOST_BITS, families) if v6)
+        for body_len in range(0, 33):
+            for topic in (b"", b"T"):
+                valid = small_record(families, b"x" * body_len, topic)
+                for claimed in (0, 0x10, 0x20, 0x30):
+                    for other in (0, 0xFC0F):
+                        lay = decoded_everywhere(with_sysflag(valid, claimed | other), topic)
+                        # Swapped families of one width (born IPv6 for store IPv6) keep the
+                        # layout; only the record CRC property would tell.
+                        assert (lay is not None) == (width(claimed) == width(actual)), (
+                            families, body_len, topic, claimed)
+
+
+class _Segment(NamedTuple):
+    start: int
+    end: int
+    mm: bytes
+
+
+class _Log(NamedTuple):
+    """The part of a CommitLog ``record_fields`` reads: ``segments.segments``."""
+
+    segments: object
+
+
+@st.composite
+def rotted(draw, raw: bytes) -> bytes:
+    """``raw`` with its sysflag's host bits perhaps flipped and a few bytes replaced; bit rot
+    leaves a segment's size alone."""
+    buf = bytearray(raw)
+    buf[39] ^= draw(st.sampled_from([0, 0x10, 0x20, 0x30]))
+    for _ in range(draw(st.integers(0, 3))):
+        buf[draw(st.integers(0, len(buf) - 1))] = draw(st.integers(0, 255))
+    return bytes(buf)
+
+
+@FUZZ
+@given(rec=small_records, data=st.data(), lead=st.integers(0, 8), trail=st.integers(0, 8))
+def test_record_fields_of_records_damaged_since_their_read(rec, data, lead, trail):
+    # The columns are those of the read that served the intact record; the bytes then rot.
+    valid = small_record(**rec)
+    lay = unpack_record(valid)
+    seg_start = PHYS - lead
+    batch = SimpleNamespace(phys_offsets=[PHYS], sizes=[len(valid)], sys_flags=[lay.fields[7]],
+                            body_offsets=[0, lay.fields[16]])
+    buf = bytes(lead) + data.draw(rotted(valid)) + bytes(trail)
+    log = _Log(SimpleNamespace(segments=[_Segment(seg_start, seg_start + len(buf), buf)]))
+    got = only_value_errors(strings_of_rows, log, batch)
+    if buf[lead:lead + len(valid)] == valid:
+        msg = StoredMessage(valid, lay)
+        assert (got.born_hosts.to_list(), got.store_hosts.to_list(), got.msg_ids.to_list(),
+                got.tags.to_list()) == ([msg.born_host], [msg.store_host], [msg.msg_id],
+                                        [msg.tags])

@@ -28,8 +28,8 @@ import numpy as np
 
 from mqstore.append.encoding import (
     BODY_IS_NONE, DELAY_IN_BATCH, INNER_NUM_WITHOUT_BATCH, INT32_MAX, INT32_MIN, INT64_MAX,
-    INT64_MIN, MAX_RECORD_OVERHEAD, Prepared, PutContext, Rejected, _int_field, at_message,
-    body_too_large, check_body, check_queue_id, check_topic, finish_tail, is_delayed,
+    INT64_MIN, MAX_RECORD_OVERHEAD, Prepared, PutContext, Rejected, at_message,
+    body_too_large, check_body, check_int, check_queue_id, check_topic, finish_tail, is_delayed,
     message_properties, prepare_batch, record_too_large, tail_for, topic_refusal, waits,
 )
 from mqstore.format import record_crc
@@ -373,10 +373,10 @@ def _columns(shape: _Shape, ctx: PutContext) -> Columns:
     sizes = _record_sizes(sysflag, lens, tails, shared_tail, ctx)
 
     queue_ids = _queue_ids(shape)
-    flag = _int_field("flag", b.flag, INT32_MIN, INT32_MAX)
+    flag = check_int("flag", b.flag, INT32_MIN, INT32_MAX)
     born_ts = b.born_timestamp
     if born_ts is not None:
-        born_ts = _int_field("born_timestamp", born_ts, INT64_MIN, INT64_MAX)
+        born_ts = check_int("born_timestamp", born_ts, INT64_MIN, INT64_MAX)
     crcs = np.fromiter(map(zlib_crc32, bodies), dtype=np.int64, count=n) & 0x7FFFFFFF
     return Columns(
         n=n, topics=topics, queue_ids=queue_ids, bodies=bodies, tails=tails, sizes=sizes,

@@ -19,11 +19,13 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 
 from mqstore.format import record_crc
 from mqstore.format.hosts import Host, parse_host
-from mqstore.format.names import INT32_MAX, TOPIC_PATTERN, check_queue_id, check_topic  # noqa: F401 - re-exported
+from mqstore.format.names import (  # noqa: F401 - the put rules, re-exported
+    INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, TOPIC_PATTERN, check_int, check_queue_id,
+    check_topic, shown,
+)
 from mqstore.format.properties import (
     KEY_SEPARATOR, MAX_PROPERTIES_BYTES, PROPERTY_DELAY, PROPERTY_INNER_NUM, PROPERTY_KEYS,
     PROPERTY_TAGS, PROPERTY_WAIT, check_keys, check_property, check_tags, encode_properties,
@@ -39,9 +41,6 @@ from mqstore.message import Message, PutStatus
 
 RETRY_PREFIX = "%RETRY%"
 AUTO_V2_SETTING = "commit_log.auto_v2_on_long_topic"
-INT32_MIN = -(1 << 31)
-INT64_MIN = -(1 << 63)
-INT64_MAX = (1 << 63) - 1
 _SHORT = struct.Struct(">h")
 MAX_RECORD_OVERHEAD = 64 * 1024  # a record may exceed the body limit by this much
 
@@ -68,12 +67,6 @@ def check_body(body: object) -> bytes | None:
     if isinstance(body, (bytearray, memoryview)):
         return bytes(body)
     raise ValueError(f"body must be bytes, got {type(body).__name__}")
-
-
-def _int_field(name: str, value: object, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
-        raise ValueError(f"{name} {value!r} must be an int in [{lo}, {hi}]")
-    return int(value)
 
 
 def topic_refusal(topic: str, auto_v2: bool) -> str | None:
@@ -230,7 +223,7 @@ def finish_tail(topic: str, v2: bool, crc: bool, props: dict[str, str],
 
 
 def _check_sysflag(sysflag: object) -> int:
-    sysflag = _int_field("sysflag", sysflag, 0, INT32_MAX)
+    sysflag = check_int("sysflag", sysflag, 0, INT32_MAX)
     if sysflag & ~SYSFLAG_USER_BITS:
         raise ValueError(f"sysflag {sysflag:#x} sets bits the store owns (allowed: {SYSFLAG_USER_BITS:#x})")
     return sysflag
@@ -305,16 +298,16 @@ def _checked_ints(msg: Message) -> tuple[int, int, int | None, int, int]:
         sysflag = _check_sysflag(sysflag)
     flag = msg.flag
     if type(flag) is not int or flag:
-        flag = _int_field("flag", flag, INT32_MIN, INT32_MAX)
+        flag = check_int("flag", flag, INT32_MIN, INT32_MAX)
     born_ts = msg.born_timestamp
     if born_ts is not None:
-        born_ts = _int_field("born_timestamp", born_ts, INT64_MIN, INT64_MAX)
+        born_ts = check_int("born_timestamp", born_ts, INT64_MIN, INT64_MAX)
     reconsume = msg.reconsume_times
     if type(reconsume) is not int or reconsume:
-        reconsume = _int_field("reconsume_times", reconsume, INT32_MIN, INT32_MAX)
+        reconsume = check_int("reconsume_times", reconsume, INT32_MIN, INT32_MAX)
     prepared = msg.prepared_tx_offset
     if type(prepared) is not int or prepared:
-        prepared = _int_field("prepared_tx_offset", prepared, INT64_MIN, INT64_MAX)
+        prepared = check_int("prepared_tx_offset", prepared, INT64_MIN, INT64_MAX)
     return sysflag, flag, born_ts, reconsume, prepared
 
 

@@ -1,18 +1,19 @@
 """Checks of what callers hand the consumer API, made before anything touches the disk.
 
 Group and topic names become path components (membership and pop-state files), so they are
-held to RocketMQ's character rule; topics may also hold dots, as those of a RocketMQ broker's
-store directory can (``metrics.cpu``).
+held to RocketMQ's character rule; topics follow the rule of every read
+(``format.names.check_stored_topic``), which also allows dots, as a RocketMQ broker's store
+directory may hold them (``metrics.cpu``).
 """
 
 from __future__ import annotations
 
 import re
 
+from mqstore.format.names import check_stored_topic
+
 GROUP_RULE = "^[%|a-zA-Z0-9_-]+$, at most 255 characters (RocketMQ's rule)"
-TOPIC_RULE = "^[%|a-zA-Z0-9_.-]+$, at most 255 characters, not only dots"
 _GROUP = re.compile(r"[%|a-zA-Z0-9_-]{1,255}")
-_TOPIC = re.compile(r"[%|a-zA-Z0-9_.-]{1,255}")
 
 FIRST, LAST, TIMESTAMP = "first", "last", "timestamp"
 CONSUME_FROM = (FIRST, LAST, TIMESTAMP)
@@ -27,9 +28,7 @@ def check_group(group: object) -> str:
 
 
 def check_topic(topic: object) -> str:
-    if not isinstance(topic, str) or not _TOPIC.fullmatch(topic) or not topic.strip("."):
-        raise ValueError(f"topic {topic!r} must match {TOPIC_RULE}")
-    return topic
+    return check_stored_topic(topic)
 
 
 def check_int(name: str, value: object, minimum: int) -> int:

@@ -346,7 +346,11 @@ class DispatchLoop:
         self.failing = (f"dispatch of the records at commit-log offset {begin} failed "
                         f"{self.failures} time(s): {type(exc).__name__}: {exc}")
         if self.failures == 1 or self.failures % 100 == 0:
-            log.error("%s; retrying", self.failing, exc_info=self.failures == 1)
+            # One line: the failure is retried and reported to the store (a full disk, damage
+            # not yet followed by an intact record); the traceback only when debugging.
+            log.error("%s; retrying", self.failing)
+            if self.failures == 1:
+                log.debug("dispatch failure at commit-log offset %d", begin, exc_info=exc)
 
     def retry_pause_s(self) -> float:
         """Pause before retrying a failed batch: 10 ms, doubling to 1 s."""

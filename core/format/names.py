@@ -1,4 +1,5 @@
-"""Topic names and queue ids as the record format and the store's directories allow them.
+"""Topic names, queue ids and integer arguments as the record format and the store's directories
+allow them: the one set of rules puts, reads and consumers check their arguments by.
 
 A topic becomes a path component (``consumequeue/<topic>/<queue id>``), so RocketMQ's character
 rule also keeps every path inside the store directory; a queue id is a Java int.
@@ -10,20 +11,52 @@ import re
 
 import numpy as np
 
+from mqstore.format.record import MAX_TOPIC_BYTES
+
 TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")  # used with fullmatch: "$" allows a final "\n"
+INT32_MIN = -(1 << 31)
 INT32_MAX = 0x7FFFFFFF
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+# Topics that reads and consumers name (they become path components of consume-queue and
+# consumer-state directories): the put rule's characters, and dots, as a RocketMQ broker's
+# store may hold ``metrics.cpu``; no topic longer than MAX_TOPIC_BYTES is ever stored.
+STORED_TOPIC_RULE = f"^[%|a-zA-Z0-9_.-]+$, at most {MAX_TOPIC_BYTES} characters, not only dots"
+_STORED_TOPIC = re.compile(rf"[%|a-zA-Z0-9_.-]{{1,{MAX_TOPIC_BYTES}}}")
 
 _valid_topics: set[str] = set()
+_valid_stored_topics: set[str] = set()
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message; a long string is cut and its length named."""
+    if isinstance(value, str) and len(value) > 64:
+        return f"{value[:32]!r}... ({len(value)} characters)"
+    return repr(value)
 
 
 def check_topic(topic: object) -> str:
-    """RocketMQ's character rule; it also keeps every path inside the store directory."""
+    """A topic a put names: RocketMQ's character rule."""
     if type(topic) is str and topic in _valid_topics:
         return topic
     if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
-        raise ValueError(f"topic {topic!r} must match {TOPIC_PATTERN.pattern} (letters, digits, %|_-)")
+        raise ValueError(f"topic {shown(topic)} must match {TOPIC_PATTERN.pattern} "
+                         f"(letters, digits, %|_-)")
     if len(_valid_topics) < 100_000:
         _valid_topics.add(topic)
+    return topic
+
+
+def check_stored_topic(topic: object) -> str:
+    """A topic a read or a consumer names, by STORED_TOPIC_RULE: always one safe path component
+    of the store directory (never ``..``, never too long for a file name)."""
+    if type(topic) is str and topic in _valid_stored_topics:
+        return topic
+    if not isinstance(topic, str) or not _STORED_TOPIC.fullmatch(topic) or not topic.strip("."):
+        raise ValueError(f"topic {shown(topic)} must match {STORED_TOPIC_RULE}")
+    if len(_valid_stored_topics) < 100_000:
+        _valid_stored_topics.add(topic)
     return topic
 
 
@@ -32,3 +65,9 @@ def check_queue_id(queue_id: object) -> int:
             or not 0 <= queue_id <= INT32_MAX:
         raise ValueError(f"queue_id {queue_id!r} must be an int in [0, {INT32_MAX}]")
     return int(queue_id)
+
+
+def check_int(name: str, value: object, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+        raise ValueError(f"{name} {value!r} must be an int in [{lo}, {hi}]")
+    return int(value)

@@ -298,7 +298,7 @@ def unpack_record(buf, pos: int = 0, limit: int | None = None) -> RecordLayout:
     hs = HEADER_STRUCTS[(sysflag >> 4) & 3]
     if limit - pos < hs.size + 3:
         raise CorruptRecordError(f"record at {pos}: only {limit - pos} bytes readable, the "
-                                 f"header alone needs {hs.size + 3}")
+                                 f"header alone needs {hs.size + 3} (sysflag {sysflag:#x})")
     f = hs.unpack_from(buf, pos)
     total, magic = f[0], f[1]
     if magic != MAGIC_V1 and magic != MAGIC_V2:

@@ -21,6 +21,7 @@ from mqstore.hashing import zlib_crc32 as crc32
 _new_layout = tuple.__new__
 _CRC_BYTES, _ABSENT, _CARRIED = record_crc.RESERVED, record_crc.ABSENT, record_crc.CARRIED
 _FIRST, _SECOND, _THIRD = record_crc.THIRDS
+_MIN_V1 = HEADER_STRUCTS[0].size + 3  # an IPv4 header, a topic length byte, a properties length
 
 
 def verify_record(raw, phys_offset: int, size: int | None = None,
@@ -63,8 +64,10 @@ def verify_queue_record(raw, phys_offset: int, size: int, topic: bytes, queue_id
     """``verify_record`` and ``check_queue_identity`` in one pass over the header: the pull's
     per-message path, so it parses each field once. ``raw`` is exactly ``size`` bytes. On any
     mismatch the slow path names the problem."""
-    if size >= 91:
-        hs = HEADER_STRUCTS[(raw[POS_SYSFLAG + 3] >> 4) & 3]  # the host-family bits
+    # The host-family bits decide the header's width: a damaged sysflag may promise IPv6
+    # hosts that a small record has no room for, which the slow path reports.
+    hs = HEADER_STRUCTS[(raw[POS_SYSFLAG + 3] >> 4) & 3] if size >= _MIN_V1 else None
+    if hs is not None and size >= hs.size + 3:
         f = hs.unpack_from(raw)
         body_at = hs.size
         body_len = f[16]

@@ -39,6 +39,11 @@ class FilterCache:
         self._cache: OrderedDict = OrderedDict()
 
     def compile(self, expression: str | None, expression_type: str):
+        if not isinstance(expression_type, str):
+            raise ValueError(f"expression_type {expression_type!r} must be a string naming a "
+                             f"filter type (e.g. 'TAG', 'SQL92')")
+        if expression is not None and not isinstance(expression, str):
+            raise ValueError(f"expression {expression!r} must be a string")
         key = (expression_type.upper(), expression)
         flt = self._cache.get(key)
         if flt is None:

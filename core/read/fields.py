@@ -169,8 +169,12 @@ def _segment_part(u8: np.ndarray, start: int, phys, sizes, sysflags, body_lens):
     props_len_at = topic_len_at + 1 + v2 + topic_len
     props_at = props_len_at + 2
     props_len = at + sizes - props_at
-    stored_len = u8[props_len_at].astype(np.int64) << 8 | u8[props_len_at + 1]
-    bad = np.flatnonzero((props_len < 0) | (stored_len != props_len))
+    # A topic length damaged since the read may place the properties length past the record
+    # (and the segment): it is read only when it lies inside.
+    ok = (props_len >= 0) & (at + sizes <= len(u8))
+    if ok.all():
+        ok = (u8[props_len_at].astype(np.int64) << 8 | u8[props_len_at + 1]) == props_len
+    bad = np.flatnonzero(~ok)
     if len(bad):
         raise CorruptRecordError(f"the record at commit-log offset {int(phys[bad[0]])} does "
                                  f"not read as one")

@@ -32,14 +32,14 @@ from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
 from mqstore.read.time_search import LOWER, UPPER, offset_by_time, store_time_at
 
 log = logging.getLogger("mqstore.read")
-INT64_MAX = (1 << 63) - 1
+INT64_MIN, INT64_MAX = names.INT64_MIN, names.INT64_MAX
 
 
-def check_read_topic(topic: object) -> None:
-    # Reads only look topics up (no paths are built), and RocketMQ stores written without a
-    # broker may hold topics outside the put-time character rule (e.g. "metrics.cpu").
-    if not isinstance(topic, str) or not topic:
-        raise ValueError(f"topic {topic!r} must be a non-empty string")
+def check_queue(topic: object, queue_id: object) -> None:
+    """The put path's rules for a queue a read names (``format.names``): its topic, as stored
+    (``check_stored_topic``), and its queue id."""
+    names.check_stored_topic(topic)
+    names.check_queue_id(queue_id)
 
 
 class Reader:
@@ -143,8 +143,8 @@ class Reader:
             return None
         plain = (expression is None and max_total_bytes is None and type(max_msgs) is int
                  and max_msgs > 0 and type(offset) is int and type(group) is str
-                 and type(topic) is str and topic and type(queue_id) is int
-                 and 0 <= queue_id <= names.INT32_MAX)
+                 and type(queue_id) is int and 0 <= queue_id <= names.INT32_MAX
+                 and names.check_stored_topic(topic))
         if plain:
             # A consumer's plain pull, its arguments plainly valid: no request to build.
             cq = self.queue(topic, queue_id)
@@ -206,12 +206,13 @@ class Reader:
                  max_total_bytes, verify: bool = True) -> PullRequest:
         if not isinstance(group, str):
             raise ValueError(f"group {group!r} must be a string")
-        check_read_topic(topic)
-        names.check_queue_id(queue_id)
-        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
-            raise ValueError(f"offset {offset!r} must be an int")
-        if isinstance(max_msgs, bool) or not isinstance(max_msgs, int) or max_msgs < 0:
-            raise ValueError(f"max_msgs {max_msgs!r} must be an int >= 0")
+        check_queue(topic, queue_id)
+        offset = names.check_int("offset", offset, INT64_MIN, INT64_MAX)
+        max_msgs = names.check_int("max_msgs", max_msgs, 0, names.INT32_MAX)
+        if max_total_bytes is not None:
+            names.check_int("max_total_bytes", max_total_bytes, 0, INT64_MAX)
+        if not isinstance(verify, (bool, np.bool_)):
+            raise ValueError(f"verify {verify!r} must be True or False")
         if expression is None:
             flt = MATCH_ALL
         else:
@@ -220,7 +221,7 @@ class Reader:
         if expression is not None and group and PRECOMPUTES in capabilities_of(flt):
             bitmap = self._registered_bitmap(group, topic, expression, expression_type)
         view = self.view
-        return PullRequest(int(offset), max_msgs, flt, max_total_bytes,
+        return PullRequest(offset, max_msgs, flt, max_total_bytes,
                            lambda: view.consume_queue_ext(topic, queue_id), bitmap,
                            bool(verify))
 
@@ -264,12 +265,16 @@ class Reader:
         """The message whose record starts at ``phys_offset``; None when no record starts
         there; CorruptRecordError when one does but is damaged (never wrong bytes)."""
         self._check_open()
+        phys_offset = names.check_int("phys_offset", phys_offset, 0, INT64_MAX)
         return read_message(self.commit_log, phys_offset)
 
     def _message_or_none(self, phys_offset: int) -> StoredMessage | None:
-        """``message_at`` for lookups that go on past a damaged record (after logging it)."""
+        """``message_at`` for lookups that go on past a damaged record (after logging it).
+        The offset comes from the store's own files (an index entry, an id), so it is not
+        checked as an argument: a damaged one names no record."""
+        self._check_open()
         try:
-            return self.message_at(phys_offset)
+            return read_message(self.commit_log, phys_offset)
         except CorruptRecordError as exc:
             log.warning("lookup passes over a damaged record: %s", exc)
             return None
@@ -277,31 +282,34 @@ class Reader:
     def message_by_id(self, msg_id: str) -> StoredMessage | None:
         self._check_open()
         host, offset = parse_offset_msg_id(msg_id)
-        msg = self.message_at(offset)
+        msg = read_message(self.commit_log, offset)
         return msg if msg is not None and msg.record.store_host == host else None
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int,
                        boundary: str = LOWER) -> int:
         self._check_open()
-        check_read_topic(topic)
-        names.check_queue_id(queue_id)
-        if boundary not in (LOWER, UPPER):
+        check_queue(topic, queue_id)
+        timestamp_ms = names.check_int("timestamp_ms", timestamp_ms, INT64_MIN, INT64_MAX)
+        if not isinstance(boundary, str) or boundary not in (LOWER, UPPER):
             raise ValueError(f"boundary {boundary!r} must be 'lower' or 'upper'")
-        return offset_by_time(self.commit_log, self.queue(topic, queue_id),
-                              int(timestamp_ms), boundary)
+        return offset_by_time(self.commit_log, self.queue(topic, queue_id), timestamp_ms,
+                              boundary)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         self._check_open()
+        check_queue(topic, queue_id)
         cq = self.queue(topic, queue_id)
         return cq.min_offset if cq is not None else 0
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         self._check_open()
+        check_queue(topic, queue_id)
         cq = self.queue(topic, queue_id)
         return cq.max_offset if cq is not None else 0
 
     def earliest_message_time(self, topic: str, queue_id: int) -> int:
         self._check_open()
+        check_queue(topic, queue_id)
         cq = self.queue(topic, queue_id)
         if cq is None or cq.max_offset == cq.min_offset:
             return -1
@@ -316,6 +324,7 @@ class Reader:
 
     def queue_ids(self, topic: str) -> list[int]:
         self._check_open()
+        names.check_stored_topic(topic)
         self.discover_queues()
         return sorted(q for t, q in self.consume_queues if t == topic)
 
@@ -347,16 +356,14 @@ class Reader:
         window is exact to the millisecond, and each message appears once.
         """
         self._check_open()
-        check_read_topic(topic)
+        names.check_stored_topic(topic)
         if not isinstance(key, str) or not key or KEY_SEPARATOR in key:
             raise ValueError(f"key {key!r} must be a non-empty string without spaces "
                              f"(KEYS tokens are separated by spaces)")
-        if isinstance(max_num, bool) or not isinstance(max_num, int) or max_num < 0:
-            raise ValueError(f"max_num {max_num!r} must be an int >= 0")
-        end_ms = INT64_MAX if end_ms is None else end_ms
-        for name, value in (("begin_ms", begin_ms), ("end_ms", end_ms)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} {value!r} must be an int (epoch ms)")
+        max_num = names.check_int("max_num", max_num, 0, names.INT32_MAX)
+        begin_ms = names.check_int("begin_ms", begin_ms, INT64_MIN, INT64_MAX)
+        end_ms = INT64_MAX if end_ms is None else names.check_int("end_ms", end_ms,
+                                                                     INT64_MIN, INT64_MAX)
         if begin_ms > end_ms:
             raise ValueError(f"begin_ms {begin_ms} is after end_ms {end_ms}")
         found: list[StoredMessage] = []
@@ -382,7 +389,7 @@ class Reader:
         """The message whose UNIQ_KEY is ``uniq_key`` (the first stored, if a producer
         retried), or None."""
         self._check_open()
-        check_read_topic(topic)
+        names.check_stored_topic(topic)
         if not isinstance(uniq_key, str) or not uniq_key or KEY_SEPARATOR in uniq_key:
             raise ValueError(f"uniq_key {uniq_key!r} must be a non-empty string without spaces")
         best = None

@@ -166,17 +166,20 @@ class FlushClient:
         """Final commit and flush of everything written, then the loop ends."""
         if self._stopping:
             return
-        if self._listener is None:  # never started (an open that failed before)
+        if self.supervisor is None and self._thread is None:
+            # Never started: an open that failed before.
             self._stopping = True
             self.waiters.close()
             return
+        listened = self._listener is not None  # else a start cut short (a Ctrl-C in an open)
         self._end(1)
-        self.sync()
+        if listened:
+            self.sync()
         self.waiters.close()  # whatever the final flush did not cover answers at once
 
     def kill(self) -> None:
         """End the loop without a final flush, as the death of the store process would."""
-        if not self._stopping and self._listener is None:
+        if not self._stopping and self.supervisor is None and self._thread is None:
             self._stopping = True
             self.waiters.close()
         elif not self._stopping:

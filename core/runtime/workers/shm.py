@@ -83,9 +83,17 @@ class SharedPositions:
         self.waiters = cells[SLOTS:]
         self._notes = self.shm.buf[cells_bytes:cells_bytes + _NOTES * NOTE_BYTES]
 
+    @classmethod
+    def gone(cls, name: str) -> "SharedPositions":
+        """A closed view of the segment ``name`` that no longer exists."""
+        view = cls.__new__(cls)
+        view.shm, view.owner, view._tracked, view._name = None, False, False, name
+        view.values = view.waiters = view._notes = None
+        return view
+
     @property
     def name(self) -> str:
-        return self.shm.name
+        return self.shm.name if self.shm is not None else self._name
 
     def set_note(self, which: int, text: str) -> None:
         raw = text.encode("utf-8", errors="replace")[:NOTE_BYTES - 1]
@@ -112,7 +120,12 @@ class SharedPositions:
 
 
 def _attach(name: str, tracked: bool) -> SharedPositions:
-    return SharedPositions(name, tracked=tracked)
+    try:
+        return SharedPositions(name, tracked=tracked)
+    except FileNotFoundError:
+        # The store closed (an open interrupted while it started its workers) before this
+        # process attached: a closed view, which tells the worker to exit.
+        return SharedPositions.gone(name)
 
 
 # -- typed channels ------------------------------------------------------------------------

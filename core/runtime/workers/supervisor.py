@@ -42,7 +42,7 @@ from multiprocessing import connection, resource_tracker, util
 
 from mqstore.plugin_api.manager import DEFAULT_PLUGINS
 from mqstore.uninterrupted import interrupts_blocked
-from mqstore.runtime.workers import dispatch_worker, shm
+from mqstore.runtime.workers import dispatch_worker, logs, shm
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
 
 log = logging.getLogger("mqstore.workers")
@@ -67,12 +67,25 @@ def worker_context():
     return ctx
 
 
-def _entry(environ: dict, target, *args) -> None:
+def _entry(environ: dict, log_level: int, name: str, target, root: str, config,
+           channels: shm.Channels, *args) -> None:
     # The server's environment is the one it started with; the worker takes the store
     # process's current one (plugin selection, fault injection and the like read it).
     os.environ.clear()
     os.environ.update(environ)
-    target(*args)
+    logs.setup(log_level)
+    worker_log = logging.getLogger(f"{log.name}.{name}")
+    if channels.closed:
+        worker_log.warning("store %s closed before its %s worker started; the worker exits",
+                           root, name)
+        return
+    try:
+        target(root, config, channels, *args)
+    except Exception as exc:
+        # One line, as everything a worker logs (``workers.logs``); the store logs the exit
+        # code and restarts the worker.
+        worker_log.error("%s worker of %s failed", name, root, exc_info=exc)
+        sys.exit(1)
 
 
 @contextlib.contextmanager
@@ -138,6 +151,7 @@ class WorkerSupervisor:
         self.progress_r, self.progress_w = self.ctx.Pipe(duplex=False)
         os.set_blocking(self.wake_w.fileno(), False)
         self.process = None
+        self._starting = None  # the process being started (see ``_spawn``)
         self.restarts = 0
         self.failures: list[str] = []
         self._unreported: list[str] = []
@@ -164,18 +178,32 @@ class WorkerSupervisor:
     def _spawn(self, restarted: bool) -> None:
         proc = self.ctx.Process(
             target=_entry, name=f"mqstore-{self.name}", daemon=True,
-            args=(dict(os.environ), self.target, self.root, self.config, self.channels,
-                  self.wake_r, self.progress_w, os.getpid(), restarted, self.clock,
-                  *self.extra))
+            args=(dict(os.environ), logs.store_level(), self.name, self.target, self.root,
+                  self.config, self.channels, self.wake_r, self.progress_w, os.getpid(),
+                  restarted, self.clock, *self.extra))
         # The resource tracker first, if it is not running yet: starting it ends with SIGINT
         # unblocked in this thread (multiprocessing undoes its own block with SIG_UNBLOCK), and
         # inside the block below that would start the forkserver, and so every worker, with
         # SIGINT open before the worker sets its handler.
         resource_tracker.ensure_running()
+        # Only a started process is recorded (never join an unstarted one), before the Ctrl-C
+        # held back meanwhile is raised; one that another thread took in (it then lands
+        # anywhere) may cut the start short after the fork, and ``_started`` finds that
+        # process. Either way an open it interrupts stops the worker, rather than leave it
+        # holding the store's worker lock, or attaching after the store let its shared
+        # positions go.
+        self._starting = proc
         with _main_module_hidden(), interrupts_blocked():
             proc.start()
-        self.process = proc  # only a started process is recorded (never join an unstarted one)
-        self._started_at = time.monotonic()
+            self.process = proc
+            self._started_at = time.monotonic()
+
+    def _started(self):
+        """The worker process, also one whose start was cut short before it was recorded."""
+        if self.process is None and self._starting is not None \
+                and self._starting.pid is not None:
+            self.process = self._starting
+        return self.process
 
     def _watch(self) -> None:
         while True:
@@ -233,9 +261,10 @@ class WorkerSupervisor:
         """End the worker at once, as the death of the store process would (tests, crashes)."""
         self._stopping = True
         self._stop_w.send(b"stop")
-        if self.process is not None:
-            self.process.kill()
-            self.process.join(STOP_TIMEOUT_S)
+        proc = self._started()
+        if proc is not None:
+            proc.kill()
+            proc.join(STOP_TIMEOUT_S)
         if self._monitor is not None:
             self._monitor.join(STOP_TIMEOUT_S)
 
@@ -247,7 +276,7 @@ class WorkerSupervisor:
         self.wake()
         if self._monitor is not None:
             self._monitor.join(STOP_TIMEOUT_S)
-        proc = self.process
+        proc = self._started()
         if proc is not None:
             proc.join(STOP_TIMEOUT_S)
             if proc.is_alive():
