@@ -16,12 +16,13 @@ import numpy as np
 from mqstore.append import encoding
 from mqstore.append.columns import columns_from_batch, columns_from_messages, encode_columns
 from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
-from mqstore.errors import StoreClosedError
+from mqstore.errors import CorruptStateError, StoreClosedError
 from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult, PutStatus
 from mqstore.running_flags import UNWRITABLE
 from mqstore.storage.commit_log import BlockTooLargeError
 from mqstore.storage.transient_pool import PoolExhaustedError
 from mqstore.uninterrupted import shield
+from mqstore.view.topics import TopicRefused
 
 
 def _explicit_ids(messages, n: int):
@@ -41,6 +42,34 @@ def _queue_keys(topics: list[str], queue_ids: np.ndarray) -> tuple[list, np.ndar
                            for t, q in zip(topics, queue_ids.tolist())),
                           dtype=np.int64, count=len(topics))
     return list(index), inverse
+
+
+def _highest_ids(topics: list[str], queue_ids) -> dict[str, int]:
+    """``{topic: the highest queue id the batch names for it, -1 for none}``, topics in the
+    order of their first message; ``queue_ids``: an array, a list with None where the
+    selector chooses, or None (it chooses for all)."""
+    if queue_ids is None:
+        return dict.fromkeys(topics, -1)
+    if isinstance(queue_ids, np.ndarray):
+        if len(set(topics)) == 1:
+            return {topics[0]: int(queue_ids.max())}
+        keys, inverse = _queue_keys(topics, np.zeros(len(topics), dtype=np.int64))
+        highest = np.full(len(keys), -1, dtype=np.int64)
+        np.maximum.at(highest, inverse, queue_ids)
+        return {t: int(h) for (t, _q), h in zip(keys, highest.tolist())}
+    out: dict[str, int] = {}
+    for t, q in zip(topics, queue_ids):
+        out[t] = max(out.get(t, -1), -1 if q is None else q)
+    return out
+
+
+def _refused_index(topics: list[str], queue_ids, refused: TopicRefused) -> int:
+    """The first message of a batch its topic's refusal is about."""
+    if refused.queues is not None and queue_ids is not None:
+        for i, (t, q) in enumerate(zip(topics, queue_ids)):
+            if t == refused.topic and q is not None and q >= refused.queues:
+                return i
+    return topics.index(refused.topic)
 
 
 def _blocks(ends: np.ndarray, limit: int) -> list[tuple[int, int]]:
@@ -75,10 +104,11 @@ class Appender:
 
     def __init__(self, *, state, commit_log, writer, selector, flush_policy, hooks, config,
                  put_ctx, store_host, clock, queue_offsets: dict, last_append: tuple[int, int],
-                 failing: Callable[[], str | None], appended: Callable[[int], None]) -> None:
+                 failing: Callable[[], str | None], appended: Callable[[int], None],
+                 topics) -> None:
         """``failing()``: why the loops cannot do their work (puts wait), or None.
         ``appended(end)``: called after each append with the new end of the log (publishes
-        it, wakes the loops)."""
+        it, wakes the loops). ``topics``: the store's ``view.topics.Topics``."""
         self.state = state
         self.slave = config.store.role == "slave"
         self.busy_timeout_ms = config.store.os_page_cache_busy_timeout_ms
@@ -90,6 +120,8 @@ class Appender:
         self.flush_policy = flush_policy
         self.hooks = hooks
         self.queues_per_topic = config.queue_select.queues_per_topic
+        self.selector_name = config.queue_select.selector
+        self.topics = topics
         self.put_ctx = put_ctx
         self.store_host = store_host
         self.msg_id_prefix = offset_msg_id(store_host, 0)[:-16]
@@ -167,13 +199,62 @@ class Appender:
             cols = columns_from_batch(messages, self.put_ctx)
         else:
             cols = columns_from_messages(messages, self.put_ctx)
+        biggest = int(np.argmax(cols.sizes))
+        self._check_fits(int(cols.sizes[biggest]), biggest)  # before any topic is created
+        explicit = None if cols.queue_ids is not None else _explicit_ids(messages, cols.n)
+        counts = self._write_queues(cols.topics, cols.queue_ids if explicit is None
+                                    else (None if isinstance(messages, MessageBatch)
+                                          else explicit))
         if cols.queue_ids is None:
-            queues, select = self.queues_per_topic, self.selector.select
-            cols.queue_ids = np.fromiter(
-                (encoding.check_queue_id(select(m, queues)) if q is None else q
-                 for m, q in zip(cols.select_inputs, _explicit_ids(messages, cols.n))),
-                dtype=np.int64, count=cols.n)
+            select = self.selector.select
+            if counts is None:
+                queues = self.queues_per_topic
+                cols.queue_ids = np.fromiter(
+                    (encoding.check_queue_id(select(m, queues)) if q is None else q
+                     for m, q in zip(cols.select_inputs, explicit)),
+                    dtype=np.int64, count=cols.n)
+            else:
+                count_of = counts.__getitem__
+                cols.queue_ids = np.fromiter(
+                    (encoding.check_queue_id(select(m, count_of(t))) if q is None else q
+                     for m, t, q in zip(cols.select_inputs, cols.topics, explicit)),
+                    dtype=np.int64, count=cols.n)
+        if counts is not None:
+            self._check_chosen(cols.topics, cols.queue_ids, counts)
         return cols
+
+    # -- topics (view.topics: docs/topics.md) ----------------------------------------------------
+    def _write_queues(self, topics: list[str], queue_ids) -> dict[str, int] | None:
+        """Each topic's number of write queues, the topics a put may create created; None
+        when the store has no topic configs. A topic or queue id refused, or the topic file
+        unusable, rejects the put (``encoding.Rejected``) with nothing written."""
+        try:
+            if not self.topics.has_configs():
+                return None
+            return self.topics.write_queues(_highest_ids(topics, queue_ids))
+        except TopicRefused as exc:
+            raise encoding.Rejected(exc.status, exc.reason,
+                                    _refused_index(topics, queue_ids, exc)) from None
+        except (CorruptStateError, OSError) as exc:
+            raise encoding.Rejected(PutStatus.SERVICE_NOT_AVAILABLE, str(exc), None) from None
+
+    def _check_chosen(self, topics: list[str], queue_ids: np.ndarray,
+                      counts: dict[str, int], single: bool = False) -> None:
+        """A selector's choices are write queues of their topics (ids named were checked)."""
+        if len(counts) == 1:
+            limit = np.int64(next(iter(counts.values())))
+        else:
+            limit = np.fromiter(map(counts.__getitem__, topics), dtype=np.int64,
+                                count=len(topics))
+        bad = np.flatnonzero(queue_ids >= limit)
+        if len(bad):
+            i = int(bad[0])
+            topic, n = topics[i], counts[topics[i]]
+            raise encoding.Rejected(
+                PutStatus.MESSAGE_ILLEGAL,
+                f"queue selector {self.selector_name!r} chose queue_id {int(queue_ids[i])}, "
+                f"not a write queue of topic {topic!r}: it has {n} write queue(s), ids "
+                f"0..{n - 1}", None if single else i)
 
     def _check_fits(self, size: int, index: int | None) -> None:
         if size > self._limit:
@@ -257,10 +338,17 @@ class _Single:
     @staticmethod
     def prepare(app: Appender, message: Message):
         p = encoding.prepare(message, app.put_ctx)
+        app._check_fits(p.size, None)  # before any topic is created
+        try:
+            counts = app._write_queues([p.topic], None if p.queue_id is None else [p.queue_id])
+        except encoding.Rejected as rej:
+            rej.index = None
+            raise
+        queues = app.queues_per_topic if counts is None else counts[p.topic]
         if p.queue_id is None:
-            p.queue_id = encoding.check_queue_id(
-                app.selector.select(message, app.queues_per_topic))
-        app._check_fits(p.size, None)
+            p.queue_id = encoding.check_queue_id(app.selector.select(message, queues))
+            if counts is not None:
+                app._check_chosen([p.topic], np.array([p.queue_id]), counts, single=True)
         return p
 
     @staticmethod
@@ -321,10 +409,7 @@ class _Batch:
 
     @staticmethod
     def prepare(app: Appender, messages):
-        cols = app._columns(messages)
-        biggest = int(np.argmax(cols.sizes))
-        app._check_fits(int(cols.sizes[biggest]), biggest)
-        return cols
+        return app._columns(messages)
 
     @staticmethod
     def rejected(rej: encoding.Rejected) -> tuple[BatchPutResult, BatchPutResult]:

@@ -22,6 +22,7 @@ from mqstore.read.pull import PullLimits
 from mqstore.read.reader import Reader
 from mqstore.lifecycle.recovery import RecoveryReport, mend_range, recover
 from mqstore.config import StoreConfig
+from mqstore.errors import CorruptStateError
 from mqstore.running_flags import NOT_WRITEABLE, StoreState
 from mqstore.runtime.loops import Runtime
 from mqstore.storage import clean_marker
@@ -239,7 +240,9 @@ class Opener:
                                         parts.store_host.is_v6, config.commit_log.record_crc),
             store_host=parts.store_host, clock=self.clock, queue_offsets={},
             last_append=(parts.commit_log.max_offset, parts.checkpoint.physic_msg_timestamp),
-            failing=runtime.failing, appended=runtime.appended)
+            failing=runtime.failing, appended=runtime.appended, topics=parts.view.topics)
+        queue_offsets = parts.appender.queue_offsets
+        parts.view.topics.known_queues = lambda: list(queue_offsets)
         report = parts.recovery_report
         commit_log = parts.commit_log
         start = max(min([report.redispatch_from, *parts.dispatchers.resume_offsets()]),
@@ -252,6 +255,21 @@ class Opener:
         report.redispatch_bytes, report.redispatch_seconds = runtime.start(
             start, report.abnormal, report.trusted_end)
         parts.appender.queue_offsets.update(self._queue_offsets())
+        self._declare_topics()  # once every queue recovery re-dispatched is known
+
+    def _declare_topics(self) -> None:
+        """The topics the deployment declares (``topics.declare``), made as declared in
+        ``config/topics.json``. A damaged file is reported and left alone: the store opens,
+        and its puts are refused naming the file until it is repaired (a full disk: the
+        store opens, and the next open declares them)."""
+        try:
+            changes = self.parts.view.topics.declare(self.config.topics.declare)
+        except (CorruptStateError, OSError) as exc:
+            self.parts.recovery_report.notes.append(f"declared topics not applied: {exc}")
+            log.error("declared topics not applied: %s", exc)
+            return
+        for line in changes:
+            log.info("topics.declare: %s", line)
 
     def _queue_offsets(self) -> dict:
         """Each queue's next offset, now that dispatch has caught up; queues also stop
