@@ -25,7 +25,9 @@ from mqstore.clock import system_clock
 from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import ConsumerService
 from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
+from mqstore.format.names import check_stored_topic
 from mqstore.lifecycle.opener import Opener
+from mqstore.lifecycle.topic_removal import TopicRemoval, remove_topic
 from mqstore.message import GetResult, ReadBatch, StoredMessage
 from mqstore.read.reader import check_queue
 from mqstore.running_flags import (  # noqa: F401 - flags are part of the store's API
@@ -44,8 +46,10 @@ if TYPE_CHECKING:
     from mqstore.consumer.group import GroupConsumer
     from mqstore.consumer.peek import GroupPeek
     from mqstore.consumer.progress import QueueLag
+    from mqstore.consumer.service import OffsetReset
     from mqstore.dispatch.dispatchers import Dispatchers
     from mqstore.format.hosts import Host
+    from mqstore.format.topic_config import TopicConfig
     from mqstore.lifecycle.parts import StoreParts
     from mqstore.plugin_api.manager import PluginHooks
     from mqstore.plugin_api.recovery_report import RecoveryReport
@@ -289,6 +293,47 @@ class MessageStore:
     def string_hash(self) -> Callable[[str], int]:
         return self.view.string_hash
 
+    # -- topics (``view.topics``, ``lifecycle.topic_removal``; docs/topics.md) ---------------
+    def topic_config(self, name: str, create: bool = False) -> TopicConfig | None:
+        """Topic ``name``'s config (``config/topics.json``: ``read_queue_nums``,
+        ``write_queue_nums``, ``perm`` ...), or None. ``create``: make it as a first send
+        would when ``topics.auto_create`` allows (else None)."""
+        self._check_open()
+        if create:
+            self._writable()
+            return self.view.topics.ensure(name)
+        check_stored_topic(name)
+        return self.view.topics.get(name)
+
+    def topic_configs(self) -> dict[str, TopicConfig]:
+        self._check_open()  # every topic config, by name (none without config/topics.json)
+        return self.view.topics.all()
+
+    def create_topic(self, name: str, *, queues: int | None = None,
+                     read_queues: int | None = None, write_queues: int | None = None,
+                     perm: int = 6) -> TopicConfig:
+        """Create topic ``name``: ``queues`` read and write queues (default
+        ``queue_select.queues_per_topic``; ``read_queues`` / ``write_queues`` set one), ``perm``
+        2 (write), 4 (read) or 6. ValueError when it exists or an argument breaks its rule."""
+        self._writable()
+        return self.view.topics.create(name, queues=queues, read_queues=read_queues,
+                                       write_queues=write_queues, perm=perm)
+
+    def update_topic(self, name: str, *, queues: int | None = None,
+                     read_queues: int | None = None, write_queues: int | None = None,
+                     perm: int | None = None) -> TopicConfig:
+        """Change topic ``name``'s queue counts or perm (the rest stays); puts follow at once.
+        ``TopicNotFoundError`` when it has no config."""
+        self._writable()
+        return self.view.topics.update(name, queues=queues, read_queues=read_queues,
+                                       write_queues=write_queues, perm=perm)
+
+    def delete_topic(self, name: str) -> TopicRemoval:
+        """Delete topic ``name`` as RocketMQ's broker does; its records stay in the commit log
+        until cleanup (``lifecycle.topic_removal``). Needs ``dispatch.worker: thread``."""
+        self._check_open()
+        return remove_topic(self._parts, self._consumers, name)
+
     # -- consuming (``consumer.service.ConsumerService``; docs/consumers.md) ------------------
     def consumer(self, group: str, topic: str, expression: str | None = None,
                  expression_type: str = "TAG", *, consume_from: str = "last",
@@ -345,6 +390,18 @@ class MessageStore:
         ``(topic, group)`` pairs whose offsets or pop state were forgotten."""
         self._check_open()
         return self._consumers.delete_consumer_group(group, topic)
+
+    def reset_consumer_offsets(self, group: str, topic: str, *, offset: int | None = None,
+                               timestamp_ms: int | None = None,
+                               queue_id: int | None = None) -> list[OffsetReset]:
+        """Move ``group``'s committed offsets of ``topic`` (every queue, or ``queue_id``) to
+        ``offset`` (clamped to each queue's range) or to the first message stored at or after
+        ``timestamp_ms`` (RocketMQ's resetOffset); one ``OffsetReset`` per queue. Its pop state
+        of the topic goes. ``InUseError`` while instances of the group consume the topic."""
+        self._check_open()
+        return self._consumers.reset_consumer_offsets(group, topic, offset=offset,
+                                                      timestamp_ms=timestamp_ms,
+                                                      queue_id=queue_id)
 
     def pop(self, group: str, topic: str, max_msgs: int = 32, invisible_ms: int = 30000, *,
             expression: str | None = None, expression_type: str = "TAG",

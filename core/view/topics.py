@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 from mqstore.clock import system_clock
 from mqstore.config import MAX_TOPIC_QUEUES, DeclaredTopic
-from mqstore.errors import CorruptStateError, MQStoreError
+from mqstore.errors import CorruptStateError, TopicNotFoundError
 from mqstore.format.names import check_stored_topic, check_topic
 from mqstore.format.topic_config import (
     PERM_READ_WRITE, PERM_WRITE, SETTABLE_PERMS, TopicConfig, TopicTable, empty_table, new_topic,
@@ -48,10 +48,6 @@ log = logging.getLogger("mqstore.topics")
 
 RELOAD_INTERVAL_S = 1.0  # how stale another process's change to the file may be seen
 _UNREAD = ("unread",)
-
-
-class TopicNotFoundError(MQStoreError, LookupError):
-    """A topic the call names has no config."""
 
 
 class TopicRefused(Exception):
@@ -277,7 +273,7 @@ class Topics:
     def _adopted(self) -> TopicTable:
         """A new document holding the topics the consume queues already hold."""
         topics = {name: new_topic(name, q, q) for name, q in self._queue_topics().items()}
-        return empty_table().with_topics(topics, self.clock())
+        return empty_table().model_copy(update={"topics": topics})
 
     def _queue_topics(self) -> dict[str, int]:
         """``{topic: queues it needs}`` for every topic the store has queues of."""
