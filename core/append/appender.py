@@ -413,8 +413,8 @@ class _Batch:
 
     @staticmethod
     def rejected(rej: encoding.Rejected) -> tuple[BatchPutResult, BatchPutResult]:
-        result = BatchPutResult.rejected(rej.status, f"message {rej.index}: {rej.reason}",
-                                         rej.index)
+        reason = rej.reason if rej.index is None else f"message {rej.index}: {rej.reason}"
+        result = BatchPutResult.rejected(rej.status, reason, rej.index)
         return result, result
 
     @staticmethod
