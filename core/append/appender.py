@@ -57,9 +57,10 @@ def _highest_ids(topics: list[str], queue_ids) -> dict[str, int]:
         highest = np.full(len(keys), -1, dtype=np.int64)
         np.maximum.at(highest, inverse, queue_ids)
         return {t: int(h) for (t, _q), h in zip(keys, highest.tolist())}
-    out: dict[str, int] = {}
-    for t, q in zip(topics, queue_ids):
-        out[t] = max(out.get(t, -1), -1 if q is None else q)
+    out = dict.fromkeys(topics, -1)
+    for i, q in enumerate(queue_ids):
+        if q is not None and q > out[topics[i]]:
+            out[topics[i]] = q
     return out
 
 
@@ -213,6 +214,12 @@ class Appender:
                     (encoding.check_queue_id(select(m, queues)) if q is None else q
                      for m, q in zip(cols.select_inputs, explicit)),
                     dtype=np.int64, count=cols.n)
+            elif len(counts) == 1:  # one topic: the same loop, its own count
+                queues = next(iter(counts.values()))
+                cols.queue_ids = np.fromiter(
+                    (encoding.check_queue_id(select(m, queues)) if q is None else q
+                     for m, q in zip(cols.select_inputs, explicit)),
+                    dtype=np.int64, count=cols.n)
             else:
                 count_of = counts.__getitem__
                 cols.queue_ids = np.fromiter(
@@ -238,8 +245,17 @@ class Appender:
         except (CorruptStateError, OSError) as exc:
             raise encoding.Rejected(PutStatus.SERVICE_NOT_AVAILABLE, str(exc), None) from None
 
+    def _write_queues_of(self, topic: str, queue_id: int | None) -> int | None:
+        """``_write_queues`` for one message."""
+        try:
+            return self.topics.write_queues_of(topic, -1 if queue_id is None else queue_id)
+        except TopicRefused as exc:
+            raise encoding.Rejected(exc.status, exc.reason, None) from None
+        except (CorruptStateError, OSError) as exc:
+            raise encoding.Rejected(PutStatus.SERVICE_NOT_AVAILABLE, str(exc), None) from None
+
     def _check_chosen(self, topics: list[str], queue_ids: np.ndarray,
-                      counts: dict[str, int], single: bool = False) -> None:
+                      counts: dict[str, int]) -> None:
         """A selector's choices are write queues of their topics (ids named were checked)."""
         if len(counts) == 1:
             limit = np.int64(next(iter(counts.values())))
@@ -249,12 +265,15 @@ class Appender:
         bad = np.flatnonzero(queue_ids >= limit)
         if len(bad):
             i = int(bad[0])
-            topic, n = topics[i], counts[topics[i]]
-            raise encoding.Rejected(
-                PutStatus.MESSAGE_ILLEGAL,
-                f"queue selector {self.selector_name!r} chose queue_id {int(queue_ids[i])}, "
-                f"not a write queue of topic {topic!r}: it has {n} write queue(s), ids "
-                f"0..{n - 1}", None if single else i)
+            raise self._chosen_wrongly(topics[i], int(queue_ids[i]), counts[topics[i]], i)
+
+    def _chosen_wrongly(self, topic: str, queue_id: int, queues: int,
+                        index: int | None) -> encoding.Rejected:
+        return encoding.Rejected(
+            PutStatus.MESSAGE_ILLEGAL,
+            f"queue selector {self.selector_name!r} chose queue_id {queue_id}, not a write "
+            f"queue of topic {topic!r}: it has {queues} write queue(s), ids 0..{queues - 1}",
+            index)
 
     def _check_fits(self, size: int, index: int | None) -> None:
         if size > self._limit:
@@ -339,16 +358,12 @@ class _Single:
     def prepare(app: Appender, message: Message):
         p = encoding.prepare(message, app.put_ctx)
         app._check_fits(p.size, None)  # before any topic is created
-        try:
-            counts = app._write_queues([p.topic], None if p.queue_id is None else [p.queue_id])
-        except encoding.Rejected as rej:
-            rej.index = None
-            raise
-        queues = app.queues_per_topic if counts is None else counts[p.topic]
+        counts = app._write_queues_of(p.topic, p.queue_id)
+        queues = app.queues_per_topic if counts is None else counts
         if p.queue_id is None:
             p.queue_id = encoding.check_queue_id(app.selector.select(message, queues))
-            if counts is not None:
-                app._check_chosen([p.topic], np.array([p.queue_id]), counts, single=True)
+            if counts is not None and p.queue_id >= queues:
+                raise app._chosen_wrongly(p.topic, p.queue_id, queues, None)
         return p
 
     @staticmethod

@@ -155,6 +155,17 @@ class Topics:
                 out[name] = _writable_queues(made[name], wanted[name])
         return out
 
+    def write_queues_of(self, name: str, queue_id: int) -> int | None:
+        """``write_queues`` for a put of one message (``queue_id`` -1: none named)."""
+        table = self.table()
+        if table is None and self.auto_create:
+            return None
+        config = None if table is None else table.topics.get(name)
+        if config is not None and config.perm & PERM_WRITE and (
+                queue_id < config.write_queue_nums and config.write_queue_nums > 0):
+            return config.write_queue_nums  # the usual case, without building a request
+        return self.write_queues({name: queue_id})[name]
+
     def ensure(self, name: str) -> TopicConfig | None:
         """The config of ``name``, created (as a first send creates it) when the store may
         create it: ``topics.auto_create`` on. None when it has none and may not."""
