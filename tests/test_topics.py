@@ -522,3 +522,17 @@ def test_selector_choices_past_the_write_queues_are_refused(make_store):
     assert (b.status, b.error_index) == (PutStatus.MESSAGE_ILLEGAL, 0)
     assert store.max_phys_offset == 0
     assert np.array_equal(b.queue_ids, [])
+
+
+def test_check_notes_a_damaged_topics_file(make_store, store_dir):
+    from mqstore.ops.check import check_store
+    store = make_store()
+    store.create_topic("T")
+    store.put(Message("T", b"x"))
+    store.close()
+    write_topics(store_dir, '{"topicConfigTable": 1}')
+    report = check_store(str(store_dir), store.config)
+    path = store_dir / "config" / "topics.json"
+    assert report.problems == []
+    assert (f"topic configs {path} are damaged: topicConfigTable: input should be a valid "
+            f"dictionary (got 1); the file is left as it is: repair or remove it") in report.notes

@@ -85,15 +85,16 @@ def locked(path: str) -> Iterator[None]:
 
 
 def update_table(path: str, change: Callable[[TopicTable | None], TopicTable | None]
-                 ) -> TopicTable | None:
+                 ) -> tuple[TopicTable | None, tuple | None]:
     """Apply ``change(current) -> new`` to the file as it is now (``current`` None: no file)
     under the lock; ``new`` is written unless it is ``current`` itself. ``change`` may raise
-    to refuse: nothing is written. Returns the table now on disk."""
+    to refuse: nothing is written. Returns the table now on disk and the file's identity,
+    both taken under the lock (no other change can come between them)."""
     with locked(path):
         current = read_table(path)
         new = change(current)
         if new is not None and new is not current:
             write_small_file(path, encode_table(new).encode("utf-8"), atomic=True)
             sync_dir(os.path.dirname(path))
-            return new
-        return current
+            current = new
+        return current, identity(path)

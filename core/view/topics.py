@@ -104,10 +104,11 @@ class Topics:
             return
         self._table, self._problem, self._ident = table, None, ident
 
-    def _adopt_locked(self, table: TopicTable) -> None:
-        """The table this process just wrote is the one on disk."""
+    def _adopt_locked(self, table: TopicTable, ident: tuple | None) -> None:
+        """The table now on disk, as this process just read or wrote it (``ident``: the
+        file's identity then, taken under the file's lock)."""
         self._table, self._problem = table, None
-        self._ident, self._checked = identity(self.path), time.monotonic()
+        self._ident, self._checked = ident, time.monotonic()
 
     def has_configs(self) -> bool:
         """Whether puts go by topic configs (the file exists, or auto-create is off)."""
@@ -169,10 +170,11 @@ class Topics:
     def ensure(self, name: str) -> TopicConfig | None:
         """The config of ``name``, created (as a first send creates it) when the store may
         create it: ``topics.auto_create`` on. None when it has none and may not."""
-        check_topic(name)
+        check_stored_topic(name)
         config = self.get(name)
         if config is not None or not self.auto_create:
             return config
+        check_topic(name)  # a name a put could use
         queues = self._queues_for_new(name)
         return self._create_many({name: new_topic(name, queues, queues)}, exist_ok=True)[name]
 
@@ -277,9 +279,9 @@ class Topics:
 
     def _change(self, change: Callable[[TopicTable | None], TopicTable | None]) -> None:
         with self._lock:
-            table = update_table(self.path, change)
+            table, ident = update_table(self.path, change)
             if table is not None:
-                self._adopt_locked(table)
+                self._adopt_locked(table, ident)
 
     def _adopted(self) -> TopicTable:
         """A new document holding the topics the consume queues already hold."""
