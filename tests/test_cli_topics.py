@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -28,13 +29,20 @@ def config(tmp_path_factory):
     return str(path)
 
 
-@pytest.fixture
-def root(tmp_path, config):
-    """A store without topics.json: 8 messages of TOPIC over the selector's 4 queues."""
-    root = tmp_path / "store"
+@pytest.fixture(scope="module")
+def template(tmp_path_factory, config):
+    root = tmp_path_factory.mktemp("template") / "store"
     mqstore("init", root, "-c", config)
     mqstore("produce", root, "-c", config, "-t", TOPIC, "-q", 0, *[f"a{i}" for i in range(2)])
     mqstore("produce", root, "-c", config, "-t", TOPIC, "-q", 3, *[f"b{i}" for i in range(6)])
+    return root
+
+
+@pytest.fixture
+def root(tmp_path, template):
+    """A closed store without topics.json: 2 messages of TOPIC in queue 0, 6 in queue 3."""
+    root = tmp_path / "store"
+    shutil.copytree(template, root)
     return root
 
 
