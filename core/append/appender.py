@@ -195,7 +195,9 @@ class Appender:
         return answer
 
     def _columns(self, messages):
-        """The batch as columns, each message with its queue id (selected when it has none)."""
+        """The batch as columns, each message with its queue id (selected when it has none,
+        among its topic's write queues); every check that can refuse the batch comes before
+        a topic is created for it."""
         if isinstance(messages, MessageBatch):
             cols = columns_from_batch(messages, self.put_ctx)
         else:
@@ -208,14 +210,8 @@ class Appender:
                                           else explicit))
         if cols.queue_ids is None:
             select = self.selector.select
-            if counts is None:
-                queues = self.queues_per_topic
-                cols.queue_ids = np.fromiter(
-                    (encoding.check_queue_id(select(m, queues)) if q is None else q
-                     for m, q in zip(cols.select_inputs, explicit)),
-                    dtype=np.int64, count=cols.n)
-            elif len(counts) == 1:  # one topic: the same loop, its own count
-                queues = next(iter(counts.values()))
+            if counts is None or len(counts) == 1:  # one count for the whole batch
+                queues = self.queues_per_topic if counts is None else next(iter(counts.values()))
                 cols.queue_ids = np.fromiter(
                     (encoding.check_queue_id(select(m, queues)) if q is None else q
                      for m, q in zip(cols.select_inputs, explicit)),

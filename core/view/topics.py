@@ -165,7 +165,8 @@ class Topics:
         if config is not None and config.perm & PERM_WRITE and (
                 queue_id < config.write_queue_nums and config.write_queue_nums > 0):
             return config.write_queue_nums  # the usual case, without building a request
-        return self.write_queues({name: queue_id})[name]
+        counts = self.write_queues({name: queue_id})
+        return None if counts is None else counts[name]
 
     def ensure(self, name: str) -> TopicConfig | None:
         """The config of ``name``, created (as a first send creates it) when the store may
