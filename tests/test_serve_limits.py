@@ -9,6 +9,7 @@ whole core) against a bound of a fifth of one.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -131,12 +132,21 @@ def test_idle_and_slow_connections_are_capped_and_closed(tmp_path):
         assert closed_by_server(idle) == len(idle)
         assert "server.max_connections (8) reached" in log_path.read_text()
 
-        # A keep-alive client is served on one connection, request after request.
+        # A keep-alive client is served on one connection, request after request, with
+        # prometheus_client's own negotiation (gzip) and HEAD.
         conn = HTTPConnection(*address(url), timeout=10)
         for _ in range(3):
             conn.request("GET", "/healthz")
             response = conn.getresponse()
             assert response.status == 200 and json.loads(response.read())["status"] == "ok"
+        conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
+        response = conn.getresponse()
+        assert response.status == 200 and response.getheader("Content-Encoding") == "gzip"
+        assert "\nmqstore_writable 1.0\n" in gzip.decompress(response.read()).decode()
+        conn.request("HEAD", "/healthz")
+        response = conn.getresponse()
+        assert response.status == 200 and response.read() == b""
+        assert int(response.getheader("Content-Length")) > 0
         conn.close()
 
         # A client trickling a header line every 0.2 s gains nothing: its request must be

@@ -21,27 +21,26 @@ h11 parses and frames; this module owns the sockets and the limits (``Limits``, 
   off it (that is a busy loop). Refusals are logged at most once per
   REFUSAL_LOG_INTERVAL_S, with their count.
 
-The application is WSGI (prometheus_client's metrics app is one), called on a pool of
-APP_THREADS threads so that the event loop never waits on the store: the loop stays free for
-the other asyncio servers of the process to share.
+The application is WSGI (prometheus_client's metrics app is one), called through
+``wsgi_call`` on a pool of APP_THREADS threads so that the event loop never waits on the
+store: the loop stays free for the other asyncio servers of the process to share.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import io
 import logging
 import os
 import resource
 import socket
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from urllib.parse import unquote
 
 import h11
+
+from mqstore.ops.wsgi_call import call_wsgi, wsgi_environ
 
 log = logging.getLogger("mqstore.serve")
 APP_THREADS = 4  # requests answered at once; the rest wait their turn, connections held
@@ -128,7 +127,7 @@ class _Tally:
 
 
 class _Conn:
-    __slots__ = ("sock", "transport", "since", "busy", "closed")
+    __slots__ = ("sock", "transport", "since", "busy", "closed", "opening")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -136,14 +135,18 @@ class _Conn:
         self.since = time.monotonic()  # waiting for a request since
         self.busy = False  # a request of it is being answered
         self.closed = False
+        self.opening = False  # its transport is being made
 
     def abort(self) -> None:
-        """Close now (the descriptor is free by the loop's next turn)."""
+        """Close now (the descriptor is free within a turn or two of the loop)."""
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
-        else:
+        elif not self.opening:
             self.sock.close()
+        # else the transport being made holds the socket, registered with the loop: closing
+        # it under the transport could hand its number to a new socket while still
+        # registered; ``_serve`` aborts the transport as soon as it has it.
 
 
 class HttpServer:
@@ -280,7 +283,11 @@ class HttpServer:
         try:
             if conn.closed:
                 return
-            reader, writer = await asyncio.open_connection(sock=conn.sock, limit=READ_BYTES)
+            conn.opening = True
+            try:
+                reader, writer = await asyncio.open_connection(sock=conn.sock, limit=READ_BYTES)
+            finally:
+                conn.opening = False
             conn.transport = writer.transport
             if conn.closed:  # dropped while the transport was made
                 return
@@ -370,31 +377,7 @@ class HttpServer:
             await writer.drain()
 
     def _call(self, request: h11.Request, peer) -> tuple[int, str, list, bytes]:
-        """The WSGI application's answer (on a pool thread)."""
-        environ = wsgi_environ(request, self.host, self.port, peer)
-        started: list = []
-        written: list[bytes] = []
-
-        def start_response(status, headers, exc_info=None):
-            started[:] = [status, headers]
-            return written.append
-
-        try:
-            result = self.app(environ, start_response)
-            try:
-                body = b"".join([*written, *result])
-            finally:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
-            code, _, reason = started[0].partition(" ")
-            return int(code), reason, list(started[1]), body
-        except Exception as exc:  # the server goes on; the client learns it failed
-            log.error("%s %s failed: %r", environ["REQUEST_METHOD"], environ["PATH_INFO"], exc)
-            log.debug("%s %s failed", environ["REQUEST_METHOD"], environ["PATH_INFO"],
-                      exc_info=True)
-            return 500, "Internal Server Error", [("Content-Type", "text/plain")], \
-                b"internal error\n"
+        return call_wsgi(self.app, wsgi_environ(request, self.host, self.port, peer))
 
 
 _CLOSE = [("Content-Type", "text/plain"), ("Connection", "close")]
@@ -421,32 +404,3 @@ async def _linger(reader) -> None:
                 got += len(data)
     except (TimeoutError, OSError):
         pass
-
-
-def wsgi_environ(request: h11.Request, server_name: str, server_port: int, peer) -> dict:
-    """The PEP 3333 environ of ``request`` (which has no body)."""
-    path, _, query = request.target.decode("latin-1").partition("?")
-    environ = {
-        "REQUEST_METHOD": request.method.decode("ascii"),
-        "SCRIPT_NAME": "",
-        "PATH_INFO": unquote(path, encoding="latin-1"),
-        "QUERY_STRING": query,
-        "SERVER_NAME": server_name,
-        "SERVER_PORT": str(server_port),
-        "SERVER_PROTOCOL": "HTTP/" + request.http_version.decode("ascii"),
-        "REMOTE_ADDR": peer[0] if peer else "",
-        "wsgi.version": (1, 0),
-        "wsgi.url_scheme": "http",
-        "wsgi.input": io.BytesIO(),
-        "wsgi.errors": sys.stderr,
-        "wsgi.multithread": True,
-        "wsgi.multiprocess": False,
-        "wsgi.run_once": False,
-    }
-    for name, value in request.headers:
-        key = name.decode("latin-1").upper().replace("-", "_")
-        if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-            key = "HTTP_" + key
-        text = value.decode("latin-1")
-        environ[key] = f"{environ[key]},{text}" if key in environ else text
-    return environ
