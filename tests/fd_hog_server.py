@@ -15,6 +15,7 @@ import os
 import resource
 import sys
 
+from mqstore.config import ServerSection
 from mqstore.ops.http_server import HttpServer, Limits
 
 
@@ -26,7 +27,7 @@ def app(environ, start_response):
 async def main(limit: int) -> None:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
-    server = HttpServer(app, "127.0.0.1", 0, Limits(max_connections=10_000))
+    server = HttpServer(app, "127.0.0.1", 0, Limits.of(ServerSection(max_connections=10_000)))
     await server.start()
     hoard = []
     while True:

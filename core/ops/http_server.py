@@ -58,10 +58,10 @@ OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 @dataclass(frozen=True)
 class Limits:
-    max_connections: int = 64
-    idle_timeout_s: float = 10.0
-    request_timeout_s: float = 10.0
-    max_header_bytes: int = 16384
+    max_connections: int
+    idle_timeout_s: float
+    request_timeout_s: float
+    max_header_bytes: int
 
     @classmethod
     def of(cls, server) -> "Limits":
