@@ -142,6 +142,10 @@ def test_put_counts_reach_the_collector(tmp_path):
     ({"metrics_listen": "localhost"}, "server.metrics_listen"),
     ({"metrics_listen": "127.0.0.1:70000"}, "server.metrics_listen"),
     ({"log_level": "chatty"}, "server.log_level"),
+    ({"max_connections": 0}, "server.max_connections"),
+    ({"idle_timeout_ms": 0}, "server.idle_timeout_ms"),
+    ({"request_timeout_ms": "10s"}, "server.request_timeout_ms"),
+    ({"max_header_bytes": 100}, "server.max_header_bytes"),
 ])
 def test_server_section_is_validated(server, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
@@ -152,3 +156,6 @@ def test_server_defaults():
     cfg = load_config()
     assert (cfg.server.metrics_listen, cfg.server.log_level, cfg.store.root) == (
         "127.0.0.1:9108", "info", None)
+    assert (cfg.server.max_connections, cfg.server.idle_timeout_ms,
+            cfg.server.request_timeout_ms, cfg.server.max_header_bytes) == (
+        64, 10_000, 10_000, 16_384)
