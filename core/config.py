@@ -176,10 +176,15 @@ class PluginsSection(_Section):
 
 
 class ServerSection(_Section):
-    """``mqstore serve``: where the metrics and health endpoints listen, how much it logs."""
+    """``mqstore serve``: where the metrics and health endpoints listen, what a client may hold
+    there (connections, time, header bytes), how much it logs."""
 
     metrics_listen: str = "127.0.0.1:9108"
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    max_connections: int = Field(64, ge=1, le=65_536)
+    idle_timeout_ms: int = Field(10_000, ge=1, le=86_400_000)
+    request_timeout_ms: int = Field(10_000, ge=1, le=86_400_000)
+    max_header_bytes: int = Field(16_384, ge=1024, le=1 << 20)
 
     @field_validator("metrics_listen")
     @classmethod

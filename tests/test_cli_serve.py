@@ -47,11 +47,13 @@ def deployment(tmp_path):
     return root, yaml, end
 
 
-def start(yaml, log_path):
+def start(yaml, log_path, **popen):
+    """``mqstore serve`` in its own process group (``popen``: more Popen arguments); returns
+    the process and the base URL it logged."""
     log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "mqstore.cli", "serve", "-c", str(yaml)],
                             stdout=log, stderr=subprocess.STDOUT, env=env(),
-                            start_new_session=True)
+                            start_new_session=True, **popen)
     log.close()
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -109,6 +111,14 @@ def test_serve_metrics_health_and_clean_shutdown(deployment, tmp_path, signum):
         name = store_segment_name(str(root), kind)
         assert not os.path.exists(f"/dev/shm/{name}"), name
     assert mqstore_json("check", root)["clean"]
+    # A shutdown is a stop, not a crash: the workers got the signal too, and the store process
+    # stopped them in order; nothing died, was restarted or printed a traceback.
+    for noise in ("ERROR", "Traceback", "restarting", "exited with code", "Error:",
+                  "is gone"):
+        assert noise not in log, log
+    with MessageStore.open(root, config=load_config(yaml)) as store:
+        report = store.recovery_report
+        assert not report.abnormal and report.clean and report.trusted_end == end, report
 
 
 def test_put_counts_reach_the_collector(tmp_path):
@@ -132,6 +142,10 @@ def test_put_counts_reach_the_collector(tmp_path):
     ({"metrics_listen": "localhost"}, "server.metrics_listen"),
     ({"metrics_listen": "127.0.0.1:70000"}, "server.metrics_listen"),
     ({"log_level": "chatty"}, "server.log_level"),
+    ({"max_connections": 0}, "server.max_connections"),
+    ({"idle_timeout_ms": 0}, "server.idle_timeout_ms"),
+    ({"request_timeout_ms": "10s"}, "server.request_timeout_ms"),
+    ({"max_header_bytes": 100}, "server.max_header_bytes"),
 ])
 def test_server_section_is_validated(server, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
@@ -142,3 +156,6 @@ def test_server_defaults():
     cfg = load_config()
     assert (cfg.server.metrics_listen, cfg.server.log_level, cfg.store.root) == (
         "127.0.0.1:9108", "info", None)
+    assert (cfg.server.max_connections, cfg.server.idle_timeout_ms,
+            cfg.server.request_timeout_ms, cfg.server.max_header_bytes) == (
+        64, 10_000, 10_000, 16_384)

@@ -87,6 +87,51 @@ def test_a_dropped_store_closes_and_unlocks(tmp_path):
     assert _store_segments(root) == []
 
 
+def test_a_program_that_carries_on_after_sigterm_keeps_its_workers(tmp_path):
+    """SIGTERM to the whole group reaches the workers too; they leave it to the store process.
+    A program whose handler carries on (a reload, say) keeps them: none exits, none is
+    restarted, and puts go on being dispatched and flushed."""
+    path = tmp_path / "app.py"
+    path.write_text(textwrap.dedent(f"""
+        import signal, sys
+        from mqstore import MessageStore, Message, load_config
+        from mqstore.testing.faults import small_store_overrides
+
+        def on_term(signum, frame):
+            print("signalled", flush=True)
+
+        signal.signal(signal.SIGTERM, on_term)
+        config = load_config(overrides=small_store_overrides(flush={{"policy": "sync"}}))
+        with MessageStore.open({str(tmp_path / "data")!r}, config=config) as store:
+            store.put(Message("T", b"before", queue_id=0))
+            store.wait_dispatched(timeout=30)
+            print("ready", flush=True)
+            sys.stdin.readline()
+            status = store.put(Message("T", b"after", queue_id=0)).status.name
+            store.wait_dispatched(timeout=30)
+            d, f = store.worker_status(), store.flush_client.status()
+            print(status, d["alive"], d["restarts"], f["alive"], f["restarts"],
+                  store.max_offset("T", 0), flush=True)
+    """))
+    proc = subprocess.Popen([sys.executable, str(path)], cwd=tmp_path, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.stdout.readline().strip() == "signalled"
+        time.sleep(1.0)  # room for a worker to exit, were it going to
+        out, err = proc.communicate("go\n", timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert out.split() == ["PUT_OK", "True", "0", "True", "0", "2"], (out, err)
+    for noise in ("restarting", "Traceback", "exited with code", "is gone"):
+        assert noise not in err, err
+
+
 def test_a_killed_group_leaves_shared_memory_that_the_next_open_reclaims(tmp_path):
     root = tmp_path / "data"
     overrides = small_store_overrides(writer={"kind": "transient_pool"})

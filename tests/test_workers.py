@@ -197,6 +197,36 @@ with MessageStore.open({str(tmp_path / "s")!r}, config=cfg) as s:
     assert out.stdout.split() == ["from", "stdin", "0"]
 
 
+def test_a_worker_that_cannot_be_restarted_is_logged_and_tried_again(make_store, monkeypatch,
+                                                                       caplog):
+    """A restart that fails (the forkserver gone, say) is one log line, no traceback, and is
+    tried again with growing pauses until the supervisor gives up; its thread never dies of
+    it (a dead monitor would leave the worker dead and unreported for good)."""
+    monkeypatch.setattr("mqstore.workers.supervisor.MAX_QUICK_FAILURES", 2)
+    store = make_store(WORKER)
+    sup = store.supervisor
+
+    def refused(restarted):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(sup, "_spawn", refused)
+    victim = sup.process.pid
+    caplog.set_level("ERROR", logger="mqstore.workers")
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while sup.gave_up is None:
+        assert time.monotonic() < deadline and sup._monitor.is_alive(), sup.failures
+        time.sleep(0.05)
+    assert "could not be started (ConnectionRefusedError: [Errno 111] Connection refused)" \
+        in sup.gave_up and "dispatch stopped" in sup.gave_up
+    lines = [r for r in caplog.records if r.name == "mqstore.workers"]
+    assert len(lines) >= 3 and all(r.exc_info is None for r in lines)
+    assert f"pid {victim}) exited with code -9; restarting it" in lines[0].getMessage()
+    assert all("could not be started" in r.getMessage() for r in lines[1:])
+    with pytest.raises(WorkerError, match=rf"pid {victim}\) exited with code -9"):
+        store.wait_dispatched(timeout=1)
+
+
 def test_a_worker_that_cannot_start_is_given_up_on(make_store, tmp_path, monkeypatch):
     plugin_dir = tmp_path / "plug"
     plugin_dir.mkdir()

@@ -26,7 +26,7 @@ from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper
 from mqstore.view.directory_view import DirectoryView
-from mqstore.uninterrupted import parent_alive, terminate_requested, worker_signals
+from mqstore.uninterrupted import parent_alive, worker_signals
 from mqstore.runtime.workers import shm
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
 from mqstore.runtime.workers.wakeup import open_wakeup
@@ -170,7 +170,7 @@ class _Serving:
         opened_end = confirmed_of.confirmed
         next_flush = time.monotonic() + FLUSH_INTERVAL_S
         last_work = time.monotonic()
-        while not ch.stop and not terminate_requested():
+        while not ch.stop:
             if not parent_alive():
                 log.error("store process %d is gone; dispatch worker exits", parent_pid)
                 return

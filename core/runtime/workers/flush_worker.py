@@ -31,7 +31,7 @@ from mqstore.append.pool_writer import attach_pool
 from mqstore.storage.mapped_file import segment_name
 from mqstore.storage.sealed_json import sync_dir
 from mqstore.storage.transient_pool import TransientPool
-from mqstore.uninterrupted import parent_alive, terminate_requested, worker_signals
+from mqstore.uninterrupted import parent_alive, worker_signals
 from mqstore.runtime.workers import shm, sync_waiters
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
 
@@ -187,8 +187,8 @@ class FlushService:
     def _finish(self, progress_w, parent_pid) -> None:
         # Whatever the store acknowledged is complete below ``written``: make it durable
         # (from the transient pool too) before leaving, as a stop would.
-        log.error("store process %s is gone or asked to terminate; the flush worker commits "
-                  "and flushes what was written, then exits", parent_pid)
+        log.error("store process %s is gone; the flush worker commits and flushes what was "
+                  "written, then exits", parent_pid)
         self.commit(0)
         self.flush(0)
         poke(progress_w)
@@ -203,7 +203,7 @@ class FlushService:
             stop = ch.stop
             if stop == 2:
                 return
-            if (parent_pid is not None and not parent_alive()) or terminate_requested():
+            if parent_pid is not None and not parent_alive():
                 self._finish(progress_w, parent_pid)
                 return
             now = time.monotonic()
