@@ -8,8 +8,9 @@ from pathlib import Path
 
 import mqstore
 from mqstore.plugin_api.manager import DEFAULT_PLUGINS
+from paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def _package_dirs():

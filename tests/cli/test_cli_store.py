@@ -139,7 +139,7 @@ def test_stats(store, config):
     s = mqstore_json("stats", store["root"], "-c", config)
     assert set(s) == {"store", "commit_log", "topics", "consumers", "dispatch", "flush", "disk",
                       "cleanup"}
-    assert s["consumers"] == []  # no group has consumed (tests/test_cli_consume.py: with groups)
+    assert s["consumers"] == []  # no group has consumed (tests/cli/test_cli_consume.py: with groups)
     end = store["second"]["messages"][-1]["phys_offset"] + store["second"]["messages"][-1]["size"]
     assert s["commit_log"] == {"min_offset": 0, "max_offset": end, "bytes": end,
                                "segments": 1, "segment_bytes": 65536}

@@ -16,9 +16,10 @@ from mqstore import GetStatus, Message, MessageStore
 from mqstore.consumer import ConsumedMessage, Polled, QueueLag
 from mqstore.consumer.offsets import ConsumerOffsets
 from mqstore.errors import PluginError, StoreClosedError
+from paths import SUPPORT
 
 _spec = importlib.util.spec_from_file_location(
-    "consumer_proc", Path(__file__).with_name("consumer_proc.py"))
+    "consumer_proc", SUPPORT / "consumer_proc.py")
 consumer_proc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(consumer_proc)
 

@@ -24,8 +24,9 @@ from mqstore.plugin_api.contracts import READS_STORE, CleanupDecision, StoreRead
 from mqstore import GetStatus, Message, PutStatus, hookimpl, load_config
 from mqstore.errors import ConfigError, PluginError
 from mqstore.plugin_api.manager import DEFAULT_PLUGINS, PluginHooks, make_plugin_manager
+from paths import TESTS
 
-PLUGIN_PKG = Path(__file__).resolve().parent / "plugin_pkg"
+PLUGIN_PKG = TESTS / "plugin_pkg"
 DEMO_MODULE = "mqstore_demo_plugin"
 GROUP = "G"
 

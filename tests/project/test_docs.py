@@ -7,14 +7,14 @@ import inspect
 import re
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
 from mqstore.plugin_api import hookspecs
 from mqstore.plugin_api.manager import make_plugin_manager
+from paths import REPO
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = REPO / "docs"
 PLUGIN_HOOKS = DOCS / "plugin_hooks.md"
 FILE_FORMATS = DOCS / "file_formats.md"
 DIAGRAM_MODULES = ("mqstore.format.record", "mqstore.format.cq_unit", "mqstore.storage.checkpoint",

@@ -29,10 +29,10 @@ import pytest
 
 from mqstore.ops.http_server import APP_THREADS
 from cli_support import SMALL_CONFIG, env
-from test_cli_serve import STOP_TIMEOUT_S, start
+from paths import SUPPORT
+from serve_support import STOP_TIMEOUT_S, start
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
-HERE = Path(__file__).resolve().parent
 CLOSE_WAIT_S = 30.0  # what "closed by the server" may take on a loaded machine
 CPU_WINDOW_S = 5.0
 CPU_BOUND_S = 0.5  # a spinning server burns up to CPU_WINDOW_S; an idle one, hundredths
@@ -232,7 +232,7 @@ def test_accept_failing_for_want_of_descriptors_closes_at_once(tmp_path):
     """Every descriptor taken (EMFILE at accept): a pending connection is taken off the queue
     on the reserve descriptor and closed at once, without a busy loop; served again once
     descriptors are free."""
-    proc = subprocess.Popen([sys.executable, str(HERE / "fd_hog_server.py"), "64"],
+    proc = subprocess.Popen([sys.executable, str(SUPPORT / "fd_hog_server.py"), "64"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env(), text=True)
     try:

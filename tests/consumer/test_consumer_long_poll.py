@@ -9,16 +9,16 @@ import importlib.util
 import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from mqstore import Message
 from mqstore.runtime.workers import wakeup as wakeup_module
 from mqstore.runtime.workers.wakeup import Wakeup, wakeup_path
+from paths import SUPPORT
 
 _spec = importlib.util.spec_from_file_location(
-    "consumer_proc", Path(__file__).with_name("consumer_proc.py"))
+    "consumer_proc", SUPPORT / "consumer_proc.py")
 consumer_proc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(consumer_proc)
 

@@ -7,14 +7,9 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from mqstore import MessageBatch, MessageStore, load_config
 from mqstore.errors import ConfigError
@@ -22,11 +17,11 @@ from mqstore.ops import put_metrics
 from mqstore.ops.metrics import StoreCollector
 from mqstore.ops.server import with_put_metrics
 from mqstore.storage.shared_segment import store_segment_name
-from cli_support import SMALL_CONFIG, env, mqstore_json
+from cli_support import SMALL_CONFIG, mqstore_json
+from paths import REPO
+from serve_support import STOP_TIMEOUT_S, scrape, start
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
-START_TIMEOUT_S = 30
-STOP_TIMEOUT_S = 30
 
 
 @pytest.fixture
@@ -47,32 +42,6 @@ def deployment(tmp_path):
     return root, yaml, end
 
 
-def start(yaml, log_path, **popen):
-    """``mqstore serve`` in its own process group (``popen``: more Popen arguments); returns
-    the process and the base URL it logged."""
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "mqstore.cli", "serve", "-c", str(yaml)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env(),
-                            start_new_session=True, **popen)
-    log.close()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        found = re.search(r"serving metrics on (http://[\d.:]+)/metrics", log_path.read_text())
-        if found:
-            return proc, found.group(1)
-        assert proc.poll() is None, log_path.read_text()
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise AssertionError(f"serve did not start:\n{log_path.read_text()}")
-
-
-def scrape(url: str) -> dict:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_serve_metrics_health_and_clean_shutdown(deployment, tmp_path, signum):
     root, yaml, end = deployment
@@ -91,7 +60,7 @@ def test_serve_metrics_health_and_clean_shutdown(deployment, tmp_path, signum):
             assert m[("mqstore_worker_up", (("worker", worker),))] == 1
             assert m[("mqstore_worker_restarts_total", (("worker", worker),))] == 0
         assert ("mqstore_fsync_seconds_count", ()) in m and m[("mqstore_writable", ())] == 1
-        guide = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+        guide = (REPO / "docs" / "operations.md").read_text()
         assert sorted({name for name, _labels in m if f"`{name}`" not in guide}) == []
         with urllib.request.urlopen(url + "/healthz", timeout=10) as r:
             assert r.status == 200 and json.loads(r.read())["status"] == "ok"

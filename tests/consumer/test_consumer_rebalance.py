@@ -10,7 +10,6 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,9 +18,10 @@ from mqstore.consumer import membership
 from mqstore.errors import PluginError
 from mqstore.plugins.allocate_average import AverageAllocation
 from mqstore.plugins.allocate_average_by_circle import CircleAllocation
+from paths import SUPPORT
 
 _spec = importlib.util.spec_from_file_location(
-    "consumer_proc", Path(__file__).with_name("consumer_proc.py"))
+    "consumer_proc", SUPPORT / "consumer_proc.py")
 consumer_proc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(consumer_proc)
 

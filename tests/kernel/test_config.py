@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import sys
 from importlib import metadata
-from pathlib import Path
 
 import pytest
 import yaml
@@ -15,8 +14,9 @@ from mqstore.plugin_api import manager as plugins_manager
 from mqstore.config import StoreConfig, parse_delay_levels
 from mqstore.errors import ConfigError, PluginError
 from mqstore.plugin_api.registry import Registry
+from paths import REPO
 
-CONFIG = Path(__file__).resolve().parents[1] / "config" / "mqstore.yaml"
+CONFIG = REPO / "config" / "mqstore.yaml"
 
 
 def test_shipped_file_equals_the_defaults():

@@ -15,8 +15,9 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 PYPROJECT = ROOT / "pyproject.toml"
 
 # The contracts this file exists for; more may be added to pyproject.toml.

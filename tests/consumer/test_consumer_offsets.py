@@ -7,16 +7,16 @@ import importlib.util
 import json
 import multiprocessing as mp
 import os
-from pathlib import Path
 
 import pytest
 
 from mqstore import Message
 from mqstore.consumer import CorruptStateError
 from mqstore.consumer.offsets import ConsumerOffsets, decode_offsets, journal_lines
+from paths import SUPPORT
 
 _spec = importlib.util.spec_from_file_location(
-    "consumer_proc", Path(__file__).with_name("consumer_proc.py"))
+    "consumer_proc", SUPPORT / "consumer_proc.py")
 consumer_proc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(consumer_proc)
 

@@ -25,7 +25,7 @@ from mqstore.format.record import (
     SYSFLAG_STOREHOST_V6, decode_record, decompress_body, encode_blank, encode_record,
     scan_record, unpack_record,
 )
-from mqstore.dispatch import heads_alike
+from mqstore.dispatch.loop import heads_alike
 from mqstore.format.record_columns import MIN_RECORD_BYTES, heads, walk
 from mqstore.format.verify import check_queue_identity, verify_queue_record, verify_record
 from mqstore.message import StoredMessage

@@ -2,7 +2,7 @@
 ``mqstore.plugin_api`` and the built-in plugins written against it.
 
 mypy cannot follow the editable install's import hook (``mqstore`` lives in core/), so the test
-stages core/ and plugins/ as one ``mqstore`` tree, as tests/test_architecture.py does, and runs
+stages core/ and plugins/ as one ``mqstore`` tree, as tests/project/test_architecture.py does, and runs
 mypy there with the ``[tool.mypy]`` settings of pyproject.toml.
 """
 

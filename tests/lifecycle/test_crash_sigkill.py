@@ -26,8 +26,9 @@ import pytest
 
 from mqstore import GetStatus, Message, MessageStore, PutStatus, load_config
 from mqstore.errors import StoreLockedError
+from paths import SUPPORT
 
-WRITER = Path(__file__).with_name("crash_writer.py")
+WRITER = SUPPORT / "crash_writer.py"
 _spec = importlib.util.spec_from_file_location("crash_writer", WRITER)
 crash_writer = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(crash_writer)

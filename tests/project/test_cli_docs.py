@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from mqstore.cli import main
 from mqstore.config import StoreConfig
 from mqstore.cli.reference import cli_reference, config_reference
+from paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 DOCS = ROOT / "docs"
 REGENERATE = "python -m mqstore.cli.reference --config config/mqstore.yaml --out docs"
 

@@ -21,7 +21,8 @@ import pytest
 
 from cli_support import SMALL_CONFIG, env, error_line, mqstore, mqstore_json
 from consumer_proc import ConsumerProcess
-from test_cli_serve import STOP_TIMEOUT_S, scrape, start
+from serve_support import STOP_TIMEOUT_S, scrape, start
+from paths import REPO
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
 TOPIC = "orders"
@@ -311,7 +312,7 @@ def test_lag_in_metrics_and_stats_beside_serve(store, config, tmp_path):
                      (("group", "billing"), ("queue_id", str(q)), ("topic", TOPIC)))]
             assert (age > 0) == (behind > 0)
         assert group_stats(root, config, "billing")["lag"] == PRODUCED - 4
-        guide = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+        guide = (REPO / "docs" / "operations.md").read_text()
         for name in ("mqstore_consumer_lag_messages",
                      "mqstore_consumer_oldest_unconsumed_age_seconds"):
             assert f"`{name}`" in guide
