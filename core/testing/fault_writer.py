@@ -92,7 +92,13 @@ def main(argv: list[str]) -> int:
     out.flush()
     then = spec.get("then", "close")
     if then == "close":
-        store.close()
+        try:
+            store.close()
+        except KeyboardInterrupt:
+            # A Ctrl-C that lands in the close (the parent may signal late on a loaded
+            # machine) is raised once the store is closed: answered like one during a put.
+            out.write("interrupted -1\n")
+            out.flush()
     elif then == "wait":
         sys.stdin.read()
     os._exit(0)
