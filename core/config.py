@@ -177,16 +177,43 @@ class PluginsSection(_Section):
 
 
 class ServerSection(_Section):
-    """``mqstore serve``: where the metrics and health endpoints listen, how much it logs."""
+    """``mqstore serve``: where the metrics and health endpoints listen, how much it logs, and
+    the RocketMQ 5 gRPC endpoint (``grpc_*``, docs/endpoint.md)."""
 
     metrics_listen: str = "127.0.0.1:9108"
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    grpc_listen: str | None = None  # None: no gRPC endpoint
+    grpc_tls_cert_file: str | None = None
+    grpc_tls_key_file: str | None = None
+    grpc_access_keys: dict[str, str] = Field(default_factory=dict)  # access key -> secret key
+    grpc_auto_create_topics: bool = True
+    grpc_max_request_bytes: int = Field(8 * 1024 * 1024, ge=4096, le=JAVA_INT_MAX)
+    grpc_max_concurrent_streams: int = Field(1024, ge=1, le=JAVA_INT_MAX)
+    grpc_max_concurrent_rpcs: int = Field(8192, ge=1, le=JAVA_INT_MAX)
+    grpc_max_connections: int = Field(1024, ge=1, le=JAVA_INT_MAX)
+    grpc_client_idle_ms: int = Field(120_000, ge=1000, le=JAVA_INT_MAX)
+    grpc_min_invisible_ms: int = Field(10_000, ge=0, le=JAVA_INT_MAX)
+    grpc_max_long_polling_ms: int = Field(20_000, ge=0, le=JAVA_INT_MAX)
 
-    @field_validator("metrics_listen")
+    @field_validator("metrics_listen", "grpc_listen")
     @classmethod
-    def _listen(cls, value: str) -> str:
-        parse_listen(value)
+    def _listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_listen(value)
         return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "ServerSection":
+        if (self.grpc_tls_cert_file is None) != (self.grpc_tls_key_file is None):
+            raise ValueError(
+                f"server.grpc_tls_cert_file ({self.grpc_tls_cert_file!r}) and "
+                f"server.grpc_tls_key_file ({self.grpc_tls_key_file!r}) go together: give both "
+                f"for TLS, or neither for plaintext")
+        for ak, sk in self.grpc_access_keys.items():
+            if not ak or not sk:
+                raise ValueError(f"server.grpc_access_keys: access key {ak!r} needs a non-empty "
+                                 f"access key and secret key")
+        return self
 
 
 class ConsumerSection(_Section):

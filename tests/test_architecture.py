@@ -25,6 +25,8 @@ REQUIRED_CONTRACTS = {
     "errors and hashing are leaves",
     "core does not import plugins",
     "storage does not know the store",
+    "only serve and the --server commands import mqstore.endpoint",
+    "only mqstore.endpoint imports grpc, protobuf and the RocketMQ client",
 }
 
 # What `lint-imports` (the console script) runs, started from this interpreter.
@@ -81,6 +83,10 @@ def test_contracts_catch_violations(tmp_path):
     (pkg / "storage" / "_arch_probe.py").write_text(
         "def late():\n    from mqstore.workers import pipes\n    return pipes\n"
     )
+    # The store knowing the gRPC endpoint, or its libraries.
+    (pkg / "_arch_probe_grpc.py").write_text(
+        "import grpc\nfrom google.protobuf import duration_pb2\n"
+        "from mqstore.endpoint import server\n")
     code, report = _lint(tmp_path)
     assert code == 1, report
     for name in REQUIRED_CONTRACTS:
@@ -92,6 +98,9 @@ def test_contracts_catch_violations(tmp_path):
         "mqstore.errors -> mqstore.config",
         "mqstore._arch_probe_core -> mqstore.plugins.writer_mmap (l.1)",
         "mqstore.storage._arch_probe -> mqstore.workers.pipes (l.2)",
+        "mqstore._arch_probe_grpc -> grpc (l.1)",
+        "mqstore._arch_probe_grpc -> google (l.2)",
+        "mqstore._arch_probe_grpc -> mqstore.endpoint.server (l.3)",
     ):
         assert planted in report, f"{planted!r} not reported:\n{report}"
 

@@ -15,6 +15,7 @@ _GROUP = re.compile(r"[%|a-zA-Z0-9_-]{1,255}")
 _TOPIC = re.compile(r"[%|a-zA-Z0-9_.-]{1,255}")
 
 FIRST, LAST, TIMESTAMP = "first", "last", "timestamp"
+MAX = "max"  # pops only: RocketMQ 5's ConsumeInitMode.MAX (see pop.max_start)
 CONSUME_FROM = (FIRST, LAST, TIMESTAMP)
 HALF_AN_HOUR_MS = 30 * 60 * 1000  # RocketMQ's default consumeTimestamp: half an hour back
 

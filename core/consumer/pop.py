@@ -15,7 +15,8 @@ store never handed out, ``ReceiptHandleError`` (RocketMQ's INVALID_RECEIPT_HANDL
 State: ``pop_state`` (one locked JSON file per topic and group, rewritten by every pop, ack and
 change), so it survives restarts and SIGKILL: a message is delivered again only if it was not
 acknowledged, never lost. A queue new to a pop group starts at the group's committed offset
-(``config/consumerOffset.json``) when it has one, else by ``consume_from``.
+(``config/consumerOffset.json``) when it has one, else by ``consume_from``: ``"first"``,
+``"last"``, or ``"max"``, where RocketMQ 5's proxy starts a new group (``max_start``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,14 @@ def parse_handle(handle: object) -> tuple[str, str, int, int, int, int]:
     return topic, group, q, offset, attempt, delivery
 
 
+def max_start(store, topic: str, queue_id: int) -> int:
+    """Where RocketMQ 5's proxy starts a queue new to a pop group (ConsumeInitMode.MAX with
+    initPopOffsetByCheckMsgInMem): at 0 while the queue still holds its first message, else
+    at its last message, so a consumer started after a producer gets what was sent."""
+    low, high = store.min_offset(topic, queue_id), store.max_offset(topic, queue_id)
+    return 0 if low == 0 else max(low, high - 1)
+
+
 class PopConsumer:
     def __init__(self, service) -> None:
         self._service = service
@@ -90,8 +99,9 @@ class PopConsumer:
         names.check_int("invisible_ms", invisible_ms, 0)
         if isinstance(wait_ms, bool) or not isinstance(wait_ms, (int, float)) or not wait_ms >= 0:
             raise ValueError(f"wait_ms {wait_ms!r} must be a number >= 0")
-        if consume_from not in (names.FIRST, names.LAST):
-            raise ValueError(f"consume_from {consume_from!r} must be 'first' or 'last' for pops")
+        if consume_from not in (names.FIRST, names.LAST, names.MAX):
+            raise ValueError(f"consume_from {consume_from!r} must be 'first', 'last' or 'max' "
+                             f"for pops")
         store = self._service.store
         if expression is not None:
             store.view.compile_filter(expression, expression_type)
@@ -149,11 +159,11 @@ class PopConsumer:
                     for q in order:
                         room = min(limit, max_msgs - len(picked))
                         if room > 0:
-                            from_first = (consume_from == names.FIRST or under_way
-                                          or q not in existing)
+                            start = (names.FIRST if under_way or q not in existing
+                                     else consume_from)
                             changed |= self._take_new(store, doc, qs, topic, group, q, room,
                                                       until, picked, expression,
-                                                      expression_type, committed, from_first)
+                                                      expression_type, committed, start)
             upcoming = [v[1] for e in qs.values() for v in e.get("inflight", {}).values()]
             return changed, min(upcoming) if upcoming else None
 
@@ -165,20 +175,22 @@ class PopConsumer:
         return out, next_due
 
     def _take_new(self, store, doc, qs, topic, group, q, room, until, picked, expression,
-                  expression_type, committed, from_first) -> bool:
+                  expression_type, committed, start) -> bool:
         """Pop up to ``room`` never-popped messages of queue ``q`` (a queue new to the group
-        starts at its committed offset, else its first message with ``from_first``, else its
-        end); True if the state moved."""
+        starts at its committed offset, else where ``start`` says); True if the state
+        moved."""
         entry = qs.get(str(q))
         changed = False
         if entry is None:
             if q in committed:
-                start = committed[q]
-            elif from_first:
-                start = store.min_offset(topic, q)
+                offset = committed[q]
+            elif start == names.FIRST:
+                offset = store.min_offset(topic, q)
+            elif start == names.MAX:
+                offset = max_start(store, topic, q)
             else:
-                start = store.max_offset(topic, q)
-            entry = qs[str(q)] = {"offset": start, "inflight": {}}
+                offset = store.max_offset(topic, q)
+            entry = qs[str(q)] = {"offset": offset, "inflight": {}}
             changed = True
         taken = 0
         while taken < room:

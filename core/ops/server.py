@@ -115,6 +115,15 @@ def serve(root: str, config: StoreConfig,
             signal.signal(s, handler)
 
 
+def _start_endpoint(store: MessageStore, config: StoreConfig):
+    """The gRPC endpoint when ``server.grpc_listen`` is set (imported only then: it needs the
+    grpc extra)."""
+    if config.server.grpc_listen is None:
+        return None
+    from mqstore.endpoint.server import start_endpoint
+    return start_endpoint(store, config)
+
+
 def _run(root, config, stop, received, on_ready) -> bool:
     log.info("opening store %s (writer %s, flush %s, dispatch worker %s, flush worker %s)",
              root, config.writer.kind, config.flush.policy, config.dispatch.worker,
@@ -134,12 +143,16 @@ def _run(root, config, stop, received, on_ready) -> bool:
         shown = f"[{host}]" if ":" in host else host
         url = f"http://{shown}:{httpd.server_port}"
         log.info("serving metrics on %s/metrics and health on %s/healthz", url, url)
-        on_ready(url)
+        endpoint = None
         try:
+            endpoint = _start_endpoint(store, config)
+            on_ready(url)
             while not stop.wait(WAKE_S):
                 pass
             log.info("%s received: shutting down", received[0] if received else "stop")
         finally:
+            if endpoint is not None:
+                endpoint.stop()  # NOTE [ Endpoint shutdown ]: before the store closes
             httpd.shutdown()
             httpd.server_close()
             thread.join()
