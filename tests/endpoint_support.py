@@ -152,3 +152,4 @@ class Clients:
             except Exception:  # noqa: BLE001 - a client already shut down by its test
                 pass
         self._open.clear()
+

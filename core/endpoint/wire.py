@@ -24,6 +24,7 @@ sent uncompressed, so every client reads it whatever compression it knows.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 import zlib
 
@@ -151,11 +152,15 @@ def peer_host(peer: str) -> str | None:
     return address if scheme in ("ipv4", "ipv6") and address else None
 
 
-def _ip(host: str) -> str:
-    """``1.2.3.4:5`` -> ``1.2.3.4``, ``[::1]:5`` -> ``::1`` (RocketMQ's born host string)."""
+def java_host(host: str) -> tuple[str, str]:
+    """``"ip:port"`` (``"[v6]:port"``) as Java's ``InetAddress.getHostAddress()`` writes the
+    address, which is what the proxy sends: IPv6 in eight groups, none compressed."""
     if host.startswith("["):
-        return host[1:host.index("]")]
-    return host.rpartition(":")[0]
+        address, _sep, port = host[1:].partition("]:")
+        groups = ipaddress.IPv6Address(address).exploded.split(":")
+        return ":".join(g.lstrip("0") or "0" for g in groups), port
+    address, _sep, port = host.rpartition(":")
+    return address, port
 
 
 def message_type(props: dict) -> int:
@@ -195,9 +200,9 @@ def to_wire(popped, receipt_handle: str, delivery_attempt: int) -> definition_pb
     sp.body_encoding = Encoding.IDENTITY
     sp.message_type = message_type(props)
     sp.born_timestamp.FromMilliseconds(full.born_timestamp)
-    sp.born_host = props.get(BORN_HOST) or _ip(full.born_host)
+    sp.born_host = props.get(BORN_HOST) or java_host(full.born_host)[0]
     sp.store_timestamp.FromMilliseconds(full.store_timestamp)
-    sp.store_host = full.store_host
+    sp.store_host = ":".join(java_host(full.store_host))
     sp.receipt_handle = receipt_handle
     sp.queue_id = popped.queue_id
     sp.queue_offset = popped.queue_offset
