@@ -1,7 +1,9 @@
 """The servicer of ``apache.rocketmq.v2.MessagingService``: each RPC, guarded.
 
-Every call first passes the guard: the access-key check (``auth``), the connection cap
-(``limits.Peers``) and the client's session being marked alive. A refusal raised anywhere
+Every call first passes the guard: the access-key check (``auth``, which reads the call's
+metadata only when access keys are configured) and the connection cap (``limits.Peers``).
+Clients are known by their ``x-mq-client-id`` from Telemetry, Heartbeat (every 10 s) and
+NotifyClientTermination (``settings.Sessions``). A refusal raised anywhere
 (``EndpointError``) becomes the response's status, as RocketMQ answers (the RPC itself
 succeeds); anything unexpected is logged and answered INTERNAL_SERVER_ERROR naming it. RPCs
 mqstore does not serve (PullMessage, offsets, transactions, assignments, dead-letter
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 
 import grpc
@@ -41,21 +44,23 @@ def _failure(name: str, exc: BaseException) -> tuple[int, str]:
 
 
 def unary(response_type):
-    """A guarded unary RPC: ``handler(self, request, context, metadata)`` returns the response
-    (or awaits it); refusals become its status."""
+    """A guarded unary RPC: ``handler(self, request, context, peer)`` returns the response
+    (a coroutine function awaits it); refusals become its status."""
     def wrap(handler):
         name = handler.__name__
+        awaits = inspect.iscoroutinefunction(handler)
 
         @functools.wraps(handler)
         async def rpc(self, request, context):
             peer = context.peer()
             try:
-                metadata = self.enter(context, peer)
+                self.enter(context, peer)
             except EndpointError as exc:
                 return response_type(status=status(exc.code, exc.message))
             try:
-                answer = handler(self, request, context, metadata)
-                return await answer if asyncio.iscoroutine(answer) else answer
+                if awaits:
+                    return await handler(self, request, context, peer)
+                return handler(self, request, context, peer)
             except Exception as exc:  # noqa: BLE001 - every failure is an answer
                 return response_type(status=status(*_failure(name, exc)))
             finally:
@@ -64,51 +69,57 @@ def unary(response_type):
     return wrap
 
 
+def client_id(context) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_ID:
+            return value
+    return ""
+
+
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def __init__(self, parts) -> None:
         self.parts = parts  # the endpoint's pieces (server.Parts)
         self.peers = parts.peers
         self.stopping = asyncio.Event()
 
-    def enter(self, context, peer: str) -> dict:
-        """The guard: the call's metadata once it may proceed."""
-        metadata = dict(context.invocation_metadata() or ())
-        self.parts.access_keys.check(metadata)
+    def enter(self, context, peer: str) -> None:
+        """The guard: returns when the call may proceed."""
+        access_keys = self.parts.access_keys
+        if access_keys.enabled:
+            access_keys.check(dict(context.invocation_metadata() or ()))
         self.peers.enter(peer)
-        self.parts.sessions.touch(metadata.get(CLIENT_ID, ""))
-        return metadata
 
     # -- routes and clients ---------------------------------------------------------------
     @unary(service_pb2.QueryRouteResponse)
-    def QueryRoute(self, request, context, metadata):
+    def QueryRoute(self, request, context, peer):
         topic = topic_to_read(request.topic)
         queues = self.parts.topics.for_route(topic)
         endpoints = request.endpoints if request.endpoints.addresses else self.parts.endpoints
         return route.route_response(request.topic, queues, endpoints)
 
     @unary(service_pb2.HeartbeatResponse)
-    def Heartbeat(self, request, context, metadata):
+    def Heartbeat(self, request, context, peer):
         if request.HasField("group") and request.group.name:
             group_name(request.group)
-        self.parts.sessions.seen(metadata.get(CLIENT_ID, ""), request.client_type)
+        self.parts.sessions.seen(client_id(context), request.client_type)
         return service_pb2.HeartbeatResponse(status=ok())
 
     @unary(service_pb2.NotifyClientTerminationResponse)
-    def NotifyClientTermination(self, request, context, metadata):
-        self.parts.sessions.drop(metadata.get(CLIENT_ID, ""))
+    def NotifyClientTermination(self, request, context, peer):
+        self.parts.sessions.drop(client_id(context))
         return service_pb2.NotifyClientTerminationResponse(status=ok())
 
     async def Telemetry(self, request_iterator, context):
         peer = context.peer()
         try:
-            metadata = self.enter(context, peer)
+            self.enter(context, peer)
         except EndpointError as exc:
             await context.write(service_pb2.TelemetryCommand(status=status(exc.code,
                                                                            exc.message)))
             return
         try:
             reader = asyncio.ensure_future(self._settings(request_iterator, context,
-                                                          metadata.get(CLIENT_ID, "")))
+                                                          client_id(context)))
             stopper = asyncio.ensure_future(self.stopping.wait())
             await asyncio.wait((reader, stopper), return_when=asyncio.FIRST_COMPLETED)
             for task in (reader, stopper):
@@ -134,8 +145,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     # -- messages -------------------------------------------------------------------------
     @unary(service_pb2.SendMessageResponse)
-    def SendMessage(self, request, context, metadata):
-        return self.parts.sender.send(request, context.peer())
+    async def SendMessage(self, request, context, peer):
+        return await self.parts.sender.send(request, peer)
 
     async def ReceiveMessage(self, request, context):
         peer = context.peer()
@@ -157,11 +168,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             self.peers.leave(peer)
 
     @unary(service_pb2.AckMessageResponse)
-    def AckMessage(self, request, context, metadata):
+    def AckMessage(self, request, context, peer):
         return acks.ack(self.parts.pops, request)
 
     @unary(service_pb2.ChangeInvisibleDurationResponse)
-    def ChangeInvisibleDuration(self, request, context, metadata):
+    def ChangeInvisibleDuration(self, request, context, peer):
         return acks.change_invisible_duration(self.parts.pops, request)
 
     # -- what mqstore does not serve -------------------------------------------------------

@@ -16,8 +16,9 @@ answers it, with the client's Settings filled in:
                    subscription.receive_batch_size = 32, long_polling_timeout =
                    server.grpc_max_long_polling_ms, fifo = false
 
-``Sessions`` keeps each client's last Settings and when it was last heard from; a client
-silent for ``server.grpc_client_idle_ms`` is forgotten (its next Settings brings it back).
+``Sessions`` keeps each client's last Settings and when it was last heard from (Telemetry,
+and the Heartbeat every client sends every 10 s); a client silent for
+``server.grpc_client_idle_ms`` is forgotten (its next Settings brings it back).
 """
 
 from __future__ import annotations
@@ -111,11 +112,6 @@ class Sessions:
         if settings is not None:
             session.settings = settings
         session.last_seen = self._clock()
-
-    def touch(self, client_id: str) -> None:
-        session = self._sessions.get(client_id)
-        if session is not None:
-            session.last_seen = self._clock()
 
     def get(self, client_id: str) -> Session | None:
         return self._sessions.get(client_id)
