@@ -185,7 +185,7 @@ class ServerSection(_Section):
     grpc_listen: str | None = None  # None: no gRPC endpoint
     grpc_tls_cert_file: str | None = None
     grpc_tls_key_file: str | None = None
-    grpc_access_keys: dict[str, str] = Field(default_factory=dict)  # access key -> secret key
+    grpc_access_keys: tuple[str, ...] = ()  # "ACCESS_KEY:SECRET_KEY" each
     grpc_auto_create_topics: bool = True
     grpc_max_request_bytes: int = Field(8 * 1024 * 1024, ge=4096, le=JAVA_INT_MAX)
     grpc_max_concurrent_streams: int = Field(1024, ge=1, le=JAVA_INT_MAX)
@@ -202,6 +202,11 @@ class ServerSection(_Section):
             parse_listen(value)
         return value
 
+    @field_validator("grpc_access_keys", mode="before")
+    @classmethod
+    def _key_list(cls, value):
+        return tuple(value) if isinstance(value, list) else value  # YAML gives lists
+
     @model_validator(mode="after")
     def _tls_pair(self) -> "ServerSection":
         if (self.grpc_tls_cert_file is None) != (self.grpc_tls_key_file is None):
@@ -209,10 +214,14 @@ class ServerSection(_Section):
                 f"server.grpc_tls_cert_file ({self.grpc_tls_cert_file!r}) and "
                 f"server.grpc_tls_key_file ({self.grpc_tls_key_file!r}) go together: give both "
                 f"for TLS, or neither for plaintext")
-        for ak, sk in self.grpc_access_keys.items():
-            if not ak or not sk:
-                raise ValueError(f"server.grpc_access_keys: access key {ak!r} needs a non-empty "
-                                 f"access key and secret key")
+        for i, pair in enumerate(self.grpc_access_keys):
+            # The message names the access key at most: a secret never goes to a log.
+            access_key, sep, secret_key = pair.partition(":")
+            if not sep or not access_key or not secret_key:
+                what = (f"access key {access_key!r} has an empty secret key" if access_key
+                        and sep else f"entry {i} has no access key before a ':'")
+                raise ValueError(f"server.grpc_access_keys: {what}; each entry is "
+                                 f"'ACCESS_KEY:SECRET_KEY', both non-empty")
         return self
 
 

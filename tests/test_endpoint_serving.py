@@ -228,7 +228,7 @@ def test_tls_and_access_keys(tmp_path, home):
                    check=True, capture_output=True, timeout=60)
     yaml = deployment_yaml(tmp_path / "deploy.yaml", tmp_path / "store", server={
         "grpc_tls_cert_file": str(cert), "grpc_tls_key_file": str(key),
-        "grpc_access_keys": {"app": "s3cret"}})
+        "grpc_access_keys": ["app:s3cret"]})
     served = Served(yaml, tmp_path / "serve.log", home)
     script = textwrap.dedent("""
         import json, sys

@@ -19,6 +19,7 @@ INVISIBLE_S = 30  # how long a received message stays invisible until it is ackn
 FOLLOW_AWAIT_S = 20  # a following consumer's long poll (the proxy's longest)
 CATCH_UP_AWAIT_S = 1  # without --follow: a receive that waits this long for nothing ends it
 RECEIVE_BATCH = 32
+STOP_CHECK_S = 0.1  # a stop (Ctrl-C, SIGTERM) ends a long poll this soon
 
 
 def check_server(server: str) -> str:
@@ -102,7 +103,12 @@ def consume(server: str, topic: str, group: str, expression: str | None, sql: bo
             want = RECEIVE_BATCH if limit is None else min(RECEIVE_BATCH, limit - count)
             if want <= 0:
                 break
-            received = consumer.receive(want, INVISIBLE_S)
+            pending = consumer.receive_async(want, INVISIBLE_S)
+            while not pending.done() and not stop.wait(STOP_CHECK_S):
+                pass
+            if not pending.done():  # stopped mid-poll: what it pops comes back later
+                break
+            received = pending.result()
             if not received:
                 if follow:
                     continue

@@ -147,7 +147,8 @@ class Endpoint:
             sessions=Sessions(server.grpc_max_connections * SESSIONS_PER_CONNECTION,
                               server.grpc_client_idle_ms),
             peers=Peers(server.grpc_max_connections, server.grpc_client_idle_ms),
-            access_keys=AccessKeys(server.grpc_access_keys),
+            access_keys=AccessKeys(dict(pair.split(":", 1)
+                                        for pair in server.grpc_access_keys)),
             settings_policy=SettingsPolicy(config), endpoints=endpoints_of(host, port))
 
     async def _serve(self) -> None:

@@ -62,9 +62,6 @@ def _type_name(annotation) -> str:
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(annotation))
-    if origin is dict:
-        key, value = typing.get_args(annotation)
-        return f"mapping of {_type_name(key)} to {_type_name(value)}"
     if origin is not None:
         args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
         inner = " \\| ".join(_type_name(a) for a in args)
