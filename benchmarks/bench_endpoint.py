@@ -73,6 +73,7 @@ def floor_server(body_bytes: int) -> None:
         sp.born_timestamp.FromMilliseconds(1)
         sp.store_timestamp.FromMilliseconds(1)
         canned.append(s.ReceiveMessageResponse(message=m))
+    stamp = canned[0].message.system_properties.store_timestamp
 
     class Floor(service_pb2_grpc.MessagingServiceServicer):
         async def QueryRoute(self, request, context):
@@ -103,7 +104,7 @@ def floor_server(body_bytes: int) -> None:
             yield s.ReceiveMessageResponse(status=ok)
             for response in canned[:request.batch_size]:
                 yield response
-            yield s.ReceiveMessageResponse(delivery_timestamp=canned[0].message.system_properties.store_timestamp)
+            yield s.ReceiveMessageResponse(delivery_timestamp=stamp)
 
         async def AckMessage(self, request, context):
             return s.AckMessageResponse(status=ok, entries=[s.AckMessageResultEntry(

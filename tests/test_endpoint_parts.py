@@ -94,7 +94,8 @@ def test_hosts_read_as_javas_getHostAddress_and_digests_as_the_proxys():
 def test_signatures_are_checked_against_the_access_keys_secret():
     keys = AccessKeys({"app": "s3cret"})
     stamp = "20260101T000000Z"
-    good = f"MQv2-HMAC-SHA1 Credential=app, SignedHeaders=x-mq-date-time, Signature={sign('s3cret', stamp)}"
+    good = (f"MQv2-HMAC-SHA1 Credential=app, SignedHeaders=x-mq-date-time, "
+            f"Signature={sign('s3cret', stamp)}")
     assert sign("s3cret", stamp) == hmac.new(b"s3cret", stamp.encode(), hashlib.sha1).hexdigest()
     assert keys.check({"authorization": good, "x-mq-date-time": stamp}) == "app"
     for metadata, needle in (
