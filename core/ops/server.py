@@ -123,6 +123,15 @@ def serve(root: str, config: StoreConfig,
             signal.signal(s, handler)
 
 
+def _start_endpoint(store: MessageStore, config: StoreConfig):
+    """The gRPC endpoint when ``server.grpc_listen`` is set (imported only then: it needs the
+    grpc extra)."""
+    if config.server.grpc_listen is None:
+        return None
+    from mqstore.endpoint.server import start_endpoint
+    return start_endpoint(store, config)
+
+
 def _run(root, config, stop: _Stop, on_ready) -> bool:
     log.info("opening store %s (writer %s, flush %s, dispatch worker %s, flush worker %s)",
              root, config.writer.kind, config.flush.policy, config.dispatch.worker,
@@ -154,9 +163,16 @@ async def _serve_endpoints(store: MessageStore, config: StoreConfig, stop: _Stop
         url = f"http://{shown}:{httpd.port}"
         log.info("serving metrics on %s/metrics and health on %s/healthz", url, url)
         _check_descriptors(httpd)
-        on_ready(url)
-        await stop.wait()
-        log.info("%s received: shutting down", stop.received[0] if stop.received else "stop")
+        # The gRPC endpoint runs its own loop on its own thread: a flood of RPCs never slows
+        # /healthz, and it stops (NOTE [ Endpoint shutdown ]) before the store closes.
+        endpoint = await asyncio.to_thread(_start_endpoint, store, config)
+        try:
+            on_ready(url)
+            await stop.wait()
+            log.info("%s received: shutting down", stop.received[0] if stop.received else "stop")
+        finally:
+            if endpoint is not None:
+                await asyncio.to_thread(endpoint.stop)
     finally:
         await httpd.close()
 

@@ -286,6 +286,24 @@ def test_a_new_pop_group_starts_at_the_end_of_every_queue_unless_told_first(make
         "late", TOPIC, 10, 60_000)) == [(1, 3, b"after"), (5, 0, b"new queue")]
 
 
+def test_a_new_pop_group_in_max_mode_starts_where_rocketmq_5s_proxy_starts_it(make_store):
+    """ConsumeInitMode.MAX with initPopOffsetByCheckMsgInMem: a queue still holding offset 0
+    starts there; one whose first messages cleanup deleted starts at its last message."""
+    store = make_store({"commit_log": {"segment_bytes": 4096}})
+    for i in range(60):
+        store.put(Message(TOPIC, b"old %02d" % i + b"x" * 200, queue_id=0))
+    store.wait_dispatched()
+    store.delete_expired_segments(force=True, max_segments=2)
+    low, high = store.min_offset(TOPIC, 0), store.max_offset(TOPIC, 0)
+    assert 0 < low < high - 1 == 59
+    for i in range(3):
+        store.put(Message(TOPIC, b"new %d" % i, queue_id=1))
+    store.wait_dispatched()
+    got = store.pop("proxy-like", TOPIC, 32, 60_000, consume_from="max")
+    assert sorted((m.queue_id, m.queue_offset) for m in got) == [(0, 59), (1, 0), (1, 1), (1, 2)]
+    assert store.pop("proxy-like", TOPIC, 32, 60_000, consume_from="max") == []
+
+
 def test_a_waiting_first_pop_gets_what_arrives_in_a_new_queue(make_store):
     store = make_store()
     box = {}

@@ -48,6 +48,10 @@ def test_shipped_file_lists_every_key_with_a_comment():
     ({"store": {"hash": "md5"}}, "store.hash"),
     ({"store": {"message_delay_levels": "1x"}}, "store.message_delay_levels"),
     ({"flush": {"interval_ms": True}}, "flush.interval_ms"),
+    ({"server": {"grpc_listen": "8081"}}, "server.grpc_listen"),
+    ({"server": {"grpc_tls_cert_file": "c.pem"}}, "grpc_tls_key_file (None) go together"),
+    ({"server": {"grpc_access_keys": ["app:"]}}, "access key 'app' has an empty secret key"),
+    ({"server": {"grpc_max_request_bytes": 10}}, "server.grpc_max_request_bytes"),
 ])
 def test_bad_values_are_rejected_naming_the_key(overrides, needle):
     with pytest.raises(ConfigError) as err:

@@ -28,6 +28,8 @@ REQUIRED_CONTRACTS = {
     "the engine's layers",
     "the kernel imports no layer above the plugin API",
     "plugins use only the plugin API",
+    "only serve and the --server commands import mqstore.endpoint",
+    "only mqstore.endpoint imports grpc, protobuf and the RocketMQ client",
 }
 
 # What `lint-imports` (the console script) runs, started from this interpreter.
@@ -96,6 +98,10 @@ def test_contracts_catch_violations(tmp_path):
     )
     with (pkg / "message.py").open("a") as f:
         f.write("\nfrom mqstore.runtime import cleanup as _arch_probe_cleanup\n")
+    # The store knowing the gRPC endpoint, or its libraries.
+    (pkg / "_arch_probe_grpc.py").write_text(
+        "import grpc\nfrom google.protobuf import duration_pb2\n"
+        "from mqstore.endpoint import server\n")
     code, report = _lint(tmp_path)
     assert code == 1, report
     for name in REQUIRED_CONTRACTS:
@@ -112,6 +118,9 @@ def test_contracts_catch_violations(tmp_path):
         "mqstore.message -> mqstore.runtime.cleanup",
         "mqstore.plugins._arch_probe -> mqstore.storage.index_file (l.1)",
         "mqstore.plugins._arch_probe -> mqstore (l.2)",
+        "mqstore._arch_probe_grpc -> grpc (l.1)",
+        "mqstore._arch_probe_grpc -> google (l.2)",
+        "mqstore._arch_probe_grpc -> mqstore.endpoint.server (l.3)",
     ):
         assert planted in report, f"{planted!r} not reported:\n{report}"
 
