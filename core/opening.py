@@ -29,7 +29,8 @@ from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper, read_manifest
 from mqstore.storage.queue_progress import read_queued, remove_queued
-from mqstore.storage.shared_segment import store_segment_name, unlink_segment
+from mqstore.storage import store_id as ids
+from mqstore.storage.shared_segment import path_segment_name, store_segment_name, unlink_segment
 from mqstore.store_meta import load_meta, settle_meta, settle_record_crc
 from mqstore.store_view import DirectoryView
 from mqstore.workers import shm
@@ -105,11 +106,18 @@ class Opener:
                                      read_only=ro, on_warning=log.warning,
                                      known_bytes=meta.get("commit_log_segment_bytes"))
         self.notes = notes = store.commit_log.load()
+        identity = None
         if not ro:
             # A killed store leaves its shared memory behind: its transient pool may hold
             # acknowledged records its files lack (see NOTE [ Shutdown ]); reclaim both.
-            notes += salvage_pool(self.root, store.commit_log.segments)
-            unlink_segment(store_segment_name(self.root, shm.POSITIONS_SEGMENT))
+            store_id, moved = ids.claim(self.root, meta)
+            if moved:
+                notes.append(moved)
+            notes += salvage_pool(self.root, store_id, store.commit_log.segments)
+            if store_id:
+                unlink_segment(store_segment_name(store_id, shm.POSITIONS_SEGMENT))
+            unlink_segment(path_segment_name(self.root, shm.POSITIONS_SEGMENT))
+            identity = ids.settled(self.root, store_id)
         cq_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
             config.consume_queue.file_units * CQ_UNIT_SIZE)
         self.queues = load_consume_queues(
@@ -119,7 +127,8 @@ class Opener:
                                 consume_queues=self.queues.values(),
                                 configured_hash=config.store.hash,
                                 configured_cq_bytes=cq_bytes, read_only=ro, notes=notes,
-                                hash_explicit="hash" in config.store.model_fields_set)
+                                hash_explicit="hash" in config.store.model_fields_set,
+                                identity=identity)
         store.hash_kind = self.meta["hash"]
         if self.meta.get("record_crc_since") is not None:
             # What the store's writers recorded, for recovery to hold records to; settled
@@ -216,13 +225,14 @@ class Opener:
         runtime_ref: list = []
         writer = hooks.writers.get(config.writer.kind)(WriterContext(
             self.root, config, store.commit_log,
-            lambda: runtime_ref[0]().wake_committer() if runtime_ref else None))
+            lambda: runtime_ref[0]().wake_committer() if runtime_ref else None,
+            self.meta[ids.ID_KEY]))
         try:
             flush_factory = hooks.flush_policies.get(config.flush.policy)
             runtime = store._runtime = Runtime(
                 state=self.state, config=config, view=store.view, dispatchers=store.dispatchers,
                 hooks=hooks, writer=writer, flush_schedule=flush_factory.schedule(config),
-                clock=self.clock, manifest=self.manifest)
+                clock=self.clock, manifest=self.manifest, store_id=self.meta[ids.ID_KEY])
         except BaseException:
             writer.close()
             raise

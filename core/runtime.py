@@ -36,7 +36,7 @@ OPEN_CATCH_UP_POLL_S = 0.05
 
 class Runtime:
     def __init__(self, *, state, config, view, dispatchers, hooks, writer, flush_schedule,
-                 clock, manifest) -> None:
+                 clock, manifest, store_id: str) -> None:
         # Built and checked first: a policy refused here leaves nothing to undo.
         self.cleanup_policy = hooks.cleanup_policies.get(config.cleanup.policy)(config)
         try:
@@ -60,7 +60,7 @@ class Runtime:
         self.visible_after_flush = False
         self.flushed_where = self.commit_log.max_offset
         self.channels = shm.Channels.create(
-            store_segment_name(self.root, shm.POSITIONS_SEGMENT))
+            store_segment_name(store_id, shm.POSITIONS_SEGMENT))
         self._append_channel = self.channels.append  # the put path's, looked up once
         self._dispatch_channel = self.channels.dispatch
         self.staging = staging_pool(writer)  # the transient pool, or None (a plain writer)

@@ -22,6 +22,8 @@ from mqstore.ops import put_metrics
 from mqstore.ops.metrics import StoreCollector
 from mqstore.ops.server import with_put_metrics
 from mqstore.storage.shared_segment import store_segment_name
+from mqstore.storage.store_id import recorded_id
+from mqstore.store_meta import load_meta
 from cli_support import SMALL_CONFIG, env, mqstore_json
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
@@ -106,7 +108,7 @@ def test_serve_metrics_health_and_clean_shutdown(deployment, tmp_path, signum):
     assert "store closed cleanly" in log
     assert not (root / "abort").exists()
     for kind in ("positions", "pool"):
-        name = store_segment_name(str(root), kind)
+        name = store_segment_name(recorded_id(load_meta(str(root))[0]), kind)
         assert not os.path.exists(f"/dev/shm/{name}"), name
     assert mqstore_json("check", root)["clean"]
 
