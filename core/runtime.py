@@ -57,6 +57,8 @@ class Runtime:
         self.clock = clock
         self.manifest = manifest
         self.appender = None  # set by the store once built (the put lock, the last append)
+        self.store_lock = None  # set by the opener: the writer's StoreLock, watched by tick
+        self.lock_changed: str | None = None  # what tick found changed (NOTE [ Store lock ])
         self.visible_after_flush = False
         self.flushed_where = self.commit_log.max_offset
         self.channels = shm.Channels.create(
@@ -205,11 +207,24 @@ class Runtime:
         """Once a second: metadata; every ``cleanup.interval_ms``: the cleanup decision."""
         if self.state.closed:
             return
+        self._watch_lock()
         self.flush_metadata()
         now = time.monotonic()
         if now >= self._next_cleanup:
             self._next_cleanup = now + self.config.cleanup.interval_ms / 1000.0
             self.run_cleanup()
+
+    def _watch_lock(self) -> None:
+        """Said once: the store's directory or lock file changed under the writer. ``abort``
+        is made sure of now, for a crash before the close (which leaves no clean marker)."""
+        if self.store_lock is None or self.lock_changed is not None:
+            return
+        changed = self.store_lock.intact()
+        if changed:
+            self.lock_changed = changed
+            log.error("store %s: %s while this writer has it open; it will not be closed "
+                      "cleanly, so that its next open recovers it in full", self.root, changed)
+            self.store_lock.mark_unclean()
 
     def flush_metadata(self) -> None:
         """Persist consume queues and the checkpoint, so an abnormal recovery can start near

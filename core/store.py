@@ -235,6 +235,13 @@ class MessageStore:
                 last_end = self._appender.last_append[0]
                 caught_up = runtime.stop(last_end)
                 clean = caught_up and not state.running_flags & (UNWRITABLE & ~DISK_FULL)
+                changed = runtime.lock_changed or (
+                    self._lock.intact() if self._lock is not None else None)
+                if changed:  # NOTE [ Store lock ]: a clean marker could describe files gone
+                    clean = False
+                    log.error("store %s closed, but not cleanly: %s while it was open; the "
+                              "next open recovers it in full", self.root, changed)
+                    self._lock.mark_unclean()
                 if clean:
                     ends = self._ends()
         finally:

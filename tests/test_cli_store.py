@@ -229,7 +229,8 @@ def test_a_locked_store_is_one_line_exit_1(store, config):
         busy = mqstore("produce", store["root"], "-c", config, "-t", "t", "x", check=1)
         assert "is open for writing by another process" in error_line(busy)
         refused = mqstore("check", store["root"], "-c", config, check=1)
-        assert "is open for writing by process" in error_line(refused)
+        assert f"is open for writing by another process (pid {os.getpid()}); check it once" \
+            in error_line(refused)
 
 
 def test_bench_small(tmp_path):
