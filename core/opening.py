@@ -24,12 +24,12 @@ from mqstore.recovery import RecoveryReport, mend_range, recover
 from mqstore.running_flags import NOT_WRITEABLE
 from mqstore.runtime import Runtime
 from mqstore.storage import clean_marker
+from mqstore.storage import store_id as ids
 from mqstore.storage.checkpoint import Checkpoint, abort_exists, create_abort
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper, read_manifest
 from mqstore.storage.queue_progress import read_queued, remove_queued
-from mqstore.storage import store_id as ids
 from mqstore.storage.shared_segment import path_segment_name, store_segment_name, unlink_segment
 from mqstore.storage.store_lock import StoreLock
 from mqstore.store_meta import load_meta, settle_meta, settle_record_crc
