@@ -25,12 +25,14 @@ from mqstore.config import StoreConfig
 from mqstore.running_flags import NOT_WRITEABLE, StoreState
 from mqstore.runtime.loops import Runtime
 from mqstore.storage import clean_marker
-from mqstore.storage.checkpoint import Checkpoint, StoreLock, abort_exists, create_abort
+from mqstore.storage import store_id as ids
+from mqstore.storage.checkpoint import Checkpoint, abort_exists, create_abort
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper, read_manifest
 from mqstore.storage.queue_progress import read_queued, remove_queued
-from mqstore.storage.shared_segment import store_segment_name, unlink_segment
+from mqstore.storage.shared_segment import path_segment_name, store_segment_name, unlink_segment
+from mqstore.storage.store_lock import StoreLock
 from mqstore.lifecycle.parts import StoreParts
 from mqstore.lifecycle.store_meta import load_meta, settle_meta, settle_record_crc
 from mqstore.view.directory_view import DirectoryView
@@ -103,11 +105,18 @@ class Opener:
                                      read_only=ro, on_warning=log.warning,
                                      known_bytes=meta.get("commit_log_segment_bytes"))
         self.notes = notes = parts.commit_log.load()
+        identity = None
         if not ro:
             # A killed store leaves its shared memory behind: its transient pool may hold
             # acknowledged records its files lack (see NOTE [ Shutdown ]); reclaim both.
-            notes += salvage_pool(self.root, parts.commit_log.segments)
-            unlink_segment(store_segment_name(self.root, shm.POSITIONS_SEGMENT))
+            store_id, moved = ids.claim(self.root, meta)
+            if moved:
+                notes.append(moved)
+            notes += salvage_pool(self.root, store_id, parts.commit_log.segments)
+            if store_id:
+                unlink_segment(store_segment_name(store_id, shm.POSITIONS_SEGMENT))
+            unlink_segment(path_segment_name(self.root, shm.POSITIONS_SEGMENT))
+            identity = ids.settled(self.root, store_id)
         cq_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
             config.consume_queue.file_units * CQ_UNIT_SIZE)
         self.queues = load_consume_queues(
@@ -117,7 +126,8 @@ class Opener:
                                 consume_queues=self.queues.values(),
                                 configured_hash=config.store.hash,
                                 configured_cq_bytes=cq_bytes, read_only=ro, notes=notes,
-                                hash_explicit="hash" in config.store.model_fields_set)
+                                hash_explicit="hash" in config.store.model_fields_set,
+                                identity=identity)
         parts.hash_kind = self.meta["hash"]
         if self.meta.get("record_crc_since") is not None:
             # What the store's writers recorded, for recovery to hold records to; settled
@@ -214,17 +224,19 @@ class Opener:
             factory = TransientPoolWriter
         writer = factory(WriterContext(
             self.root, config, parts.commit_log,
-            lambda: runtime_ref[0]().wake_committer() if runtime_ref else None))
+            lambda: runtime_ref[0]().wake_committer() if runtime_ref else None,
+            self.meta[ids.ID_KEY]))
         try:
             flush_factory = hooks.flush_policies.get(config.flush.policy)
             runtime = parts.runtime = Runtime(
                 state=self.state, config=config, view=parts.view, dispatchers=parts.dispatchers,
                 hooks=hooks, writer=writer, flush_schedule=flush_factory.schedule(config),
-                clock=self.clock, manifest=self.manifest)
+                clock=self.clock, manifest=self.manifest, store_id=self.meta[ids.ID_KEY])
         except BaseException:
             writer.close()
             raise
         runtime_ref.append(weakref.ref(runtime))
+        runtime.store_lock = parts.lock
         if self.role == FOLLOWER:
             parts.reader.follow(lambda ch=runtime.channels.dispatch: ch.dispatched)
         policy = flush_factory(config, runtime.flush_client)

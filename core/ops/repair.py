@@ -21,6 +21,7 @@ from mqstore.plugin_api.recovery_report import RecoveryReport
 from mqstore.storage.checkpoint import abort_exists
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
 from mqstore.storage.index_file import INDEX_DIR
+from mqstore.storage.store_lock import exclusive
 from mqstore.store import MessageStore
 
 CONSUME_QUEUE_EXT_DIR = "consumequeue_ext"
@@ -32,6 +33,22 @@ def repair(root: str, config: StoreConfig, problems: list[Problem]) -> list[str]
     kinds = {p.kind for p in problems}
     invalidating = bool(kinds & {SEGMENT, RECORD})
     done: list[str] = []
+    with exclusive(root, "mqstore check --fix"):  # nothing removed under a live writer
+        _remove_derived(root, kinds, invalidating, done)
+    # The loops run as threads: the same code and files, without starting worker processes
+    # for one open.
+    cfg = config.replace(dispatch={"worker": "thread"}, flush={"worker": "thread"})
+    was_abnormal = abort_exists(root)
+    with MessageStore.open(root, config=cfg) as store:
+        store.wait_dispatched(timeout=DISPATCH_WAIT_S)
+        report = store.recovery_report
+    done += describe(report)
+    if was_abnormal and not abort_exists(root):
+        done.append("closed cleanly: the stale abort marker is gone")
+    return done
+
+
+def _remove_derived(root: str, kinds: set, invalidating: bool, done: list[str]) -> None:
     if CONSUME_QUEUE in kinds or invalidating:
         for name in (CONSUME_QUEUE_DIR, CONSUME_QUEUE_EXT_DIR):
             path = os.path.join(root, name)
@@ -46,17 +63,6 @@ def repair(root: str, config: StoreConfig, problems: list[Problem]) -> list[str]
         if names:
             done.append(f"removed {len(names)} index file(s) to rebuild the index from the "
                         f"commit log")
-    # The loops run as threads: the same code and files, without starting worker processes
-    # for one open.
-    cfg = config.replace(dispatch={"worker": "thread"}, flush={"worker": "thread"})
-    was_abnormal = abort_exists(root)
-    with MessageStore.open(root, config=cfg) as store:
-        store.wait_dispatched(timeout=DISPATCH_WAIT_S)
-        report = store.recovery_report
-    done += describe(report)
-    if was_abnormal and not abort_exists(root):
-        done.append("closed cleanly: the stale abort marker is gone")
-    return done
 
 
 def describe(report: RecoveryReport) -> list[str]:

@@ -303,3 +303,69 @@ def test_a_store_whose_pool_does_not_fit_fails_to_open_and_leaves_nothing(tmp_pa
                                  "plugins": {"load_entry_points": False}})
     with MessageStore.open(tmp_path / "s", config=cfg) as store:  # not locked, not damaged
         assert store.put(Message("T", b"after", queue_id=0)).status is PutStatus.PUT_OK
+
+
+# -- the pool of a killed store is found by the store's id, wherever the directory went -------
+@pytest.mark.parametrize("read_only_first", [False, True])
+def test_a_killed_stores_pool_is_written_back_after_the_directory_is_renamed(tmp_path,
+                                                                               read_only_first):
+    """The whole process group killed while the pool holds uncommitted records, the directory
+    renamed, then reopened under its new name (after a read-only open there, too): every
+    acknowledged message is back."""
+    from mqstore.testing.faults import FaultWriter, audit, small_store_overrides
+
+    overrides = small_store_overrides(writer={"kind": "transient_pool", **QUIET},
+                                      flush={"policy": "async"})
+    first, moved = tmp_path / "first", tmp_path / "moved"
+    writer = FaultWriter(str(first), overrides, seed=7, count=1 << 30).start()
+    assert writer.read_until(400)
+    assert writer.kill(signal.SIGKILL) == -signal.SIGKILL
+    os.rename(first, moved)
+    if read_only_first:
+        with MessageStore.open(moved, read_only=True):
+            pass
+    store = MessageStore.open(moved, config=load_config(overrides=overrides))
+    try:
+        assert store.recovery_report.abnormal
+        assert any("transient pool held" in note for note in store.recovery_report.notes)
+        result = audit(store, 7, writer.acks)
+        assert len(writer.acks) >= 400
+        assert (result.lost, result.wrong) == ([], []), result
+    finally:
+        store.close()
+
+
+def test_a_copy_of_a_store_never_takes_the_originals_shared_memory(tmp_path):
+    """A copy carries the original's id: opened while the original's writer runs, it takes an
+    id of its own and leaves the original's pool alone, which the original's next open still
+    writes back after a kill."""
+    import shutil
+
+    from mqstore.storage.shared_segment import store_segment_name
+    from mqstore.storage.store_id import recorded_id
+    from mqstore.lifecycle.store_meta import load_meta
+    from mqstore.testing.faults import FaultWriter, audit, small_store_overrides
+
+    overrides = small_store_overrides(writer={"kind": "transient_pool", **QUIET},
+                                      flush={"policy": "async"})
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    writer = FaultWriter(str(original), overrides, seed=5, count=1 << 30).start()
+    try:
+        assert writer.read_until(300)
+        original_id = recorded_id(load_meta(str(original))[0])
+        pool = store_segment_name(original_id, "pool")
+        shutil.copytree(original, copy, ignore=shutil.ignore_patterns("lock"))
+        with MessageStore.open(copy, config=load_config(overrides=overrides)) as store:
+            assert any(f"is a copy of the store at {original}" in note
+                       for note in store.recovery_report.notes)
+            assert store.put(Message("T", b"copy", queue_id=0)).status is PutStatus.PUT_OK
+        copy_id = recorded_id(load_meta(str(copy))[0])
+        assert copy_id not in (None, original_id)
+        assert pool in _shm_names()
+    finally:
+        writer.kill(signal.SIGKILL)
+    with MessageStore.open(original, config=load_config(overrides=overrides)) as store:
+        assert any("transient pool held" in note for note in store.recovery_report.notes)
+        result = audit(store, 5, writer.acks)
+        assert (result.lost, result.wrong) == ([], []), result
+    assert pool not in _shm_names()

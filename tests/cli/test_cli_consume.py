@@ -339,3 +339,41 @@ def _take(lines: queue.Queue, n: int, timeout_s: float) -> list[dict]:
         assert line is not None, "consume exited"
         got.append(json.loads(line))
     return got
+
+
+@pytest.mark.parametrize("text, says", [
+    ('{"offsetTable": {"orders@g": "zzz"}}', "offsetTable['orders@g'] is 'zzz'"),
+    ('{"offsetTable": {"orders@g": {"0": "abc"}}}', "offsetTable['orders@g']['0'] is 'abc'"),
+    ('{"0": "abc"}', "no offsetTable"),
+    ("[" * 100_000, "nested too deep to parse"),
+])
+def test_an_offset_file_of_the_wrong_shape_fails_consume_and_stats_in_one_line(store, config,
+                                                                              text, says):
+    root, _put = store
+    path = root / "config" / "consumerOffset.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    for args in (("consume", root, "-c", config, "-t", TOPIC, "-g", "g"),
+                 ("consume", root, "-c", config, "-t", TOPIC, "-g", "g", "--no-commit"),
+                 ("stats", root, "-c", config)):
+        proc = mqstore(*args, check=1)
+        assert error_line(proc).startswith(f"Error: {path} is not a valid document (")
+        assert says in error_line(proc) and "Traceback" not in proc.stderr
+    assert path.read_text() == text
+
+
+def test_a_group_whose_offsets_were_lost_is_not_started_over(store, config):
+    """Consumed 4 of PRODUCED, then the offset file replaced by an empty table: `consume
+    --from last` would skip the other 6; it fails, naming the file, until it is restored."""
+    root, _put = store
+    assert len(consume(root, config, "g", "--from", "first", "-n", "4")) == 4
+    path = root / "config" / "consumerOffset.json"
+    saved = path.read_text()
+    path.write_text('{"offsetTable": {}}')
+    proc = mqstore("consume", root, "-c", config, "-t", TOPIC, "-g", "g", "--from", "last",
+                   check=1)
+    assert error_line(proc).startswith(
+        f"Error: {path} has no offsets for group 'g' on topic '{TOPIC}' (the file holds none)")
+    assert path.read_text() == '{"offsetTable": {}}'
+    path.write_text(saved)
+    assert len(consume(root, config, "g", "--from", "last")) == PRODUCED - 4

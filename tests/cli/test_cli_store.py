@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import re
 
 import click
 import pytest
@@ -59,9 +61,14 @@ def test_every_command_has_help():
 def test_init_records_the_settings(tmp_path, config):
     root = tmp_path / "new"
     out = mqstore_json("init", root, "-c", config)
+    meta = json.loads((root / "mqstore.json").read_text())
+    st = os.stat(root)
     assert out == {"root": str(root), "format": 1, "hash": "java",
-                   "commit_log_segment_bytes": 65536, "consume_queue_file_bytes": 2000}
-    assert json.loads((root / "mqstore.json").read_text())["hash"] == "java"
+                   "commit_log_segment_bytes": 65536, "consume_queue_file_bytes": 2000,
+                   "store_id": meta["store_id"],
+                   "directory": {"path": os.path.realpath(root), "device": st.st_dev,
+                                 "inode": st.st_ino}}
+    assert meta["hash"] == "java" and re.fullmatch("[0-9a-f]{32}", meta["store_id"])
     again = mqstore("init", root, check=1)
     assert error_line(again).startswith(f"Error: '{root}' already holds a store")
 
@@ -222,7 +229,8 @@ def test_a_locked_store_is_one_line_exit_1(store, config):
         busy = mqstore("produce", store["root"], "-c", config, "-t", "t", "x", check=1)
         assert "is open for writing by another process" in error_line(busy)
         refused = mqstore("check", store["root"], "-c", config, check=1)
-        assert "is open for writing by process" in error_line(refused)
+        assert f"is open for writing by another process (pid {os.getpid()}); check it once" \
+            in error_line(refused)
 
 
 def test_bench_small(tmp_path):

@@ -254,3 +254,116 @@ def test_a_zero_persist_interval_rewrites_the_document_at_every_commit(tmp_path)
     offsets.commit(TOPIC, "h", {1: 2})
     assert _document(root) == {"offsetTable": {"TopicTest@g": {"0": 7}, "TopicTest@h": {"1": 2}}}
     assert not os.path.exists(_offsets_path(root) + ".journal")
+
+
+# -- documents that parse but are not offset tables ------------------------------------------
+@pytest.mark.parametrize("text, says", [
+    ('{"offsetTable": {"TopicTest@g": "zzz"}}',
+     "offsetTable['TopicTest@g'] is 'zzz', not an object of queue offsets"),
+    ('{"offsetTable": {"TopicTest@g": {"0": "abc"}}}',
+     "offsetTable['TopicTest@g']['0'] is 'abc', not a queue offset (a JSON integer >= 0)"),
+    ('{"offsetTable": {"TopicTest@g": {"0": -1}}}', "['0'] is -1, not a queue offset"),
+    ('{"offsetTable": {"TopicTest@g": {"0": 1.5}}}', "['0'] is 1.5, not a queue offset"),
+    ('{"offsetTable": {"TopicTest@g": {"0": true}}}', "['0'] is True, not a queue offset"),
+    ('{"offsetTable": {"TopicTest@g": {"07": 1}}}', "queue id '07' is not a decimal int >= 0"),
+    ('{"offsetTable": {"TopicTest": {"0": 1}}}',
+     "offsetTable key 'TopicTest' is not <topic>@<group>"),
+    ('{"offsetTable": []}', "offsetTable is [], not an object of <topic>@<group> entries"),
+    ('{"0": "abc"}', "no offsetTable: not an offset table"),
+    ('{}', "no offsetTable: not an offset table"),
+    ('[1, 2]', "the document is [1, 2], not a JSON object"),
+    ("[" * 100_000, "nested too deep to parse"),
+])
+def test_a_document_of_the_wrong_shape_is_refused_naming_the_file(make_store, store_dir, text,
+                                                                   says):
+    store = make_store()
+    _fill(store, 2, 2)
+    os.makedirs(store_dir / "config", exist_ok=True)
+    with open(_offsets_path(store_dir), "w") as f:
+        f.write(text)
+    calls = [lambda: store.consumer("g", TOPIC), lambda: store.peek("g", TOPIC),
+             lambda: store.consumer_lag("g", TOPIC), store.consumer_groups,
+             lambda: store.delete_consumer_group("g"),
+             lambda: ConsumerOffsets(str(store_dir), persist_interval_ms=0).commit(TOPIC, "g",
+                                                                                  {0: 1})]
+    for call in calls:
+        with pytest.raises(CorruptStateError) as err:
+            call()
+        assert str(err.value).startswith(f"{_offsets_path(store_dir)} ")
+        assert says in str(err.value)
+    with open(_offsets_path(store_dir)) as f:
+        assert f.read() == text  # left as it is
+    assert not os.path.exists(store_dir / "consumer" / "groups" / "g")
+
+
+def test_a_document_that_lost_a_group_is_refused_not_read_as_a_new_group(make_store,
+                                                                        store_dir):
+    """A group consumed part of its queues and closed; the document is then replaced by one
+    that parses but holds nothing for it (or removed). Read as a new group it would start at
+    ``last`` and skip the 30 messages it never consumed: refused, naming the file, until the
+    operator restores the file or forgets the group."""
+    store = make_store()
+    _fill(store, 10, 4)
+    with store.consumer("g", TOPIC, consume_from="first") as c:
+        assert len(c.poll(10)) == 10
+        c.commit()
+    with store.consumer("other", TOPIC, consume_from="first") as c:
+        c.poll(40)
+    mark = store_dir / "consumer" / "groups" / "g" / TOPIC / "recorded"
+    assert mark.exists()
+    saved = (store_dir / "config" / "consumerOffset.json").read_text()
+    for replacement in ('{"offsetTable": {}}', '{"offsetTable": {"TopicTest@other": {"0": 10}}}',
+                        None):
+        if replacement is None:
+            os.unlink(_offsets_path(store_dir))
+        else:
+            with open(_offsets_path(store_dir), "w") as f:
+                f.write(replacement)
+        for call in (lambda: store.consumer("g", TOPIC, consume_from="last"),
+                     lambda: store.peek("g", TOPIC), lambda: store.consumer_lag("g", TOPIC),
+                     store.consumer_groups):
+            with pytest.raises(CorruptStateError) as err:
+                call()
+            assert str(err.value).startswith(
+                f"{_offsets_path(store_dir)} has no offsets for group 'g' on topic "
+                f"'{TOPIC}' (the file {'is missing' if replacement is None else 'holds none'}),"
+                f" but {mark} says the group recorded some")
+            assert "store.delete_consumer_group('g', 'TopicTest')" in str(err.value)
+        if replacement is not None:
+            with open(_offsets_path(store_dir)) as f:
+                assert f.read() == replacement
+    with open(_offsets_path(store_dir), "w") as f:
+        f.write(saved)  # restored: the group goes on where it committed
+    with store.consumer("g", TOPIC, consume_from="last") as c:
+        assert sum(len(b) for _q, b in c.poll(100).batches) == 30
+    os.unlink(_offsets_path(store_dir))
+    assert store.delete_consumer_group("g") == []  # forgotten: nothing left but the marks
+    assert not mark.exists()
+    with store.consumer("g", TOPIC, consume_from="last") as c:  # a new group now
+        assert len(c.poll(100)) == 0
+        assert c.positions() == {q: 10 for q in range(4)}
+
+
+def test_membership_entries_that_are_not_files_are_refused_naming_them(make_store, store_dir):
+    store = make_store()
+    _fill(store, 2, 2)
+    with store.consumer("g", TOPIC, consume_from="first"):
+        pass
+    base = store_dir / "consumer" / "groups" / "g" / TOPIC
+    os.mkdir(base / "members" / "stray")
+    with pytest.raises(CorruptStateError, match=f"{base / 'members' / 'stray'} is not a plain "
+                                                f"file"):
+        store.consumer("g", TOPIC)
+    os.rmdir(base / "members" / "stray")
+    os.mkfifo(base / "members" / "fifo")  # opened without waiting for a writer
+    with pytest.raises(CorruptStateError, match="members/fifo is not a plain file"):
+        store.consumer("g", TOPIC)
+    os.unlink(base / "members" / "fifo")
+    os.unlink(base / "queues" / "1.lock")
+    os.symlink(base / "queues" / "0.lock", base / "queues" / "1.lock")
+    with pytest.raises(CorruptStateError, match="queues/1.lock is not a plain file"):
+        store.consumer("g", TOPIC)
+    assert os.path.islink(base / "queues" / "1.lock")
+    os.unlink(base / "queues" / "1.lock")
+    with store.consumer("g", TOPIC) as c:
+        assert c.assignment == [0, 1]

@@ -19,7 +19,7 @@ QUEUES = 4
 INVISIBLE_MS = 600_000
 
 _POPPER = """
-import random, sys
+import random, sys, time
 from mqstore import MessageStore, load_config
 from mqstore.clock import _attach_clock
 root, clock, acks, seed = sys.argv[1], sys.argv[2], sys.argv[3] == "ack", int(sys.argv[4])
@@ -32,6 +32,7 @@ idle = 0
 while idle < 3:
     got = store.pop("g", "T", rng.randint(1, 8), %d, consume_from="first")
     idle = 0 if got else idle + 1
+    time.sleep(0.002)  # as a consumer handles what it got: the others get turns between pops
     if got:
         print("\\n".join(f"popped {m.queue_id} {m.queue_offset} {m.delivery_attempt}"
                         for m in got), flush=True)
@@ -65,10 +66,13 @@ class Popper:
         for line in self.proc.stdout:
             self.lines.append(line.split())
 
-    def go(self) -> None:
-        """Wait until it opened the store, then let it pop."""
+    def ready(self) -> None:
+        """Wait until it opened the store."""
         assert self.proc.stdout.readline().strip() == "ready", self.proc.stderr.read()
         self._reader.start()
+
+    def go(self) -> None:
+        """Let it pop."""
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
 
@@ -102,6 +106,8 @@ def test_four_processes_and_the_writer_never_hand_out_a_message_twice(make_store
     poppers = [Popper(store_dir, manual_clock, acks=False, seed=i) for i in range(4)]
     mine: list[tuple[int, int]] = []
     for p in poppers:
+        p.ready()
+    for p in poppers:  # all at once, once every one has opened its store
         p.go()
     while any(p.proc.poll() is None for p in poppers):
         mine += [(m.queue_id, m.queue_offset)
@@ -126,6 +132,8 @@ def test_poppers_killed_mid_pop_and_mid_ack_lose_nothing(make_store, store_dir, 
     for round_ in range(2):
         poppers = [Popper(store_dir, manual_clock, acks=True, seed=10 * round_ + i)
                    for i in range(4)]
+        for p in poppers:
+            p.ready()
         for p in poppers:
             p.go()
         for p in rng.sample(poppers, len(poppers)):

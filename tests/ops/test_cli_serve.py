@@ -17,6 +17,8 @@ from mqstore.ops import put_metrics
 from mqstore.ops.metrics import StoreCollector
 from mqstore.ops.server import with_put_metrics
 from mqstore.storage.shared_segment import store_segment_name
+from mqstore.lifecycle.store_meta import load_meta
+from mqstore.storage.store_id import recorded_id
 from cli_support import SMALL_CONFIG, mqstore_json
 from paths import REPO
 from serve_support import STOP_TIMEOUT_S, scrape, start
@@ -77,7 +79,7 @@ def test_serve_metrics_health_and_clean_shutdown(deployment, tmp_path, signum):
     assert "store closed cleanly" in log
     assert not (root / "abort").exists()
     for kind in ("positions", "pool"):
-        name = store_segment_name(str(root), kind)
+        name = store_segment_name(recorded_id(load_meta(str(root))[0]), kind)
         assert not os.path.exists(f"/dev/shm/{name}"), name
     assert mqstore_json("check", root)["clean"]
     # A shutdown is a stop, not a crash: the workers got the signal too, and the store process

@@ -18,6 +18,8 @@ import pytest
 
 from mqstore import Message, MessageStore, PutStatus, load_config
 from mqstore.storage.shared_segment import close_segment, open_segment, store_segment_name
+from mqstore.storage.store_id import recorded_id
+from mqstore.lifecycle.store_meta import load_meta
 from mqstore.testing.faults import FaultWriter, small_store_overrides
 
 SHM = Path("/dev/shm")
@@ -30,8 +32,12 @@ def _run(script: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedPr
                           timeout=timeout)
 
 
+def _segment(root: Path, kind: str) -> str:
+    return store_segment_name(recorded_id(load_meta(str(root))[0]), kind)
+
+
 def _store_segments(root: Path) -> list[str]:
-    prefix = store_segment_name(str(root), "")
+    prefix = _segment(root, "")
     return sorted(p.name for p in SHM.iterdir() if p.name.startswith(prefix))
 
 
@@ -138,12 +144,11 @@ def test_a_killed_group_leaves_shared_memory_that_the_next_open_reclaims(tmp_pat
     writer = FaultWriter(str(root), overrides, seed=3, count=10_000).start()
     writer.read_until(500)
     writer.kill(signal.SIGKILL)
-    assert _store_segments(root) == sorted([store_segment_name(str(root), "pool"),
-                                            store_segment_name(str(root), "positions")])
+    assert _store_segments(root) == sorted([_segment(root, "pool"), _segment(root, "positions")])
     with MessageStore.open(root, config=load_config(overrides=overrides)) as store:
         assert store.recovery_report.abnormal
-        assert _store_segments(root) == sorted([store_segment_name(str(root), "pool"),
-                                                store_segment_name(str(root), "positions")])
+        assert _store_segments(root) == sorted([_segment(root, "pool"),
+                                                _segment(root, "positions")])
         for ack in writer.acks:
             assert store.message_at(ack.phys_offset) is not None
     assert _store_segments(root) == []

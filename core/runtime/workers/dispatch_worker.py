@@ -21,7 +21,8 @@ from mqstore.dispatch.dispatchers import Dispatchers
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
 from mqstore.plugin_api.recovery_report import RecoveryReport
-from mqstore.storage.checkpoint import hold_worker_lock, read_meta
+from mqstore.storage.checkpoint import read_meta
+from mqstore.storage.store_lock import hold_worker_lock, release_worker_lock
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper
@@ -96,13 +97,13 @@ def run(root: str, config: StoreConfig, channels: shm.Channels, wake_r, progress
         parent_pid: int, restarted: bool, clock) -> None:
     """Worker entry point (``multiprocessing`` target)."""
     worker_signals()
-    lock_fd = hold_worker_lock(root)
+    lock_fds = hold_worker_lock(root)
     try:
         os.set_blocking(progress_w.fileno(), False)
         _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, clock)
     finally:
         channels.close()
-        os.close(lock_fd)
+        release_worker_lock(lock_fds)
 
 
 def _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, clock) -> None:

@@ -253,10 +253,10 @@ def run(root: str, config, channels: shm.Channels, wake_r, progress_w, parent_pi
         waiter_pipes) -> None:
     """Worker entry point (``multiprocessing`` target)."""
     from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
-    from mqstore.storage.checkpoint import hold_worker_lock
+    from mqstore.storage.store_lock import hold_worker_lock, release_worker_lock
 
     worker_signals()
-    lock_fd = hold_worker_lock(root)  # a store reopened after a crash waits for this process
+    lock_fds = hold_worker_lock(root)  # a store reopened after a crash waits for this process
     pool = None
     try:
         if pool_name:
@@ -279,7 +279,7 @@ def run(root: str, config, channels: shm.Channels, wake_r, progress_w, parent_pi
         if pool is not None:
             pool.close()
         channels.close()
-        os.close(lock_fd)
+        release_worker_lock(lock_fds)
 
 
 def commit_schedule(config) -> FlushSchedule:
