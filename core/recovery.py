@@ -71,6 +71,9 @@ class RecoveryReport:
     quarantined: list[Quarantined] = field(default_factory=list)
     recreated_segments: list[str] = field(default_factory=list)
     queues_rebuilt: dict[str, str] = field(default_factory=dict)  # queue -> why
+    # Queue offsets whose messages are gone, [first, last] runs by queue: filler units hold
+    # them so that later messages keep theirs and new ones go on above (``offset_floor``).
+    queue_offsets_lost: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     # The commit-log end a trusted clean-shutdown marker vouched for (``storage.clean_marker``):
     # nothing was walked, and every dispatcher active at the last close, whose files are as
@@ -80,7 +83,8 @@ class RecoveryReport:
     @property
     def clean(self) -> bool:
         return not (self.truncated_bytes or self.consume_queue_units_dropped
-                    or self.quarantined or self.recreated_segments or self.queues_rebuilt)
+                    or self.quarantined or self.recreated_segments or self.queues_rebuilt
+                    or self.queue_offsets_lost)
 
 
 @dataclass
@@ -329,7 +333,7 @@ def _queued_start(segq, mark: DispatchMark, dispatch_from: int, crc_range,
     return start
 
 
-def _durable_end(checkpoint, abnormal: bool) -> int:
+def durable_end(checkpoint, abnormal: bool) -> int:
     """Every byte below this offset was on disk before the store went down."""
     if not abnormal:
         return NO_END  # a clean close flushed everything
@@ -354,6 +358,8 @@ def _rebuild_point(consume_queues, known_queues: dict, report: RecoveryReport) -
             rebuild_from = min(rebuild_from, max(cq.max_phys, 0))
     for (topic, queue_id), (first_phys, max_offset) in known_queues.items():
         cq = by_key.get((topic, queue_id))
+        if cq is None and first_phys < 0:
+            continue  # fillers alone: nothing in the log to rebuild, its floor restores them
         if cq is None:
             why = "its directory is missing"
             point = first_phys
@@ -382,12 +388,20 @@ def _trust(report: RecoveryReport, commit_log, consume_queues, marker: dict) -> 
 
 def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc: bool,
             read_only: bool, known_queues: dict | None = None,
-            marker: dict | None = None, queued: DispatchMark | None = None) -> RecoveryReport:
+            marker: dict | None = None, queued: DispatchMark | None = None,
+            floors: dict | None = None, hold=None) -> RecoveryReport:
     """``known_queues``: the queue manifest (``storage.queue_manifest``), if any; ``marker``:
     a clean-shutdown marker, trusted if it matches the files (the caller checked ``abort``);
     ``queued``: the record below which the derived files were on disk
-    (``storage.queue_progress``), if recorded."""
+    (``storage.queue_progress``), if recorded.
+
+    ``floors``: ``{(topic, queue_id): offset}``, each queue's end by the store's other
+    records (NOTE [ Offset floors ] in ``offset_floor``); raised here to what each consume
+    queue held before recovery cut units of records that are gone, emptied when there is no
+    commit-log segment at all (the store starts over). ``hold()`` is called once before the
+    first such unit is cut, to make the floors durable first."""
     report = RecoveryReport(abnormal=abnormal)
+    floors = {} if floors is None else floors
     if marker is not None and _marker_matches(report, marker, commit_log, consume_queues):
         return _trust(report, commit_log, consume_queues, marker)
     rebuild_from = _rebuild_point(consume_queues, known_queues or {}, report)
@@ -396,6 +410,7 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
     segq = commit_log.segments
     segs = segq.segments
     if not segs:
+        floors.clear()
         return _without_segments(report, consume_queues, read_only)
 
     exact = (_queued_start(segq, queued, dispatch_from, commit_log.crc_range, report)
@@ -408,7 +423,12 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
     for begin, end in _structural_damage(segq, report.scan_from):
         mend_range(commit_log, begin, end, check_crc=check_crc, read_only=read_only,
                    report=report)
-    durable = _durable_end(checkpoint, abnormal)
+    durable = durable_end(checkpoint, abnormal)
+    for cq in consume_queues:
+        # Valid units only (``recover`` cut the damaged ones), of records on disk: a unit of
+        # a torn tail's record names an offset no put was acknowledged with.
+        key = (cq.topic, cq.queue_id)
+        floors[key] = max(floors.get(key, 0), cq.end_below_phys(durable))
     pos, regions, report.records_checked = _walk(segq, report.scan_from, check_crc, report,
                                                  crc_range=commit_log.crc_range,
                                                  durable=durable)
@@ -419,6 +439,8 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
     _cut_torn_tail(segq, segs, pos, report, read_only)
     report.commit_log_end = pos
     report.deleted_files += segq.truncate_to(pos)
+    if hold is not None and any(cq.max_phys > pos for cq in consume_queues):
+        hold()
     cut_from = _drop_units_past(consume_queues, pos, report)
 
     if abnormal:
