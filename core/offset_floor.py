@@ -101,4 +101,3 @@ def add_claims(floors: dict[Key, int], claims: dict[Key, int], held: dict[Key, i
                          f"hold; its offsets go on from {base + most}")
         floors[key] = min(offset, base + most)
     return notes
-

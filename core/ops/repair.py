@@ -28,7 +28,7 @@ from mqstore.storage.checkpoint import abort_exists, read_meta
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, load_consume_queues
 from mqstore.storage.index_file import INDEX_DIR
 from mqstore.storage.queue_manifest import describe as queue_ends
-from mqstore.storage.queue_manifest import merged, read_manifest, write_manifest
+from mqstore.storage.queue_manifest import merged, read_entries, write_manifest
 from mqstore.store import MessageStore
 
 CONSUME_QUEUE_EXT_DIR = "consumequeue_ext"
@@ -88,7 +88,7 @@ def _keep_queue_ends(root: str, config: StoreConfig) -> int:
     finally:
         for cq in queues.values():
             cq.close()
-    recorded, _problem = read_manifest(root)  # a garbled one is replaced
+    recorded, _problem = read_entries(root)  # a garbled one is replaced
     entries = merged(recorded, ends)
     if entries != recorded:
         write_manifest(root, entries, durable=True)

@@ -483,12 +483,14 @@ class ConsumeQueue:
             at += take
 
     def truncate_to_phys(self, phys: int) -> int:
-        """Drop every unit pointing at ``phys`` or beyond; returns how many were dropped."""
+        """Drop every unit whose record does not end at or below ``phys`` (one that straddles
+        it names a record the log no longer holds whole); returns how many were dropped."""
         dropped = 0
         for seg in reversed(self.segments.segments):
             n = seg.wrote // CQ_UNIT_SIZE
             units = self.units_of(seg)[:n]
-            bad = np.flatnonzero((units["phys_offset"] >= phys) & (units["size"] != FILLER_SIZE))
+            ends = units["phys_offset"].astype(np.int64) + units["size"].astype(np.int64)
+            bad = np.flatnonzero((ends > phys) & (units["size"] != FILLER_SIZE))
             if not len(bad):
                 break
             cut = int(bad[0])
