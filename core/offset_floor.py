@@ -87,8 +87,8 @@ def claimed(root: str) -> tuple[dict[Key, int], str | None]:
 def add_claims(floors: dict[Key, int], claims: dict[Key, int], held: dict[Key, int],
                lost: int) -> list[str]:
     """Raise ``floors`` by committed offsets, each up to the queue's end by the other records
-    (``floors``, ``held``: what the queues hold) plus what ``lost`` bytes could have held;
-    returns notes on the offsets that were cut to that."""
+    (``floors``; ``held``: what the queues hold and the records recovery walked give them)
+    plus what ``lost`` bytes could have held; returns notes on the offsets cut to that."""
     most = lost // MIN_RECORD_BYTES
     notes = []
     for key, offset in sorted(claims.items()):
