@@ -285,17 +285,21 @@ def _zero_newest_4k(root, acks, sizes, rng):
     return _hit(acks, sizes, begin, end)
 
 
-def _rot_newest_records(root, acks, sizes, rng):
-    """One flipped body bit in each of the five newest records (issue 24, point 2: the index
-    resumes at the last one, inside the region recovery quarantines)."""
-    newest = sorted(acks, key=lambda a: a.phys_offset)[-5:]
-    for ack in newest:
-        _flip(root, ack.phys_offset + 88 + 3)
-    return {a.index for a in newest}
+def _rot_newest(count: int):
+    def rot(root, acks, sizes, rng):
+        """One flipped body bit in each of the newest records (issue 24, point 2: the key
+        index resumes at the last one, inside the region recovery quarantines)."""
+        newest = sorted(acks, key=lambda a: a.phys_offset)[-count:]
+        for ack in newest:
+            _flip(root, ack.phys_offset + 88 + 3)
+        return {a.index for a in newest}
+    rot.__name__ = f"_rot_newest_{count}_records"
+    return rot
 
 
 NEWEST = {f.__name__.lstrip("_"): f for f in (
-    _delete_newest_segment, _truncate_newest_segment, _zero_newest_4k, _rot_newest_records)}
+    _delete_newest_segment, _truncate_newest_segment, _zero_newest_4k, _rot_newest(3),
+    _rot_newest(5))}
 
 
 @pytest.mark.parametrize("fault", sorted(NEWEST))
