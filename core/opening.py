@@ -322,7 +322,7 @@ class Opener:
             begin = self.recovered.get(key, 0)
             if cq is None or cq.max_offset <= begin:
                 continue
-            runs = cq.offsets_without_message(begin)
+            runs = cq.offsets_without_message(begin, after_first=key not in self.recovered)
             if runs:
                 report.queue_offsets_lost[f"{key[0]}/{key[1]}"] = runs
 

@@ -18,6 +18,9 @@ Follows RocketMQ 5.x (spec 10.11) with these changes, all in the direction of lo
   (a copy stores its first bytes last), so intact records after damage there are not kept:
   they belong to a put that was never acknowledged. Damage below the end is bit rot and is
   quarantined.
+- Queue offsets never go back (NOTE [ Offset floors ] in ``offset_floor``): before it cuts
+  the units of records that are gone, recovery raises the floors it is given to what each
+  queue held, and the open gives the queues fillers up to them once dispatch caught up.
 - What was cut, quarantined or rebuilt is returned as a :class:`RecoveryReport`.
 
 Steps: recover each consume queue (cut after its last valid unit); if a clean-shutdown marker
@@ -26,7 +29,7 @@ says and nothing is walked. Otherwise pick the commit-log segment to validate fr
 exit: the newest whose first record is already dispatched to every queue that needs it;
 abnormal exit: also no later than the checkpoint's minimum time, RocketMQ's rule, so only what
 the checkpoint does not cover is walked, at segment granularity); walk and mend the records
-from there; cut the torn tail; drop consume-queue units past the end.
+from there; cut the torn tail; drop consume-queue units whose records do not end by the end.
 """
 
 from __future__ import annotations
@@ -531,8 +534,9 @@ def _cut_torn_tail(segq, segs, pos: int, report: RecoveryReport, read_only: bool
 
 
 def _drop_units_past(consume_queues, pos: int, report: RecoveryReport) -> int:
-    """Consume-queue units naming records at or past the recovered end go; returns where
-    dispatch must run again for the queues that lost units (NO_END: none did)."""
+    """Consume-queue units naming records that do not end by the recovered end go (a record
+    cut by the end is not whole); returns where dispatch must run again for the queues that
+    lost units (NO_END: none did)."""
     cut_from = NO_END
     for cq in consume_queues:
         if cq.max_phys > pos:

@@ -443,12 +443,22 @@ class ConsumeQueue:
             self._append(_fillers(missing))
         return missing
 
-    def offsets_without_message(self, begin: int) -> list[tuple[int, int]]:
+    def offsets_without_message(self, begin: int, *,
+                                after_first: bool = False) -> list[tuple[int, int]]:
         """``[first, last]`` runs of the queue offsets from ``begin`` to the end that lead to
-        no message: filler units, and offsets below the first file."""
+        no message: filler units, and offsets below the first file; ``after_first``: from
+        the first message on (if there is one; before it, a queue rebuilt from the log
+        holds the offsets of records cleanup removed)."""
         runs: list[tuple[int, int]] = []
         end = self.max_offset
         segs = self.segments.segments
+        if after_first:
+            for seg in segs:
+                units = self.units_of(seg)[:seg.wrote // CQ_UNIT_SIZE]
+                real = np.flatnonzero(units["size"] != FILLER_SIZE)
+                if len(real):
+                    begin = max(begin, seg.start // CQ_UNIT_SIZE + int(real[0]))
+                    break
         held = [np.arange(begin, min(end, segs[0].start // CQ_UNIT_SIZE) if segs else end,
                           dtype=np.int64)]
         for seg in segs:
