@@ -222,3 +222,56 @@ def test_a_commit_past_the_end_counts_only_as_far_as_the_lost_bytes_reach(pristi
         assert any(f"committed offset {10 ** 9}" in note for note in report.notes), report.notes
         for q in range(1, QUEUES):
             assert store.max_offset(TOPIC, q) == highest[q] + 1
+
+
+FAILING_DISPATCHER = '''
+from mqstore import hookimpl
+
+
+class Failing:
+    def __init__(self, view, role):
+        self.role = role
+
+    def dispatch(self, batch):
+        if self.role != "follower":
+            raise RuntimeError("index backend unreachable")
+
+    def close(self):
+        pass
+
+
+@hookimpl
+def register_dispatchers(registry):
+    registry.add("failing", Failing)
+'''
+
+
+def test_an_open_that_fails_after_mending_says_what_it_mended(tmp_path, monkeypatch, watchdog):
+    """Issue 24, point 2: an open recovers and reports, or refuses with its reason; when the
+    refusal comes after recovery quarantined damaged records (here a dispatcher that cannot
+    work), the error says what was quarantined, since the next open finds it mended."""
+    root = tmp_path / "store"
+    with MessageStore.open(root, config=_config()) as store:
+        puts = [store.put(Message(TOPIC, b"m-%03d" % i, queue_id=i % QUEUES, keys=[f"k{i}"]))
+                for i in range(50)]
+    for put in puts[-3:]:  # a body bit of each of the three newest records
+        with open(_segment(root, put.phys_offset), "r+b") as f:
+            f.seek(put.phys_offset % SEG + 91)
+            byte = f.read(1)[0]
+            f.seek(put.phys_offset % SEG + 91)
+            f.write(bytes([byte ^ 0x10]))
+    (tmp_path / "failing_dispatcher_plugin.py").write_text(FAILING_DISPATCHER)
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawned workers inherit sys.path
+    failing = load_config(overrides={**OVERRIDES, "plugins": {
+        "modules": ["failing_dispatcher_plugin"], "load_entry_points": False}})
+    first, end = puts[-3].phys_offset, puts[-1].phys_offset + puts[-1].size
+    with pytest.raises(Exception, match="index backend unreachable") as refused:
+        MessageStore.open(root, config=failing)
+    assert any(note.startswith("the open had recovered the store before it failed: "
+                               f"quarantined [{first}, {end}) (body CRC mismatch)")
+               for note in getattr(refused.value, "__notes__", [])), refused.value
+
+    with MessageStore.open(root, config=_config()) as store:  # mended: nothing left to say
+        assert store.recovery_report.quarantined == []
+        for q in range(QUEUES):
+            assert store.max_offset(TOPIC, q) == sum(1 for i in range(50) if i % QUEUES == q)
