@@ -33,6 +33,8 @@ over (spec behaviour 57): no floor, and the manifest is emptied.
 from __future__ import annotations
 
 from mqstore.consumer.offsets import ConsumerOffsets
+from mqstore.dispatch import DispatchLoop, TagsCoder
+from mqstore.errors import CorruptRecordError
 from mqstore.format.record_columns import MIN_RECORD_BYTES
 
 Key = tuple[str, int]
@@ -87,8 +89,8 @@ def claimed(root: str) -> tuple[dict[Key, int], str | None]:
 def add_claims(floors: dict[Key, int], claims: dict[Key, int], held: dict[Key, int],
                lost: int) -> list[str]:
     """Raise ``floors`` by committed offsets, each up to the queue's end by the other records
-    (``floors``; ``held``: what the queues hold and the records recovery walked give them)
-    plus what ``lost`` bytes could have held; returns notes on the offsets cut to that."""
+    (``floors``; ``held``: what the queues hold and what the log gives them back) plus
+    what ``lost`` bytes could have held; returns notes on the offsets cut to that."""
     most = lost // MIN_RECORD_BYTES
     notes = []
     for key, offset in sorted(claims.items()):
@@ -101,3 +103,30 @@ def add_claims(floors: dict[Key, int], claims: dict[Key, int], held: dict[Key, i
                          f"hold; its offsets go on from {base + most}")
         floors[key] = min(offset, base + most)
     return notes
+
+
+class _Ends:
+    """A dispatcher that only notes each queue's highest offset."""
+
+    def __init__(self) -> None:
+        self.ends: dict[Key, int] = {}
+
+    def dispatch(self, batch) -> None:
+        ends = self.ends
+        for key, offset in zip(zip(batch.topics, batch.queue_ids.tolist()),
+                               batch.queue_offsets.tolist()):
+            if ends.get(key, 0) <= offset:
+                ends[key] = offset + 1
+
+
+def queue_ends(commit_log, begin: int, end: int) -> dict[Key, int]:
+    """Each queue's end by its records in ``[begin, end)``, read as dispatch reads them
+    (recovery mended the range); what it read before damage stops it, if any does."""
+    ends = _Ends()
+    loop = DispatchLoop(commit_log, [ends], TagsCoder(lambda _tags: 0, ()), lambda: end,
+                        max(begin, commit_log.min_offset))
+    try:
+        loop.run_until(end)
+    except CorruptRecordError:
+        pass
+    return ends.ends

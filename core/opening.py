@@ -143,12 +143,11 @@ class Opener:
         # recovery to what the queues held before it cut any unit.
         self.durable = durable_end(store.checkpoint, self.abnormal)
         floors = offset_floor.recorded(entries, self.marker, self.durable)
-        seen: dict = {}  # each queue's end by the records recovery walks
         report: RecoveryReport = recover(
             store.commit_log, list(self.queues.values()), store.checkpoint,
             abnormal=self.abnormal, check_crc=self.config.commit_log.check_crc_on_recover,
             read_only=ro, known_queues=known_queues, marker=self._usable_marker(),
-            queued=queued, floors=floors, seen=seen,
+            queued=queued, floors=floors,
             hold=None if ro else lambda: self._settle_floors(floors, write=True))
         report.notes[:0] = self.notes
         store.recovery_report = report
@@ -157,7 +156,7 @@ class Opener:
         self.recovered = {key: cq.max_offset for key, cq in self.queues.items()}
         self.holding = False
         if not ro:
-            self._floors(floors, report, seen)
+            self._floors(floors, report)
         if not ro and queued is not None and report.redispatch_from < queued.phys_offset:
             remove_queued(self.root)  # units rebuilt below it are not on disk yet
         if not ro:
@@ -176,7 +175,7 @@ class Opener:
             store.checkpoint.confirm_phy_offset = store.commit_log.max_offset
             store.checkpoint.note_appended(store.commit_log.max_offset)
 
-    def _floors(self, floors: dict, report: RecoveryReport, seen: dict) -> None:
+    def _floors(self, floors: dict, report: RecoveryReport) -> None:
         """Add what committed consumer offsets show (up to what the lost bytes could have
         held) and settle the floors into the manifest when a queue is below one, for the
         writer of the consume queues (NOTE [ Offset floors ])."""
@@ -188,9 +187,14 @@ class Opener:
             claims, problem = offset_floor.claimed(self.root)
             if problem:
                 report.notes.append(problem)
-            held = {key: max(self.recovered.get(key, 0), seen.get(key, 0))
-                    for key in self.recovered.keys() | seen.keys()}
-            report.notes += offset_floor.add_claims(floors, claims, held, lost)
+            if any(end > max(floors.get(key, 0), self.recovered.get(key, 0))
+                   for key, end in claims.items()):
+                # What dispatch will give the queues back: the records it reads again.
+                held = offset_floor.queue_ends(self.store.commit_log, min(
+                    report.scan_from, report.redispatch_from), report.commit_log_end)
+                for key, end in self.recovered.items():
+                    held[key] = max(held.get(key, 0), end)
+                report.notes += offset_floor.add_claims(floors, claims, held, lost)
         self.holding = any(floor > self.recovered.get(key, 0) for key, floor in floors.items())
         self._settle_floors(floors, write=self.holding, held=self.recovered)
 

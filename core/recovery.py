@@ -167,13 +167,11 @@ def _next_start(segq, pos: int) -> int | None:
 
 def _walk(segq, pos: int, check_crc: bool, report: RecoveryReport,
           stop: int = NO_END, durable: int = NO_END,
-          crc_range: tuple[int, int] | None = None,
-          seen: dict | None = None) -> tuple[int, list[_Region], int]:
+          crc_range: tuple[int, int] | None = None) -> tuple[int, list[_Region], int]:
     """Walk records from ``pos`` to the last intact one (or ``stop``), re-synchronising after
     damage below ``durable`` (damage at or past it is a torn tail: the walk ends there);
     returns where it ended, the damaged regions passed and the records checked. In
-    ``crc_range`` every record must carry the record CRC (``scan_record``). ``seen``: raised
-    to the offset after each queue's highest record walked."""
+    ``crc_range`` every record must carry the record CRC (``scan_record``)."""
     regions: list[_Region] = []
     checked = 0
     seg, readable = None, 0
@@ -196,10 +194,6 @@ def _walk(segq, pos: int, check_crc: bool, report: RecoveryReport,
         if kind == SCAN_OK:
             checked += 1
             pos += size
-            if seen is not None:
-                key = (head.topic, head.queue_id)
-                if seen.get(key, 0) <= head.queue_offset:
-                    seen[key] = head.queue_offset + 1
             continue
         if kind == SCAN_BLANK and size == seg.size - at:
             pos = seg.end
@@ -398,8 +392,7 @@ def _trust(report: RecoveryReport, commit_log, consume_queues, marker: dict) -> 
 def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc: bool,
             read_only: bool, known_queues: dict | None = None,
             marker: dict | None = None, queued: DispatchMark | None = None,
-            floors: dict | None = None, hold=None, seen: dict | None = None
-            ) -> RecoveryReport:
+            floors: dict | None = None, hold=None) -> RecoveryReport:
     """``known_queues``: the queue manifest (``storage.queue_manifest``), if any; ``marker``:
     a clean-shutdown marker, trusted if it matches the files (the caller checked ``abort``);
     ``queued``: the record below which the derived files were on disk
@@ -409,9 +402,7 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
     records (NOTE [ Offset floors ] in ``offset_floor``); raised here to what each consume
     queue held before recovery cut units of records that are gone, emptied when there is no
     commit-log segment at all (the store starts over). ``hold()`` is called once before the
-    first such unit is cut, to make the floors durable first. ``seen``: raised to the
-    offset after each queue's highest record the walk checked (what dispatch will give the
-    queue back)."""
+    first such unit is cut, to make the floors durable first."""
     report = RecoveryReport(abnormal=abnormal)
     floors = {} if floors is None else floors
     if marker is not None and _marker_matches(report, marker, commit_log, consume_queues):
@@ -443,7 +434,7 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
         floors[key] = max(floors.get(key, 0), cq.end_below_phys(durable))
     pos, regions, report.records_checked = _walk(segq, report.scan_from, check_crc, report,
                                                  crc_range=commit_log.crc_range,
-                                                 durable=durable, seen=seen)
+                                                 durable=durable)
     for region in regions:
         _mend(segq, region, root, report, read_only)
 
