@@ -27,6 +27,7 @@ from mqstore.storage import clean_marker
 from mqstore.storage.checkpoint import Checkpoint, StoreLock, abort_exists, create_abort
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
+from mqstore.storage.queue_floor import offsets_without_message
 from mqstore.storage.queue_manifest import ManifestKeeper, read_entries
 from mqstore.storage.queue_progress import read_queued, remove_queued
 from mqstore.storage.shared_segment import store_segment_name, unlink_segment
@@ -133,7 +134,7 @@ class Opener:
         self.abnormal = abort_exists(self.root)
         entries, manifest_problem = read_entries(self.root)
         known_queues = {key: (first, end) for key, (first, end, _phys) in entries.items()}
-        self.manifest = ManifestKeeper(self.root)
+        self.manifest = ManifestKeeper(self.root, entries)
         if manifest_problem:
             self.notes.append(manifest_problem)
         queued, queued_problem = read_queued(self.root)
@@ -326,7 +327,7 @@ class Opener:
             begin = self.recovered.get(key, 0)
             if cq is None or cq.max_offset <= begin:
                 continue
-            runs = cq.offsets_without_message(begin, after_first=key not in self.recovered)
+            runs = offsets_without_message(cq, begin, after_first=key not in self.recovered)
             if runs:
                 report.queue_offsets_lost[f"{key[0]}/{key[1]}"] = runs
 

@@ -44,6 +44,7 @@ from mqstore.format.quarantine import (
 )
 from mqstore.format.record import SCAN_BAD, SCAN_BLANK, SCAN_OK, encode_blank, scan_record
 from mqstore.storage import clean_marker
+from mqstore.storage.queue_floor import end_below_phys
 from mqstore.storage.queue_progress import QUEUED_FILE, DispatchMark
 
 ZERO_PROBE_BYTES = 64 * 1024
@@ -431,7 +432,7 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
         # Valid units only (``recover`` cut the damaged ones), of records on disk: a unit of
         # a torn tail's record names an offset no put was acknowledged with.
         key = (cq.topic, cq.queue_id)
-        floors[key] = max(floors.get(key, 0), cq.end_below_phys(durable))
+        floors[key] = max(floors.get(key, 0), end_below_phys(cq, durable))
     pos, regions, report.records_checked = _walk(segq, report.scan_from, check_crc, report,
                                                  crc_range=commit_log.crc_range,
                                                  durable=durable)

@@ -125,20 +125,6 @@ class ConsumeQueue:
                 break
         return max_offset, max_phys
 
-    def end_below_phys(self, limit: int) -> int:
-        """The queue offset after its last unit that is a filler or names a record ending at
-        or below ``limit``: the end the queue had with only the records below ``limit``."""
-        if self.max_phys <= limit:
-            return self.max_offset
-        for seg in reversed(self.segments.segments):
-            units = self.units_of(seg)[:seg.wrote // CQ_UNIT_SIZE]
-            ends = units["phys_offset"].astype(np.int64) + units["size"].astype(np.int64)
-            kept = np.flatnonzero((units["size"] == FILLER_SIZE) | (ends <= limit))
-            if len(kept):
-                return (seg.start // CQ_UNIT_SIZE) + int(kept[-1]) + 1
-        segs = self.segments.segments
-        return segs[0].start // CQ_UNIT_SIZE if segs else 0
-
     def restore(self, max_offset: int, max_phys: int) -> None:
         """Take the positions a trusted clean-shutdown marker recorded instead of checking
         the units (``recover``): the files are as they were when the marker described them."""
@@ -442,39 +428,6 @@ class ConsumeQueue:
         else:
             self._append(_fillers(missing))
         return missing
-
-    def offsets_without_message(self, begin: int, *,
-                                after_first: bool = False) -> list[tuple[int, int]]:
-        """``[first, last]`` runs of the queue offsets from ``begin`` to the end that lead to
-        no message: filler units, and offsets below the first file; ``after_first``: from
-        the first message on (if there is one; before it, a queue rebuilt from the log
-        holds the offsets of records cleanup removed)."""
-        runs: list[tuple[int, int]] = []
-        end = self.max_offset
-        segs = self.segments.segments
-        if after_first:
-            for seg in segs:
-                units = self.units_of(seg)[:seg.wrote // CQ_UNIT_SIZE]
-                real = np.flatnonzero(units["size"] != FILLER_SIZE)
-                if len(real):
-                    begin = max(begin, seg.start // CQ_UNIT_SIZE + int(real[0]))
-                    break
-        held = [np.arange(begin, min(end, segs[0].start // CQ_UNIT_SIZE) if segs else end,
-                          dtype=np.int64)]
-        for seg in segs:
-            first = seg.start // CQ_UNIT_SIZE
-            units = self.units_of(seg)[:seg.wrote // CQ_UNIT_SIZE]
-            lo = max(0, begin - first)
-            if lo >= len(units):
-                continue
-            held.append(first + lo + np.flatnonzero(units["size"][lo:] == FILLER_SIZE))
-        offsets = np.concatenate(held)
-        if not len(offsets):
-            return runs
-        breaks = np.flatnonzero(np.diff(offsets) != 1)
-        starts = np.r_[offsets[0], offsets[breaks + 1]]
-        ends = np.r_[offsets[breaks], offsets[-1]]
-        return list(zip(starts.tolist(), ends.tolist()))
 
     def _pre_blank_fill(self, expected: int) -> None:
         seg = self.segments.create_next(expected)

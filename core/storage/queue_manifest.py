@@ -126,11 +126,14 @@ class ManifestKeeper:
     Every write is ``merged`` into the entries the file held when the keeper was made (or
     that ``settle`` set): the floors."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, recorded: dict[Key, Entry] | None = None) -> None:
+        """``recorded``: the file's entries, when the caller has read them already."""
         self.root = root
         self._written: frozenset | None = None
         self._marked = False
-        self.recorded, _problem = read_entries(root)  # the open reported any problem
+        if recorded is None:
+            recorded, _problem = read_entries(root)  # the open reported any problem
+        self.recorded = recorded
 
     def floors(self) -> dict[Key, int]:
         """Each listed queue's end: the offset below which it must hold a unit."""
