@@ -84,11 +84,14 @@ class Runtime:
             tick_s=min(1.0, config.cleanup.interval_ms / 1000.0))
 
     # -- starting ----------------------------------------------------------------------------
-    def start(self, start: int, abnormal: bool, trusted_end: int = -1) -> tuple[int, float]:
+    def start(self, start: int, abnormal: bool, trusted_end: int = -1, *,
+              hold: bool = False) -> tuple[int, float]:
         """Publish the initial positions, dispatch ``[start, end)`` (recovery's re-dispatch:
         queue offsets must be known before the first put), start the loops. Returns the
         bytes re-dispatched and the seconds it took. ``trusted_end``: the report's (the
-        dispatch worker's dispatchers resume from it as the store process's did)."""
+        dispatch worker's dispatchers resume from it as the store process's did); ``hold``:
+        queues are below their floors (the manifest's), so the open waits for their
+        fillers even with nothing to dispatch."""
         ch = self.channels
         end = self.commit_log.max_offset
         ch.append.written = ch.flush.committed = ch.flush.flushed = end
@@ -103,7 +106,7 @@ class Runtime:
         if self.config.dispatch.worker == "process":
             self.supervisor = DispatchSupervisor(self.root, self.config, ch, self.clock)
             self.supervisor.start()
-            if start < end:  # else a clean open does not wait for the worker to start
+            if start < end or hold:  # else a clean open does not wait for the worker
                 self._wait_caught_up(end)
         else:
             self._start_dispatch_thread(start, end)
@@ -120,6 +123,7 @@ class Runtime:
             lambda ch=self.channels.append: ch.confirmed, start,
             batch_bytes=self.config.dispatch.batch_bytes, after_dispatch=self._after_dispatch)
         self.dispatch_loop.run_until(end)
+        view.hold_floors(self.manifest.floors())  # NOTE [ Offset floors ]
         self.channels.dispatch.dispatched = self.dispatch_loop.dispatched
         self.dispatch_thread = DispatchThread(self.dispatch_loop, self.config.dispatch.interval_ms)
         self.dispatch_thread.start()

@@ -260,10 +260,11 @@ def stored_records(store) -> list:
     return records
 
 
-def pulled_queue(store, queue_id: int, topic: str = TOPIC) -> list:
-    """Every message of one queue, pulled 32 at a time from its min offset to its max."""
+def pulled_queue(store, queue_id: int, topic: str = TOPIC, *, end: int | None = None) -> list:
+    """Every message of one queue, pulled 32 at a time from its min offset to its max (or to
+    ``end``: fillers after it lead to no message)."""
     messages, offset = [], store.min_offset(topic, queue_id)
-    end = store.max_offset(topic, queue_id)
+    end = store.max_offset(topic, queue_id) if end is None else end
     while offset < end:
         got = store.get("faults", topic, queue_id, offset, 32)
         if got is None or not got.messages:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mqstore import MessageBatch, MessageStore, load_config
+from mqstore import Message, MessageBatch, MessageStore, load_config
 from mqstore.format.record import header_struct
 from cli_support import SMALL_CONFIG, mqstore, mqstore_json
 
@@ -196,3 +196,43 @@ def test_fix_quarantines_a_record_whose_crc_property_was_overwritten(tmp_path):
         while len(bodies) < 49:
             bodies += [m.body for m in store.get("g", "orders", 0, len(bodies) + 1, 64).messages]
         assert bodies == [b"b%03d" % i for i in range(50) if i != 20]
+
+
+@pytest.mark.parametrize("evidence", ["clean close", "queue files only"])
+def test_fix_after_rot_in_the_newest_records_gives_no_offset_out_twice(store, base, config,
+                                                                        evidence):
+    """Issue 24, point 1: the rebuild behind ``--fix`` quarantines the three newest records
+    and rebuilds the queues from the log; their offsets stay taken (fillers), so the next
+    puts go on above them. With no marker and no manifest (a crash, then the manifest lost)
+    only the consume queues know their ends: the repair records them before it removes
+    them."""
+    _root, result, _end = base
+    newest = range(COUNT - 3, COUNT)
+    for i in newest:
+        at = int(result.phys_offsets[i]) - SEGMENT + header_struct(False, False).size
+        with open(store / SECOND, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0x10]))
+    if evidence == "queue files only":
+        (store / "mqstore.clean").unlink()
+        (store / "config" / "mqstore_queues.json").unlink()
+        (store / "abort").write_text(str(dead_pid()))
+    out = fix(store, config)
+    with MessageStore.open(store, config=load_config(config)) as reopened:
+        for q in range(4):
+            assert reopened.max_offset("orders", q) == COUNT // 4
+        for i in newest:
+            got = reopened.get("g", "orders", i % 4, int(result.queue_offsets[i]), 1)
+            assert got.messages == []
+        for q in range(4):
+            put = reopened.put(Message("orders", b"after-%d" % q, queue_id=q))
+            assert put.queue_offset == COUNT // 4
+        reopened.wait_dispatched(timeout=30)
+        for q in range(4):
+            got = reopened.get("g", "orders", q, COUNT // 4, 1).messages
+            assert [m.body for m in got] == [b"after-%d" % q]
+    held = [a for a in out["actions"] if a.startswith("queue offsets ")]
+    assert held == [f"queue offsets {COUNT // 4 - 1} of orders/{i % 4} lost their messages; "
+                    f"fillers hold them, later offsets are kept" for i in newest], out["actions"]

@@ -257,6 +257,74 @@ def test_commit_log_damage_loses_exactly_what_it_hit(pristine, tmp_path, fault, 
     assert len(lost) <= len(hit)
 
 
+# -- the newest records: their queue offsets stay taken ---------------------------------------
+def _log_end(acks, sizes) -> int:
+    last = max(acks, key=lambda a: a.phys_offset)
+    return last.phys_offset + sizes[last.phys_offset]
+
+
+def _delete_newest_segment(root, acks, sizes, rng):
+    end = _log_end(acks, sizes)
+    newest = (end - 1) // SEG
+    _segment(root, newest).unlink()
+    return _hit(acks, sizes, newest * SEG, end)
+
+
+def _truncate_newest_segment(root, acks, sizes, rng):
+    end = _log_end(acks, sizes)
+    newest = (end - 1) // SEG
+    cut = (end - newest * SEG) // 2
+    os.truncate(_segment(root, newest), cut)
+    return _hit(acks, sizes, newest * SEG + cut, end)
+
+
+def _zero_newest_4k(root, acks, sizes, rng):
+    end = _log_end(acks, sizes)
+    begin = max(end - 4096, (end - 1) // SEG * SEG)
+    _poke(_segment(root, begin // SEG), begin % SEG, bytes(end - begin))
+    return _hit(acks, sizes, begin, end)
+
+
+def _rot_newest(count: int):
+    def rot(root, acks, sizes, rng):
+        """One flipped body bit in each of the newest records (issue 24, point 2: the key
+        index resumes at the last one, inside the region recovery quarantines)."""
+        newest = sorted(acks, key=lambda a: a.phys_offset)[-count:]
+        for ack in newest:
+            _flip(root, ack.phys_offset + 88 + 3)
+        return {a.index for a in newest}
+    rot.__name__ = f"_rot_newest_{count}_records"
+    return rot
+
+
+NEWEST = {f.__name__.lstrip("_"): f for f in (
+    _delete_newest_segment, _truncate_newest_segment, _zero_newest_4k, _rot_newest(3),
+    _rot_newest(5))}
+
+
+@pytest.mark.parametrize("fault", sorted(NEWEST))
+def test_lost_newest_records_keep_their_queue_offsets(pristine, tmp_path, fault):
+    """Issue 24, points 1 and 2: the newest records gone (or rotted) after a clean close or
+    a kill. The open succeeds and says what it lost; every queue ends where it ended (fillers,
+    or the units of quarantined records, hold the lost offsets), new messages go on above
+    (``_check``), and nothing else is called lost."""
+    root = _copy(pristine, tmp_path)
+    acks, sizes = pristine[1], pristine[2]
+    hit = NEWEST[fault](root, acks, sizes, random.Random(fault))
+    assert hit
+    reports = []
+    _result, lost = _check(root, acks, hit, damaged=lambda r: reports.append(r) or True)
+    assert lost == hit
+    report = reports[0]
+    held = {(queue, offset) for queue, runs in report.queue_offsets_lost.items()
+            for first, last in runs for offset in range(first, last + 1)}
+    quarantined = [(q.offset, q.offset + q.length) for q in report.quarantined]
+    for ack in (a for a in acks if a.index in hit):
+        assert ((f"{TOPIC}/{ack.queue_id}", ack.queue_offset) in held
+                or any(b <= ack.phys_offset < e for b, e in quarantined)), ack
+    assert held <= {(f"{TOPIC}/{a.queue_id}", a.queue_offset) for a in acks if a.index in hit}
+
+
 def _garble_magic(root, acks, sizes, rng):
     ack = acks[len(acks) // 2]
     at = ack.phys_offset + 4  # MAGICCODE

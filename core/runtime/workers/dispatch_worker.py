@@ -180,6 +180,9 @@ class _Serving:
             _follow_cleanup(self.view, self.dispatchers, self.hooks, self.channels.cleanup,
                             progress_w)
             if not ch.started and loop.dispatched >= opened_end:
+                # Every record the log held at the open has its unit: the offsets the queues
+                # gave out before and lost get fillers (NOTE [ Offset floors ]).
+                self.view.hold_floors(self.view.manifest.floors())
                 ch.started = 1
                 poke(progress_w)
             if loop.run_once():
