@@ -25,7 +25,6 @@ from mqstore.clock import system_clock
 from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import ConsumerService
 from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
-from mqstore.format.names import check_stored_topic
 from mqstore.lifecycle.opener import Opener
 from mqstore.lifecycle.topic_removal import TopicRemoval, remove_topic
 from mqstore.message import GetResult, ReadBatch, StoredMessage
@@ -298,12 +297,8 @@ class MessageStore:
         """Topic ``name``'s config (``config/topics.json``: ``read_queue_nums``,
         ``write_queue_nums``, ``perm`` ...), or None. ``create``: make it as a first send
         would when ``topics.auto_create`` allows (else None)."""
-        self._check_open()
-        if create:
-            self._writable()
-            return self.view.topics.ensure(name)
-        check_stored_topic(name)
-        return self.view.topics.get(name)
+        self._writable() if create else self._check_open()
+        return self.view.topics.lookup(name, create)
 
     def topic_configs(self) -> dict[str, TopicConfig]:
         self._check_open()  # every topic config, by name (none without config/topics.json)
@@ -322,8 +317,7 @@ class MessageStore:
     def update_topic(self, name: str, *, queues: int | None = None,
                      read_queues: int | None = None, write_queues: int | None = None,
                      perm: int | None = None) -> TopicConfig:
-        """Change topic ``name``'s queue counts or perm (the rest stays); puts follow at once.
-        ``TopicNotFoundError`` when it has no config."""
+        """Change topic ``name``'s queue counts or perm (the rest stays; TopicNotFoundError)."""
         self._writable()
         return self.view.topics.update(name, queues=queues, read_queues=read_queues,
                                        write_queues=write_queues, perm=perm)
@@ -534,6 +528,14 @@ class MessageStore:
                 last_end = appender.last_append[0]
                 caught_up = runtime.stop(last_end)
                 clean = caught_up and not state.running_flags & (UNWRITABLE & ~DISK_FULL)
+                lock = self._parts.lock
+                changed = runtime.lock_changed or (lock.intact() if lock is not None else None)
+                if changed:  # NOTE [ Store lock ]: a clean marker could describe files gone
+                    clean = False
+                    log.error("store %s closed, but not cleanly: %s while it was open; the "
+                              "next open recovers it in full", self.root, changed)
+                    if lock is not None:
+                        lock.mark_unclean()
                 if clean:
                     ends = self._ends()
         finally:

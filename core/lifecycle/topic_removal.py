@@ -7,9 +7,11 @@ its records in the commit log, until cleanup deletes their segments as it delete
 with them the key index's entries, which name records, not queues): RocketMQ keeps them too.
 
 So that nothing dispatched again brings the queues back (an abnormal recovery re-dispatching
-old segments, ``mqstore check --fix``), the commit log's end is recorded first as the deleted
-topic's floor (``storage.deleted_topics``): dispatch gives its records below it no unit. A
-put to the same name later creates a new topic (auto-create) whose queues start at offset 0.
+old segments, ``mqstore check --fix``), the commit log's end is recorded first
+(``storage.deleted_topics``): dispatch gives the topic's records below it no unit. Its queues'
+offset floors go from the queue manifest next (NOTE [ Offset floors ]), so no open holds
+their old offsets with fillers: a put to the same name later creates a new topic (auto-create)
+whose queues start at offset 0, as on a broker.
 
 Refused while live consumer instances of any group read the topic (they would go on from
 what they hold in memory), and where the consume queues are written by another process
@@ -73,6 +75,8 @@ def remove_topic(parts, consumers, name: str) -> TopicRemoval:
                                      f"no consume queue, no consumer group")
         below = appender.last_append[0]
         topics.record_deleted(name, below)  # first: a crash from here on brings nothing back
+        # Then its floors (NOTE [ Offset floors ]): the queues start over, as on a broker.
+        parts.runtime.manifest.forget(set(keys))
         for key in keys:
             appender.queue_offsets.pop(key, None)
             ext = view.consume_queue_exts.pop(key, None)
@@ -83,7 +87,6 @@ def remove_topic(parts, consumers, name: str) -> TopicRemoval:
                 cq.destroy()
         for directory in (CONSUME_QUEUE_DIR, CONSUME_QUEUE_EXT_DIR):
             shutil.rmtree(os.path.join(root, directory, name), ignore_errors=True)
-    parts.runtime.manifest.update(view.consume_queues)
     for entry in list(view.subscriptions.for_topic(name)):
         view.subscriptions.unregister(entry["group"], name)
     for group in groups:

@@ -21,6 +21,7 @@ from mqstore.ops.store_files import ABORT_RUNNING, ABORT_STALE, abort_state, ope
 from mqstore.storage.checkpoint import ABORT_FILE
 from mqstore.storage.deleted_topics import read_deleted
 from mqstore.storage.topic_file import read_table, topics_path
+from mqstore.storage.store_lock import holder
 
 
 @dataclass
@@ -52,9 +53,11 @@ def check_store(root: str, config: StoreConfig,
     """Check ``root``; ``on_total(bytes)`` once the work is known, ``advance(bytes)`` as it
     is done (for a progress bar)."""
     state, pid = abort_state(root)
-    if state == ABORT_RUNNING:
-        raise StoreLockedError(f"store {root!r} is open for writing by process {pid}; check it "
-                               f"once that writer has closed it")
+    held = holder(root) or (f"open for writing by process {pid}" if state == ABORT_RUNNING
+                            else None)
+    if held is not None:
+        raise StoreLockedError(f"store {root!r} is {held}; check it once that writer has "
+                               f"closed it")
     report = CheckReport(root)
     with open_files(root, config) as files:
         report.notes = list(files.notes)

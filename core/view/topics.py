@@ -168,6 +168,14 @@ class Topics:
         counts = self.write_queues({name: queue_id})
         return None if counts is None else counts[name]
 
+    def lookup(self, name: str, create: bool = False) -> TopicConfig | None:
+        """``name``'s config (checked as every read checks a topic), or, with ``create``,
+        ``ensure``'s."""
+        if create:
+            return self.ensure(name)
+        check_stored_topic(name)
+        return self.get(name)
+
     def ensure(self, name: str) -> TopicConfig | None:
         """The config of ``name``, created (as a first send creates it) when the store may
         create it: ``topics.auto_create`` on. None when it has none and may not."""
