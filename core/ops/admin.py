@@ -13,8 +13,8 @@ does to a broker, as plain values (dicts and lists, the commands' JSON).
   (offsets and pop state are shared files under flocks), so beside a running writer too; a
   reset or a delete is refused while instances of the group consume (``InUseError``).
 
-A remote admin (a served store's endpoint) answers the same methods with the same values, so
-a command prints either the same way.
+Every method returns plain values (what the commands print, ``--json`` as it is), so another
+transport can stand in for this class without a command changing.
 """
 
 from __future__ import annotations
