@@ -73,6 +73,8 @@ def health(store: MessageStore, stopping: bool) -> tuple[int, dict]:
             problems.append("disk full: puts are refused")
         elif store.running_flags & NOT_WRITEABLE:
             problems.append("the store is not writable")
+        if store.replication is not None:
+            problems.extend(store.replication.problems())
     body = {"status": "failing" if problems else "ok", "problems": problems,
             "commit_log_max_offset": None if stopping else store.max_phys_offset}
     return (503 if problems else 200), body
@@ -124,6 +126,7 @@ def _run(root, config, stop, received, on_ready) -> bool:
         for line in describe(store.recovery_report):
             log.info("recovery: %s", line)
         log.info("store open: commit log [%d, %d)", store.min_phys_offset, store.max_phys_offset)
+        store.replication.start()  # by store.role; the store's close stops it
         host, port = parse_listen(config.server.metrics_listen)
         server_class = _Server6 if ":" in host else _Server
         httpd = make_server(host, port, make_app(store, stop), server_class=server_class,
