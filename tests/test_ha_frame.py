@@ -251,3 +251,14 @@ def _wait(condition, timeout: float = WAIT_S) -> bool:
             return True
         time.sleep(0.02)
     return condition()
+
+
+@pytest.mark.loops("thread")
+def test_a_slave_needing_bytes_the_master_deleted_is_dropped_with_the_reason(master, caplog):
+    m = master()
+    assert len(m.delete_expired_segments(force=True, max_segments=2)) == 2
+    with dial(m) as sock:
+        sock.sendall(encode_report(100))  # inside the first segment, gone now
+        assert closed_by_peer(sock)
+    assert _wait(lambda: "no longer stores (its log starts at 131072)" in caplog.text)
+    assert "must be rebuilt from the master" in caplog.text

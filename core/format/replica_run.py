@@ -15,11 +15,17 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
+from mqstore.format import record_crc
 from mqstore.format.record import (
-    BLANK_MAGIC, BLANK_RECORD, END_FILE_MIN_BLANK_BYTES, MAGIC_V1, MAGIC_V2, SCAN_OK,
-    scan_record,
+    BLANK_MAGIC, BLANK_RECORD, END_FILE_MIN_BLANK_BYTES, MAGIC_V1, MAGIC_V2, POS_BODY_CRC,
+    SCAN_OK, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6, scan_record,
 )
-from mqstore.format.record_columns import MIN_RECORD_BYTES
+from mqstore.format.record_columns import MIN_RECORD_BYTES, heads, walk
+from mqstore.hashing import crc32
+
+_R4 = np.arange(4)
 
 
 class Run(NamedTuple):
@@ -38,8 +44,8 @@ def check_run(buf, phys_offset: int, segment_bytes: int, max_record_bytes: int) 
     a log of ``segment_bytes`` segments. Stops before a record not yet received whole."""
     room = segment_bytes - phys_offset % segment_bytes  # bytes to the segment's end
     end = min(len(buf), room)
-    pos = last_ts = 0
-    while end - pos >= 8:
+    pos, last_ts = _checked_prefix(buf, phys_offset, end, room, max_record_bytes)
+    while end - pos >= 8:  # what the prefix stopped at: one record, a blank, the cut
         here = phys_offset + pos
         total, magic = BLANK_RECORD.unpack_from(buf, pos)
         if magic == BLANK_MAGIC:
@@ -77,6 +83,62 @@ def check_run(buf, phys_offset: int, segment_bytes: int, max_record_bytes: int) 
             f"the segment ends {room - pos} bytes after commit-log offset {phys_offset + pos}, "
             f"too few for the blank record that ends a segment"))
     return Run(pos, False, last_ts, None)
+
+
+def _checked_prefix(buf, phys_offset: int, end: int, room: int, max_record_bytes: int
+                    ) -> tuple[int, int]:
+    """The bytes of the longest run of whole records from the start of ``buf`` that pass
+    every check ``check_run`` makes, found with array passes (the hot path: a slave checks
+    every record it takes), and the store time of its last record. What stops the run is
+    looked at record by record by the caller, which names the problem."""
+    positions, _stop = walk(buf, 0, end, end)
+    if not positions:
+        return 0, 0
+    u8 = np.frombuffer(buf, dtype=np.uint8, count=end)
+    pos = np.asarray(positions, dtype=np.int64)
+    cols, n = heads(u8, pos)
+    pos, sizes = pos[:n], cols["size"]
+    fits = ((cols["phys_offset"] == phys_offset + pos) & (sizes <= max_record_bytes)
+            & (pos + sizes <= room - END_FILE_MIN_BLANK_BYTES))
+    bad = np.flatnonzero(~fits)
+    n = int(bad[0]) if len(bad) else n
+    n = _crc_prefix(buf, u8, pos[:n], sizes[:n], cols["sysflag"][:n], cols["props_at"][:n])
+    if not n:
+        return 0, 0
+    return int(pos[n - 1] + sizes[n - 1]), int(cols["store_timestamp"][n - 1])
+
+
+def _crc_prefix(buf, u8: np.ndarray, pos: np.ndarray, sizes: np.ndarray, sysflag: np.ndarray,
+                props_at: np.ndarray) -> int:
+    """How many of the records (laid out as ``heads`` found) have a matching CRC: the
+    whole-record ``__CRC32#`` property where a record carries it, else the body's."""
+    if not len(pos):
+        return 0
+    ends = pos + sizes
+    carrying = record_crc.rows_carrying(u8, ends, props_at)
+    if carrying is None:  # a property nearly there: record by record, by the caller
+        return 0
+    body_len_at = (pos + 68 + np.where(sysflag & SYSFLAG_BORNHOST_V6, 20, 8)
+                   + np.where(sysflag & SYSFLAG_STOREHOST_V6, 20, 8))
+    body_len = _int32(u8, body_len_at)
+    body_at = body_len_at + 4
+    stored = _int32(u8, pos + POS_BODY_CRC)
+    view = memoryview(buf)
+    try:
+        crcs = np.fromiter(map(crc32, map(view.__getitem__, map(
+            slice, body_at.tolist(), (body_at + body_len).tolist()))), dtype=np.int64,
+            count=len(pos))
+        ok = carrying | (crcs == stored)
+        for row in np.flatnonzero(carrying).tolist():
+            ok[row] = record_crc.intact(view, int(pos[row]), int(ends[row]))
+    finally:
+        view.release()
+    bad = np.flatnonzero(~ok)
+    return int(bad[0]) if len(bad) else len(pos)
+
+
+def _int32(u8: np.ndarray, at: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(u8[at[:, None] + _R4]).view(">i4").ravel().astype(np.int64)
 
 
 def max_record_bytes(max_message_bytes: int) -> int:

@@ -55,6 +55,28 @@ class Receiver:
             return self._stream
         return self.end
 
+    def accept_all(self, frames) -> None:
+        """Frames as they came off the wire (``ha_frame.Frame``s): runs of them that continue
+        one another within a segment are checked and appended as one (the checks cost per
+        call more than per byte); each is held to the rules as ``accept`` holds one."""
+        seg_bytes = self.commit_log.segment_bytes
+        run: list[bytes] = []
+        start = nxt = -1
+        for offset, body in frames:
+            if run and body and offset == nxt and offset % seg_bytes:
+                run.append(body)
+                nxt += len(body)
+                continue
+            if run:
+                self.accept(start, run[0] if len(run) == 1 else b"".join(run))
+                run = []
+            if not body:
+                self.accept(offset, body)
+                continue
+            run, start, nxt = [body], offset, offset + len(body)
+        if run:
+            self.accept(start, run[0] if len(run) == 1 else b"".join(run))
+
     def accept(self, phys_offset: int, body: bytes) -> None:
         """One frame (``body`` empty: a heartbeat)."""
         seg_bytes = self.commit_log.segment_bytes

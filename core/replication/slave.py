@@ -112,9 +112,9 @@ class HAClient:
                         "" if frames else " before sending a frame (a master drops a slave "
                         "whose log ends past its own: do the logs diverge?)"))
                 last_read = time.monotonic()
-                for frame in decoder.feed(data):
-                    receiver.accept(frame.phys_offset, frame.body)
-                    frames += 1
+                got = decoder.feed(data)
+                receiver.accept_all(got)
+                frames += len(got)
             now = time.monotonic()
             if now - last_read > settings.housekeeping_s:
                 return (f"nothing from the master for {settings.housekeeping_s:g} s "
