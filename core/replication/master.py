@@ -84,7 +84,11 @@ class HAMaster:
     def start(self) -> None:
         host, port = parse_listen(self.listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.create_server((host, port), family=family, backlog=MAX_SLAVES)
+        try:
+            sock = socket.create_server((host, port), family=family, backlog=MAX_SLAVES)
+        except OSError as exc:
+            raise OSError(exc.errno, f"replication cannot listen on server.ha_listen "
+                                     f"{self.listen!r}: {exc.strerror}") from None
         sock.settimeout(ACCEPT_POLL_S)
         self._sock = sock
         bound = sock.getsockname()

@@ -91,6 +91,8 @@ class Replication:
                             "not set: no slave can connect, and puts that wait answer "
                             "SLAVE_NOT_AVAILABLE")
             self.running = True
+            if self.client is None and self.master is None:
+                return  # a master no slave can reach: nothing to tell other processes
             self._stop.clear()
             self._status_thread = threading.Thread(target=self._keep_status, daemon=True,
                                                    name="mqstore-ha-status")
@@ -113,7 +115,8 @@ class Replication:
                 self.master.stop()
             if self._status_thread is not None:
                 self._status_thread.join(STATUS_INTERVAL_S * 5)
-            self._write_status()
+                self._status_thread = None
+                self._write_status()
 
     # -- what it is doing --------------------------------------------------------------------
     def status(self) -> dict:
