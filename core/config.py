@@ -192,14 +192,32 @@ class PluginsSection(_Section):
 
 
 class ServerSection(_Section):
-    """``mqstore serve``: where the metrics and health endpoints listen, how much it logs."""
+    """``mqstore serve``: where the metrics and health endpoints listen, what a client may hold
+    there (connections, time, header bytes), how much it logs, the RocketMQ 5 gRPC endpoint
+    (``grpc_*``, docs/endpoint.md) and replication's addresses (``ha_*``, docs/replication.md)."""
 
     metrics_listen: str = "127.0.0.1:9108"
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    max_connections: int = Field(64, ge=1, le=65_536)
+    idle_timeout_ms: int = Field(10_000, ge=1, le=86_400_000)
+    request_timeout_ms: int = Field(10_000, ge=1, le=86_400_000)
+    max_header_bytes: int = Field(16_384, ge=1024, le=1 << 20)
+    grpc_listen: str | None = None  # None: no gRPC endpoint
+    grpc_tls_cert_file: str | None = None
+    grpc_tls_key_file: str | None = None
+    grpc_access_keys: tuple[str, ...] = ()  # "ACCESS_KEY:SECRET_KEY" each
+    grpc_auto_create_topics: bool = True
+    grpc_max_request_bytes: int = Field(8 * 1024 * 1024, ge=4096, le=JAVA_INT_MAX)
+    grpc_max_concurrent_streams: int = Field(1024, ge=1, le=JAVA_INT_MAX)
+    grpc_max_concurrent_rpcs: int = Field(8192, ge=1, le=JAVA_INT_MAX)
+    grpc_max_connections: int = Field(1024, ge=1, le=JAVA_INT_MAX)
+    grpc_client_idle_ms: int = Field(120_000, ge=1000, le=JAVA_INT_MAX)
+    grpc_min_invisible_ms: int = Field(10_000, ge=0, le=JAVA_INT_MAX)
+    grpc_max_long_polling_ms: int = Field(20_000, ge=0, le=JAVA_INT_MAX)
     ha_listen: str | None = None  # a master's replication port (RocketMQ: broker port + 1)
     ha_master: str | None = None  # the master's ha_listen, which a slave dials
 
-    @field_validator("metrics_listen", "ha_listen")
+    @field_validator("metrics_listen", "grpc_listen", "ha_listen")
     @classmethod
     def _listen(cls, value: str | None) -> str | None:
         if value is not None:
@@ -213,6 +231,28 @@ class ServerSection(_Section):
             raise ValueError(f"master address {value!r}: port 0 cannot be dialled; give the "
                              f"port the master's server.ha_listen binds")
         return value
+
+    @field_validator("grpc_access_keys", mode="before")
+    @classmethod
+    def _key_list(cls, value):
+        return tuple(value) if isinstance(value, list) else value  # YAML gives lists
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "ServerSection":
+        if (self.grpc_tls_cert_file is None) != (self.grpc_tls_key_file is None):
+            raise ValueError(
+                f"server.grpc_tls_cert_file ({self.grpc_tls_cert_file!r}) and "
+                f"server.grpc_tls_key_file ({self.grpc_tls_key_file!r}) go together: give both "
+                f"for TLS, or neither for plaintext")
+        for i, pair in enumerate(self.grpc_access_keys):
+            # The message names the access key at most: a secret never goes to a log.
+            access_key, sep, secret_key = pair.partition(":")
+            if not sep or not access_key or not secret_key:
+                what = (f"access key {access_key!r} has an empty secret key" if access_key
+                        and sep else f"entry {i} has no access key before a ':'")
+                raise ValueError(f"server.grpc_access_keys: {what}; each entry is "
+                                 f"'ACCESS_KEY:SECRET_KEY', both non-empty")
+        return self
 
 
 class ConsumerSection(_Section):

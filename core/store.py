@@ -488,6 +488,14 @@ class MessageStore:
                 last_end = appender.last_append[0]
                 caught_up = runtime.stop(last_end)
                 clean = caught_up and not state.running_flags & (UNWRITABLE & ~DISK_FULL)
+                lock = self._parts.lock
+                changed = runtime.lock_changed or (lock.intact() if lock is not None else None)
+                if changed:  # NOTE [ Store lock ]: a clean marker could describe files gone
+                    clean = False
+                    log.error("store %s closed, but not cleanly: %s while it was open; the "
+                              "next open recovers it in full", self.root, changed)
+                    if lock is not None:
+                        lock.mark_unclean()
                 if clean:
                     ends = self._ends()
         finally:

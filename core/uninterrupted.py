@@ -124,19 +124,26 @@ shield = _Shield()
 
 
 # -- worker processes ------------------------------------------------------------------------
-# A terminal sends Ctrl-C to its whole foreground process group, workers included. Workers
-# leave SIGINT to the store process: it decides whether to close (and stop them in order) or
-# to carry on. They are started with SIGINT blocked, so that one arriving while the child
-# interpreter boots stays pending, and ignore it (dropping anything pending) before
-# unblocking it. SIGTERM asks a worker to finish its current work and exit, as a stop does.
+# A terminal sends Ctrl-C to its whole foreground process group, and systemd, a container
+# runtime or a `kill -- -PGID` send SIGTERM to the whole group: workers included. Workers leave
+# both to the store process: it decides whether to close (and stop them in order, so a
+# shutdown is a stop, never a worker death to report and restart) or to carry on; a store
+# process that dies of the signal instead is noticed by its workers (``parent_alive``), which
+# then finish their work and exit. Workers are started with both signals blocked, so that one
+# arriving while the child interpreter boots stays pending, and ignore them (dropping anything
+# pending) before unblocking them. The forkserver the workers are forked from is started the
+# same way and keeps them blocked: it lives until its store process is gone, so a signal to the
+# group does not take it down (the exit codes of the workers are read through it, and a
+# restart needs it).
 
-_terminate_requested = False
+WORKER_IGNORED = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
 def interrupts_blocked():
-    """Block SIGINT in the calling thread (children started meanwhile inherit the mask)."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    """Block SIGINT and SIGTERM in the calling thread (children started meanwhile inherit the
+    mask)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, set(WORKER_IGNORED))
     try:
         yield
     finally:
@@ -145,18 +152,9 @@ def interrupts_blocked():
 
 def worker_signals() -> None:
     """Called first thing in a worker process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    signal.signal(signal.SIGTERM, _request_terminate)
-
-
-def _request_terminate(_signum, _frame) -> None:
-    global _terminate_requested
-    _terminate_requested = True
-
-
-def terminate_requested() -> bool:
-    return _terminate_requested
+    for signum in WORKER_IGNORED:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(WORKER_IGNORED))
 
 
 def parent_alive() -> bool:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mqstore.storage.shared_segment import store_segment_name
+from mqstore.storage.shared_segment import path_segment_name, store_segment_name
 from mqstore.storage.transient_pool import POOL_SEGMENT, PoolExhaustedError, TransientPool, salvage
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class TransientPoolWriter:
         config, commit_log = ctx.config, ctx.commit_log
         self.pool = TransientPool(
             config.writer.transient_pool_buffers, commit_log.segment_bytes,
-            store_segment_name(ctx.root, POOL_SEGMENT), create=True)
+            store_segment_name(ctx.store_id, POOL_SEGMENT), create=True)
         try:
             self.pool.warm()
         except BaseException:
@@ -177,7 +177,10 @@ def attach_pool(name: str, config: "StoreConfig", segment_bytes: int) -> Transie
     return pool
 
 
-def salvage_pool(root: str, segments: "SegmentQueue") -> list[str]:
+def salvage_pool(root: str, store_id: str | None, segments: "SegmentQueue") -> list[str]:
     """Write back what a killed store's pool held and its files did not, then remove the
-    pool; returns notes on what was written back (``transient_pool.salvage``)."""
-    return salvage(store_segment_name(root, POOL_SEGMENT), segments)
+    pool; returns notes on what was written back (``transient_pool.salvage``). The pool is
+    the one named after ``store_id`` (None: the store has none yet), and one named after
+    ``root``'s path, as stores were before they had an id."""
+    notes = salvage(store_segment_name(store_id, POOL_SEGMENT), segments) if store_id else []
+    return notes + salvage(path_segment_name(root, POOL_SEGMENT), segments)

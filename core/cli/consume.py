@@ -1,4 +1,5 @@
-"""``mqstore consume DIR --topic T --group G``: read a topic as a consumer group."""
+"""``mqstore consume DIR --topic T --group G``: read a topic as a consumer group; with
+``--server HOST:PORT`` through a served store's gRPC endpoint (a RocketMQ 5 SimpleConsumer)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from typing import Sequence
 import click
 
 from mqstore.cli import output
-from mqstore.cli.options import config_option, epoch_ms, existing_root, load_cli_config
+from mqstore.cli.options import config_option, epoch_ms, load_cli_config, server_options
 from mqstore.ops.consume import ConsumeRequest, consume as consume_messages, stop_on_signals
 from mqstore.ops.messages import message_dict, preview
 from mqstore.store import MessageStore
 
 COLUMNS = ("queue", "offset", "msg id", "tags", "keys", "body")
+SERVER_COLUMNS = ("msg id", "attempt", "tags", "keys", "body")
 
 
 def _start(_ctx, _param, value: str) -> tuple[str, int | None]:
@@ -33,7 +35,7 @@ def _start(_ctx, _param, value: str) -> tuple[str, int | None]:
 
 
 @click.command()
-@existing_root
+@click.argument("root", required=False, type=click.Path(exists=True, file_okay=False))
 @click.option("-t", "--topic", required=True, help="Topic to consume.")
 @click.option("-g", "--group", required=True,
               help="Consumer group: offsets are committed per group and queue, and instances "
@@ -58,21 +60,39 @@ def _start(_ctx, _param, value: str) -> tuple[str, int | None]:
                    "(--from where it has none), without joining it or writing anything; its "
                    "running instances keep their queues.")
 @config_option
+@server_options
 @click.option("--json", "as_json", is_flag=True, default=False,
               help="Print one JSON object per message, a line each (for scripts), instead "
                    "of tables.")
-def consume(root: str, topic: str, group: str, expression: str | None, sql: str | None,
-            start: tuple[str, int | None], limit: int | None, follow: bool, no_commit: bool,
-            config_path: str | None, as_json: bool) -> None:
+@click.pass_context
+def consume(ctx: click.Context, root: str | None, topic: str, group: str,
+            expression: str | None, sql: str | None, start: tuple[str, int | None],
+            limit: int | None, follow: bool, no_commit: bool, config_path: str | None,
+            server: str | None, access_key: str, secret_key: str, as_json: bool) -> None:
     """Read a topic of the store in ROOT as a consumer group, printing each message, and
     commit the group's offsets as far as was printed (its next run goes on from there).
 
     Opens the store read-only, so it runs beside a writer (mqstore serve, produce).
     Ctrl-C or SIGTERM stops it after the messages being printed, committed; exit status 0.
+
+    With --server (no ROOT), receives through the gRPC endpoint of a running `mqstore serve`
+    as RocketMQ 5's SimpleConsumer does, acknowledging each message once printed; a group new
+    to a queue starts where RocketMQ 5 starts it (docs/endpoint.md), so --from and
+    --no-commit do not apply.
     """
     if expression is not None and sql is not None:
         raise click.UsageError("--expression and --sql are mutually exclusive: a group "
                                "consumer has one subscription")
+    if server is not None:
+        explicit = ctx.get_parameter_source("start") is not click.core.ParameterSource.DEFAULT
+        if root is not None or no_commit or explicit or config_path is not None:
+            raise click.UsageError("ROOT, --from, --no-commit and --config apply to a store "
+                                   "directory, not to --server")
+        _consume_via_server(server, topic, group, sql if sql is not None else expression,
+                            sql is not None, limit, follow, access_key, secret_key, as_json)
+        return
+    if root is None:
+        raise click.UsageError("give ROOT, a store directory, or --server HOST:PORT")
     consume_from, consume_timestamp = start
     request = ConsumeRequest(
         group=group, topic=topic, expression=sql if sql is not None else expression,
@@ -86,6 +106,48 @@ def consume(root: str, topic: str, group: str, expression: str | None, sql: str 
         done = "not committed (--no-commit)" if no_commit else "committed"
         output.err().print(f"{count} message(s) consumed by group {group!r}; {done}",
                            markup=False, highlight=False)
+
+
+def _consume_via_server(server, topic, group, expression, sql, limit, follow, access_key,
+                        secret_key, as_json) -> None:
+    from mqstore.endpoint import client
+    try:
+        client.check_server(server)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--server'") from None
+    show = _server_json_lines if as_json else _server_table
+    with stop_on_signals() as stop:
+        try:
+            count = client.consume(server, topic, group, expression, sql, limit, follow, stop,
+                                   show, access_key=access_key, secret_key=secret_key)
+        except ImportError as exc:
+            raise click.ClickException(f"--server needs the grpc extra ({exc})") from None
+        except Exception as exc:  # noqa: BLE001 - the client's refusals carry RocketMQ's code
+            raise click.ClickException(f"{server}: receive failed: {exc}") from None
+    if not as_json:
+        output.err().print(f"{count} message(s) received and acknowledged by group {group!r}",
+                           markup=False, highlight=False)
+
+
+def _server_json_lines(rows: list[dict]) -> int:
+    for i, row in enumerate(rows):
+        try:
+            click.echo(json.dumps(row, ensure_ascii=False))
+        except BrokenPipeError:
+            _output_gone()
+            return i
+    return len(rows)
+
+
+def _server_table(rows: list[dict]) -> int:
+    try:
+        output.print_table(SERVER_COLUMNS, [(r["msg_id"], r["delivery_attempt"], r["tags"],
+                                             " ".join(r["keys"]), preview(r["body"]))
+                                            for r in rows])
+    except BrokenPipeError:
+        _output_gone()
+        return 0
+    return len(rows)
 
 
 def _json_lines(messages: Sequence) -> int:

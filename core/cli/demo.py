@@ -13,6 +13,7 @@ import click
 from mqstore.config import StoreConfig, load_config
 from mqstore.errors import ConfigError
 from mqstore.message import GetStatus, Message, PutStatus, StoredMessage
+from mqstore.storage.store_lock import exclusive
 from mqstore.store import MessageStore
 
 DEMO_TOPICS = {"orders": 8, "audit-log": 4, "metrics": 4}
@@ -68,8 +69,9 @@ def _prepare_root(root: str, fresh: bool, force: bool) -> None:
             f"{DEMO_MARKER} file), so the demo will not delete it. Choose another --root, pass "
             f"--keep to append to the store in it, or --force to delete everything in it.",
             param_hint="'--root'")
-    _empty(root)
-    _mark(root)
+    with exclusive(root, "mqstore demo --fresh"):  # never a store some process holds open
+        _empty(root)
+        _mark(root)
 
 
 def _rate(n: int, seconds: float) -> str:
@@ -94,7 +96,8 @@ def demo(config_path: str | None, root: str, count: int, fresh: bool, force: boo
 
     The store directory is created if missing. An existing one is emptied first (--fresh) only
     if an earlier demo run made it or --force is given; otherwise the demo stops and touches
-    nothing.
+    nothing. A store some process holds open for writing is never emptied, even with --force:
+    the demo stops, naming that process.
     """
     cfg = _load_demo_config(config_path)
     _prepare_root(root, fresh, force)

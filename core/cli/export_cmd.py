@@ -14,7 +14,10 @@ import time
 import click
 
 from mqstore.cli import output
+from mqstore.cli.init_cmd import STORE_MARKS
 from mqstore.cli.options import config_option, json_option
+from mqstore.errors import StoreLockedError
+from mqstore.storage.store_lock import holder
 
 MODES = ("errorifexists", "overwrite", "append", "ignore")  # Spark's save modes, as the job's
 SPARK_PACKAGES = ("pyspark", "pyarrow", "py4j")
@@ -87,12 +90,13 @@ def export(stores: tuple[str, ...], dest: str, fmt: str, topics: str | None, mod
     mqstore.spark.export (python -m mqstore.spark.export) in a Spark session of its own
     (--master): it needs the 'spark' extra (pip install 'mqstore[spark]') and Java 17. Prints
     what each topic will export, the share of Spark tasks done (on stderr), and the rows
-    written.
+    written. DIR is never a store's directory: that is refused before Spark starts.
     """
+    dest = os.path.abspath(dest)
+    _refuse_a_store(dest)
     job = _export_job()
     from mqstore.spark.stores import resolve_paths
     paths = [os.path.abspath(p) for p in stores]  # Spark's workers may run elsewhere
-    dest = os.path.abspath(dest)
     config = os.path.abspath(config_path) if config_path else None
     roots = resolve_paths(tuple(paths))  # a bad path is bad input (exit 2), before Spark starts
     counts = job.planned_counts(paths, topics, config)
@@ -106,6 +110,19 @@ def export(stores: tuple[str, ...], dest: str, fmt: str, topics: str | None, mod
     _report({"stores": roots, "to": dest, "format": fmt, "mode": mode,
              "topics": dict(sorted(counts.items())), "planned": sum(counts.values()),
              "rows": written, "seconds": round(time.monotonic() - started, 3)}, as_json)
+
+
+def _refuse_a_store(dest: str) -> None:
+    """Spark's overwrite deletes DIR and append writes into it: never a store's directory,
+    and above all not one some process holds open for writing."""
+    held = holder(dest)
+    if held is not None:
+        raise StoreLockedError(f"export --to {dest!r}: that is a store, {held}; nothing was "
+                               f"changed")
+    found = [name for name in STORE_MARKS if os.path.exists(os.path.join(dest, name))]
+    if found:
+        raise click.BadParameter(f"{dest!r} holds a store ({', '.join(found)}), not Parquet "
+                                 f"output: export to another directory", param_hint="'--to'")
 
 
 def _report(summary: dict, as_json: bool) -> None:

@@ -8,7 +8,9 @@ import click
 
 from mqstore.cli import output
 from mqstore.cli.options import config_option, json_option, load_cli_config, short_lived
+from mqstore.errors import StoreLockedError
 from mqstore.storage.checkpoint import META_FILE, read_meta
+from mqstore.storage.store_lock import holder
 from mqstore.store import MessageStore
 
 STORE_MARKS = (META_FILE, "commitlog", "consumequeue", "checkpoint")
@@ -25,6 +27,9 @@ def init(root: str, config_path: str | None, as_json: bool) -> None:
     later configurations never change them for this store.
     """
     config = load_cli_config(config_path)
+    writer = holder(root)
+    if writer is not None:  # however few of its files are left
+        raise StoreLockedError(f"mqstore init: store {root!r} is {writer}; nothing was changed")
     if os.path.isdir(root):
         held = [name for name in STORE_MARKS if os.path.exists(os.path.join(root, name))]
         if held:

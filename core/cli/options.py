@@ -17,6 +17,22 @@ config_option = click.option("-c", "--config", "config_path", default=None,
 existing_root = click.argument("root", type=click.Path(exists=True, file_okay=False))
 
 
+def server_options(command):
+    """``--server HOST:PORT`` and the credentials a served store's gRPC endpoint checks."""
+    for option in reversed((
+            click.option("--server", default=None, metavar="HOST:PORT",
+                         help="Go through the gRPC endpoint of a running `mqstore serve` "
+                              "(server.grpc_listen) with the official RocketMQ client, "
+                              "instead of opening a store directory; needs the grpc extra."),
+            click.option("--access-key", envvar="MQSTORE_ACCESS_KEY", default="",
+                         show_envvar=True, help="With --server: the client's access key."),
+            click.option("--secret-key", envvar="MQSTORE_SECRET_KEY", default="",
+                         show_envvar=True, help="With --server: the access key's secret key "
+                                                "(better given in the environment)."))):
+        command = option(command)
+    return command
+
+
 def load_cli_config(path: str | None, param: str = "'-c' / '--config'",
                     **overrides) -> StoreConfig:
     """The configuration at ``path`` (or the defaults) with ``overrides``; a bad one is a

@@ -1,4 +1,5 @@
-"""``mqstore produce DIR --topic T [BODY ...]``: append messages from the command line."""
+"""``mqstore produce DIR --topic T [BODY ...]``: append messages from the command line; with
+``--server HOST:PORT`` through a served store's gRPC endpoint instead."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Iterable, Iterator
 import click
 
 from mqstore.cli import output
-from mqstore.cli.options import config_option, json_option, load_cli_config, short_lived
+from mqstore.cli.options import (
+    config_option, json_option, load_cli_config, server_options, short_lived,
+)
 from mqstore.message import MessageBatch, PutStatus
 from mqstore.store import MessageStore
 
@@ -51,7 +54,7 @@ def _chunks(items: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
 
 
 @click.command()
-@click.argument("root", type=click.Path(file_okay=False))
+@click.argument("root", required=False, type=click.Path(file_okay=False))
 @click.argument("bodies", nargs=-1)
 @click.option("-t", "--topic", required=True, help="Topic of every message.")
 @click.option("--tags", default=None, help="TAGS of every message.")
@@ -69,24 +72,39 @@ def _chunks(items: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
 @click.option("--summary", is_flag=True, default=False,
               help="Print a summary instead of one row per message.")
 @config_option
+@server_options
 @json_option
-def produce(root: str, bodies: tuple[str, ...], topic: str, tags: str | None,
+def produce(root: str | None, bodies: tuple[str, ...], topic: str, tags: str | None,
             keys: tuple[str, ...], properties: dict[str, str], queue_id: int | None,
             files: tuple[str, ...], lines: str | None, summary: bool, config_path: str | None,
-            as_json: bool) -> None:
-    """Append messages to the store in ROOT (created if missing).
+            server: str | None, access_key: str, secret_key: str, as_json: bool) -> None:
+    """Append messages to the store in ROOT (created if missing), or, with --server, send
+    them to the store a `mqstore serve` serves (there is no ROOT then: every argument is a
+    body).
 
     Bodies come from the BODIES arguments, --file and --lines; with none of them, each line
     of standard input is a body. Prints each message's queue, queue offset and message id, or
-    a summary for many (--json: every message).
+    a summary for many (--json: every message). Through --server the endpoint picks the
+    queue; the message id is the client's (its UNIQ_KEY).
     """
+    if server is not None:
+        if queue_id is not None or config_path is not None:
+            raise click.UsageError("--queue and --config apply to a store directory; through "
+                                   "--server the endpoint picks the queue")
+        bodies = ((root,) if root is not None else ()) + bodies
+    elif root is None:
+        raise click.UsageError("give ROOT, a store directory, or --server HOST:PORT")
     if not bodies and not files and lines is None:
         if sys.stdin.isatty():
             raise click.UsageError("no message: give BODIES, --file or --lines (or pipe lines "
                                    "into standard input)")
         lines = "-"
-    config = load_cli_config(config_path)
     total = len(bodies) + len(files) if lines is None else None
+    if server is not None:
+        _produce_via_server(server, topic, _bodies(bodies, files, lines), total, tags, keys,
+                            properties, access_key, secret_key, summary, as_json)
+        return
+    config = load_cli_config(config_path)
     rows: list[dict] = []
     written = 0
     with MessageStore.open(root, config=short_lived(config)) as store, \
@@ -106,6 +124,33 @@ def produce(root: str, bodies: tuple[str, ...], topic: str, tags: str | None,
                      for r in result]
             advance(len(chunk))
     _report(os.path.abspath(root), topic, rows, written, summary, as_json)
+
+
+def _produce_via_server(server, topic, bodies, total, tags, keys, properties, access_key,
+                        secret_key, summary, as_json) -> None:
+    from mqstore.endpoint import client
+    try:
+        client.check_server(server)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--server'") from None
+    with output.progress("producing", total, enabled=not as_json) as (advance, _total):
+        try:
+            rows = client.produce(server, topic, bodies, tags=tags, keys=keys,
+                                  properties=properties, access_key=access_key,
+                                  secret_key=secret_key, on_sent=lambda _row: advance(1))
+        except ImportError as exc:
+            raise click.ClickException(f"--server needs the grpc extra ({exc})") from None
+        except Exception as exc:  # noqa: BLE001 - the client's refusals carry RocketMQ's code
+            raise click.ClickException(f"{server}: send failed: {exc}") from None
+    written = sum(r["size"] for r in rows)
+    if as_json:
+        output.emit_json({"server": server, "topic": topic, "count": len(rows),
+                          "bytes": written, "messages": rows})
+        return
+    if rows and not summary and len(rows) <= PER_MESSAGE_MAX:
+        output.print_table(("offset", "size", "msg id"),
+                           [(r["queue_offset"], r["size"], r["msg_id"]) for r in rows])
+    output.say(f"{len(rows)} message(s), {written} body bytes sent to {topic} at {server}")
 
 
 def _report(root: str, topic: str, rows: list[dict], written: int, summary: bool,

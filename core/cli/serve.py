@@ -23,8 +23,10 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 @click.pass_context
 def serve(ctx: click.Context, config_path: str, root: str | None, verbose: bool) -> None:
     """Open the store with its worker processes and cleanup, serve Prometheus metrics at
-    /metrics and a health check at /healthz on server.metrics_listen, and log what it does,
-    until SIGTERM or SIGINT: then flush, stop the workers and close cleanly.
+    /metrics and a health check at /healthz on server.metrics_listen, with server.grpc_listen
+    RocketMQ 5's gRPC API for the official clients (docs/endpoint.md), and log what it does,
+    until SIGTERM or SIGINT: then end the gRPC calls, flush, stop the workers and close
+    cleanly.
 
     Exit status 0 after a clean close, 1 when the store could not close cleanly.
     """

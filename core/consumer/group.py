@@ -80,6 +80,8 @@ class GroupConsumer:
         # Queues that appear after this instance opened start at their first message, even
         # for a group that starts "last": what was put there came after the start.
         self._queues_at_open = set(store.queue_ids(topic))
+        # A damaged offset table refuses the instance before it takes a seat in the group.
+        self._offsets.offsets(topic, group)
         self._membership = Membership(store.root, group, topic, store.clock())
         try:
             self._rebalance(time.monotonic())

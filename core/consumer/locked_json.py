@@ -16,9 +16,10 @@ last renamed document, and its lock goes with it (flock belongs to the open file
 kernel closes). ``fsync`` also forces the new version and the rename to disk (power loss); the
 rename alone survives a killed process.
 
-A document that does not parse is never overwritten: the change is refused with
-``CorruptStateError`` naming the file, so one damaged file cannot make a writer drop every
-entry it did not know about.
+A document that does not parse, or does not have the shape ``decode`` checks, is never
+overwritten: the change (and a read) is refused with ``CorruptStateError`` naming the file, so
+one damaged file cannot make a writer drop every entry it did not know about. Nesting too deep
+for the parser and a directory in the document's place are refused the same way.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import struct
 import threading
 from typing import Any, Callable, Iterator
@@ -41,8 +43,9 @@ def _identity(st: os.stat_result) -> tuple:
 
 
 class LockedJson:
-    """One such document. ``decode(text) -> dict`` parses it (ValueError when it cannot);
-    ``empty()`` is the document of a missing file. Thread-safe."""
+    """One such document. ``decode(text) -> dict`` parses it and checks its shape
+    (ValueError, saying what is wrong, when it cannot); ``empty()`` is the document of a
+    missing file. Thread-safe."""
 
     def __init__(self, path: str, *, empty: Callable[[], dict],
                  decode: Callable[[str], dict] = json.loads, fsync: bool = False) -> None:
@@ -67,7 +70,7 @@ class LockedJson:
             cached = self._cached
             if cached is not None and cached[0] == ident:
                 return cached[2]
-            return self._parse(_read_all(fd))
+            return self._parse(_read_all(fd, self.path))
         finally:
             os.close(fd)
 
@@ -77,6 +80,9 @@ class LockedJson:
         except (ValueError, UnicodeDecodeError) as exc:
             raise CorruptStateError(f"{self.path} is not a valid document ({exc}); it is left "
                                     f"as it is: repair or remove it") from None
+        except RecursionError:
+            raise CorruptStateError(f"{self.path} is not a valid document (nested too deep to "
+                                    f"parse); it is left as it is: repair or remove it") from None
         if not isinstance(doc, dict):
             raise CorruptStateError(f"{self.path} holds {type(doc).__name__}, not an object; "
                                     f"it is left as it is: repair or remove it")
@@ -132,7 +138,7 @@ class LockedJson:
             # recycled inode with the same size and coarse mtime could fool the identity.
             if cached is not None and cached[0] == ident and cached[1] == counter:
                 return cached[2], counter
-            doc = self._parse(_read_all(fd))
+            doc = self._parse(_read_all(fd, self.path))
         finally:
             os.close(fd)
         self._cached = (ident, counter, doc)
@@ -172,7 +178,10 @@ class LockedJson:
             self._cached = None
 
 
-def _read_all(fd: int) -> bytes:
+def _read_all(fd: int, path: str) -> bytes:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise CorruptStateError(f"{path} is not a file (a directory or a device stands in its "
+                                f"place); it is left as it is: remove it")
     chunks = []
     while True:
         chunk = os.read(fd, 1 << 20)

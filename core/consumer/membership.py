@@ -30,6 +30,7 @@ about to be granted, beside a new file someone else locks).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -37,6 +38,7 @@ import secrets
 import socket
 import stat
 
+from mqstore.errors import CorruptStateError
 from mqstore.storage.file_locks import is_file_at
 
 GROUPS_DIR = os.path.join("consumer", "groups")
@@ -133,7 +135,7 @@ class Membership:
     def _alive(self, name: str) -> bool:
         path = os.path.join(self.members_dir, name)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = _open_regular(path, os.O_RDONLY)
         except FileNotFoundError:
             return False
         try:
@@ -150,7 +152,7 @@ class Membership:
             return True
         path = os.path.join(self.queues_dir, f"{queue_id}.lock")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_regular(path, os.O_RDWR | os.O_CREAT)
         except FileNotFoundError:  # the group's files were removed: make them, try later
             self._make_dirs()
             return False
@@ -226,6 +228,26 @@ def _remove_topic_files(base: str) -> bool:
     for d in dirs:
         _rmdir(d)  # only if empty: an instance that came in meanwhile keeps its directory
     return not os.path.exists(base)
+
+
+def _open_regular(path: str, flags: int) -> int:
+    """``path`` opened (never waiting, as a FIFO would make it), or CorruptStateError naming it
+    when it is not a plain file: a directory, link or device in a member's or a queue lock's
+    place is not one, and is left as it is."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EISDIR, errno.ELOOP, errno.ENXIO):
+            raise
+        fd = -1
+    if fd >= 0 and stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    if fd >= 0:
+        os.close(fd)
+    raise CorruptStateError(f"{path} is not a plain file (consumer group membership: "
+                            f"NOTE [ Group membership ]); it is left as it is: remove it")
 
 
 def _rmdir(path: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from mqstore.format.names import STORED_TOPIC_RULE as TOPIC_RULE  # noqa: F401 - the rule consumers name
 from mqstore.format.names import check_stored_topic
 
 GROUP_RULE = "^[%|a-zA-Z0-9_-]+$, at most 255 characters (RocketMQ's rule)"

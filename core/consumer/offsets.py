@@ -47,24 +47,28 @@ import time
 import zlib
 from typing import Iterable, Mapping
 
+from mqstore.consumer import offset_marks
 from mqstore.consumer.locked_json import LockedJson
+from mqstore.consumer.offset_schema import TABLE, check_offsets, is_entry
+from mqstore.errors import CorruptStateError
 
 log = logging.getLogger("mqstore.consumer")
 
 CONFIG_DIR = "config"
 OFFSET_FILE = "consumerOffset.json"
 JOURNAL_SUFFIX = ".journal"
-TABLE = "offsetTable"
 JOURNAL_FOLD_BYTES = 64 << 10  # rewrite sooner when the journal grows past this
 _BARE_INT_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
 
 
 def decode_offsets(text: str) -> dict:
-    """Standard JSON, or fastjson's with unquoted integer keys."""
+    """Standard JSON, or fastjson's with unquoted integer keys, of the shape
+    ``offset_schema`` describes (ValueError saying what is wrong otherwise)."""
     try:
-        return json.loads(text)
+        doc = json.loads(text)
     except ValueError:
-        return json.loads(_BARE_INT_KEY.sub(r'\1"\2"\3', text))
+        doc = json.loads(_BARE_INT_KEY.sub(r'\1"\2"\3', text))
+    return check_offsets(doc)
 
 
 def table_key(topic: str, group: str) -> str:
@@ -90,29 +94,17 @@ def read_journal(data: bytes) -> tuple[list[tuple[str, int, int]], int]:
         try:
             if len(parts) != 3 or int(crc, 16) != zlib.crc32(text):
                 raise ValueError
-            entries.append((parts[0].decode(), int(parts[1]), int(parts[2])))
+            entry = (parts[0].decode(), int(parts[1]), int(parts[2]))
+            if not is_entry(*entry):  # a line the journal never holds, however its CRC reads
+                raise ValueError
+            entries.append(entry)
         except ValueError:
             bad += 1
     return entries, bad
 
 
-def _queue_offsets(entry) -> dict[int, int]:
-    if not isinstance(entry, dict):
-        return {}
-    out = {}
-    for q, off in entry.items():
-        try:
-            out[int(q)] = int(off)
-        except (TypeError, ValueError):
-            continue  # not something a RocketMQ broker writes; not ours to interpret
-    return out
-
-
 def _table(doc: dict) -> dict:
-    table = doc.get(TABLE)
-    if not isinstance(table, dict):
-        table = doc[TABLE] = {}
-    return table
+    return doc[TABLE]  # there, and of the right shape: decode_offsets checked it
 
 
 class ConsumerOffsets:
@@ -120,6 +112,7 @@ class ConsumerOffsets:
 
     def __init__(self, root: str, *, fsync: bool = False, persist_interval_ms: int = 5_000
                  ) -> None:
+        self.root = root
         self.path = os.path.join(root, CONFIG_DIR, OFFSET_FILE)
         self.journal_path = self.path + JOURNAL_SUFFIX
         self._file = LockedJson(self.path, empty=lambda: {TABLE: {}}, decode=decode_offsets,
@@ -128,22 +121,51 @@ class ConsumerOffsets:
         self._persist_s = persist_interval_ms / 1000.0
         self._journal_fd = -1
         self._last_persist = time.monotonic()
+        self._marked: set[str] = set()  # keys this instance saw marked (offset_marks)
 
     # -- reading --------------------------------------------------------------------------
-    def _snapshot(self) -> dict[str, dict[int, int]]:
-        """``topic@group`` -> offsets: the document with the journal applied."""
+    def _snapshot(self, key: str | None = None) -> dict[str, dict[int, int]]:
+        """``topic@group`` -> offsets: the document with the journal applied. A group marked
+        as having offsets (``offset_marks``) that has none (of every group, or the one of
+        ``key``) is refused, not read as new."""
         if not os.path.exists(self.journal_path):
             # No commit was ever journaled here: the document alone is the state, and reading
             # it takes no lock (so reading a broker's directory creates nothing in it).
-            doc, entries = self._file.read(), []
+            out = self._read(journal=False)
         else:
             with self._file.locked(shared=True):
-                doc = self._file.read()
-                entries = self._journal_entries()[0]
-        out = {key: _queue_offsets(entry) for key, entry in (doc.get(TABLE) or {}).items()}
+                out = self._read(journal=True)
+        if self._lost(out, key):
+            # Looked at again while no rewrite or deletion can be under way.
+            with self._file.locked(shared=True):
+                out = self._read(journal=True)
+                lost = self._lost(out, key)
+            if lost:
+                topic, group = lost[0]
+                state = "holds none" if os.path.exists(self.path) else "is missing"
+                raise CorruptStateError(
+                    f"{self.path} has no offsets for group {group!r} on topic {topic!r} (the "
+                    f"file {state}), but {offset_marks.mark_path(self.root, group, topic)} says "
+                    f"the group recorded some: the file was replaced or damaged, and reading it "
+                    f"would start the group over at its consume_from. It is left as it is: "
+                    f"restore it, or forget the group with store.delete_consumer_group"
+                    f"({group!r}, {topic!r}) to start it afresh")
+        return out
+
+    def _read(self, journal: bool) -> dict[str, dict[int, int]]:
+        doc = self._file.read()
+        entries = self._journal_entries()[0] if journal else []
+        out = {key: {int(q): off for q, off in entry.items()}
+               for key, entry in doc[TABLE].items()}
         for key, q, off in entries:
             out.setdefault(key, {})[q] = off
         return out
+
+    def _lost(self, out: dict, key: str | None) -> list[tuple[str, str]]:
+        """Marked ``(topic, group)`` pairs (all, or ``key``'s) that ``out`` has no offsets
+        for."""
+        return [(t, g) for t, g in offset_marks.marked(self.root)
+                if table_key(t, g) not in out and key in (None, table_key(t, g))]
 
     def table(self) -> dict[tuple[str, str], dict[int, int]]:
         """Every ``(topic, group)`` with its offsets by queue."""
@@ -155,7 +177,8 @@ class ConsumerOffsets:
         return out
 
     def offsets(self, topic: str, group: str) -> dict[int, int]:
-        return self._snapshot().get(table_key(topic, group), {})
+        key = table_key(topic, group)
+        return self._snapshot(key).get(key, {})
 
     # -- committing -----------------------------------------------------------------------
     def commit(self, topic: str, group: str, offsets: Mapping[int, int]) -> None:
@@ -171,7 +194,7 @@ class ConsumerOffsets:
                 for q, off in offsets.items():
                     entry[str(q)] = int(off)
                 return True, None
-            self._file.update(change, after=self._empty_journal)
+            self._file.update(change, after=lambda: self._after_rewrite(mark=(topic, group)))
             return
         data = journal_lines(table_key(topic, group), offsets)
         with self._file.locked(shared=True):
@@ -183,6 +206,7 @@ class ConsumerOffsets:
             if self._fsync:
                 os.fdatasync(fd)
             size = os.lseek(fd, 0, os.SEEK_CUR)
+            self._mark(topic, group)
         if size >= JOURNAL_FOLD_BYTES or time.monotonic() - self._last_persist >= self._persist_s:
             self.persist()
 
@@ -212,7 +236,7 @@ class ConsumerOffsets:
             for q, off in missing.items():
                 entry[str(q)] = int(off)
             return bool(missing or folded), {q: int(entry[str(q)]) for q in offsets}
-        return self._file.update(change, after=self._empty_journal)
+        return self._file.update(change, after=lambda: self._after_rewrite(mark=(topic, group)))
 
     def delete(self, group: str, topics: Iterable[str] | None = None) -> list[tuple[str, str]]:
         """Remove the group's entries (of ``topics``, or all); returns what was removed."""
@@ -228,16 +252,40 @@ class ConsumerOffsets:
                     del table[key]
                     gone.append((topic, g))
             return bool(gone or folded), gone
-        if not os.path.exists(self.path) and not os.path.exists(self.journal_path):
-            return []
-        return self._file.update(change, after=self._empty_journal)
 
-    # -- the journal (callers hold the lock) ----------------------------------------------
+        def forget() -> None:
+            self._empty_journal()
+            offset_marks.remove(self.root, group, wanted)  # with the offsets, under the lock
+            self._marked.clear()  # the next commit of every group looks again
+        if not os.path.exists(self.path) and not os.path.exists(self.journal_path):
+            with self._file.locked(shared=False):
+                forget()  # the offsets were lost already: only the marks are left to go
+            return []
+        return self._file.update(change, after=forget)
+
+    # -- marks and the journal (callers hold the lock) ------------------------------------
+    def _mark(self, topic: str, group: str) -> None:
+        key = table_key(topic, group)
+        if key not in self._marked:
+            offset_marks.make(self.root, group, topic)
+            self._marked.add(key)
+
+    def _after_rewrite(self, mark: tuple[str, str]) -> None:
+        self._empty_journal()
+        self._mark(*mark)
+
     def _journal(self) -> int:
         if self._journal_fd < 0:
-            self._journal_fd = os.open(self.journal_path,
-                                       os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                self._journal_fd = os.open(self.journal_path,
+                                           os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            except IsADirectoryError:
+                raise self._not_a_journal() from None
         return self._journal_fd
+
+    def _not_a_journal(self) -> CorruptStateError:
+        return CorruptStateError(f"{self.journal_path} is a directory, not the offset journal; "
+                                 f"it is left as it is: remove it")
 
     def _journal_entries(self) -> tuple[list[tuple[str, int, int]], int]:
         try:
@@ -245,6 +293,8 @@ class ConsumerOffsets:
                 data = f.read()
         except FileNotFoundError:
             return [], 0
+        except IsADirectoryError:
+            raise self._not_a_journal() from None
         entries, bad = read_journal(data)
         if bad:
             log.warning("%s: %d damaged line(s) skipped (a commit cut short by a crash)",
@@ -257,10 +307,7 @@ class ConsumerOffsets:
         entries, bad = self._journal_entries()
         table = _table(doc)
         for key, q, off in entries:
-            entry = table.get(key)
-            if not isinstance(entry, dict):
-                entry = table[key] = {}
-            entry[str(q)] = off
+            table.setdefault(key, {})[str(q)] = off
         return len(entries) + bad
 
     def _empty_journal(self) -> None:

@@ -36,21 +36,34 @@ def groups(root: str, offsets: ConsumerOffsets) -> dict[tuple[str, str], dict[in
     """Every ``(topic, group)`` that committed or popped, with its consumed offsets."""
     out = {key: dict(value) for key, value in offsets.table().items()}
     for topic, group in pop_state.pop_groups(root):
-        journal = PopJournal(root, topic, group)
-        try:
-            popped = journal.snapshot().consumed_offsets()
-        except CorruptStateError:
-            continue  # its pops fail loudly; its progress is unknown, not zero
-        finally:
-            journal.close()
-        mine = out.setdefault((topic, group), {})
-        for q, off in popped.items():
-            mine[q] = min(off, mine.get(q, off))
+        popped = _popped(root, topic, group)
+        if popped is not None:
+            _merge(out.setdefault((topic, group), {}), popped)
     return out
 
 
 def group_offsets(root: str, offsets: ConsumerOffsets, topic: str, group: str) -> dict[int, int]:
-    return groups(root, offsets).get((topic, group), {})
+    """``groups(...).get((topic, group), {})``, reading only that group's state."""
+    mine = dict(offsets.offsets(topic, group))
+    popped = _popped(root, topic, group) if (topic, group) in pop_state.pop_groups(root) else None
+    if popped is not None:
+        _merge(mine, popped)
+    return mine
+
+
+def _popped(root: str, topic: str, group: str) -> dict[int, int] | None:
+    journal = PopJournal(root, topic, group)
+    try:
+        return journal.snapshot().consumed_offsets()
+    except CorruptStateError:
+        return None  # its pops fail loudly; its progress is unknown, not zero
+    finally:
+        journal.close()
+
+
+def _merge(mine: dict[int, int], popped: dict[int, int]) -> None:
+    for q, off in popped.items():
+        mine[q] = min(off, mine.get(q, off))
 
 
 def first_unconsumed(store, topic: str, queue_id: int, offset: int | None):

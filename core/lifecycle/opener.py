@@ -20,18 +20,22 @@ from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
 from mqstore.append.pool_writer import MapWriter, TransientPoolWriter, salvage_pool
 from mqstore.read.pull import PullLimits
 from mqstore.read.reader import Reader
-from mqstore.lifecycle.recovery import RecoveryReport, mend_range, recover
+from mqstore.lifecycle import offset_floor
+from mqstore.lifecycle.recovery import RecoveryReport, durable_end, mend_range, recover
 from mqstore.config import StoreConfig
 from mqstore.replication import Replication, slave_acks
 from mqstore.running_flags import NOT_WRITEABLE, StoreState
 from mqstore.runtime.loops import Runtime
 from mqstore.storage import clean_marker
-from mqstore.storage.checkpoint import Checkpoint, StoreLock, abort_exists, create_abort
+from mqstore.storage import store_id as ids
+from mqstore.storage.checkpoint import Checkpoint, abort_exists, create_abort
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
-from mqstore.storage.queue_manifest import ManifestKeeper, read_manifest
+from mqstore.storage.queue_floor import offsets_without_message
+from mqstore.storage.queue_manifest import ManifestKeeper, read_entries
 from mqstore.storage.queue_progress import read_queued, remove_queued
-from mqstore.storage.shared_segment import store_segment_name, unlink_segment
+from mqstore.storage.shared_segment import path_segment_name, store_segment_name, unlink_segment
+from mqstore.storage.store_lock import StoreLock
 from mqstore.lifecycle.parts import StoreParts
 from mqstore.lifecycle.store_meta import load_meta, settle_meta, settle_record_crc
 from mqstore.view.directory_view import DirectoryView
@@ -78,11 +82,12 @@ class Opener:
             self._parts()
             if not state.read_only:
                 self._start()
-        except BaseException:
+        except BaseException as exc:
             if parts.runtime is not None:
                 parts.runtime.abort_start()
             parts.release_files()
             parts.unlock()
+            _note_recovery(exc, parts.recovery_report)
             raise
         state.closed = False
         return parts
@@ -104,11 +109,18 @@ class Opener:
                                      read_only=ro, on_warning=log.warning,
                                      known_bytes=meta.get("commit_log_segment_bytes"))
         self.notes = notes = parts.commit_log.load()
+        identity = None
         if not ro:
             # A killed store leaves its shared memory behind: its transient pool may hold
             # acknowledged records its files lack (see NOTE [ Shutdown ]); reclaim both.
-            notes += salvage_pool(self.root, parts.commit_log.segments)
-            unlink_segment(store_segment_name(self.root, shm.POSITIONS_SEGMENT))
+            store_id, moved = ids.claim(self.root, meta)
+            if moved:
+                notes.append(moved)
+            notes += salvage_pool(self.root, store_id, parts.commit_log.segments)
+            if store_id:
+                unlink_segment(store_segment_name(store_id, shm.POSITIONS_SEGMENT))
+            unlink_segment(path_segment_name(self.root, shm.POSITIONS_SEGMENT))
+            identity = ids.settled(self.root, store_id)
         cq_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
             config.consume_queue.file_units * CQ_UNIT_SIZE)
         self.queues = load_consume_queues(
@@ -118,7 +130,8 @@ class Opener:
                                 consume_queues=self.queues.values(),
                                 configured_hash=config.store.hash,
                                 configured_cq_bytes=cq_bytes, read_only=ro, notes=notes,
-                                hash_explicit="hash" in config.store.model_fields_set)
+                                hash_explicit="hash" in config.store.model_fields_set,
+                                identity=identity)
         parts.hash_kind = self.meta["hash"]
         if self.meta.get("record_crc_since") is not None:
             # What the store's writers recorded, for recovery to hold records to; settled
@@ -129,20 +142,32 @@ class Opener:
     def _recover(self) -> None:
         parts, ro = self.parts, self.state.read_only
         self.abnormal = abort_exists(self.root)
-        known_queues, manifest_problem = read_manifest(self.root)
-        self.manifest = ManifestKeeper(self.root)
+        entries, manifest_problem = read_entries(self.root)
+        known_queues = {key: (first, end) for key, (first, end, _phys) in entries.items()}
+        self.manifest = ManifestKeeper(self.root, entries)
         if manifest_problem:
             self.notes.append(manifest_problem)
         queued, queued_problem = read_queued(self.root)
         if queued_problem:
             self.notes.append(f"{queued_problem}; ignored")
+        # NOTE [ Offset floors ]: what the store recorded of each queue's end, raised by
+        # recovery to what the queues held before it cut any unit.
+        self.durable = durable_end(parts.checkpoint, self.abnormal)
+        floors = offset_floor.recorded(entries, self.marker, self.durable)
         report: RecoveryReport = recover(
             parts.commit_log, list(self.queues.values()), parts.checkpoint,
             abnormal=self.abnormal, check_crc=self.config.commit_log.check_crc_on_recover,
             read_only=ro, known_queues=known_queues, marker=self._usable_marker(),
-            queued=queued)
+            queued=queued, floors=floors,
+            hold=None if ro else lambda: self._settle_floors(floors, write=True))
         report.notes[:0] = self.notes
         parts.recovery_report = report
+        # What each queue holds now: units the open's dispatch writes from here on are
+        # rebuilt ones (and the offsets they find without a message are reported).
+        self.recovered = {key: cq.max_offset for key, cq in self.queues.items()}
+        self.holding = False
+        if not ro:
+            self._floors(floors, report)
         if not ro and queued is not None and report.redispatch_from < queued.phys_offset:
             remove_queued(self.root)  # units rebuilt below it are not on disk yet
         if not ro:
@@ -164,6 +189,51 @@ class Opener:
                     seg.force()
             parts.checkpoint.confirm_phy_offset = parts.commit_log.max_offset
             parts.checkpoint.note_appended(parts.commit_log.max_offset)
+
+    def _floors(self, floors: dict, report: RecoveryReport) -> None:
+        """Add what committed consumer offsets show (up to what the lost bytes could have
+        held) and settle the floors into the manifest when a queue is below one, for the
+        writer of the consume queues (NOTE [ Offset floors ])."""
+        if not self.parts.commit_log.segments.segments:
+            self.manifest.settle({})  # the store starts over: no queue, no floor
+            return
+        lost = offset_floor.lost_bytes(report, self.parts.checkpoint, self.marker)
+        if lost:
+            claims, problem = offset_floor.claimed(self.root)
+            if problem:
+                report.notes.append(problem)
+            if any(end > max(floors.get(key, 0), self.recovered.get(key, 0))
+                   for key, end in claims.items()):
+                # What dispatch will give the queues back: the records it reads again.
+                held = offset_floor.queue_ends(self.parts.commit_log, min(
+                    report.scan_from, report.redispatch_from), report.commit_log_end)
+                for key, end in self.recovered.items():
+                    held[key] = max(held.get(key, 0), end)
+                report.notes += offset_floor.add_claims(floors, claims, held, lost)
+        self.holding = any(floor > self.recovered.get(key, 0) for key, floor in floors.items())
+        self._settle_floors(floors, write=self.holding, held=self.recovered)
+
+    def _settle_floors(self, floors: dict, *, write: bool, held: dict | None = None) -> None:
+        """Raise the manifest's entries to the floors (durably) when ``write``; and when a
+        queue holds less (by ``held``) than its entry says and that end lies past the durable
+        end (a torn tail's, never acknowledged), lower the entry: the writer of the queues
+        would give it fillers."""
+        keeper = self.manifest
+        settled = dict(keeper.recorded)
+        lowered = False
+        for key in keeper.recorded.keys() | floors.keys():
+            first, end, phys = keeper.recorded.get(key, (-1, 0, -1))
+            floor = floors.get(key, 0)
+            if held is not None and phys > self.durable and end > held.get(key, 0):
+                lowered = True
+            elif floor <= end:
+                continue
+            if first < 0 and key in self.queues:
+                found = self.queues[key].first_phys()
+                first = -1 if found is None else found
+            settled[key] = (first, max(floor, (held or {}).get(key, 0)), -1)
+        if write or lowered:
+            keeper.settle(settled)
 
     def _usable_marker(self) -> dict | None:
         """The clean-shutdown marker, unless what it cannot know rules it out already."""
@@ -221,17 +291,19 @@ class Opener:
             factory = MapWriter if config.store.role == "slave" else TransientPoolWriter
         writer = factory(WriterContext(
             self.root, config, parts.commit_log,
-            lambda: runtime_ref[0]().wake_committer() if runtime_ref else None))
+            lambda: runtime_ref[0]().wake_committer() if runtime_ref else None,
+            self.meta[ids.ID_KEY]))
         try:
             flush_factory = hooks.flush_policies.get(config.flush.policy)
             runtime = parts.runtime = Runtime(
                 state=self.state, config=config, view=parts.view, dispatchers=parts.dispatchers,
                 hooks=hooks, writer=writer, flush_schedule=flush_factory.schedule(config),
-                clock=self.clock, manifest=self.manifest)
+                clock=self.clock, manifest=self.manifest, store_id=self.meta[ids.ID_KEY])
         except BaseException:
             writer.close()
             raise
         runtime_ref.append(weakref.ref(runtime))
+        runtime.store_lock = parts.lock
         if self.role == FOLLOWER:
             parts.reader.follow(lambda ch=runtime.channels.dispatch: ch.dispatched)
         policy = flush_factory(config, runtime.flush_client)
@@ -258,10 +330,27 @@ class Opener:
             mend_range(commit_log, start, report.scan_from,
                        check_crc=config.commit_log.check_crc_on_recover, read_only=False,
                        report=report)
+        start = _outside_quarantine(start, report)
         create_abort(self.root)
         report.redispatch_bytes, report.redispatch_seconds = runtime.start(
-            start, report.abnormal, report.trusted_end)
+            start, report.abnormal, report.trusted_end, hold=self.holding)
         parts.appender.queue_offsets.update(self._queue_offsets())
+        self._report_lost_offsets(report)
+
+    def _report_lost_offsets(self, report: RecoveryReport) -> None:
+        """The offsets the open's dispatch left without a message, in queues it rebuilt or
+        gave fillers (NOTE [ Offset floors ])."""
+        if report.trusted_end >= 0 and not self.holding:
+            return  # nothing was rebuilt
+        reader = self.parts.reader
+        for key in sorted(self.parts.view.consume_queues):
+            cq = reader.queue(*key)
+            begin = self.recovered.get(key, 0)
+            if cq is None or cq.max_offset <= begin:
+                continue
+            runs = offsets_without_message(cq, begin, after_first=key not in self.recovered)
+            if runs:
+                report.queue_offsets_lost[f"{key[0]}/{key[1]}"] = runs
 
     def _queue_offsets(self) -> dict:
         """Each queue's next offset, now that dispatch has caught up; queues also stop
@@ -275,3 +364,30 @@ class Opener:
             cq.correct_min_offset(min_phys)
             offsets[key] = cq.max_offset
         return offsets
+
+
+def _outside_quarantine(start: int, report: RecoveryReport) -> int:
+    """Where dispatch may start: a dispatcher may resume at a record this recovery has just
+    quarantined (the key index at its last entry's record), and the middle of a quarantine
+    record is no record at all; the region's start is."""
+    for q in report.quarantined:
+        if q.offset < start < q.offset + q.length:
+            return q.offset
+    return start
+
+
+def _note_recovery(exc: BaseException, report: RecoveryReport | None) -> None:
+    """An open that fails after its recovery changed the files says what it changed: the
+    next open finds them mended and has nothing left to report."""
+    if report is None or report.clean:
+        return
+    done = [f"quarantined [{q.offset}, {q.offset + q.length}) ({q.reason})"
+            + (f", the original bytes in {q.saved_to}" if q.saved_to else "")
+            for q in report.quarantined]
+    done += [f"recreated {path}" for path in report.recreated_segments]
+    if report.truncated_bytes:
+        done.append(f"cut {report.truncated_bytes} bytes at {report.commit_log_end}")
+    done += [f"cut {n} unit(s) of {queue}"
+             for queue, n in sorted(report.consume_queue_units_dropped.items())]
+    if done:
+        exc.add_note("the open had recovered the store before it failed: " + "; ".join(done))

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from mqstore.read.reader import Reader
     from mqstore.replication import Replication
     from mqstore.runtime.loops import Runtime
-    from mqstore.storage.checkpoint import Checkpoint, StoreLock
+    from mqstore.storage.checkpoint import Checkpoint
     from mqstore.storage.commit_log import CommitLog
+    from mqstore.storage.store_lock import StoreLock
     from mqstore.view.directory_view import DirectoryView
 
 

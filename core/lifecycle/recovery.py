@@ -18,6 +18,9 @@ Follows RocketMQ 5.x (spec 10.11) with these changes, all in the direction of lo
   (a copy stores its first bytes last), so intact records after damage there are not kept:
   they belong to a put that was never acknowledged. Damage below the end is bit rot and is
   quarantined.
+- Queue offsets never go back (NOTE [ Offset floors ] in ``offset_floor``): before it cuts
+  the units of records that are gone, recovery raises the floors it is given to what each
+  queue held, and the open gives the queues fillers up to them once dispatch caught up.
 - What was cut, quarantined or rebuilt is returned as a :class:`RecoveryReport`.
 
 Steps: recover each consume queue (cut after its last valid unit); if a clean-shutdown marker
@@ -26,7 +29,7 @@ says and nothing is walked. Otherwise pick the commit-log segment to validate fr
 exit: the newest whose first record is already dispatched to every queue that needs it;
 abnormal exit: also no later than the checkpoint's minimum time, RocketMQ's rule, so only what
 the checkpoint does not cover is walked, at segment granularity); walk and mend the records
-from there; cut the torn tail; drop consume-queue units past the end.
+from there; cut the torn tail; drop consume-queue units whose records do not end by the end.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from mqstore.format.quarantine import (
 from mqstore.format.record import SCAN_BAD, SCAN_BLANK, SCAN_OK, encode_blank, scan_record
 from mqstore.plugin_api.recovery_report import Quarantined, RecoveryReport
 from mqstore.storage import clean_marker
+from mqstore.storage.queue_floor import end_below_phys
 from mqstore.storage.queue_progress import QUEUED_FILE, DispatchMark
 
 ZERO_PROBE_BYTES = 64 * 1024
@@ -294,7 +298,7 @@ def _queued_start(segq, mark: DispatchMark, dispatch_from: int, crc_range,
     return start
 
 
-def _durable_end(checkpoint, abnormal: bool) -> int:
+def durable_end(checkpoint, abnormal: bool) -> int:
     """Every byte below this offset was on disk before the store went down."""
     if not abnormal:
         return NO_END  # a clean close flushed everything
@@ -319,6 +323,8 @@ def _rebuild_point(consume_queues, known_queues: dict, report: RecoveryReport) -
             rebuild_from = min(rebuild_from, max(cq.max_phys, 0))
     for (topic, queue_id), (first_phys, max_offset) in known_queues.items():
         cq = by_key.get((topic, queue_id))
+        if cq is None and first_phys < 0:
+            continue  # fillers alone: nothing in the log to rebuild, its floor restores them
         if cq is None:
             why = "its directory is missing"
             point = first_phys
@@ -347,12 +353,20 @@ def _trust(report: RecoveryReport, commit_log, consume_queues, marker: dict) -> 
 
 def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc: bool,
             read_only: bool, known_queues: dict | None = None,
-            marker: dict | None = None, queued: DispatchMark | None = None) -> RecoveryReport:
+            marker: dict | None = None, queued: DispatchMark | None = None,
+            floors: dict | None = None, hold=None) -> RecoveryReport:
     """``known_queues``: the queue manifest (``storage.queue_manifest``), if any; ``marker``:
     a clean-shutdown marker, trusted if it matches the files (the caller checked ``abort``);
     ``queued``: the record below which the derived files were on disk
-    (``storage.queue_progress``), if recorded."""
+    (``storage.queue_progress``), if recorded.
+
+    ``floors``: ``{(topic, queue_id): offset}``, each queue's end by the store's other
+    records (NOTE [ Offset floors ] in ``offset_floor``); raised here to what each consume
+    queue held before recovery cut units of records that are gone, emptied when there is no
+    commit-log segment at all (the store starts over). ``hold()`` is called once before the
+    first such unit is cut, to make the floors durable first."""
     report = RecoveryReport(abnormal=abnormal)
+    floors = {} if floors is None else floors
     if marker is not None and _marker_matches(report, marker, commit_log, consume_queues):
         return _trust(report, commit_log, consume_queues, marker)
     rebuild_from = _rebuild_point(consume_queues, known_queues or {}, report)
@@ -361,6 +375,7 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
     segq = commit_log.segments
     segs = segq.segments
     if not segs:
+        floors.clear()
         return _without_segments(report, consume_queues, read_only)
 
     exact = (_queued_start(segq, queued, dispatch_from, commit_log.crc_range, report)
@@ -373,7 +388,12 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
     for begin, end in _structural_damage(segq, report.scan_from):
         mend_range(commit_log, begin, end, check_crc=check_crc, read_only=read_only,
                    report=report)
-    durable = _durable_end(checkpoint, abnormal)
+    durable = durable_end(checkpoint, abnormal)
+    for cq in consume_queues:
+        # Valid units only (``recover`` cut the damaged ones), of records on disk: a unit of
+        # a torn tail's record names an offset no put was acknowledged with.
+        key = (cq.topic, cq.queue_id)
+        floors[key] = max(floors.get(key, 0), end_below_phys(cq, durable))
     pos, regions, report.records_checked = _walk(segq, report.scan_from, check_crc, report,
                                                  crc_range=commit_log.crc_range,
                                                  durable=durable)
@@ -384,6 +404,8 @@ def recover(commit_log, consume_queues, checkpoint, *, abnormal: bool, check_crc
     _cut_torn_tail(segq, segs, pos, report, read_only)
     report.commit_log_end = pos
     report.deleted_files += segq.truncate_to(pos)
+    if hold is not None and any(cq.max_phys > pos for cq in consume_queues):
+        hold()
     cut_from = _drop_units_past(consume_queues, pos, report)
 
     if abnormal:
@@ -465,8 +487,9 @@ def _cut_torn_tail(segq, segs, pos: int, report: RecoveryReport, read_only: bool
 
 
 def _drop_units_past(consume_queues, pos: int, report: RecoveryReport) -> int:
-    """Consume-queue units naming records at or past the recovered end go; returns where
-    dispatch must run again for the queues that lost units (NO_END: none did)."""
+    """Consume-queue units naming records that do not end by the recovered end go (a record
+    cut by the end is not whole); returns where dispatch must run again for the queues that
+    lost units (NO_END: none did)."""
     cut_from = NO_END
     for cq in consume_queues:
         if cq.max_phys > pos:

@@ -2,9 +2,10 @@
 
     {"format": 1, "hash": "mmh3" | "java",
      "commit_log_segment_bytes": <int>, "consume_queue_file_bytes": <int>,
-     "record_crc_since": <int>}
+     "record_crc_since": <int>, "store_id": <32 hex digits>, "directory": {...}}
 
-``hash`` is the string hash of tag codes and index keys; the sizes are those the files were
+``store_id`` and ``directory`` say which store this is and where it was last opened for
+writing (``storage.store_id``). ``hash`` is the string hash of tag codes and index keys; the sizes are those the files were
 written with (a later configuration never changes them). ``record_crc_since``, present while
 ``commit_log.record_crc`` is on, is the commit-log offset from which every record carries the
 record CRC (``format.record_crc``): a record there without one had it destroyed, which a
@@ -208,10 +209,12 @@ def _tagged_units(cq):
 
 def settle_meta(root: str, meta: dict, problem: str | None, *, commit_log, consume_queues,
                 configured_hash: str, configured_cq_bytes: int, read_only: bool,
-                notes: list[str], hash_explicit: bool = False) -> dict:
-    """Complete ``meta`` from the loaded files (and record it, when writable)."""
+                notes: list[str], hash_explicit: bool = False,
+                identity: dict | None = None) -> dict:
+    """Complete ``meta`` from the loaded files (and record it, when writable); ``identity``:
+    the store's id and home as this open settled them (``storage.store_id``)."""
     recorded = meta
-    meta = dict(meta)
+    meta = dict(meta, **(identity or {}))
     if problem:
         notes.append(problem)
     since = meta.get("record_crc_since")

@@ -19,6 +19,7 @@ from mqstore.ops.check_queues import check_queues
 from mqstore.ops.problems import ABORT, KINDS, Problem
 from mqstore.ops.store_files import ABORT_RUNNING, ABORT_STALE, abort_state, open_files
 from mqstore.storage.checkpoint import ABORT_FILE
+from mqstore.storage.store_lock import holder
 
 
 @dataclass
@@ -50,9 +51,11 @@ def check_store(root: str, config: StoreConfig,
     """Check ``root``; ``on_total(bytes)`` once the work is known, ``advance(bytes)`` as it
     is done (for a progress bar)."""
     state, pid = abort_state(root)
-    if state == ABORT_RUNNING:
-        raise StoreLockedError(f"store {root!r} is open for writing by process {pid}; check it "
-                               f"once that writer has closed it")
+    held = holder(root) or (f"open for writing by process {pid}" if state == ABORT_RUNNING
+                            else None)
+    if held is not None:
+        raise StoreLockedError(f"store {root!r} is {held}; check it once that writer has "
+                               f"closed it")
     report = CheckReport(root)
     with open_files(root, config) as files:
         report.notes = list(files.notes)

@@ -8,6 +8,10 @@ it walks the whole commit log, quarantines damaged records (keeping every intact
 them, and a copy of the damaged bytes), cuts a torn tail, and re-dispatches the log, which
 builds the queues (fillers hold the offsets of lost records) and the index again. A clean close
 then removes a stale ``abort`` marker. Every step is reported.
+
+Before ``consumequeue/`` goes, each queue's end (its valid units) goes into the queue manifest:
+a floor the rebuild keeps (NOTE [ Offset floors ] in ``offset_floor``), so offsets whose
+records the damage took are held by fillers and new messages go on above them.
 """
 
 from __future__ import annotations
@@ -16,11 +20,16 @@ import os
 import shutil
 
 from mqstore.config import StoreConfig
+from mqstore.errors import StoreCorruptError
+from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.ops.problems import CONSUME_QUEUE, INDEX, RECORD, SEGMENT, Problem
 from mqstore.plugin_api.recovery_report import RecoveryReport
-from mqstore.storage.checkpoint import abort_exists
-from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
+from mqstore.storage.checkpoint import abort_exists, read_meta
+from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, load_consume_queues
 from mqstore.storage.index_file import INDEX_DIR
+from mqstore.storage.queue_manifest import describe as queue_ends
+from mqstore.storage.queue_manifest import merged, read_entries, write_manifest
+from mqstore.storage.store_lock import exclusive
 from mqstore.store import MessageStore
 
 CONSUME_QUEUE_EXT_DIR = "consumequeue_ext"
@@ -32,7 +41,28 @@ def repair(root: str, config: StoreConfig, problems: list[Problem]) -> list[str]
     kinds = {p.kind for p in problems}
     invalidating = bool(kinds & {SEGMENT, RECORD})
     done: list[str] = []
+    with exclusive(root, "mqstore check --fix"):  # nothing removed under a live writer
+        _remove_derived(root, config, kinds, invalidating, done)
+    # The loops run as threads: the same code and files, without starting worker processes
+    # for one open.
+    cfg = config.replace(dispatch={"worker": "thread"}, flush={"worker": "thread"})
+    was_abnormal = abort_exists(root)
+    with MessageStore.open(root, config=cfg) as store:
+        store.wait_dispatched(timeout=DISPATCH_WAIT_S)
+        report = store.recovery_report
+    done += describe(report)
+    if was_abnormal and not abort_exists(root):
+        done.append("closed cleanly: the stale abort marker is gone")
+    return done
+
+
+def _remove_derived(root: str, config: StoreConfig, kinds: set, invalidating: bool,
+                    done: list[str]) -> None:
     if CONSUME_QUEUE in kinds or invalidating:
+        kept = _keep_queue_ends(root, config)
+        if kept:
+            done.append(f"recorded the end of {kept} consume queue(s) in the queue manifest: "
+                        f"their offsets go on from there")
         for name in (CONSUME_QUEUE_DIR, CONSUME_QUEUE_EXT_DIR):
             path = os.path.join(root, name)
             if os.path.isdir(path):
@@ -46,17 +76,30 @@ def repair(root: str, config: StoreConfig, problems: list[Problem]) -> list[str]
         if names:
             done.append(f"removed {len(names)} index file(s) to rebuild the index from the "
                         f"commit log")
-    # The loops run as threads: the same code and files, without starting worker processes
-    # for one open.
-    cfg = config.replace(dispatch={"worker": "thread"}, flush={"worker": "thread"})
-    was_abnormal = abort_exists(root)
-    with MessageStore.open(root, config=cfg) as store:
-        store.wait_dispatched(timeout=DISPATCH_WAIT_S)
-        report = store.recovery_report
-    done += describe(report)
-    if was_abnormal and not abort_exists(root):
-        done.append("closed cleanly: the stale abort marker is gone")
-    return done
+
+
+def _keep_queue_ends(root: str, config: StoreConfig) -> int:
+    """Raise the queue manifest to each consume queue's end (its valid units, checked as an
+    open would, changing nothing on disk); returns how many entries that raised."""
+    try:
+        known = (read_meta(root) or {}).get("consume_queue_file_bytes")
+    except StoreCorruptError:
+        known = None  # then the files say (as they do at open)
+    queues = load_consume_queues(
+        root, known or round_file_bytes(config.consume_queue.file_units * CQ_UNIT_SIZE),
+        read_only=True, known_bytes=known)
+    try:
+        for cq in queues.values():
+            cq.recover()
+        ends = queue_ends(queues)
+    finally:
+        for cq in queues.values():
+            cq.close()
+    recorded, _problem = read_entries(root)  # a garbled one is replaced
+    entries = merged(recorded, ends)
+    if entries != recorded:
+        write_manifest(root, entries, durable=True)
+    return sum(1 for key, entry in entries.items() if recorded.get(key) != entry)
 
 
 def describe(report: RecoveryReport) -> list[str]:
@@ -79,6 +122,10 @@ def describe(report: RecoveryReport) -> list[str]:
         out.append(f"rebuilt consume queue {queue}: {why}")
     for queue, n in sorted(report.consume_queue_units_dropped.items()):
         out.append(f"dropped {n} unit(s) of consume queue {queue} past the end of the log")
+    for queue, runs in sorted(report.queue_offsets_lost.items()):
+        held = ", ".join(f"{a}..{b}" if a != b else f"{a}" for a, b in runs)
+        out.append(f"queue offsets {held} of {queue} lost their messages; fillers hold them, "
+                   f"later offsets are kept")
     if report.redispatch_bytes:
         out.append(f"re-dispatched {report.redispatch_bytes} commit-log bytes into the consume "
                    f"queues and the index")

@@ -1,30 +1,35 @@
 """``mqstore serve``: one deployment, a writable store with its workers and cleanup, its
 metrics and health over HTTP, until SIGTERM or SIGINT.
 
-Shutdown: the signal sets an event (the handler is installed before the store opens, so the
-store's put shield wraps it: NOTE [ Uninterrupted puts ]); the main thread then stops the
-HTTP server and closes the store, which commits and flushes everything written, stops the
-workers, unlinks its shared memory and removes ``abort`` (NOTE [ Shutdown ] in
-``workers.supervisor``). Workers leave SIGINT to this process; a SIGTERM sent to the whole
-group makes them finish their work and exit, and the supervisor starts them again until the
-close stops them for good.
+The endpoints are served on an asyncio event loop in the main thread (``http_server``, with
+its limits on connections, time, bytes and descriptors); the WSGI application runs on the
+server's few threads, so the loop never waits on the store, and other asyncio servers of the
+deployment run on the same loop (``_serve_endpoints`` starts and stops them in turn).
+
+Shutdown: the signal handler is installed before the store opens (so the store's put shield
+wraps it: NOTE [ Uninterrupted puts ]); it marks the deployment stopping and wakes the loop,
+which closes the endpoints; then the main thread closes the store, which commits and flushes
+everything written, stops the workers, unlinks its shared memory and removes ``abort`` (NOTE
+[ Shutdown ] in ``workers.supervisor``). The workers leave SIGINT and SIGTERM to this process
+(``uninterrupted.worker_signals``): a signal sent to the whole process group, as a terminal,
+systemd or a container runtime sends it, stops them once, in order, through that close.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 import signal
-import socket
-import socketserver
 import threading
 from typing import Callable
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from mqstore.config import StoreConfig, parse_listen
 from mqstore.ops import put_metrics
+from mqstore.ops.http_server import HttpServer, Limits
 from mqstore.ops.metrics import StoreCollector
 from mqstore.ops.repair import describe
 from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
@@ -33,20 +38,29 @@ from mqstore.store import MessageStore
 
 log = logging.getLogger("mqstore.serve")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-WAKE_S = 1.0
 
 
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a scrape in flight never holds up the shutdown
+class _Stop:
+    """Set by SIGTERM or SIGINT (the handler runs in the main thread, between bytecodes, also
+    while the loop waits); ``flag`` is what ``/healthz`` reads on the server's threads."""
 
+    def __init__(self) -> None:
+        self.received: list[str] = []
+        self.flag = threading.Event()
+        self._event: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
+    def __call__(self, signum, _frame) -> None:
+        self.received.append(signal.Signals(signum).name)
+        self.flag.set()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._event.set)
 
-
-class _Handler(WSGIRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - the stdlib's name
-        log.debug("%s %s", self.address_string(), format % args)
+    async def wait(self) -> None:
+        self._event = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        if not self.flag.is_set():
+            await self._event.wait()
 
 
 def with_put_metrics(config: StoreConfig) -> StoreConfig:
@@ -102,22 +116,25 @@ def make_app(store: MessageStore, stopping: threading.Event):
 def serve(root: str, config: StoreConfig,
           on_ready: Callable[[str], None] = lambda url: None) -> bool:
     """Run until SIGTERM or SIGINT; True when the store closed cleanly. Main thread only."""
-    stop = threading.Event()
-    received: list[str] = []
-
-    def on_signal(signum, _frame):
-        received.append(signal.Signals(signum).name)
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    stop = _Stop()
+    previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
     try:
-        return _run(root, with_put_metrics(config), stop, received, on_ready)
+        return _run(root, with_put_metrics(config), stop, on_ready)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-def _run(root, config, stop, received, on_ready) -> bool:
+def _start_endpoint(store: MessageStore, config: StoreConfig):
+    """The gRPC endpoint when ``server.grpc_listen`` is set (imported only then: it needs the
+    grpc extra)."""
+    if config.server.grpc_listen is None:
+        return None
+    from mqstore.endpoint.server import start_endpoint
+    return start_endpoint(store, config)
+
+
+def _run(root, config, stop: _Stop, on_ready) -> bool:
     log.info("opening store %s (writer %s, flush %s, dispatch worker %s, flush worker %s)",
              root, config.writer.kind, config.flush.policy, config.dispatch.worker,
              config.flush.worker)
@@ -127,25 +144,7 @@ def _run(root, config, stop, received, on_ready) -> bool:
             log.info("recovery: %s", line)
         log.info("store open: commit log [%d, %d)", store.min_phys_offset, store.max_phys_offset)
         store.replication.start()  # by store.role; the store's close stops it
-        host, port = parse_listen(config.server.metrics_listen)
-        server_class = _Server6 if ":" in host else _Server
-        httpd = make_server(host, port, make_app(store, stop), server_class=server_class,
-                            handler_class=_Handler)
-        thread = threading.Thread(target=httpd.serve_forever, name="mqstore-metrics",
-                                  daemon=True)
-        thread.start()
-        shown = f"[{host}]" if ":" in host else host
-        url = f"http://{shown}:{httpd.server_port}"
-        log.info("serving metrics on %s/metrics and health on %s/healthz", url, url)
-        on_ready(url)
-        try:
-            while not stop.wait(WAKE_S):
-                pass
-            log.info("%s received: shutting down", received[0] if received else "stop")
-        finally:
-            httpd.shutdown()
-            httpd.server_close()
-            thread.join()
+        asyncio.run(_serve_endpoints(store, config, stop, on_ready))
     finally:
         store.close()
     clean = not abort_exists(root)
@@ -154,3 +153,40 @@ def _run(root, config, stop, received, on_ready) -> bool:
     else:
         log.error("store closed, but not cleanly: the next open recovers it")
     return clean
+
+
+async def _serve_endpoints(store: MessageStore, config: StoreConfig, stop: _Stop,
+                           on_ready) -> None:
+    host, port = parse_listen(config.server.metrics_listen)
+    limits = Limits.of(config.server)
+    httpd = HttpServer(make_app(store, stop.flag), host, port, limits)
+    await httpd.start()
+    try:
+        shown = f"[{host}]" if ":" in host else host
+        url = f"http://{shown}:{httpd.port}"
+        log.info("serving metrics on %s/metrics and health on %s/healthz", url, url)
+        _check_descriptors(httpd)
+        # The gRPC endpoint runs its own loop on its own thread: a flood of RPCs never slows
+        # /healthz, and it stops (NOTE [ Endpoint shutdown ]) before the store closes.
+        endpoint = await asyncio.to_thread(_start_endpoint, store, config)
+        try:
+            on_ready(url)
+            await stop.wait()
+            log.info("%s received: shutting down", stop.received[0] if stop.received else "stop")
+        finally:
+            if endpoint is not None:
+                await asyncio.to_thread(endpoint.stop)
+    finally:
+        await httpd.close()
+
+
+def _check_descriptors(httpd: HttpServer) -> None:
+    """Warn when the descriptor limit leaves less room than server.max_connections."""
+    if httpd.fd_ceiling is None or not os.path.isdir("/proc/self/fd"):
+        return
+    room = httpd.fd_ceiling - len(os.listdir("/proc/self/fd"))
+    if room < httpd.limits.max_connections:
+        log.warning("server.max_connections is %d, but the descriptor limit (RLIMIT_NOFILE) "
+                    "leaves room for about %d connections beside the store's files; "
+                    "connections past that are closed at once (raise the limit, e.g. "
+                    "LimitNOFILE= or ulimit -n)", httpd.limits.max_connections, max(room, 0))

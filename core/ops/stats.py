@@ -26,8 +26,10 @@ from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 from mqstore.ops.consumer_lag import group_lags
 from mqstore.ops.store_files import abort_state
 from mqstore.storage.checkpoint import Checkpoint
-from mqstore.storage.shared_segment import store_segment_name
+from mqstore.storage.shared_segment import path_segment_name, store_segment_name
+from mqstore.storage.store_id import recorded_id
 from mqstore.store import MessageStore
+from mqstore.lifecycle.store_meta import load_meta
 from mqstore.read.time_search import store_time_at
 from mqstore.replication.status_file import read_status
 from mqstore.runtime.workers import shm
@@ -51,9 +53,11 @@ def _live_channels(root: str, writer_state: str):
     when no writer runs or it is closing."""
     channels = None
     if writer_state == "running":
+        store_id = recorded_id(load_meta(root)[0])
+        name = (store_segment_name(store_id, shm.POSITIONS_SEGMENT) if store_id
+                else path_segment_name(root, shm.POSITIONS_SEGMENT))
         try:
-            channels = shm.Channels(shm.SharedPositions(
-                store_segment_name(os.path.abspath(root), shm.POSITIONS_SEGMENT)))
+            channels = shm.Channels(shm.SharedPositions(name))
         except (FileNotFoundError, ValueError):
             channels = None
     try:

@@ -117,6 +117,8 @@ class WriterContext(NamedTuple):
     wake_committer: Callable[[], None]
     """Publishes what has been written so far and wakes the flush loop. Only the core's
     staging writer has anything for it to commit; a plain writer has no use for it."""
+    store_id: str = ""
+    """The store's id (``mqstore.json``), which its shared memory is named after."""
 
 
 class Writer(Protocol):

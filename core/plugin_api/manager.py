@@ -177,9 +177,10 @@ class PluginHooks:
             # One plugin at a time, so the registry knows who added what; through pluggy's
             # caller, so MQSTORE_TRACE_PLUGINS shows these calls too.
             others = [other.plugin for other in impls if other is not impl]
-            registry.current_plugin = named.get(impl.plugin_name, f"plugin {impl.plugin_name!r}")
+            registry.current_plugin = impl.plugin_name
+            registry.current_source = named.get(impl.plugin_name, f"plugin {impl.plugin_name!r}")
             self.pm.subset_hook_caller(hook.name, remove_plugins=others)(registry=registry)
-        registry.current_plugin = "?"
+        registry.current_plugin = registry.current_source = "?"
         return registry
 
     def before_append(self, messages) -> None:

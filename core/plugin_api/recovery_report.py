@@ -33,6 +33,9 @@ class RecoveryReport:
     quarantined: list[Quarantined] = field(default_factory=list)
     recreated_segments: list[str] = field(default_factory=list)
     queues_rebuilt: dict[str, str] = field(default_factory=dict)  # queue -> why
+    # Queue offsets whose messages are gone, [first, last] runs by queue: filler units hold
+    # them so that later messages keep theirs and new ones go on above (``offset_floor``).
+    queue_offsets_lost: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     # The commit-log end a trusted clean-shutdown marker vouched for (``storage.clean_marker``):
     # nothing was walked, and every dispatcher active at the last close, whose files are as
@@ -42,7 +45,8 @@ class RecoveryReport:
     @property
     def clean(self) -> bool:
         return not (self.truncated_bytes or self.consume_queue_units_dropped
-                    or self.quarantined or self.recreated_segments or self.queues_rebuilt)
+                    or self.quarantined or self.recreated_segments or self.queues_rebuilt
+                    or self.queue_offsets_lost)
 
 
 __all__ = ["Quarantined", "RecoveryReport"]

@@ -22,8 +22,10 @@ class Registry:
         self._reserved = {key(n): why for n, why in (reserved or {}).items()}
         self._key = key
         self._factories: dict[str, Callable[..., Any]] = {}
-        self._owners: dict[str, str] = {}
+        self._owners: dict[str, str] = {}  # name -> plugin name
+        self._sources: dict[str, str] = {}  # name -> where that plugin came from, for messages
         self.current_plugin = "?"
+        self.current_source = "?"
 
     def add(self, name: str, factory: Callable[..., Any]) -> None:
         if not isinstance(name, str) or not name:
@@ -32,17 +34,18 @@ class Registry:
             raise PluginError(f"{self.kind} {name!r}: factory {factory!r} is not callable")
         key = self._key(name)
         if key in self._reserved:
-            raise PluginError(f"{self.kind} name {name!r} (registered by {self.current_plugin}) "
+            raise PluginError(f"{self.kind} name {name!r} (registered by {self.current_source}) "
                               f"is reserved: {self._reserved[key]}; register it under another "
                               f"name")
         if key in self._factories:
             # Silently keeping one of two would change what a config name selects depending
             # on which packages happen to be installed.
             raise PluginError(f"{self.kind} {name!r} is registered twice: by "
-                              f"{self._owners[key]} and by {self.current_plugin}; each name "
+                              f"{self._sources[key]} and by {self.current_source}; each name "
                               f"has one owner (rename one, or block one with plugins.disable)")
         self._factories[key] = factory
         self._owners[key] = self.current_plugin
+        self._sources[key] = self.current_source
 
     def get(self, name: str) -> Callable[..., Any]:
         try:

@@ -36,7 +36,7 @@ OPEN_CATCH_UP_POLL_S = 0.05
 
 class Runtime:
     def __init__(self, *, state, config, view, dispatchers, hooks, writer, flush_schedule,
-                 clock, manifest) -> None:
+                 clock, manifest, store_id: str) -> None:
         # Built and checked first: a policy refused here leaves nothing to undo.
         self.cleanup_policy = hooks.cleanup_policies.get(config.cleanup.policy)(config)
         try:
@@ -57,10 +57,12 @@ class Runtime:
         self.clock = clock
         self.manifest = manifest
         self.appender = None  # set by the store once built (the put lock, the last append)
+        self.store_lock = None  # set by the opener: the writer's StoreLock, watched by tick
+        self.lock_changed: str | None = None  # what tick found changed (NOTE [ Store lock ])
         self.visible_after_flush = False
         self.flushed_where = self.commit_log.max_offset
         self.channels = shm.Channels.create(
-            store_segment_name(self.root, shm.POSITIONS_SEGMENT))
+            store_segment_name(store_id, shm.POSITIONS_SEGMENT))
         self._append_channel = self.channels.append  # the put path's, looked up once
         self._dispatch_channel = self.channels.dispatch
         self.staging = staging_pool(writer)  # the transient pool, or None (a plain writer)
@@ -82,11 +84,14 @@ class Runtime:
             tick_s=min(1.0, config.cleanup.interval_ms / 1000.0))
 
     # -- starting ----------------------------------------------------------------------------
-    def start(self, start: int, abnormal: bool, trusted_end: int = -1) -> tuple[int, float]:
+    def start(self, start: int, abnormal: bool, trusted_end: int = -1, *,
+              hold: bool = False) -> tuple[int, float]:
         """Publish the initial positions, dispatch ``[start, end)`` (recovery's re-dispatch:
         queue offsets must be known before the first put), start the loops. Returns the
         bytes re-dispatched and the seconds it took. ``trusted_end``: the report's (the
-        dispatch worker's dispatchers resume from it as the store process's did)."""
+        dispatch worker's dispatchers resume from it as the store process's did); ``hold``:
+        queues are below their floors (the manifest's), so the open waits for their
+        fillers even with nothing to dispatch."""
         ch = self.channels
         end = self.commit_log.max_offset
         ch.append.written = ch.flush.committed = ch.flush.flushed = end
@@ -101,7 +106,7 @@ class Runtime:
         if self.config.dispatch.worker == "process":
             self.supervisor = DispatchSupervisor(self.root, self.config, ch, self.clock)
             self.supervisor.start()
-            if start < end:  # else a clean open does not wait for the worker to start
+            if start < end or hold:  # else a clean open does not wait for the worker
                 self._wait_caught_up(end)
         else:
             self._start_dispatch_thread(start, end)
@@ -118,6 +123,7 @@ class Runtime:
             lambda ch=self.channels.append: ch.confirmed, start,
             batch_bytes=self.config.dispatch.batch_bytes, after_dispatch=self._after_dispatch)
         self.dispatch_loop.run_until(end)
+        view.hold_floors(self.manifest.floors())  # NOTE [ Offset floors ]
         self.channels.dispatch.dispatched = self.dispatch_loop.dispatched
         self.dispatch_thread = DispatchThread(self.dispatch_loop, self.config.dispatch.interval_ms)
         self.dispatch_thread.start()
@@ -205,11 +211,24 @@ class Runtime:
         """Once a second: metadata; every ``cleanup.interval_ms``: the cleanup decision."""
         if self.state.closed:
             return
+        self._watch_lock()
         self.flush_metadata()
         now = time.monotonic()
         if now >= self._next_cleanup:
             self._next_cleanup = now + self.config.cleanup.interval_ms / 1000.0
             self.run_cleanup()
+
+    def _watch_lock(self) -> None:
+        """Said once: the store's directory or lock file changed under the writer. ``abort``
+        is made sure of now, for a crash before the close (which leaves no clean marker)."""
+        if self.store_lock is None or self.lock_changed is not None:
+            return
+        changed = self.store_lock.intact()
+        if changed:
+            self.lock_changed = changed
+            log.error("store %s: %s while this writer has it open; it will not be closed "
+                      "cleanly, so that its next open recovers it in full", self.root, changed)
+            self.store_lock.mark_unclean()
 
     def flush_metadata(self) -> None:
         """Persist consume queues and the checkpoint, so an abnormal recovery can start near

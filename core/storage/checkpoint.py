@@ -19,22 +19,21 @@ interrupted (a torn write, to be cut). A clean close zeroes it: the file is Rock
 
 abort: exists while a writer has the store open (holds its PID); a leftover one means the
 last exit was not clean. lock: an exclusive OS lock on byte range [0, 1) while open for
-writing. mqstore.json: which string hash the store uses; RocketMQ directories have none.
+writing, beside the lock on the directory itself (NOTE [ Store lock ] in
+``storage.store_lock``). mqstore.json: which string hash the store uses; RocketMQ directories
+have none.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import mmap
 import os
 import struct
-import threading
-import time
 
-from mqstore.errors import DiskFullError, StoreCorruptError, StoreLockedError
+from mqstore.errors import DiskFullError, StoreCorruptError
 from mqstore.storage.mapped_file import reserve_file
 
 CHECKPOINT_FILE = "checkpoint"
@@ -145,76 +144,6 @@ def remove_abort(root: str) -> None:
         os.unlink(os.path.join(root, ABORT_FILE))
     except FileNotFoundError:
         pass
-
-
-# fcntl locks belong to a process, so a second open from the same process would not conflict
-# with the first; this table makes that case fail the same way.
-_HELD_LOCKS: set[str] = set()
-_HELD_LOCKS_GUARD = threading.Lock()
-
-
-class StoreLock:
-    """Exclusive write lock on ``<root>/lock``: one writer per store directory."""
-
-    def __init__(self, root: str) -> None:
-        self.path = os.path.realpath(os.path.join(root, LOCK_FILE))
-        self._fd = -1
-
-    def acquire(self) -> None:
-        with _HELD_LOCKS_GUARD:
-            if self.path in _HELD_LOCKS:
-                raise StoreLockedError(
-                    f"store {os.path.dirname(self.path)!r} is already open for writing in this process"
-                )
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
-            except OSError:
-                os.close(fd)
-                raise StoreLockedError(
-                    f"store {os.path.dirname(self.path)!r} is open for writing by another process "
-                    f"(lock file {self.path} is held); open it with read_only=True to read"
-                ) from None
-            # Workers of a store process that died may still be finishing a batch; they hold
-            # byte 1 shared until they exit, so wait for them before touching any file.
-            deadline = time.monotonic() + WORKER_EXIT_WAIT_S
-            while True:
-                try:
-                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 1)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        os.close(fd)
-                        raise StoreLockedError(
-                            f"a worker of an earlier process still runs on store "
-                            f"{os.path.dirname(self.path)!r} (lock byte 1 of {self.path} is held)"
-                        ) from None
-                    time.sleep(0.01)
-            fcntl.lockf(fd, fcntl.LOCK_UN, 1, 1)
-            os.ftruncate(fd, 0)
-            try:
-                os.pwrite(fd, b"lock", 0)
-            except OSError:  # a full disk: the lock is the OS lock, not this word
-                pass
-            self._fd = fd
-            _HELD_LOCKS.add(self.path)
-
-    def release(self) -> None:
-        if self._fd < 0:
-            return
-        with _HELD_LOCKS_GUARD:
-            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, 0)
-            os.close(self._fd)
-            self._fd = -1
-            _HELD_LOCKS.discard(self.path)
-
-
-def hold_worker_lock(root: str) -> int:
-    """A worker's claim on the store (shared lock on byte 1 of ``lock``), held until it exits;
-    a new writer waits for it (see StoreLock.acquire)."""
-    fd = os.open(os.path.join(root, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.lockf(fd, fcntl.LOCK_SH, 1, 1)
-    return fd
 
 
 def read_meta(root: str) -> dict | None:

@@ -412,6 +412,23 @@ class ConsumeQueue:
         self.max_phys = int(last["phys_offset"]) + int(last["size"])
         return len(units)
 
+    def hold_offsets(self, floor: int) -> int:
+        """Fillers for the offsets up to ``floor`` that the queue has no unit for: their
+        messages are gone, and the next unit must take ``floor`` (NOTE [ Offset floors ] in
+        ``offset_floor``). Dispatch only, once it has written every unit the log still
+        holds; returns how many offsets it held."""
+        missing = floor - self.max_offset
+        if missing <= 0:
+            return 0
+        self._warn(f"consume queue {self.topic}/{self.queue_id}: queue offsets "
+                   f"{self.max_offset}..{floor - 1} were given out before and their messages "
+                   f"are gone; fillers hold their places")
+        if not self.segments.segments:
+            self._pre_blank_fill(floor * CQ_UNIT_SIZE)
+        else:
+            self._append(_fillers(missing))
+        return missing
+
     def _pre_blank_fill(self, expected: int) -> None:
         seg = self.segments.create_next(expected)
         seg.write(_fillers((expected - seg.start) // CQ_UNIT_SIZE).tobytes())
@@ -429,12 +446,14 @@ class ConsumeQueue:
             at += take
 
     def truncate_to_phys(self, phys: int) -> int:
-        """Drop every unit pointing at ``phys`` or beyond; returns how many were dropped."""
+        """Drop every unit whose record does not end at or below ``phys`` (one that straddles
+        it names a record the log no longer holds whole); returns how many were dropped."""
         dropped = 0
         for seg in reversed(self.segments.segments):
             n = seg.wrote // CQ_UNIT_SIZE
             units = self.units_of(seg)[:n]
-            bad = np.flatnonzero((units["phys_offset"] >= phys) & (units["size"] != FILLER_SIZE))
+            ends = units["phys_offset"].astype(np.int64) + units["size"].astype(np.int64)
+            bad = np.flatnonzero((ends > phys) & (units["size"] != FILLER_SIZE))
             if not len(bad):
                 break
             cut = int(bad[0])

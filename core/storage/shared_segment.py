@@ -1,12 +1,15 @@
 """Create or attach a named shared-memory segment, and let go of it: one owner unlinks.
 
-A store's segments (its shared positions and its transient pool) are named after the store
-directory (``store_segment_name``) and kept out of multiprocessing's resource tracker: the
-tracker unlinks what it tracks when the process that started it dies, and a killed store's
-transient pool holds acknowledged messages that the next open writes back into the commit log
+A store's segments (its shared positions and its transient pool) are named after the store's
+id (``store_segment_name``; ``storage.store_id``: recorded in ``mqstore.json``, so it moves
+with the directory) and kept out of multiprocessing's resource tracker: the tracker unlinks
+what it tracks when the process that started it dies, and a killed store's transient pool
+holds acknowledged messages that the next open writes back into the commit log
 (``storage.transient_pool.salvage``). The owner unlinks them at close; after a crash, the next
-writable open of the same directory reclaims them. Anonymous segments (``name=None``) stay
-tracked, as multiprocessing makes them.
+writable open of the store, wherever its directory went, reclaims them. Stores written before
+the id existed named them after the directory's path (``path_segment_name``): an open still
+reclaims those. Anonymous segments (``name=None``) stay tracked, as multiprocessing makes
+them.
 """
 
 from __future__ import annotations
@@ -24,8 +27,13 @@ from mqstore.storage.mapped_file import reserve_file
 SHM_DIR = "/dev/shm"
 
 
-def store_segment_name(root: str, kind: str) -> str:
-    """The name of a store's ``kind`` segment: one per store directory."""
+def store_segment_name(store_id: str, kind: str) -> str:
+    """The name of a store's ``kind`` segment: one per store (``storage.store_id``)."""
+    return f"mqs_{store_id}_{kind}"
+
+
+def path_segment_name(root: str, kind: str) -> str:
+    """The name a store's ``kind`` segment had before stores had an id: one per path."""
     digest = hashlib.sha1(os.path.realpath(root).encode()).hexdigest()[:20]
     return f"mqs_{digest}_{kind}"
 

@@ -17,7 +17,8 @@ run), ``then`` (``"close"``, ``"wait"``: block until stdin closes, the store lef
 ``"exit"``: leave without closing), ``pace_ms`` (pause between puts), ``wait_s`` (how long the
 final ``wait_dispatched`` may take; default 30), ``sigint_after_writes`` (with the
 ``*_ctrl_c`` writers of ``mqstore.testing.faults``: the record-block writes after which the
-writer sends SIGINT to its process group).
+writer sends SIGINT to its process group), ``stop_on_eof`` (also end the run once stdin
+closes: a writer that puts until the parent says stop).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 from mqstore.testing.faults import SIGINT_AFTER_WRITES_ENV, message_for
@@ -47,7 +49,10 @@ def main(argv: list[str]) -> int:
     out = sys.stdout
     acked = refused = streak = interrupted = 0
     index = 0
-    while index < count and streak < limit:
+    stop = threading.Event()
+    if spec.get("stop_on_eof"):
+        threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    while index < count and streak < limit and not stop.is_set():
         n = max(1, batch)
         try:
             # Built inside the try: a Ctrl-C while the messages are made is retried as well.
@@ -92,7 +97,13 @@ def main(argv: list[str]) -> int:
     out.flush()
     then = spec.get("then", "close")
     if then == "close":
-        store.close()
+        try:
+            store.close()
+        except KeyboardInterrupt:
+            # A Ctrl-C that lands in the close (the parent may signal late on a loaded
+            # machine) is raised once the store is closed: answered like one during a put.
+            out.write("interrupted -1\n")
+            out.flush()
     elif then == "wait":
         sys.stdin.read()
     os._exit(0)

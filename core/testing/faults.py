@@ -100,6 +100,7 @@ class FaultWriter:
     wait_s: float = 30.0
     sigint_after_writes: tuple = ()  # with a *_ctrl_c writer: see the module docstring
     late_handler: bool = False  # set the program's own SIGINT handler after the open
+    stop_on_eof: bool = False  # put until ``finish`` closes the writer's stdin
     acks: list = field(default_factory=list)
     refusals: list = field(default_factory=list)
     interrupted: int = 0
@@ -112,7 +113,7 @@ class FaultWriter:
                 "count": self.count, "batch": self.batch, "then": self.then,
                 "stop_after_refusals": self.stop_after_refusals, "pace_ms": self.pace_ms,
                 "wait_s": self.wait_s, "sigint_after_writes": list(self.sigint_after_writes),
-                "late_handler": self.late_handler}
+                "late_handler": self.late_handler, "stop_on_eof": self.stop_on_eof}
         # stderr goes to a file: workers log there too, and a pipe nobody reads while the
         # writer runs could fill up and block them.
         self._stderr_file = tempfile.TemporaryFile()
@@ -259,10 +260,11 @@ def stored_records(store) -> list:
     return records
 
 
-def pulled_queue(store, queue_id: int, topic: str = TOPIC) -> list:
-    """Every message of one queue, pulled 32 at a time from its min offset to its max."""
+def pulled_queue(store, queue_id: int, topic: str = TOPIC, *, end: int | None = None) -> list:
+    """Every message of one queue, pulled 32 at a time from its min offset to its max (or to
+    ``end``: fillers after it lead to no message)."""
     messages, offset = [], store.min_offset(topic, queue_id)
-    end = store.max_offset(topic, queue_id)
+    end = store.max_offset(topic, queue_id) if end is None else end
     while offset < end:
         got = store.get("faults", topic, queue_id, offset, 32)
         if got is None or not got.messages:

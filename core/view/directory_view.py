@@ -73,6 +73,17 @@ class DirectoryView:
                         self.consume_queue_exts[key] = ext
         return ext
 
+    def hold_floors(self, floors: dict) -> None:
+        """Give every queue fillers up to its floor (``ConsumeQueue.hold_offsets``), creating
+        the queues that are gone; for the writer of the consume queues, once dispatch has
+        caught up with the log as it was opened."""
+        for (topic, queue_id), floor in sorted(floors.items()):
+            cq = self.consume_queue(topic, queue_id, create=floor > 0)
+            if cq is not None:
+                cq.hold_offsets(floor)
+        if self.manifest is not None:
+            self.manifest.write_marked(self.consume_queues)
+
     def message_at(self, phys_offset: int):
         return read_message(self.commit_log, phys_offset)
 

@@ -82,7 +82,7 @@ def test_java_check_names_what_is_missing(monkeypatch, tmp_path):
 
 
 def test_contracts_keep_spark_out_of_the_core(tmp_path):
-    arch = _load(ROOT / "tests" / "test_architecture.py", "arch_for_spark")
+    arch = _load(ROOT / "tests" / "project" / "test_architecture.py", "arch_for_spark")
     pkg = arch._stage(tmp_path)
     code, report = arch._lint(tmp_path)
     assert code == 0, report

@@ -21,12 +21,13 @@ from mqstore.dispatch.dispatchers import Dispatchers
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
 from mqstore.plugin_api.recovery_report import RecoveryReport
-from mqstore.storage.checkpoint import hold_worker_lock, read_meta
+from mqstore.storage.checkpoint import read_meta
+from mqstore.storage.store_lock import hold_worker_lock, release_worker_lock
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper
 from mqstore.view.directory_view import DirectoryView
-from mqstore.uninterrupted import parent_alive, terminate_requested, worker_signals
+from mqstore.uninterrupted import parent_alive, worker_signals
 from mqstore.runtime.workers import shm
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
 from mqstore.runtime.workers.wakeup import open_wakeup
@@ -96,13 +97,13 @@ def run(root: str, config: StoreConfig, channels: shm.Channels, wake_r, progress
         parent_pid: int, restarted: bool, clock) -> None:
     """Worker entry point (``multiprocessing`` target)."""
     worker_signals()
-    lock_fd = hold_worker_lock(root)
+    lock_fds = hold_worker_lock(root)
     try:
         os.set_blocking(progress_w.fileno(), False)
         _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, clock)
     finally:
         channels.close()
-        os.close(lock_fd)
+        release_worker_lock(lock_fds)
 
 
 def _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, clock) -> None:
@@ -170,7 +171,7 @@ class _Serving:
         opened_end = confirmed_of.confirmed
         next_flush = time.monotonic() + FLUSH_INTERVAL_S
         last_work = time.monotonic()
-        while not ch.stop and not terminate_requested():
+        while not ch.stop:
             if not parent_alive():
                 log.error("store process %d is gone; dispatch worker exits", parent_pid)
                 return
@@ -179,6 +180,9 @@ class _Serving:
             _follow_cleanup(self.view, self.dispatchers, self.hooks, self.channels.cleanup,
                             progress_w)
             if not ch.started and loop.dispatched >= opened_end:
+                # Every record the log held at the open has its unit: the offsets the queues
+                # gave out before and lost get fillers (NOTE [ Offset floors ]).
+                self.view.hold_floors(self.view.manifest.floors())
                 ch.started = 1
                 poke(progress_w)
             if loop.run_once():

@@ -31,7 +31,7 @@ from mqstore.append.pool_writer import attach_pool
 from mqstore.storage.mapped_file import segment_name
 from mqstore.storage.sealed_json import sync_dir
 from mqstore.storage.transient_pool import TransientPool
-from mqstore.uninterrupted import parent_alive, terminate_requested, worker_signals
+from mqstore.uninterrupted import parent_alive, worker_signals
 from mqstore.runtime.workers import shm, sync_waiters
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
 
@@ -187,8 +187,8 @@ class FlushService:
     def _finish(self, progress_w, parent_pid) -> None:
         # Whatever the store acknowledged is complete below ``written``: make it durable
         # (from the transient pool too) before leaving, as a stop would.
-        log.error("store process %s is gone or asked to terminate; the flush worker commits "
-                  "and flushes what was written, then exits", parent_pid)
+        log.error("store process %s is gone; the flush worker commits and flushes what was "
+                  "written, then exits", parent_pid)
         self.commit(0)
         self.flush(0)
         poke(progress_w)
@@ -203,7 +203,7 @@ class FlushService:
             stop = ch.stop
             if stop == 2:
                 return
-            if (parent_pid is not None and not parent_alive()) or terminate_requested():
+            if parent_pid is not None and not parent_alive():
                 self._finish(progress_w, parent_pid)
                 return
             now = time.monotonic()
@@ -253,10 +253,10 @@ def run(root: str, config, channels: shm.Channels, wake_r, progress_w, parent_pi
         waiter_pipes) -> None:
     """Worker entry point (``multiprocessing`` target)."""
     from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
-    from mqstore.storage.checkpoint import hold_worker_lock
+    from mqstore.storage.store_lock import hold_worker_lock, release_worker_lock
 
     worker_signals()
-    lock_fd = hold_worker_lock(root)  # a store reopened after a crash waits for this process
+    lock_fds = hold_worker_lock(root)  # a store reopened after a crash waits for this process
     pool = None
     try:
         if pool_name:
@@ -279,7 +279,7 @@ def run(root: str, config, channels: shm.Channels, wake_r, progress_w, parent_pi
         if pool is not None:
             pool.close()
         channels.close()
-        os.close(lock_fd)
+        release_worker_lock(lock_fds)
 
 
 def commit_schedule(config) -> FlushSchedule:

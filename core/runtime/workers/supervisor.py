@@ -161,6 +161,7 @@ class WorkerSupervisor:
         self._started_at = 0.0
         self._quick_failures = 0
         self.gave_up: str | None = None  # why the worker is not restarted any more
+        self._start_error = ""
         # A dead worker's exit code is one read from a pipe (the forkserver's): two threads
         # asking at once would leave one of them an EOF, and that process the code 255.
         self._status_lock = threading.Lock()
@@ -182,9 +183,9 @@ class WorkerSupervisor:
                   self.config, self.channels, self.wake_r, self.progress_w, os.getpid(),
                   restarted, self.clock, *self.extra))
         # The resource tracker first, if it is not running yet: starting it ends with SIGINT
-        # unblocked in this thread (multiprocessing undoes its own block with SIG_UNBLOCK), and
-        # inside the block below that would start the forkserver, and so every worker, with
-        # SIGINT open before the worker sets its handler.
+        # and SIGTERM unblocked in this thread (multiprocessing undoes its own block with
+        # SIG_UNBLOCK), and inside the block below that would start the forkserver, and so
+        # every worker, with them open before the worker ignores them.
         resource_tracker.ensure_running()
         # Only a started process is recorded (never join an unstarted one), before the Ctrl-C
         # held back meanwhile is raised; one that another thread took in (it then lands
@@ -213,27 +214,42 @@ class WorkerSupervisor:
                 return
             with self._status_lock:
                 _reap(proc)
-            quick = time.monotonic() - self._started_at < QUICK_FAILURE_S
-            self._quick_failures = self._quick_failures + 1 if quick else 0
-            if self._quick_failures > MAX_QUICK_FAILURES:
-                msg = (f"{self.name} worker (pid {proc.pid}) exited with code {proc.exitcode}, "
-                       f"the {self._quick_failures}th time in a row within "
-                       f"{QUICK_FAILURE_S:.0f} s of starting; {self.name} stopped")
-                log.error(msg)
-                self.failures.append(msg)
-                self._unreported.append(msg)
-                self.gave_up = msg
+            if self._stopping:  # it died as the store stopped it: the stop reports the rest
                 return
-            msg = (f"{self.name} worker (pid {proc.pid}) exited with code {proc.exitcode}; "
-                   f"restarting it from {self.resume_point()}")
-            log.error(msg)
-            self.failures.append(msg)
-            self._unreported.append(msg)
-            self.restarts += 1
-            # A worker that cannot start is retried with growing pauses, not in a tight loop.
-            if self._stop_r.poll(min(5.0, 0.1 * 2 ** self._quick_failures) if quick else 0):
-                return
+            what = f"{self.name} worker (pid {proc.pid}) exited with code {proc.exitcode}"
+            while not self._restart(what):
+                if self.gave_up is not None or self._stopping:
+                    return
+                what = f"{self.name} worker could not be started ({self._start_error})"
+
+    def _restart(self, what: str) -> bool:
+        """Report ``what`` and start a new worker; False when it could not be started (or
+        the store is stopping, or the worker fails too often to go on)."""
+        quick = time.monotonic() - self._started_at < QUICK_FAILURE_S
+        self._quick_failures = self._quick_failures + 1 if quick else 0
+        if self._quick_failures > MAX_QUICK_FAILURES:
+            self.gave_up = self._fail(
+                f"{what}, the {self._quick_failures}th time in a row within "
+                f"{QUICK_FAILURE_S:.0f} s of starting; {self.name} stopped")
+            return False
+        self._fail(f"{what}; restarting it from {self.resume_point()}")
+        self.restarts += 1
+        # A worker that cannot start is retried with growing pauses, not in a tight loop.
+        if self._stop_r.poll(min(5.0, 0.1 * 2 ** self._quick_failures) if quick else 0):
+            return False
+        self._started_at = time.monotonic()  # a start that fails counts as a quick failure
+        try:
             self._spawn(restarted=True)
+        except Exception as exc:  # e.g. the forkserver gone: one line, and tried again
+            self._start_error = f"{type(exc).__name__}: {exc}"
+            return False
+        return True
+
+    def _fail(self, msg: str) -> str:
+        log.error(msg)
+        self.failures.append(msg)
+        self._unreported.append(msg)
+        return msg
 
     def resume_point(self) -> str:
         return "where it left off"

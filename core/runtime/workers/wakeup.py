@@ -31,8 +31,11 @@ import errno
 import logging
 import mmap
 import os
+import stat
 import sys
 import time
+
+from mqstore.errors import CorruptStateError
 
 log = logging.getLogger("mqstore.workers")
 
@@ -84,8 +87,15 @@ class Wakeup:
         path = wakeup_path(root)
         if create:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
         try:
+            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | (os.O_CREAT if create else 0), 0o644)
+        except IsADirectoryError:
+            raise CorruptStateError(f"{path} is a directory, not the wakeup file; it is left "
+                                    f"as it is: remove it") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CorruptStateError(f"{path} is not a plain file, not the wakeup file; it "
+                                        f"is left as it is: remove it")
             # Several processes may create it at once: growing to the same size is harmless
             # and nobody shrinks it.
             if os.fstat(fd).st_size < WAKEUP_FILE_BYTES:
@@ -144,7 +154,7 @@ def open_wakeup(root: str) -> Wakeup | None:
     dispatch must go on without it; consumers then only find messages when their wait ends."""
     try:
         return Wakeup(root)
-    except OSError as exc:
+    except (OSError, CorruptStateError) as exc:
         log.warning("long-polling consumers of %s will not be woken: %s", root, exc)
         return None
 

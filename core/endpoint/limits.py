@@ -1,0 +1,83 @@
+"""Bounds on what a peer controls, so no client can make the endpoint hold unbounded state.
+
+    request size        grpc.max_receive_message_length = server.grpc_max_request_bytes
+    streams per conn    grpc.max_concurrent_streams = server.grpc_max_concurrent_streams
+    RPCs in flight      the server's maximum_concurrent_rpcs = server.grpc_max_concurrent_rpcs
+                        (past it gRPC answers RESOURCE_EXHAUSTED)
+    connections         ``Peers``: server.grpc_max_connections peer addresses at once
+    idle connections    grpc.max_connection_idle_ms = server.grpc_client_idle_ms; keepalive
+                        pings find peers that vanished (a dead client's telemetry stream
+                        would otherwise stay open)
+    idle clients        ``settings.Sessions`` forgets client ids not heard from for as long
+
+gRPC's Python server has no connection cap, so ``Peers`` counts peer addresses (one per TCP
+connection) from their first RPC until they have none in flight and were idle for the idle
+time, when gRPC has closed the connection; an RPC from a new peer past the cap is refused with
+TOO_MANY_REQUESTS before it does any work.
+"""
+
+from __future__ import annotations
+
+import time
+
+from mqstore.endpoint.protocol import Code
+from mqstore.endpoint.status import EndpointError
+
+KEEPALIVE_TIME_MS = 60_000  # ping a connection silent this long
+KEEPALIVE_TIMEOUT_MS = 20_000  # and close it when the ping is not answered in this time
+MAX_METADATA_BYTES = 16 * 1024  # request headers (the clients send about 400 bytes)
+
+
+def server_options(server) -> list[tuple[str, int]]:
+    """gRPC channel arguments of the endpoint from the ``server`` config section."""
+    return [
+        ("grpc.max_receive_message_length", server.grpc_max_request_bytes),
+        ("grpc.max_send_message_length", -1),  # what we send is bounded by what was stored
+        ("grpc.max_concurrent_streams", server.grpc_max_concurrent_streams),
+        ("grpc.max_connection_idle_ms", server.grpc_client_idle_ms),
+        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+        # Without this a second server could bind the same port and split the clients.
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+class Peers:
+    """Connections by peer address. Only the event loop's thread calls it."""
+
+    def __init__(self, max_connections: int, idle_ms: int, clock=time.monotonic) -> None:
+        self.max_connections = max_connections
+        self._idle_s = idle_ms / 1000.0
+        self._clock = clock
+        self._peers: dict[str, list] = {}  # peer -> [RPCs in flight, last seen]
+
+    def enter(self, peer: str) -> None:
+        entry = self._peers.get(peer)
+        if entry is None:
+            if len(self._peers) >= self.max_connections:
+                self._forget_idle()
+                if len(self._peers) >= self.max_connections:
+                    raise EndpointError(Code.TOO_MANY_REQUESTS, (
+                        f"{len(self._peers)} connections are open, the most this endpoint "
+                        f"takes (server.grpc_max_connections); try again later"))
+            entry = self._peers[peer] = [0, 0.0]
+        entry[0] += 1
+        entry[1] = self._clock()
+
+    def leave(self, peer: str) -> None:
+        entry = self._peers.get(peer)
+        if entry is not None:
+            entry[0] -= 1
+            entry[1] = self._clock()
+
+    def _forget_idle(self) -> None:
+        before = self._clock() - self._idle_s
+        for peer in [p for p, (busy, seen) in self._peers.items() if not busy and seen < before]:
+            del self._peers[peer]
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+
+__all__ = ["Peers", "server_options"]

@@ -1,0 +1,55 @@
+"""Resource names: a client's ``Resource{resource_namespace, name}`` <-> the store's topic or
+group name.
+
+As RocketMQ's NamespaceUtil, a namespaced resource is stored as ``<namespace>%<name>`` (``%``
+is allowed in topic and group names, so a RocketMQ broker's store directory reads the same),
+and a stored name splits back at its first ``%``.
+"""
+
+from __future__ import annotations
+
+from mqstore.consumer import names
+from mqstore.format import names as put_names
+from mqstore.endpoint.protocol import Code, Resource
+from mqstore.endpoint.status import EndpointError
+
+NAMESPACE_SEPARATOR = "%"
+
+
+def full_name(resource) -> str:
+    namespace, name = resource.resource_namespace, resource.name
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
+
+
+def resource(stored: str) -> Resource:
+    namespace, sep, name = stored.partition(NAMESPACE_SEPARATOR)
+    return Resource(resource_namespace=namespace, name=name) if sep else Resource(name=stored)
+
+
+def topic_to_read(res) -> str:
+    """A topic a client reads: the store's rule for topics (a RocketMQ broker's topic names
+    may hold dots), else ILLEGAL_TOPIC."""
+    topic = full_name(res)
+    try:
+        return names.check_topic(topic)
+    except ValueError as exc:
+        raise EndpointError(Code.ILLEGAL_TOPIC, str(exc)) from None
+
+
+def topic_to_write(topic: str) -> str:
+    """A topic a client sends to: RocketMQ's character rule, else ILLEGAL_TOPIC."""
+    try:
+        return put_names.check_topic(topic)
+    except ValueError as exc:
+        raise EndpointError(Code.ILLEGAL_TOPIC, str(exc)) from None
+
+
+def group_name(res) -> str:
+    group = full_name(res)
+    try:
+        return names.check_group(group)
+    except ValueError as exc:
+        raise EndpointError(Code.ILLEGAL_CONSUMER_GROUP, str(exc)) from None
+
+
+__all__ = ["full_name", "resource", "topic_to_read", "topic_to_write", "group_name"]

@@ -1,0 +1,93 @@
+"""QueryRoute: which topics exist, with which queues, and the one broker serving them.
+
+``Topics.queues`` is the single lookup of a topic's queues (topic configs will replace it): a
+topic exists once the store has a queue of it, or once this endpoint took a send to it (its
+queues appear when dispatch reaches them). Its queues are those the store has plus the
+``queue_select.queues_per_topic`` the store's selector spreads sends over. A send to a topic
+that does not exist creates it when ``server.grpc_auto_create_topics`` allows; a route query
+for it then answers the queues it will have, as a RocketMQ broker with autoCreateTopicEnable
+answers with its default topic's route; a receive from it gets TOPIC_NOT_FOUND.
+
+The route names one broker (``BROKER_NAME``, id 0, read-write, NORMAL and FIFO messages) whose
+endpoints are the address the client dialled (the request's ``endpoints``), so a client behind
+NAT or a name keeps using the address that reached us; the endpoint's own address otherwise.
+"""
+
+from __future__ import annotations
+
+from mqstore.endpoint.protocol import Code, definition_pb2, service_pb2
+from mqstore.endpoint.status import EndpointError, ok
+
+BROKER_NAME = "mqstore"
+ACCEPTED_TYPES = (definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO)
+
+
+class Topics:
+    """The store's topics as the endpoint serves them. Only the event loop's thread calls
+    it."""
+
+    def __init__(self, store, queues_per_topic: int, auto_create: bool) -> None:
+        self._store = store
+        self.queues_per_topic = queues_per_topic
+        self.auto_create = auto_create
+        self._known: set[str] = set()  # topics seen to exist (topics are never deleted here)
+
+    def exists(self, topic: str) -> bool:
+        if topic in self._known:
+            return True
+        if self._store.queue_ids(topic):
+            self._known.add(topic)
+            return True
+        return False
+
+    def queues(self, topic: str) -> list[int] | None:
+        """The topic's queue ids; None when it does not exist."""
+        if not self.exists(topic):
+            return None
+        return sorted(set(self._store.queue_ids(topic)) | set(range(self.queues_per_topic)))
+
+    def for_send(self, topic: str) -> None:
+        """Check that ``topic`` may take a send (TOPIC_NOT_FOUND otherwise)."""
+        if topic in self._known or self.exists(topic):
+            return
+        if not self.auto_create:
+            raise EndpointError(Code.TOPIC_NOT_FOUND, (
+                f"topic {topic!r} does not exist and server.grpc_auto_create_topics is "
+                f"false"))
+
+    def created(self, topic: str) -> None:
+        """A send to ``topic`` was stored: it exists from now on."""
+        self._known.add(topic)
+
+    def for_route(self, topic: str) -> list[int]:
+        queues = self.queues(topic)
+        if queues is not None:
+            return queues
+        if self.auto_create:
+            return list(range(self.queues_per_topic))
+        raise EndpointError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+
+    def for_receive(self, topic: str) -> None:
+        if not self.exists(topic):
+            raise EndpointError(Code.TOPIC_NOT_FOUND, (
+                f"topic {topic!r} does not exist: nothing was ever sent to it"))
+
+
+def endpoints_of(host: str, port: int):
+    """``Endpoints`` for a listen address (the fallback when a request names none)."""
+    scheme = definition_pb2.AddressScheme
+    kind = scheme.IPv6 if ":" in host else (
+        scheme.IPv4 if host.replace(".", "").isdigit() else scheme.DOMAIN_NAME)
+    return definition_pb2.Endpoints(scheme=kind,
+                                    addresses=[definition_pb2.Address(host=host, port=port)])
+
+
+def route_response(topic_resource, queue_ids, endpoints) -> service_pb2.QueryRouteResponse:
+    broker = definition_pb2.Broker(name=BROKER_NAME, id=0, endpoints=endpoints)
+    queues = [definition_pb2.MessageQueue(
+        topic=topic_resource, id=q, permission=definition_pb2.Permission.READ_WRITE,
+        broker=broker, accept_message_types=ACCEPTED_TYPES) for q in queue_ids]
+    return service_pb2.QueryRouteResponse(status=ok(), message_queues=queues)
+
+
+__all__ = ["Topics", "route_response", "endpoints_of", "BROKER_NAME"]

@@ -1,0 +1,210 @@
+"""The endpoint's lifecycle: a ``grpc.aio`` server on its own thread and event loop, beside
+``mqstore serve``'s metrics server, over the store that process opened.
+
+NOTE [ Endpoint shutdown ]
+``stop`` (called by serve once SIGTERM or SIGINT arrived, before the store closes):
+
+  1. the endpoint is marked stopping: every long-polling receive returns at once with what it
+     has (nothing, or messages it already popped), and every Telemetry stream ends;
+  2. ``server.stop(STOP_GRACE_S)``: no new RPC is accepted (clients get UNAVAILABLE and try
+     another endpoint or again later); RPCs in flight (sends, acks) finish, and whatever
+     still runs after the grace period is cancelled;
+  3. the put threads and the wake-up thread end, and the thread running the loop exits.
+
+Only then does serve close the store, so no RPC touches a closed store, and every send that
+was answered PUT_OK was stored before the close flushed the commit log.
+
+Plaintext by default; with ``server.grpc_tls_cert_file`` and ``grpc_tls_key_file`` the port
+speaks TLS only (the Java and Go clients enable TLS by default, trusting any certificate; the
+Python client verifies it against the system roots, or ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+
+import grpc
+
+from mqstore.config import StoreConfig, parse_listen
+from mqstore.endpoint.auth import AccessKeys
+from mqstore.endpoint.limits import Peers, server_options
+from mqstore.endpoint.longpoll import DispatchWaiter
+from mqstore.endpoint.pops import Pops
+from mqstore.endpoint.protocol import service_pb2_grpc
+from mqstore.endpoint.receive import Receiver
+from mqstore.endpoint.route import Topics, endpoints_of
+from mqstore.endpoint.send import Sender
+from mqstore.endpoint.service import MessagingService
+from mqstore.endpoint.settings import SESSIONS_PER_CONNECTION, Sessions, SettingsPolicy
+
+log = logging.getLogger("mqstore.endpoint")
+START_TIMEOUT_S = 30.0
+STOP_GRACE_S = 10.0
+STOP_TIMEOUT_S = STOP_GRACE_S + 10.0
+SWEEP_INTERVAL_S = 10.0  # how often clients not heard from are forgotten
+
+
+@dataclass
+class Parts:
+    """Everything the servicer works with; built on the loop's thread."""
+
+    store: object
+    topics: Topics
+    pops: Pops
+    sender: Sender
+    receiver: Receiver
+    waiter: DispatchWaiter
+    sessions: Sessions
+    peers: Peers
+    access_keys: AccessKeys
+    settings_policy: SettingsPolicy
+    endpoints: object  # Endpoints answered when a route query names none
+
+
+def _read(path: str, key: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise OSError(f"cannot read server.{key} {path!r}: {exc.strerror}") from None
+
+
+def credentials(server) -> grpc.ServerCredentials | None:
+    """TLS credentials from the configured PEM files; None for plaintext."""
+    if server.grpc_tls_cert_file is None:
+        return None
+    cert = _read(server.grpc_tls_cert_file, "grpc_tls_cert_file")
+    key = _read(server.grpc_tls_key_file, "grpc_tls_key_file")
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def show(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Endpoint:
+    """The gRPC endpoint of one open, writable store. ``start`` then ``stop``; ``address`` is
+    where it listens (the port chosen when the configuration said 0)."""
+
+    def __init__(self, store, config: StoreConfig) -> None:
+        self._store = store
+        self._config = config
+        self._creds = credentials(config.server)
+        self.address: str | None = None
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="mqstore-grpc", daemon=True)
+
+    def start(self) -> str:
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT_S):
+            raise TimeoutError(f"the gRPC endpoint did not start within {START_TIMEOUT_S} s")
+        if self._failure is not None:
+            self._thread.join(STOP_TIMEOUT_S)
+            raise self._failure
+        return self.address
+
+    def stop(self) -> None:
+        """NOTE [ Endpoint shutdown ]; returns once the endpoint's threads ended."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:
+                pass  # the loop already ended
+        self._thread.join(STOP_TIMEOUT_S)
+        if self._thread.is_alive():
+            log.error("the gRPC endpoint did not stop within %s s", STOP_TIMEOUT_S)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # noqa: BLE001 - reported to start() or logged
+            if not self._ready.is_set():
+                self._failure = exc
+                self._ready.set()
+            else:
+                log.exception("the gRPC endpoint failed")
+
+    def _parts(self, loop, port: int) -> Parts:
+        store, config = self._store, self._config
+        server = config.server
+        topics = Topics(store, config.queue_select.queues_per_topic,
+                        server.grpc_auto_create_topics)
+        pops = Pops(store)
+        waiter = DispatchWaiter(store.root, loop)
+        host, _port = parse_listen(server.grpc_listen)
+        return Parts(
+            store=store, topics=topics, pops=pops, sender=Sender(store, topics, config),
+            receiver=Receiver(topics, pops, waiter, server.grpc_min_invisible_ms,
+                              server.grpc_max_long_polling_ms),
+            waiter=waiter,
+            sessions=Sessions(server.grpc_max_connections * SESSIONS_PER_CONNECTION,
+                              server.grpc_client_idle_ms),
+            peers=Peers(server.grpc_max_connections, server.grpc_client_idle_ms),
+            access_keys=AccessKeys(dict(pair.split(":", 1)
+                                        for pair in server.grpc_access_keys)),
+            settings_policy=SettingsPolicy(config), endpoints=endpoints_of(host, port))
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop, self._stop = loop, asyncio.Event()
+        server_cfg = self._config.server
+        host, port = parse_listen(server_cfg.grpc_listen)
+        server = grpc.aio.server(options=server_options(server_cfg),
+                                 maximum_concurrent_rpcs=server_cfg.grpc_max_concurrent_rpcs)
+        try:
+            if self._creds is None:
+                bound = server.add_insecure_port(show(host, port))
+            else:
+                bound = server.add_secure_port(show(host, port), self._creds)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on server.grpc_listen {server_cfg.grpc_listen!r}: "
+                          f"{exc}") from None
+        if not bound:
+            raise OSError(f"cannot listen on server.grpc_listen {server_cfg.grpc_listen!r}")
+        parts = self._parts(loop, bound)
+        service = MessagingService(parts)
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
+        await server.start()
+        parts.waiter.start()
+        sweeper = asyncio.ensure_future(self._sweep(parts))
+        self.address = show(host, bound)
+        log.info("serving gRPC (apache.rocketmq.v2.MessagingService) on %s, %s, %s",
+                 self.address, "TLS" if self._creds else "plaintext",
+                 "access keys checked" if parts.access_keys.enabled else "no access keys")
+        self._ready.set()
+        try:
+            await self._stop.wait()
+            log.info("gRPC endpoint stopping: no new RPCs; long polls end with what they have")
+            service.stopping.set()
+            parts.waiter.stop()
+            await server.stop(STOP_GRACE_S)
+        finally:
+            sweeper.cancel()
+            parts.sender.close()
+            parts.waiter.close()
+        log.info("gRPC endpoint stopped")
+
+    @staticmethod
+    async def _sweep(parts: Parts) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            for client_id in parts.sessions.forget_idle():
+                log.debug("forgot idle client %s", client_id)
+
+
+def start_endpoint(store, config: StoreConfig) -> Endpoint:
+    """Start the endpoint ``server.grpc_listen`` names over ``store``; ``stop`` it before
+    closing the store."""
+    endpoint = Endpoint(store, config)
+    endpoint.start()
+    return endpoint
+
+
+__all__ = ["Endpoint", "start_endpoint", "credentials", "STOP_GRACE_S"]

@@ -1,0 +1,176 @@
+"""Long polling (issue 14): a waiting poll is woken by the dispatch loop's notification
+(NOTE [ Long polling ] in mqstore.runtime.workers.wakeup), in this process and in a read-only store of
+another process, with the loops as worker processes or as threads; it sleeps instead of
+polling while nothing comes. Wake-up latency is measured in benchmarks/bench_consumer.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import time
+
+import pytest
+
+from mqstore import Message
+from mqstore.runtime.workers import wakeup as wakeup_module
+from mqstore.runtime.workers.wakeup import Wakeup, wakeup_path
+from paths import SUPPORT
+
+_spec = importlib.util.spec_from_file_location(
+    "consumer_proc", SUPPORT / "consumer_proc.py")
+consumer_proc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(consumer_proc)
+
+TOPIC = "T"
+LONG_MS = 20_000  # far longer than any wake-up may take: a poll returning early was woken
+
+
+def _poll_in_thread(consumer, timeout_ms):
+    box = {}
+
+    def run():
+        began = time.monotonic()
+        box["polled"] = consumer.poll(8, timeout_ms)
+        box["seconds"] = time.monotonic() - began
+    t = threading.Thread(target=run)
+    t.start()
+    return t, box
+
+
+def _woken_by_a_put(store, poller) -> tuple[list, float]:
+    """What ``poller`` returns when, already waiting, it is woken by a put to queue 0, and
+    how long after the put it returned."""
+    t, box = _poll_in_thread(poller, LONG_MS)
+    time.sleep(0.3)
+    assert t.is_alive()  # nothing yet: still waiting
+    sent = time.monotonic()
+    store.put(Message(TOPIC, b"new", queue_id=0))
+    t.join(LONG_MS / 1000)
+    return box["polled"], time.monotonic() - sent
+
+
+@pytest.mark.parametrize("loops", ["process", "thread"])
+def test_a_waiting_poll_returns_when_a_message_is_dispatched(make_store, request, loops):
+    store = make_store({"dispatch": {"worker": loops}, "flush": {"worker": loops}})
+    store.put(Message(TOPIC, b"old", queue_id=0))
+    store.wait_dispatched()
+    with store.consumer("lp", TOPIC) as c:  # from the end: "old" is not for it
+        polled, woke_after = _woken_by_a_put(store, c)
+    assert [(m.queue_id, m.queue_offset, m.body) for m in polled] == [(0, 1, b"new")]
+    assert woke_after < 2.0
+
+
+def test_a_consumer_of_a_topic_with_no_queues_yet_gets_the_first_message(make_store):
+    store = make_store()
+    with store.consumer("early", TOPIC) as c:  # consume_from="last", and nothing exists yet
+        assert c.assignment == []
+        t, box = _poll_in_thread(c, LONG_MS)
+        time.sleep(0.2)
+        store.put(Message(TOPIC, b"first ever", queue_id=3))
+        t.join(LONG_MS / 1000)
+        assert box["seconds"] < 2.0
+        assert [(m.queue_id, m.queue_offset, m.body) for m in box["polled"]] == [
+            (3, 0, b"first ever")]
+        assert c.assignment == [3]
+
+
+@pytest.mark.parametrize("loops", ["process", "thread"])
+def test_a_read_only_consumer_in_another_process_is_woken(make_store, store_dir, loops):
+    store = make_store({"dispatch": {"worker": loops}, "flush": {"worker": loops}})
+    store.put(Message(TOPIC, b"seed", queue_id=0))
+    store.wait_dispatched()
+    child = consumer_proc.ConsumerProcess(store_dir, "remote", TOPIC, "--timeout-ms",
+                                          str(LONG_MS), "--consume-from", "last")
+    try:
+        assert child.wait_for(lambda p: p.assignment == [0]), (child.lines, child.errors())
+        time.sleep(0.3)  # the child is in its long poll now
+        for i in range(3):
+            sent = time.monotonic()
+            store.put(Message(TOPIC, b"msg-%d" % i, queue_id=0))
+            assert child.wait_for(lambda p: len(p.polled()) > i, timeout=LONG_MS / 1000)
+            assert time.monotonic() - sent < 2.0
+        assert [(q, f, last, b) for q, f, last, b in child.polled()] == [
+            (0, 1, 1, ["msg-0"]), (0, 2, 2, ["msg-1"]), (0, 3, 3, ["msg-2"])]
+    finally:
+        assert child.stop() == 0, child.errors()
+
+
+def test_an_idle_poll_sleeps_instead_of_looping(make_store, monkeypatch):
+    store = make_store({"consumer": {"rebalance_interval_ms": 10_000}})
+    store.put(Message(TOPIC, b"x", queue_id=0))
+    store.wait_dispatched()
+    waits = []
+    real_wait = Wakeup.wait
+
+    def counted(self, seen, timeout_s):
+        waits.append(timeout_s)
+        return real_wait(self, seen, timeout_s)
+    monkeypatch.setattr(Wakeup, "wait", counted)
+    with store.consumer("idle", TOPIC) as c:
+        began = time.monotonic()
+        assert len(c.poll(1, 600)) == 0
+        took = time.monotonic() - began
+    assert 0.6 <= took < 3.0
+    assert len(waits) <= 2 and waits[0] > 0.5  # one sleep for the whole timeout
+
+
+def test_the_notification_reaches_every_waiter_and_timeouts_hold(tmp_path):
+    root = str(tmp_path)
+    waiters = [Wakeup(root) for _ in range(3)]
+    results = []
+
+    def wait(w):
+        seen = w.sequence()
+        results.append(w.wait(seen, 10.0))
+    threads = [threading.Thread(target=wait, args=(w,)) for w in waiters]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    notifier = Wakeup(root)
+    notifier.notify()
+    for t in threads:
+        t.join(5)
+    assert results == [True, True, True]
+    began = time.monotonic()
+    assert notifier.wait(notifier.sequence(), 0.2) is False
+    assert 0.19 <= time.monotonic() - began < 3.0
+    assert notifier.wait(notifier.sequence() - 1, 5.0) is True  # already moved on: no sleep
+    for w in (*waiters, notifier):
+        w.close()
+    assert wakeup_module._futex is not None  # Linux: a real futex, no sleep slices
+
+
+def test_a_peek_waits_on_the_notification_and_takes_up_new_queues(make_store):
+    store = make_store()
+    store.put(Message(TOPIC, b"old", queue_id=0))
+    store.wait_dispatched()
+    with store.peek("lp", TOPIC) as peek:  # a group with no offsets, from the end
+        polled, woke_after = _woken_by_a_put(store, peek)
+        assert woke_after < 2.0
+        assert [(m.queue_id, m.queue_offset, m.body) for m in polled] == [(0, 1, b"new")]
+        t, box = _poll_in_thread(peek, LONG_MS)
+        time.sleep(0.3)
+        store.put(Message(TOPIC, b"q4-first", queue_id=4))  # a queue made while it waits
+        t.join(LONG_MS / 1000)
+        assert box["seconds"] < 2.3
+        assert [(m.queue_id, m.queue_offset, m.body) for m in box["polled"]] == [
+            (4, 0, b"q4-first")]
+    assert not os.path.exists(os.path.join(store.root, "consumer", "groups"))
+
+
+def test_a_peek_does_not_make_the_wakeup_file(make_store, store_dir):
+    """A store no writer has dispatched in since the file went (a broker's directory): the
+    peek writes nothing, so it looks again every rebalance interval instead."""
+    writer = make_store()
+    writer.put(Message(TOPIC, b"x", queue_id=0))
+    writer.wait_dispatched()
+    writer.close()
+    os.unlink(wakeup_path(store_dir))
+    reader = make_store({"consumer": {"rebalance_interval_ms": 50}}, read_only=True)
+    with reader.peek("g", TOPIC, consume_from="first") as peek:
+        assert [m.body for m in peek.poll(8)] == [b"x"]
+        began = time.monotonic()
+        assert len(peek.poll(8, 300)) == 0
+        assert 0.29 <= time.monotonic() - began < 3.0
+    assert not os.path.exists(wakeup_path(store_dir))

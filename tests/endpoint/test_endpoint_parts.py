@@ -1,0 +1,133 @@
+"""The gRPC endpoint's parts on their own: the batched put's refusals, the wire conversion's
+edge cases, the signature check, and the bounds on connections and clients."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import hmac
+
+import pytest
+
+from mqstore import Message
+from mqstore.endpoint.auth import AccessKeys, sign
+from mqstore.endpoint.limits import Peers
+from mqstore.endpoint.protocol import Code, definition_pb2
+from mqstore.endpoint.send import put_all
+from mqstore.endpoint.settings import Sessions
+from mqstore.endpoint.status import EndpointError
+from mqstore.endpoint.wire import java_host, md5_digest, to_store
+from mqstore.message import PutStatus
+
+
+@pytest.mark.loops("thread")
+def test_a_batch_refuses_only_the_request_the_store_refuses(make_store):
+    store = make_store()
+    good_a = [Message("T", b"a1", queue_id=0), Message("T", b"a2", queue_id=0)]
+    too_big = [Message("T", b"b", queue_id=0, properties={"p": "x" * 40_000})]
+    good_c = [Message("T", b"c", queue_id=0)]
+    results = put_all(store, [good_a, too_big, good_c])
+    assert [r[0] for r in results] == [PutStatus.PUT_OK, PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                                       PutStatus.PUT_OK]
+    assert results[0][2] == [0, 1] and results[2][2] == [2] and results[1][2] == []
+    assert "properties are" in results[1][1]
+    store.wait_dispatched()
+    got = store.get("g", "T", 0, 0, 10)
+    assert [m.body for m in got.messages] == [b"a1", b"a2", b"c"]
+
+
+@pytest.mark.loops("thread")
+def test_a_store_wide_refusal_answers_every_request(make_store):
+    store = make_store()
+    store.running_flags |= 16  # DISK_FULL, as cleanup sets it past disk_warning_ratio
+    results = put_all(store, [[Message("T", b"a")], [Message("T", b"b")]])
+    assert [r[0] for r in results] == [PutStatus.SERVICE_NOT_AVAILABLE] * 2
+    assert all("disk full" in r[1] for r in results)
+
+
+def wire_message(**system) -> definition_pb2.Message:
+    msg = definition_pb2.Message(topic=definition_pb2.Resource(name="T"),
+                                 body=system.pop("body", b"body"))
+    msg.system_properties.message_id = "01AB"
+    for name, value in system.items():
+        if name == "keys":
+            msg.system_properties.keys.extend(value)
+        else:
+            setattr(msg.system_properties, name, value)
+    return msg
+
+
+def test_gzip_bodies_are_stored_inflated_and_bounded():
+    m = to_store(wire_message(body=gzip.compress(b"z" * 1000),
+                              body_encoding=definition_pb2.GZIP), "T", None, 4096)
+    assert m.body == b"z" * 1000
+    with pytest.raises(EndpointError) as err:
+        to_store(wire_message(body=gzip.compress(b"z" * 5000),
+                              body_encoding=definition_pb2.GZIP), "T", None, 4096)
+    assert err.value.code == Code.MESSAGE_BODY_TOO_LARGE
+    with pytest.raises(EndpointError) as err:
+        to_store(wire_message(body=b"not gzip", body_encoding=definition_pb2.GZIP), "T", None,
+                 4096)
+    assert err.value.code == Code.MESSAGE_CORRUPTED
+
+
+def test_keys_are_joined_and_split_as_rocketmq_does_and_bad_text_is_refused():
+    m = to_store(wire_message(keys=["a b", "c"]), "T", "10.0.0.1:5", 4096)
+    assert (m.keys, m.born_host, m.properties["UNIQ_KEY"]) == (["a", "b", "c"], "10.0.0.1:5",
+                                                               "01AB")
+    for fields, code in (({"tag": "a\x01b"}, Code.ILLEGAL_MESSAGE_TAG),
+                         ({"keys": ["k\x02"]}, Code.ILLEGAL_MESSAGE_KEY),
+                         ({"message_id": ""}, Code.ILLEGAL_MESSAGE_ID),
+                         ({"message_type": definition_pb2.TRANSACTION}, Code.UNSUPPORTED)):
+        with pytest.raises(EndpointError) as err:
+            to_store(wire_message(**fields), "T", None, 4096)
+        assert err.value.code == code, fields
+
+
+def test_hosts_read_as_javas_getHostAddress_and_digests_as_the_proxys():
+    assert java_host("[fd12:3456:789a::1]:10911") == ("fd12:3456:789a:0:0:0:0:1", "10911")
+    assert java_host("[::]:0") == ("0:0:0:0:0:0:0:0", "0")
+    assert java_host("10.1.2.3:80") == ("10.1.2.3", "80")
+    assert md5_digest(b"") == "D41D8CD98F00B204E9800998ECF8427E"
+
+
+def test_signatures_are_checked_against_the_access_keys_secret():
+    keys = AccessKeys({"app": "s3cret"})
+    stamp = "20260101T000000Z"
+    good = (f"MQv2-HMAC-SHA1 Credential=app, SignedHeaders=x-mq-date-time, "
+            f"Signature={sign('s3cret', stamp)}")
+    assert sign("s3cret", stamp) == hmac.new(b"s3cret", stamp.encode(), hashlib.sha1).hexdigest()
+    assert keys.check({"authorization": good, "x-mq-date-time": stamp}) == "app"
+    for metadata, needle in (
+            ({}, "carries no authorization"),
+            ({"authorization": good, "x-mq-date-time": "20260101T000001Z"}, "does not match"),
+            ({"authorization": good.replace("app", "other"), "x-mq-date-time": stamp},
+             "'other' is not one"),
+            ({"authorization": "Basic abc", "x-mq-date-time": stamp}, "'Basic'")):
+        with pytest.raises(EndpointError) as err:
+            keys.check(metadata)
+        assert err.value.code == Code.UNAUTHORIZED and needle in err.value.message
+    assert AccessKeys({}).check({}) is None  # no keys: every call passes
+
+
+def test_connections_and_clients_are_bounded_and_idle_ones_forgotten():
+    now = [0.0]
+    peers = Peers(2, idle_ms=1000, clock=lambda: now[0])
+    peers.enter("ipv4:1.1.1.1:1")
+    peers.enter("ipv4:1.1.1.1:2")
+    with pytest.raises(EndpointError) as err:
+        peers.enter("ipv4:1.1.1.1:3")
+    assert err.value.code == Code.TOO_MANY_REQUESTS
+    peers.leave("ipv4:1.1.1.1:1")
+    now[0] = 2.0  # the first has had no RPC for longer than the idle time
+    peers.enter("ipv4:1.1.1.1:3")
+    assert len(peers) == 2
+    with pytest.raises(EndpointError):
+        peers.enter("ipv4:1.1.1.1:4")  # the second still has an RPC in flight
+    sessions = Sessions(1, idle_ms=1000, clock=lambda: now[0])
+    sessions.seen("client-a", definition_pb2.PRODUCER)
+    with pytest.raises(EndpointError):
+        sessions.seen("client-b", definition_pb2.PRODUCER)
+    now[0] = 5.0
+    sessions.seen("client-b", definition_pb2.PRODUCER)
+    assert sessions.get("client-a") is None and sessions.get("client-b") is not None

@@ -1,0 +1,240 @@
+"""SIGKILL a real writer process mid-stream, reopen its directory, check what survived.
+
+``crash_writer.py`` prints one line per acknowledged put. The test stops reading at a seeded
+random count, kills the writer with SIGKILL (the store is never closed, so ``abort`` stays),
+reads whatever acknowledgements were already in the pipe, and reopens the directory:
+
+- sync flush: every acknowledged message is present and byte-identical;
+- both modes: the store holds an exact prefix of what the writer put (message 0..M-1 in
+  commit-log order, every queue offsets 0..n-1 with no gap), the recovery was abnormal, and
+  the next put lands right after the last surviving record.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from mqstore import GetStatus, Message, MessageStore, PutStatus, load_config
+from mqstore.errors import StoreLockedError
+from paths import SUPPORT
+
+WRITER = SUPPORT / "crash_writer.py"
+_spec = importlib.util.spec_from_file_location("crash_writer", WRITER)
+crash_writer = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(crash_writer)
+
+SEG = crash_writer.SEGMENT_BYTES
+TOPIC = crash_writer.TOPIC
+BLANK_MAGIC = -875286124  # 0xCBD43194
+END_FILE_MIN_BLANK_BYTES = 8
+# Kill points per (flush mode, writer); MQSTORE_KILL_POINTS=300 makes a longer run.
+KILL_SEEDS = range(int(os.environ.get("MQSTORE_KILL_POINTS", "20")))
+WRITERS = ["mmap", "transient_pool"]
+MAX_KILL_AFTER = 600  # acknowledgements; about two and a half 64 KiB segments
+WATCHDOG_S = 60.0
+
+
+class Writer:
+    """The writer subprocess and the acknowledgements it printed."""
+
+    def __init__(self, root: Path, flush_mode: str, seed: int, writer: str = "mmap") -> None:
+        self.seed = seed
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WRITER), str(root), flush_mode, str(seed), writer],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        self.acked: list[tuple[int, int, int, int]] = []
+        self._watchdog = threading.Timer(WATCHDOG_S, self.proc.kill)
+        self._watchdog.start()
+
+    def read_acks(self, count: int) -> None:
+        while len(self.acked) < count:
+            line = self.proc.stdout.readline()
+            if not line.endswith(b"\n"):
+                self.proc.kill()
+                self.proc.wait()
+                pytest.fail(f"writer ended after {len(self.acked)} acks: "
+                            f"{self.proc.stderr.read().decode(errors='replace')}")
+            self._add(line)
+
+    def _add(self, line: bytes) -> None:
+        index, queue_id, queue_offset, phys = map(int, line.split())
+        assert index == len(self.acked)
+        self.acked.append((index, queue_id, queue_offset, phys))
+
+    def kill(self) -> None:
+        """SIGKILL, then collect every complete acknowledgement still in the pipe."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self._watchdog.cancel()
+        rest = self.proc.stdout.read()
+        for line in rest.split(b"\n")[:-1]:
+            self._add(line)
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        assert self.proc.returncode == -signal.SIGKILL
+
+
+def open_store(root: Path, flush_mode: str, writer: str = "mmap") -> MessageStore:
+    return MessageStore.open(root, config=load_config(
+        overrides=crash_writer.config_overrides(flush_mode, writer)))
+
+
+def read_queue(store: MessageStore, queue_id: int) -> list:
+    messages, offset = [], 0
+    while offset < store.max_offset(TOPIC, queue_id):
+        got = store.get("g", TOPIC, queue_id, offset, 32)
+        assert got.status is GetStatus.FOUND, (queue_id, offset, got.status)
+        assert got.next_begin_offset > offset
+        messages += got.messages
+        offset = got.next_begin_offset
+    return messages
+
+
+def blank_follows(root: Path, end: int) -> bool:
+    """True when the bytes at ``end`` are the blank record that closes its segment."""
+    start = end - end % SEG
+    path = root / "commitlog" / f"{start:020d}"
+    if not path.exists():
+        return False
+    with open(path, "rb") as f:
+        f.seek(end - start)
+        head = f.read(8)
+    if len(head) < 8:
+        return False
+    size, magic = struct.unpack(">ii", head)
+    return magic == BLANK_MAGIC and size == SEG - (end - start)
+
+
+def check_recovered(root: Path, flush_mode: str, writer: Writer, kind: str = "mmap") -> None:
+    seed = writer.seed
+    store = open_store(root, flush_mode, kind)
+    try:
+        report = store.recovery_report
+        assert report.abnormal is True
+
+        # Every queue holds offsets 0..n-1 of the writer's messages, nothing else.
+        recovered = []
+        for queue_id in range(crash_writer.QUEUES):
+            messages = read_queue(store, queue_id)
+            assert [m.queue_offset for m in messages] == list(range(len(messages)))
+            assert store.min_offset(TOPIC, queue_id) == 0
+            for m in messages:
+                index = crash_writer.index_of(m.body)
+                assert m.body == crash_writer.body_for(index, seed)
+                assert m.queue_id == queue_id == crash_writer.queue_for(index, seed)
+                assert m.tags == crash_writer.tags_for(index)
+                assert m.topic == TOPIC
+            recovered += messages
+
+        # Together they are messages 0..M-1, in commit-log order.
+        recovered.sort(key=lambda m: m.phys_offset)
+        indexes = [crash_writer.index_of(m.body) for m in recovered]
+        assert indexes == list(range(len(recovered)))
+        if flush_mode == "sync":
+            assert len(recovered) >= len(writer.acked)
+
+        # What the writer was told matches what is stored.
+        by_index = {crash_writer.index_of(m.body): m for m in recovered}
+        for index, queue_id, queue_offset, phys in writer.acked:
+            if index not in by_index:
+                assert flush_mode == "async"
+                continue
+            m = by_index[index]
+            assert (m.queue_id, m.queue_offset, m.phys_offset) == (queue_id, queue_offset, phys)
+            at = store.message_at(phys)
+            assert at is not None and at.body == crash_writer.body_for(index, seed)
+            assert at.queue_offset == queue_offset
+
+        # Writes continue right after the last surviving record.
+        end = recovered[-1].phys_offset + recovered[-1].size if recovered else 0
+        if blank_follows(root, end):
+            end += SEG - end % SEG
+        assert store.max_phys_offset == end
+        assert store.message_at(end) is None
+        queue_id = 0
+        count = sum(1 for m in recovered if m.queue_id == queue_id)
+        result = store.put(Message(TOPIC, b"after the crash", queue_id=queue_id))
+        assert result.status is PutStatus.PUT_OK
+        expected_phys = (end if end % SEG + result.size + END_FILE_MIN_BLANK_BYTES <= SEG
+                         else end + SEG - end % SEG)
+        assert (result.phys_offset, result.queue_offset) == (expected_phys, count)
+        store.wait_dispatched()
+        got = store.get("g", TOPIC, queue_id, count, 32)
+        assert [m.body for m in got.messages] == [b"after the crash"]
+    finally:
+        store.close()
+    assert not (root / "abort").exists()
+
+
+@pytest.mark.parametrize("seed", KILL_SEEDS)
+@pytest.mark.parametrize("flush_mode", ["sync", "async"])
+@pytest.mark.parametrize("kind", WRITERS)
+def test_sigkill_keeps_an_exact_prefix(tmp_path, kind, flush_mode, seed):
+    root = tmp_path / "store"
+    kill_after = random.Random(f"{flush_mode}:{seed}").randint(1, MAX_KILL_AFTER)
+    writer = Writer(root, flush_mode, seed, kind)
+    writer.read_acks(kill_after)
+    writer.kill()
+    assert (root / "abort").exists()
+    assert len(writer.acked) >= kill_after
+    check_recovered(root, flush_mode, writer, kind)
+
+
+def test_running_writer_holds_the_lock_until_killed(tmp_path):
+    root = tmp_path / "store"
+    writer = Writer(root, "sync", 1234)
+    writer.read_acks(5)
+    try:
+        with pytest.raises(StoreLockedError, match="another process") as err:
+            open_store(root, "sync")
+        assert "read_only=True" in str(err.value)
+        with MessageStore.open(root, read_only=True) as reader:
+            assert reader.max_phys_offset >= writer.acked[4][3]
+            assert reader.message_at(writer.acked[0][3]).body == crash_writer.body_for(0, 1234)
+    finally:
+        writer.kill()
+    check_recovered(root, "sync", writer)
+
+
+# -- the whole process group killed: nothing acknowledged is lost, in any mode ---------------
+GROUP_KILLS = int(os.environ.get("MQSTORE_FAULT_ROUNDS", "0"))
+
+
+@pytest.mark.parametrize("seed", range(GROUP_KILLS or 1))
+@pytest.mark.parametrize("batch", [0, 16])
+@pytest.mark.parametrize("flush_mode", ["sync", "async"])
+@pytest.mark.parametrize("kind", WRITERS)
+def test_sigkill_of_the_whole_group_loses_no_acknowledged_message(tmp_path, kind, flush_mode,
+                                                                   batch, seed):
+    """Store process and workers killed at once, as the OOM killer or a container stop does:
+    under async flush too, every acknowledged message survives (the page cache holds what the
+    mmap writer copied; the transient pool, kept out of the resource tracker, is written back
+    by the next open)."""
+    from mqstore.testing.faults import FaultWriter, audit, small_store_overrides
+
+    overrides = small_store_overrides(writer={"kind": kind}, flush={"policy": flush_mode})
+    root = tmp_path / "store"
+    writer = FaultWriter(str(root), overrides, seed=seed, batch=batch, count=1 << 30).start()
+    kill_after = random.Random(f"{kind}{flush_mode}{batch}{seed}").randint(50, 3000)
+    assert writer.read_until(kill_after)
+    assert writer.kill(signal.SIGKILL) == -signal.SIGKILL
+    store = MessageStore.open(root, config=load_config(overrides=overrides))
+    try:
+        assert store.recovery_report.abnormal
+        result = audit(store, seed, writer.acks)
+        print(f"SIGKILL group {kind}/{flush_mode}/batch {batch}/seed {seed}: {result}")
+        assert (result.lost, result.wrong) == ([], [])
+    finally:
+        store.close()

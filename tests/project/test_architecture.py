@@ -1,0 +1,143 @@
+"""Architecture contracts: import-linter checks the [tool.importlinter] contracts in pyproject.toml.
+
+import-linter finds modules by walking the root package's directory, and mqstore's is core/, while
+mqstore.plugins lives in plugins/ (see [tool.setuptools.package-dir]). So each test copies core/ and
+plugins/ into one mqstore/ tree under tmp_path and runs the linter there, in a child process of
+this interpreter (the linter puts its working directory first on sys.path, so the copy is what it
+analyses, not the editable install). The copy is static analysis input only: nothing is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from paths import REPO
+
+ROOT = REPO
+PYPROJECT = ROOT / "pyproject.toml"
+
+# The contracts this file exists for; more may be added to pyproject.toml.
+REQUIRED_CONTRACTS = {
+    "format is pure",
+    "errors and hashing are leaves",
+    "core does not import plugins",
+    "the engine's layers",
+    "the kernel imports no layer above the plugin API",
+    "plugins use only the plugin API",
+    "only serve and the --server commands import mqstore.endpoint",
+    "only mqstore.endpoint imports grpc, protobuf and the RocketMQ client",
+}
+
+# What `lint-imports` (the console script) runs, started from this interpreter.
+LINT = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+
+
+def _contract_names(config: Path) -> list[str]:
+    with config.open("rb") as f:
+        return [c["name"] for c in tomllib.load(f)["tool"]["importlinter"]["contracts"]]
+
+
+def _stage(dest: Path) -> Path:
+    """Copy core/ as dest/mqstore and plugins/ as dest/mqstore/plugins; return dest/mqstore."""
+    assert not (ROOT / "core" / "plugins").exists(), "core/plugins would collide with plugins/"
+    pkg = dest / "mqstore"
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "core", pkg, ignore=skip)
+    shutil.copytree(ROOT / "plugins", pkg / "plugins", ignore=skip)
+    return pkg
+
+
+def _lint(cwd: Path, config: Path = PYPROJECT) -> tuple[int, str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+    proc = subprocess.run(
+        [sys.executable, "-c", LINT, "--config", str(config), "--no-cache", "--no-logo"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+    )
+    return proc.returncode, f"--- lint-imports stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+
+
+def test_contracts_keep(tmp_path):
+    names = _contract_names(PYPROJECT)
+    assert REQUIRED_CONTRACTS <= set(names), f"contracts missing from pyproject.toml: {names}"
+    _stage(tmp_path)
+    code, report = _lint(tmp_path)
+    assert code == 0, f"architecture contracts broken:\n{report}"
+    for name in names:
+        assert f"{name} KEPT" in report, report
+    assert f"Contracts: {len(names)} kept, 0 broken." in report, report
+
+
+def test_contracts_catch_violations(tmp_path):
+    """The real contracts, on a copy with one planted violation each (the real tree is untouched)."""
+    pkg = _stage(tmp_path)
+    # A module added later is forbidden to format without editing the contract; so is the root.
+    (pkg / "_arch_probe_new.py").write_text("")
+    (pkg / "format" / "_arch_probe.py").write_text(
+        "import mqstore\nfrom mqstore import _arch_probe_new\nfrom mqstore.store import MessageStore\n"
+    )
+    with (pkg / "errors.py").open("a") as f:
+        f.write("\nfrom mqstore import config as _arch_probe_config\n")
+    (pkg / "_arch_probe_core.py").write_text("from mqstore.plugins import writer_mmap\n")
+    # A function-level import counts as well.
+    (pkg / "storage" / "_arch_probe.py").write_text(
+        "def late():\n    from mqstore.runtime.workers import pipes\n    return pipes\n"
+    )
+    # An upward import between layers, one hidden under TYPE_CHECKING, and one from the kernel.
+    (pkg / "read" / "_arch_probe.py").write_text("from mqstore.dispatch import loop\n")
+    (pkg / "plugin_api" / "_arch_probe.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mqstore.view import directory_view\n"
+    )
+    # A plugin reaching past the plugin API, into storage or the package face.
+    (pkg / "plugins" / "_arch_probe.py").write_text(
+        "from mqstore.storage import index_file\nfrom mqstore import Message\n"
+        "from mqstore.plugin_api import hookimpl\n"
+    )
+    with (pkg / "message.py").open("a") as f:
+        f.write("\nfrom mqstore.runtime import cleanup as _arch_probe_cleanup\n")
+    # The store knowing the gRPC endpoint, or its libraries.
+    (pkg / "_arch_probe_grpc.py").write_text(
+        "import grpc\nfrom google.protobuf import duration_pb2\n"
+        "from mqstore.endpoint import server\n")
+    code, report = _lint(tmp_path)
+    assert code == 1, report
+    for name in REQUIRED_CONTRACTS:
+        assert f"{name} BROKEN" in report, report
+    for planted in (
+        "mqstore.format._arch_probe -> mqstore (l.1)",
+        "mqstore.format._arch_probe -> mqstore._arch_probe_new (l.2)",
+        "mqstore.format._arch_probe -> mqstore.store (l.3)",
+        "mqstore.errors -> mqstore.config",
+        "mqstore._arch_probe_core -> mqstore.plugins.writer_mmap (l.1)",
+        "mqstore.storage._arch_probe -> mqstore.runtime.workers.pipes (l.2)",
+        "mqstore.read._arch_probe -> mqstore.dispatch.loop (l.1)",
+        "mqstore.plugin_api._arch_probe -> mqstore.view.directory_view (l.3)",
+        "mqstore.message -> mqstore.runtime.cleanup",
+        "mqstore.plugins._arch_probe -> mqstore.storage.index_file (l.1)",
+        "mqstore.plugins._arch_probe -> mqstore (l.2)",
+        "mqstore._arch_probe_grpc -> grpc (l.1)",
+        "mqstore._arch_probe_grpc -> google (l.2)",
+        "mqstore._arch_probe_grpc -> mqstore.endpoint.server (l.3)",
+    ):
+        assert planted in report, f"{planted!r} not reported:\n{report}"
+
+
+def test_linter_sees_real_imports(tmp_path):
+    """A contract that today's unmodified code breaks: the graph holds the real imports."""
+    _stage(tmp_path)
+    config = tmp_path / "broken.toml"
+    config.write_text(
+        '[tool.importlinter]\nroot_package = "mqstore"\n\n'
+        "[[tool.importlinter.contracts]]\n"
+        'name = "deliberately broken"\ntype = "forbidden"\n'
+        'source_modules = ["mqstore.storage", "mqstore.plugins"]\n'
+        'forbidden_modules = ["mqstore.format"]\n'
+    )
+    code, report = _lint(tmp_path, config)
+    assert code == 1, report
+    assert "deliberately broken BROKEN" in report, report
+    assert "mqstore.storage.commit_log -> mqstore.format.record" in report, report
+    assert "mqstore.plugins." in report, report
