@@ -184,6 +184,24 @@ def test_a_slave_whose_last_record_differs_is_refused_with_nothing_written(pair,
     assert log_bytes(s, 0, end) == log_bytes(other, 0, end)
 
 
+def test_a_whole_record_that_names_another_offset_is_refused(pair):
+    """Bytes that are a sound record, but of another place in the log (a record that differs
+    from the one the master has there), are no continuation of this log."""
+    m, s = pair(start_slave=False)
+    fill(m, 20)
+    m.wait_dispatched()
+    first = m.message_at(0)
+    second = m.get("g", "orders", 2, 0, 1).messages[0]  # the third record of the log
+    receiver = s.replication.receiver
+    receiver.begin()
+    receiver.accept(0, log_bytes(m, 0, first.size))
+    elsewhere = log_bytes(m, second.phys_offset, second.phys_offset + second.size)
+    with pytest.raises(ReplicaDiverged, match=f"physical offset field {second.phys_offset} "
+                                              f"!= position {first.size}"):
+        receiver.accept(first.size, elsewhere)
+    assert receiver.end == first.size
+
+
 @pytest.mark.parametrize("case", ["misaligned first frame", "crossing frame", "short blank",
                                   "record too large"])
 def test_segment_size_and_record_limits_are_checked(pair, case):
