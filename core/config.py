@@ -42,6 +42,22 @@ class StoreSection(_Section):
     role: Literal["async_master", "sync_master", "slave"] = "async_master"
     message_delay_levels: str = DEFAULT_DELAY_LEVELS
     os_page_cache_busy_timeout_ms: int = Field(1000, ge=1)
+    # Replication (RocketMQ's HA protocol; docs/replication.md), RocketMQ's defaults.
+    ha_slave_fallbehind_max: int = Field(256 << 20, ge=1)
+    ha_heartbeat_interval_ms: int = Field(5_000, ge=10, le=3_600_000)
+    ha_housekeeping_interval_ms: int = Field(20_000, ge=100, le=3_600_000)
+    ha_transfer_batch_bytes: int = Field(32 * 1024, ge=1024, le=4 << 20)
+    ha_new_slave_from: Literal["last_segment", "first_segment"] = "last_segment"
+
+    @model_validator(mode="after")
+    def _ha_intervals(self) -> "StoreSection":
+        # A connection idle for the housekeeping interval is closed: heartbeats must come first.
+        if self.ha_housekeeping_interval_ms <= self.ha_heartbeat_interval_ms:
+            raise ValueError(
+                f"store.ha_housekeeping_interval_ms ({self.ha_housekeeping_interval_ms}) must "
+                f"exceed store.ha_heartbeat_interval_ms ({self.ha_heartbeat_interval_ms}): an "
+                f"idle connection is closed after the first, and heartbeats keep it open")
+        return self
 
     @field_validator("store_host")
     @classmethod
@@ -177,8 +193,8 @@ class PluginsSection(_Section):
 
 class ServerSection(_Section):
     """``mqstore serve``: where the metrics and health endpoints listen, what a client may hold
-    there (connections, time, header bytes), how much it logs, and the RocketMQ 5 gRPC endpoint
-    (``grpc_*``, docs/endpoint.md)."""
+    there (connections, time, header bytes), how much it logs, the RocketMQ 5 gRPC endpoint
+    (``grpc_*``, docs/endpoint.md) and replication's addresses (``ha_*``, docs/replication.md)."""
 
     metrics_listen: str = "127.0.0.1:9108"
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
@@ -198,12 +214,22 @@ class ServerSection(_Section):
     grpc_client_idle_ms: int = Field(120_000, ge=1000, le=JAVA_INT_MAX)
     grpc_min_invisible_ms: int = Field(10_000, ge=0, le=JAVA_INT_MAX)
     grpc_max_long_polling_ms: int = Field(20_000, ge=0, le=JAVA_INT_MAX)
+    ha_listen: str | None = None  # a master's replication port (RocketMQ: broker port + 1)
+    ha_master: str | None = None  # the master's ha_listen, which a slave dials
 
-    @field_validator("metrics_listen", "grpc_listen")
+    @field_validator("metrics_listen", "grpc_listen", "ha_listen")
     @classmethod
     def _listen(cls, value: str | None) -> str | None:
         if value is not None:
             parse_listen(value)
+        return value
+
+    @field_validator("ha_master")
+    @classmethod
+    def _master(cls, value: str | None) -> str | None:
+        if value is not None and parse_listen(value)[1] == 0:
+            raise ValueError(f"master address {value!r}: port 0 cannot be dialled; give the "
+                             f"port the master's server.ha_listen binds")
         return value
 
     @field_validator("grpc_access_keys", mode="before")

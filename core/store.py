@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from mqstore.plugin_api.manager import PluginHooks
     from mqstore.plugin_api.recovery_report import RecoveryReport
     from mqstore.read.reader import Reader
+    from mqstore.replication import Replication
     from mqstore.storage.checkpoint import Checkpoint
     from mqstore.storage.commit_log import CommitLog
     from mqstore.view.directory_view import DirectoryView
@@ -431,6 +432,15 @@ class MessageStore:
     def channels(self) -> shm.Channels | None:
         return self._runtime.channels if self._runtime is not None else None
 
+    # -- replication (docs/replication.md) -----------------------------------------------------
+    @property
+    def replication(self) -> Replication | None:
+        """The store's replication by its ``store.role`` (None when read-only): ``start()``
+        listens for slaves (a master with ``server.ha_listen``) or follows the master
+        (a slave, ``server.ha_master``); ``status()``, ``problems()``, ``stop()``. The close
+        stops it first."""
+        return self._parts.replication
+
     # -- cleanup ---------------------------------------------------------------------------
     def delete_expired_segments(self, reserved_ms: int = 0, *, force: bool = False,
                                 max_segments: int = 10) -> list[str]:
@@ -462,6 +472,7 @@ class MessageStore:
 
     def _close(self) -> None:
         state = self._state
+        self._parts.stop_replication()  # no slave reads, and no master appends, from here on
         self._consumers.close()  # consumers commit (auto-commit) and leave their groups first
         state.closed = True  # every call now raises StoreClosedError
         _open_stores.discard(self)
@@ -514,6 +525,7 @@ class MessageStore:
         """End abruptly, as a killed process would: no final flush, ``abort`` stays."""
         self._state.closed = True
         _open_stores.discard(self)
+        self._parts.stop_replication()
         if self._runtime is not None:
             self._runtime.kill()
             shield.uninstall()

@@ -141,6 +141,26 @@ class TransientPoolWriter:
         self.pool.close()
 
 
+class MapWriter:
+    """A plain writer standing in for the pool writer where staging is off: a replication
+    slave's copies of its master's records (RocketMQ enables the transient pool on masters
+    only) are readable, dispatched and flushed as soon as they are copied into the map."""
+
+    def __init__(self, ctx: "WriterContext") -> None:
+        pass
+
+    def write(self, segment, data) -> int:
+        return segment.write(data)
+
+    write_blank = write
+
+    def before_roll(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def staging_pool(writer: object) -> TransientPool | None:
     """The pool ``writer`` stages in: the core's pool writer's, None for a plain writer."""
     return writer.pool if isinstance(writer, TransientPoolWriter) else None
