@@ -281,6 +281,18 @@ class StoreConfig(_Section):
     consumer: ConsumerSection = ConsumerSection()
     server: ServerSection = ServerSection()
 
+    @model_validator(mode="after")
+    def _slave_serves_no_clients(self) -> "StoreConfig":
+        # A receive is a pop, and pop state lives beside each store: a slave's endpoint would
+        # hand out again what the master's pops have in flight (docs/replication.md).
+        if self.store.role == "slave" and self.server.grpc_listen is not None:
+            raise ValueError(
+                f"server.grpc_listen ({self.server.grpc_listen!r}) is for masters: a store with "
+                f"store.role 'slave' serves no gRPC clients (its pop state is its own, so its "
+                f"receives would hand out again what the master has in flight); point the "
+                f"clients at the master, and read a slave through the API, the CLI or Spark")
+        return self
+
     def replace(self, **overrides: Mapping[str, Any]) -> "StoreConfig":
         """A copy with ``{"section": {"key": value}}`` overrides applied and validated."""
         return _build(_deep_merge(self.model_dump(), overrides), "overrides")

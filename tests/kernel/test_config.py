@@ -52,6 +52,10 @@ def test_shipped_file_lists_every_key_with_a_comment():
     ({"server": {"grpc_tls_cert_file": "c.pem"}}, "grpc_tls_key_file (None) go together"),
     ({"server": {"grpc_access_keys": ["app:"]}}, "access key 'app' has an empty secret key"),
     ({"server": {"grpc_max_request_bytes": 10}}, "server.grpc_max_request_bytes"),
+    ({"store": {"role": "slave"}, "server": {"grpc_listen": "127.0.0.1:8081",
+                                              "ha_master": "127.0.0.1:10912"}},
+     "server.grpc_listen ('127.0.0.1:8081') is for masters: a store with store.role 'slave' "
+     "serves no gRPC clients"),
 ])
 def test_bad_values_are_rejected_naming_the_key(overrides, needle):
     with pytest.raises(ConfigError) as err:
