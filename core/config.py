@@ -4,12 +4,14 @@ Every key, its unit and its default is listed in ``config/mqstore.yaml``. Loadin
 unknown keys, wrong types and out-of-range values with the dotted key in the message, and
 names that no plugin registers: ``writer.kind``, ``queue_select.selector``, ``flush.policy``,
 ``cleanup.policy`` and ``plugins.disable`` are checked against the plugins this very config loads, so a typo fails
-here rather than when a store opens.
+here rather than when a store opens. A key that was renamed (``RENAMED_KEYS``) still loads
+under its old name, with a DeprecationWarning naming the new one.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any, Literal, Mapping
 
 import yaml
@@ -22,6 +24,14 @@ GiB = 1 << 30
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 _DELAY_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 JAVA_INT_MAX = (1 << 31) - 1
+
+
+# Keys renamed since a release used them: (section, old name) -> new name. A file, an override
+# or ``StoreConfig.replace`` that uses an old name means the new one, and is warned about.
+RENAMED_KEYS: dict[tuple[str, str], str] = {
+    ("flush", "mode"): "policy",  # the flush policy plugin: async | sync
+    ("dispatch", "mode"): "worker",  # process | thread, as flush.worker
+}
 
 
 class PluginConfigError(ConfigError, PluginError):
@@ -295,7 +305,8 @@ class StoreConfig(_Section):
 
     def replace(self, **overrides: Mapping[str, Any]) -> "StoreConfig":
         """A copy with ``{"section": {"key": value}}`` overrides applied and validated."""
-        return _build(_deep_merge(self.model_dump(), overrides), "overrides")
+        return _build(_deep_merge(self.model_dump(), _renamed(overrides, "overrides")),
+                      "overrides")
 
 
 def parse_hours(text: str) -> frozenset[int]:
@@ -362,6 +373,32 @@ def _deep_merge(base: dict, extra: Mapping[str, Any]) -> dict:
             out[key] = _deep_merge(out[key], value)
         else:
             out[key] = value
+    return out
+
+
+def _renamed(data: Any, source: str) -> Any:
+    """``data`` (one file's or one set of overrides' sections) with the old names of renamed
+    keys replaced by the new ones, each warned about (DeprecationWarning, attributed to the
+    caller of ``load_config`` or ``replace``). Done before the file and the overrides merge, so
+    an override by either name wins over the file. Both names in one mapping must agree."""
+    if not isinstance(data, Mapping):
+        return data
+    out = data
+    for (section, old), new in RENAMED_KEYS.items():
+        values = out.get(section)
+        if not isinstance(values, Mapping) or old not in values:
+            continue
+        if new in values and values[new] != values[old]:
+            raise ConfigError(
+                f"invalid configuration in {source}: {section}.{old} is the old name of "
+                f"{section}.{new}, and they disagree ({values[old]!r} and {values[new]!r}); "
+                f"keep {section}.{new} only")
+        warnings.warn(f"configuration key {section}.{old} in {source} was renamed "
+                      f"{section}.{new}: the old name still sets it but is deprecated",
+                      DeprecationWarning, stacklevel=3)
+        moved = {key: value for key, value in values.items() if key != old}
+        moved[new] = values[old]
+        out = {**out, section: moved}
     return out
 
 
@@ -435,7 +472,9 @@ def load_config(path: str | None = None, overrides: Mapping[str, Any] | None = N
             raise ConfigError(f"config file {path!r} is not valid YAML: {exc}") from None
         if data is None:
             data = {}
+        data = _renamed(data, source)
     if overrides:
+        overrides = _renamed(overrides, "overrides")
         if not isinstance(data, Mapping):
             raise ConfigError(f"{source}: the top level must be a mapping of sections")
         data = _deep_merge(dict(data), overrides)

@@ -21,7 +21,7 @@ import weakref
 from typing import TYPE_CHECKING, Callable, overload
 
 from mqstore.append.appender import Appender
-from mqstore.clock import system_clock
+from mqstore.clock import check_clock, system_clock
 from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import ConsumerService
 from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
@@ -100,9 +100,15 @@ class MessageStore:
              read_only: bool = False, clock: Callable[[], int] | None = None) -> "MessageStore":
         if config is not None and not isinstance(config, StoreConfig):
             raise TypeError(f"config must be a StoreConfig (see load_config), got {type(config).__name__}")
+        config = config or load_config()
+        clock = clock or system_clock
+        # Before anything touches the directory: a clock the workers cannot get is refused
+        # here, not by a worker failing to start after the files were made.
+        check_clock(clock, to_workers=not read_only and "process" in (
+            config.dispatch.worker, config.flush.worker))
         store = cls.__new__(cls)
         store._state = StoreState(os.path.abspath(os.fspath(root)), read_only)
-        store._adopt(Opener(store._state, config or load_config(), clock or system_clock).open())
+        store._adopt(Opener(store._state, config, clock).open())
         store._consumers = ConsumerService(store)
         _open_stores.add(store)
         runtime = store._runtime

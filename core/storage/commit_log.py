@@ -53,10 +53,12 @@ class CommitLog:
 
     # -- writing (caller holds the put lock) -----------------------------------------------
     def reserve_locked(self, nbytes: int, writer=None) -> MappedFile:
-        """Segment whose write position can take ``nbytes`` now, rolling if needed.
+        """Segment whose write position can take ``nbytes`` now, rolling if needed, with the
+        blocks for them and for the blank that may close the segment after them reserved.
 
         ``writer`` (a commit-log writer plugin) writes the blank record and is asked first
-        whether it can take a new segment, so a refused roll changes nothing.
+        whether it can take a new segment, so a refused roll changes nothing. A reservation
+        the file system refuses raises DiskFullError before anything is written.
         """
         limit = self.segments.segment_bytes - END_FILE_MIN_BLANK_BYTES
         if nbytes > limit:
@@ -65,30 +67,30 @@ class CommitLog:
                 f"{self.segments.segment_bytes} bytes (at most {limit} per block)"
             )
         seg = self.segments.last()
-        if seg is not None and not seg.is_full():
-            # A loaded segment's holes get their blocks before anything (the blank included)
-            # is written into it, by the map or by the transient pool's commit.
-            seg.reserve()
         roll = seg is None or seg.is_full() or nbytes + END_FILE_MIN_BLANK_BYTES > seg.remaining
         if not roll:
+            # Whatever copies the block (the map, or the transient pool's commit in the flush
+            # worker) writes only into blocks that exist by now.
+            seg.reserve_span(seg.wrote, seg.wrote + nbytes + END_FILE_MIN_BLANK_BYTES)
             return seg
         _before_roll(writer)
         if seg is not None and not seg.is_full():
             self.close_segment_locked(seg, writer)
-        return self.segments.create_next()
+        return self.segments.create_next(reserve=nbytes + END_FILE_MIN_BLANK_BYTES)
 
     def reserve_blocks_locked(self, sizes: list[int], writer=None) -> list[MappedFile]:
         """Segments for consecutive blocks, each of which fills at most one fresh segment: the
         first block where ``reserve_locked`` puts it, every later one at the start of a segment
         created now. Nothing is written into them yet (the caller writes each block, then
-        closes its segment with ``close_segment_locked`` before the next). If a segment
-        cannot be created, those created here are closed again and the error is raised, so
-        a refused batch leaves a log every reader can walk."""
+        closes its segment with ``close_segment_locked`` before the next), but the blocks of
+        every block and blank are reserved. If a segment cannot be created, those created
+        here are closed again and the error is raised, so a refused batch leaves a log every
+        reader can walk."""
         segs = [self.reserve_locked(sizes[0], writer)]
         try:
-            for _size in sizes[1:]:
+            for size in sizes[1:]:
                 _before_roll(writer)
-                segs.append(self.segments.create_next())
+                segs.append(self.segments.create_next(reserve=size + END_FILE_MIN_BLANK_BYTES))
         except BaseException:
             self.abandon_locked(segs, writer)
             raise
@@ -103,8 +105,10 @@ class CommitLog:
                 self.close_segment_locked(seg, writer)
 
     def close_segment_locked(self, seg: MappedFile, writer=None) -> None:
-        """End ``seg`` with a blank record over its remaining bytes."""
+        """End ``seg`` with a blank record over its remaining bytes. Only the blank's header
+        is written (its blocks reserved with the block before it): the rest stays a hole."""
         blank = encode_blank(seg.remaining)
+        seg.reserve_span(seg.wrote, seg.wrote + len(blank))
         if writer is None:
             seg.write(blank)
         else:
