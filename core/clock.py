@@ -2,15 +2,20 @@
 
 A clock is any callable returning int ms. It is pickled to the worker processes with their
 arguments, so it must be picklable and, when it is settable, shared: ``system_clock`` (a
-module-level function) and ``ManualClock`` (a cell in shared memory) both are.
+module-level function) and ``ManualClock`` (a cell in shared memory) both are. Workers do not
+import the main script, so a clock defined there cannot reach them either; ``check_clock``
+says so when the store opens, before anything touches its directory.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
 import time
+import types
 import weakref
+from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 
@@ -79,3 +84,45 @@ def _attach_clock(name: str) -> ManualClock:
 def _release_clock(shm, owner: bool, cell: list) -> None:
     cell.clear()
     close_segment(shm, owner, tracked=False)
+
+
+CLOCK_RULE = (
+    "a store clock must reach the worker processes: a function defined at module level in "
+    "an importable module (not the main script, which workers do not import), or "
+    "mqstore.testing.ManualClock, which stays one clock shared with them; a clock that "
+    "cannot travel can run with the loops in this process (dispatch.worker: thread and "
+    "flush.worker: thread)")
+
+
+def check_clock(clock, *, to_workers: bool) -> None:
+    """Refuse a clock the store cannot use: TypeError when it is not callable; ValueError
+    naming it and ``CLOCK_RULE`` when it goes ``to_workers`` and could not be pickled there,
+    or would be looked up in a main script the workers never import."""
+    if not callable(clock):
+        raise TypeError(f"clock must be a callable returning epoch milliseconds, got {clock!r}")
+    if not to_workers:
+        return
+    pickler = _WorkerPickler(io.BytesIO())
+    try:
+        pickler.dump(clock)
+    except Exception as exc:
+        raise ValueError(f"clock {clock!r} cannot be pickled to the store's worker processes "
+                         f"({exc}); {CLOCK_RULE}") from None
+    if pickler.in_main:
+        raise ValueError(f"clock {clock!r} refers to {', '.join(pickler.in_main)} of the main "
+                         f"script, which the store's worker processes cannot import; "
+                         f"{CLOCK_RULE}")
+
+
+class _WorkerPickler(ForkingPickler):
+    """Pickles as the worker processes' arguments are, noting what it finds in ``__main__``."""
+
+    def __init__(self, file) -> None:
+        super().__init__(file)
+        self.in_main: list[str] = []
+
+    def reducer_override(self, obj):
+        if (isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType))
+                and getattr(obj, "__module__", None) == "__main__"):
+            self.in_main.append(obj.__qualname__)
+        return NotImplemented

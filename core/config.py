@@ -4,12 +4,14 @@ Every key, its unit and its default is listed in ``config/mqstore.yaml``. Loadin
 unknown keys, wrong types and out-of-range values with the dotted key in the message, and
 names that no plugin registers: ``writer.kind``, ``queue_select.selector``, ``flush.policy``,
 ``cleanup.policy`` and ``plugins.disable`` are checked against the plugins this very config loads, so a typo fails
-here rather than when a store opens.
+here rather than when a store opens. A key that was renamed (``RENAMED_KEYS``) still loads
+under its old name, with a DeprecationWarning naming the new one.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any, Literal, Mapping
 
 import yaml
@@ -23,6 +25,14 @@ GiB = 1 << 30
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 _DELAY_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 JAVA_INT_MAX = (1 << 31) - 1
+
+
+# Keys renamed since a release used them: (section, old name) -> new name. A file, an override
+# or ``StoreConfig.replace`` that uses an old name means the new one, and is warned about.
+RENAMED_KEYS: dict[tuple[str, str], str] = {
+    ("flush", "mode"): "policy",  # the flush policy plugin: async | sync
+    ("dispatch", "mode"): "worker",  # process | thread, as flush.worker
+}
 
 
 class PluginConfigError(ConfigError, PluginError):
@@ -43,6 +53,22 @@ class StoreSection(_Section):
     role: Literal["async_master", "sync_master", "slave"] = "async_master"
     message_delay_levels: str = DEFAULT_DELAY_LEVELS
     os_page_cache_busy_timeout_ms: int = Field(1000, ge=1)
+    # Replication (RocketMQ's HA protocol; docs/replication.md), RocketMQ's defaults.
+    ha_slave_fallbehind_max: int = Field(256 << 20, ge=1)
+    ha_heartbeat_interval_ms: int = Field(5_000, ge=10, le=3_600_000)
+    ha_housekeeping_interval_ms: int = Field(20_000, ge=100, le=3_600_000)
+    ha_transfer_batch_bytes: int = Field(32 * 1024, ge=1024, le=4 << 20)
+    ha_new_slave_from: Literal["last_segment", "first_segment"] = "last_segment"
+
+    @model_validator(mode="after")
+    def _ha_intervals(self) -> "StoreSection":
+        # A connection idle for the housekeeping interval is closed: heartbeats must come first.
+        if self.ha_housekeeping_interval_ms <= self.ha_heartbeat_interval_ms:
+            raise ValueError(
+                f"store.ha_housekeeping_interval_ms ({self.ha_housekeeping_interval_ms}) must "
+                f"exceed store.ha_heartbeat_interval_ms ({self.ha_heartbeat_interval_ms}): an "
+                f"idle connection is closed after the first, and heartbeats keep it open")
+        return self
 
     @field_validator("store_host")
     @classmethod
@@ -217,8 +243,8 @@ class PluginsSection(_Section):
 
 class ServerSection(_Section):
     """``mqstore serve``: where the metrics and health endpoints listen, what a client may hold
-    there (connections, time, header bytes), how much it logs, and the RocketMQ 5 gRPC endpoint
-    (``grpc_*``, docs/endpoint.md)."""
+    there (connections, time, header bytes), how much it logs, the RocketMQ 5 gRPC endpoint
+    (``grpc_*``, docs/endpoint.md) and replication's addresses (``ha_*``, docs/replication.md)."""
 
     metrics_listen: str = "127.0.0.1:9108"
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
@@ -238,12 +264,22 @@ class ServerSection(_Section):
     grpc_client_idle_ms: int = Field(120_000, ge=1000, le=JAVA_INT_MAX)
     grpc_min_invisible_ms: int = Field(10_000, ge=0, le=JAVA_INT_MAX)
     grpc_max_long_polling_ms: int = Field(20_000, ge=0, le=JAVA_INT_MAX)
+    ha_listen: str | None = None  # a master's replication port (RocketMQ: broker port + 1)
+    ha_master: str | None = None  # the master's ha_listen, which a slave dials
 
-    @field_validator("metrics_listen", "grpc_listen")
+    @field_validator("metrics_listen", "grpc_listen", "ha_listen")
     @classmethod
     def _listen(cls, value: str | None) -> str | None:
         if value is not None:
             parse_listen(value)
+        return value
+
+    @field_validator("ha_master")
+    @classmethod
+    def _master(cls, value: str | None) -> str | None:
+        if value is not None and parse_listen(value)[1] == 0:
+            raise ValueError(f"master address {value!r}: port 0 cannot be dialled; give the "
+                             f"port the master's server.ha_listen binds")
         return value
 
     @field_validator("grpc_access_keys", mode="before")
@@ -296,9 +332,22 @@ class StoreConfig(_Section):
     consumer: ConsumerSection = ConsumerSection()
     server: ServerSection = ServerSection()
 
+    @model_validator(mode="after")
+    def _slave_serves_no_clients(self) -> "StoreConfig":
+        # A receive is a pop, and pop state lives beside each store: a slave's endpoint would
+        # hand out again what the master's pops have in flight (docs/replication.md).
+        if self.store.role == "slave" and self.server.grpc_listen is not None:
+            raise ValueError(
+                f"server.grpc_listen ({self.server.grpc_listen!r}) is for masters: a store with "
+                f"store.role 'slave' serves no gRPC clients (its pop state is its own, so its "
+                f"receives would hand out again what the master has in flight); point the "
+                f"clients at the master, and read a slave through the API, the CLI or Spark")
+        return self
+
     def replace(self, **overrides: Mapping[str, Any]) -> "StoreConfig":
         """A copy with ``{"section": {"key": value}}`` overrides applied and validated."""
-        return _build(_deep_merge(self.model_dump(), overrides), "overrides")
+        return _build(_deep_merge(self.model_dump(), _renamed(overrides, "overrides")),
+                      "overrides")
 
 
 def parse_hours(text: str) -> frozenset[int]:
@@ -365,6 +414,32 @@ def _deep_merge(base: dict, extra: Mapping[str, Any]) -> dict:
             out[key] = _deep_merge(out[key], value)
         else:
             out[key] = value
+    return out
+
+
+def _renamed(data: Any, source: str) -> Any:
+    """``data`` (one file's or one set of overrides' sections) with the old names of renamed
+    keys replaced by the new ones, each warned about (DeprecationWarning, attributed to the
+    caller of ``load_config`` or ``replace``). Done before the file and the overrides merge, so
+    an override by either name wins over the file. Both names in one mapping must agree."""
+    if not isinstance(data, Mapping):
+        return data
+    out = data
+    for (section, old), new in RENAMED_KEYS.items():
+        values = out.get(section)
+        if not isinstance(values, Mapping) or old not in values:
+            continue
+        if new in values and values[new] != values[old]:
+            raise ConfigError(
+                f"invalid configuration in {source}: {section}.{old} is the old name of "
+                f"{section}.{new}, and they disagree ({values[old]!r} and {values[new]!r}); "
+                f"keep {section}.{new} only")
+        warnings.warn(f"configuration key {section}.{old} in {source} was renamed "
+                      f"{section}.{new}: the old name still sets it but is deprecated",
+                      DeprecationWarning, stacklevel=3)
+        moved = {key: value for key, value in values.items() if key != old}
+        moved[new] = values[old]
+        out = {**out, section: moved}
     return out
 
 
@@ -438,7 +513,9 @@ def load_config(path: str | None = None, overrides: Mapping[str, Any] | None = N
             raise ConfigError(f"config file {path!r} is not valid YAML: {exc}") from None
         if data is None:
             data = {}
+        data = _renamed(data, source)
     if overrides:
+        overrides = _renamed(overrides, "overrides")
         if not isinstance(data, Mapping):
             raise ConfigError(f"{source}: the top level must be a mapping of sections")
         data = _deep_merge(dict(data), overrides)

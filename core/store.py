@@ -21,12 +21,12 @@ import weakref
 from typing import TYPE_CHECKING, Callable, overload
 
 from mqstore.append.appender import Appender
-from mqstore.clock import system_clock
+from mqstore.clock import check_clock, system_clock
 from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import ConsumerService
 from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
 from mqstore.lifecycle.opener import Opener
-from mqstore.lifecycle.topic_removal import TopicRemoval, remove_topic
+from mqstore.lifecycle.topic_calls import TopicCalls
 from mqstore.message import GetResult, ReadBatch, StoredMessage
 from mqstore.read.reader import check_queue
 from mqstore.running_flags import (  # noqa: F401 - flags are part of the store's API
@@ -48,11 +48,11 @@ if TYPE_CHECKING:
     from mqstore.consumer.service import OffsetReset
     from mqstore.dispatch.dispatchers import Dispatchers
     from mqstore.format.hosts import Host
-    from mqstore.format.topic_config import TopicConfig
     from mqstore.lifecycle.parts import StoreParts
     from mqstore.plugin_api.manager import PluginHooks
     from mqstore.plugin_api.recovery_report import RecoveryReport
     from mqstore.read.reader import Reader
+    from mqstore.replication import Replication
     from mqstore.storage.checkpoint import Checkpoint
     from mqstore.storage.commit_log import CommitLog
     from mqstore.view.directory_view import DirectoryView
@@ -76,7 +76,7 @@ def _close_open_stores() -> None:
 atexit.register(_close_open_stores)
 
 
-class MessageStore:
+class MessageStore(TopicCalls):
     """An open store directory. Create with :meth:`open`; close with :meth:`close` or ``with``."""
 
     # The parts an open wires together (``lifecycle.parts.StoreParts``), for tools and tests.
@@ -102,9 +102,15 @@ class MessageStore:
              read_only: bool = False, clock: Callable[[], int] | None = None) -> "MessageStore":
         if config is not None and not isinstance(config, StoreConfig):
             raise TypeError(f"config must be a StoreConfig (see load_config), got {type(config).__name__}")
+        config = config or load_config()
+        clock = clock or system_clock
+        # Before anything touches the directory: a clock the workers cannot get is refused
+        # here, not by a worker failing to start after the files were made.
+        check_clock(clock, to_workers=not read_only and "process" in (
+            config.dispatch.worker, config.flush.worker))
         store = cls.__new__(cls)
         store._state = StoreState(os.path.abspath(os.fspath(root)), read_only)
-        store._adopt(Opener(store._state, config or load_config(), clock or system_clock).open())
+        store._adopt(Opener(store._state, config, clock).open())
         store._consumers = ConsumerService(store)
         _open_stores.add(store)
         runtime = store._runtime
@@ -292,42 +298,6 @@ class MessageStore:
     def string_hash(self) -> Callable[[str], int]:
         return self.view.string_hash
 
-    # -- topics (``view.topics``, ``lifecycle.topic_removal``; docs/topics.md) ---------------
-    def topic_config(self, name: str, create: bool = False) -> TopicConfig | None:
-        """Topic ``name``'s config (``config/topics.json``: ``read_queue_nums``,
-        ``write_queue_nums``, ``perm`` ...), or None. ``create``: make it as a first send
-        would when ``topics.auto_create`` allows (else None)."""
-        self._writable() if create else self._check_open()
-        return self.view.topics.lookup(name, create)
-
-    def topic_configs(self) -> dict[str, TopicConfig]:
-        self._check_open()  # every topic config, by name (none without config/topics.json)
-        return self.view.topics.all()
-
-    def create_topic(self, name: str, *, queues: int | None = None,
-                     read_queues: int | None = None, write_queues: int | None = None,
-                     perm: int = 6) -> TopicConfig:
-        """Create topic ``name``: ``queues`` read and write queues (default
-        ``queue_select.queues_per_topic``; ``read_queues`` / ``write_queues`` set one), ``perm``
-        2 (write), 4 (read) or 6. ValueError when it exists or an argument breaks its rule."""
-        self._writable()
-        return self.view.topics.create(name, queues=queues, read_queues=read_queues,
-                                       write_queues=write_queues, perm=perm)
-
-    def update_topic(self, name: str, *, queues: int | None = None,
-                     read_queues: int | None = None, write_queues: int | None = None,
-                     perm: int | None = None) -> TopicConfig:
-        """Change topic ``name``'s queue counts or perm (the rest stays; TopicNotFoundError)."""
-        self._writable()
-        return self.view.topics.update(name, queues=queues, read_queues=read_queues,
-                                       write_queues=write_queues, perm=perm)
-
-    def delete_topic(self, name: str) -> TopicRemoval:
-        """Delete topic ``name`` as RocketMQ's broker does; its records stay in the commit log
-        until cleanup (``lifecycle.topic_removal``). Needs ``dispatch.worker: thread``."""
-        self._check_open()
-        return remove_topic(self._parts, self._consumers, name)
-
     # -- consuming (``consumer.service.ConsumerService``; docs/consumers.md) ------------------
     def consumer(self, group: str, topic: str, expression: str | None = None,
                  expression_type: str = "TAG", *, consume_from: str = "last",
@@ -388,14 +358,11 @@ class MessageStore:
     def reset_consumer_offsets(self, group: str, topic: str, *, offset: int | None = None,
                                timestamp_ms: int | None = None,
                                queue_id: int | None = None) -> list[OffsetReset]:
-        """Move ``group``'s committed offsets of ``topic`` (every queue, or ``queue_id``) to
-        ``offset`` (clamped to each queue's range) or to the first message stored at or after
-        ``timestamp_ms`` (RocketMQ's resetOffset); one ``OffsetReset`` per queue. Its pop state
-        of the topic goes. ``InUseError`` while instances of the group consume the topic."""
+        """RocketMQ's resetOffset: ``group``'s committed offsets of ``topic`` moved to
+        ``offset`` or to the first message stored at or after ``timestamp_ms``."""
         self._check_open()
-        return self._consumers.reset_consumer_offsets(group, topic, offset=offset,
-                                                      timestamp_ms=timestamp_ms,
-                                                      queue_id=queue_id)
+        return self._consumers.reset_consumer_offsets(
+            group, topic, offset=offset, timestamp_ms=timestamp_ms, queue_id=queue_id)
 
     def pop(self, group: str, topic: str, max_msgs: int = 32, invisible_ms: int = 30000, *,
             expression: str | None = None, expression_type: str = "TAG",
@@ -482,6 +449,15 @@ class MessageStore:
     def channels(self) -> shm.Channels | None:
         return self._runtime.channels if self._runtime is not None else None
 
+    # -- replication (docs/replication.md) -----------------------------------------------------
+    @property
+    def replication(self) -> Replication | None:
+        """The store's replication by its ``store.role`` (None when read-only): ``start()``
+        listens for slaves (a master with ``server.ha_listen``) or follows the master
+        (a slave, ``server.ha_master``); ``status()``, ``problems()``, ``stop()``. The close
+        stops it first."""
+        return self._parts.replication
+
     # -- cleanup ---------------------------------------------------------------------------
     def delete_expired_segments(self, reserved_ms: int = 0, *, force: bool = False,
                                 max_segments: int = 10) -> list[str]:
@@ -513,6 +489,7 @@ class MessageStore:
 
     def _close(self) -> None:
         state = self._state
+        self._parts.stop_replication()  # no slave reads, and no master appends, from here on
         self._consumers.close()  # consumers commit (auto-commit) and leave their groups first
         state.closed = True  # every call now raises StoreClosedError
         _open_stores.discard(self)
@@ -565,6 +542,7 @@ class MessageStore:
         """End abruptly, as a killed process would: no final flush, ``abort`` stays."""
         self._state.closed = True
         _open_stores.discard(self)
+        self._parts.stop_replication()
         if self._runtime is not None:
             self._runtime.kill()
             shield.uninstall()

@@ -15,6 +15,7 @@ import numpy as np
 
 from mqstore.append import encoding
 from mqstore.append.columns import columns_from_batch, columns_from_messages, encode_columns
+from mqstore.append.replicas import Replicas
 from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
 from mqstore.errors import CorruptStateError, StoreClosedError
 from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult, PutStatus
@@ -106,10 +107,11 @@ class Appender:
     def __init__(self, *, state, commit_log, writer, selector, flush_policy, hooks, config,
                  put_ctx, store_host, clock, queue_offsets: dict, last_append: tuple[int, int],
                  failing: Callable[[], str | None], appended: Callable[[int], None],
-                 topics) -> None:
+                 topics, replicas: Replicas | None = None) -> None:
         """``failing()``: why the loops cannot do their work (puts wait), or None.
         ``appended(end)``: called after each append with the new end of the log (publishes
-        it, wakes the loops). ``topics``: the store's ``view.topics.Topics``."""
+        it, wakes the loops). ``topics``: the store's ``view.topics.Topics``. ``replicas``: a
+        master's slaves (``append.replicas``), asked after each put; None: no replication."""
         self.state = state
         self.slave = config.store.role == "slave"
         self.busy_timeout_ms = config.store.os_page_cache_busy_timeout_ms
@@ -119,6 +121,7 @@ class Appender:
         self.writer = writer
         self.selector = selector
         self.flush_policy = flush_policy
+        self.replicas = replicas
         self.hooks = hooks
         self.queues_per_topic = config.queue_select.queues_per_topic
         self.selector_name = config.queue_select.selector
@@ -189,7 +192,10 @@ class Appender:
             end, written = kind.append(self, plan)
         except _Refused as exc:
             return kind.refused(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
-        answer = kind.answer(self, plan, written, self.flush_policy.complete_put(end, plan.wait))
+        status = self.flush_policy.complete_put(end, plan.wait)
+        if self.replicas is not None:
+            status = self.replicas.complete_put(end, plan.wait, status)
+        answer = kind.answer(self, plan, written, status)
         if hooks.has_after_append:
             hooks.after_append(kind.hook_result(self, answer))
         return answer
@@ -332,6 +338,32 @@ class Appender:
         """How long the current append has held the put lock (0 when free)."""
         begin = self.begin_in_lock
         return max(0, self.clock() - begin) if begin else 0
+
+    # -- a slave's copy of its master's log (``mqstore.replication``) -------------------------
+    def append_copy(self, phys_offset: int, data, store_ts: int) -> int:
+        """Append a master's records, checked by the caller, at ``phys_offset`` (where this
+        log ends) under the put lock, and publish the new end as a put does; returns it.
+        ``store_ts``: the store time of the last of them (the checkpoint's)."""
+        return self._copy(lambda log: log.append_at_locked(phys_offset, data, self.writer),
+                          store_ts)
+
+    def close_copy(self, phys_offset: int) -> int:
+        """The master's log has a blank record at ``phys_offset``: its segment ends there."""
+        return self._copy(lambda log: log.close_at_locked(phys_offset, self.writer), 0)
+
+    def fill_copy(self, phys_offset: int, data) -> None:
+        """The master's bytes in the span a blank record closed, where they are not zeros."""
+        with self.lock:
+            self.commit_log.fill_closed(phys_offset, data)
+
+    def _copy(self, write, store_ts: int) -> int:
+        if self.state.closed:
+            raise StoreClosedError(f"store {self.state.root!r} is closed")
+        with self.lock:
+            end = write(self.commit_log)
+            self.last_append = (end, store_ts or self.last_append[1])
+        self.appended(end)
+        return end
 
 
 _ONE = [1]  # a single record's count for its queue (read, never changed)

@@ -90,6 +90,8 @@ class TransientPoolWriter:
             return segment.write(data)
         pos = segment.wrote
         end = pos + len(data)
+        if end > segment.reserved_to:  # the flush loop copies it into blocks that exist
+            segment.reserve_span(pos, end)
         self._buf[pos:end] = data
         segment.wrote = end
         return pos
@@ -110,8 +112,8 @@ class TransientPoolWriter:
             return None
 
     def write_blank(self, segment, data) -> int:
-        """The end-of-segment blank; the rest of a reused buffer is zeroed so the commit copies
-        the same zeros a fresh (sparse) segment file has there."""
+        """The end-of-segment blank; the rest of a reused buffer is zeroed so that it mirrors
+        a fresh segment file (the commit stops after the blank: ``nonzero_end``)."""
         pos = self.write(segment, data)
         if self._buf is None:
             return pos
@@ -139,6 +141,26 @@ class TransientPoolWriter:
         if keep_staged:
             self.pool.keep_on_close = True
         self.pool.close()
+
+
+class MapWriter:
+    """A plain writer standing in for the pool writer where staging is off: a replication
+    slave's copies of its master's records (RocketMQ enables the transient pool on masters
+    only) are readable, dispatched and flushed as soon as they are copied into the map."""
+
+    def __init__(self, ctx: "WriterContext") -> None:
+        pass
+
+    def write(self, segment, data) -> int:
+        return segment.write(data)
+
+    write_blank = write
+
+    def before_roll(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def staging_pool(writer: object) -> TransientPool | None:

@@ -8,6 +8,8 @@ are for bugs only.
 from __future__ import annotations
 
 import logging
+import sys
+import warnings
 
 import click
 
@@ -52,6 +54,16 @@ def main() -> None:
     """mqstore: an embedded message store with RocketMQ-compatible files."""
     # The store's warnings (damage found, files repaired) as one line each on stderr.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # A renamed key in the deployment's YAML is the operator's to fix: shown unless warnings
+    # were set otherwise (-W, PYTHONWARNINGS), and like every warning as one line.
+    if not sys.warnoptions:
+        warnings.filterwarnings("default", message="configuration key ",
+                                category=DeprecationWarning)
+    warnings.showwarning = _warning_line
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    logging.getLogger("mqstore").warning("%s: %s", category.__name__, message)
 
 
 def _register() -> None:

@@ -16,7 +16,9 @@ from mqstore.ops.stats import store_stats
 def stats(root: str, config_path: str | None, as_json: bool) -> None:
     """Show the store in ROOT: topics and queues (min/max offsets, message counts and
     bytes), consumer groups (committed offsets, lag, age of the oldest message not yet
-    consumed), dispatch and flush positions, disk use and the cleanup policy's state.
+    consumed), dispatch and flush positions, disk use, the cleanup policy's state and
+    replication (a master's slaves with their acknowledged offsets and lag, a slave's
+    master and its lag).
 
     Read-only: works beside a running writer (its live positions are read from its shared
     memory) and on RocketMQ directories. The -c configuration supplies the cleanup settings
@@ -41,6 +43,13 @@ def stats(root: str, config_path: str | None, as_json: bool) -> None:
         [(g["group"], g["topic"], q["queue_id"], q["committed_offset"], q["max_offset"],
           q["lag"], _age(q["oldest_unconsumed_age_ms"]) if q["lag"] else "")
          for g in data["consumers"] for q in g["queues"]], title="consumers")
+    replication = dict(data["replication"])
+    slaves = replication.pop("slaves", None)
+    output.print_fields(replication, title="replication")
+    if slaves:
+        output.print_table(("slave", "acknowledged offset", "lag bytes"),
+                           [(s["address"], s["ack_offset"], s["lag_bytes"]) for s in slaves],
+                           title="slaves")
 
 
 def _age(ms: int) -> str:

@@ -17,13 +17,14 @@ from mqstore.dispatch.dispatchers import Dispatchers
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.format.hosts import parse_host
 from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
-from mqstore.append.pool_writer import TransientPoolWriter, salvage_pool
+from mqstore.append.pool_writer import MapWriter, TransientPoolWriter, salvage_pool
 from mqstore.read.pull import PullLimits
 from mqstore.read.reader import Reader
 from mqstore.lifecycle import offset_floor
 from mqstore.lifecycle.recovery import RecoveryReport, durable_end, mend_range, recover
 from mqstore.config import StoreConfig
 from mqstore.errors import CorruptStateError
+from mqstore.replication import Replication, slave_acks
 from mqstore.running_flags import NOT_WRITEABLE, StoreState
 from mqstore.runtime.loops import Runtime
 from mqstore.storage import clean_marker
@@ -171,7 +172,11 @@ class Opener:
         if not ro and queued is not None and report.redispatch_from < queued.phys_offset:
             remove_queued(self.root)  # units rebuilt below it are not on disk yet
         if not ro:
-            self.meta = settle_record_crc(self.root, self.meta, self.config.commit_log.record_crc,
+            # A slave's records are its master's, with or without the record CRC as the
+            # master wrote them: none can be required to carry it.
+            record_crc = (self.config.commit_log.record_crc
+                          and self.config.store.role != "slave")
+            self.meta = settle_record_crc(self.root, self.meta, record_crc,
                                           parts.commit_log.max_offset)
         since = self.meta.get("record_crc_since")
         parts.commit_log.crc_range = None if since is None else (
@@ -282,7 +287,9 @@ class Opener:
         runtime_ref: list = []
         factory = hooks.writers.get(config.writer.kind)
         if factory is STAGING_WRITER:
-            factory = TransientPoolWriter
+            # As RocketMQ's transient pool, a master's only: a slave's copies are readable
+            # (and acknowledged) once copied.
+            factory = MapWriter if config.store.role == "slave" else TransientPoolWriter
         writer = factory(WriterContext(
             self.root, config, parts.commit_log,
             lambda: runtime_ref[0]().wake_committer() if runtime_ref else None,
@@ -302,6 +309,7 @@ class Opener:
             parts.reader.follow(lambda ch=runtime.channels.dispatch: ch.dispatched)
         policy = flush_factory(config, runtime.flush_client)
         runtime.visible_after_flush = bool(policy.visible_after_flush)
+        acks = slave_acks(config)
         parts.appender = runtime.appender = Appender(
             state=self.state, commit_log=parts.commit_log, writer=writer,
             selector=hooks.queue_selectors.get(config.queue_select.selector)(
@@ -312,9 +320,12 @@ class Opener:
                                         parts.store_host.is_v6, config.commit_log.record_crc),
             store_host=parts.store_host, clock=self.clock, queue_offsets={},
             last_append=(parts.commit_log.max_offset, parts.checkpoint.physic_msg_timestamp),
-            failing=runtime.failing, appended=runtime.appended, topics=parts.view.topics)
+            failing=runtime.failing, appended=runtime.appended, topics=parts.view.topics,
+            replicas=acks)
         queue_offsets = parts.appender.queue_offsets
         parts.view.topics.known_queues = lambda: list(queue_offsets)
+        parts.replication = Replication(self.root, config, parts.commit_log, parts.appender,
+                                        acks)
         report = parts.recovery_report
         commit_log = parts.commit_log
         start = max(min([report.redispatch_from, *parts.dispatchers.resume_offsets()]),

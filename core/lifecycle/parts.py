@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from mqstore.plugin_api.manager import PluginHooks
     from mqstore.plugin_api.recovery_report import RecoveryReport
     from mqstore.read.reader import Reader
+    from mqstore.replication import Replication
     from mqstore.runtime.loops import Runtime
     from mqstore.storage.checkpoint import Checkpoint
     from mqstore.storage.commit_log import CommitLog
@@ -41,10 +42,16 @@ class StoreParts:
     reader: "Reader | None" = None
     appender: "Appender | ReadOnlyAppender | None" = None
     runtime: "Runtime | None" = None
+    replication: "Replication | None" = None
 
     def last_append_end(self) -> int:
         last = getattr(self.appender, "last_append", None)
         return last[0] if last is not None else 0
+
+    def stop_replication(self) -> None:
+        """Before anything else closes: no slave reads or appends through a closing store."""
+        if self.replication is not None:
+            self.replication.stop()
 
     def release_files(self) -> None:
         """Close what maps or holds files, loops stopped first by the caller."""

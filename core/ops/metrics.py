@@ -38,7 +38,8 @@ class StoreCollector(Collector):
         self.store = store
         self.puts = puts
         self.sources = (self._puts, self._commit_log, self._flush, self._dispatch,
-                        self._queues, self._consumers, self._workers, self._disk)
+                        self._queues, self._consumers, self._workers, self._disk,
+                        self._replication)
 
     def collect(self):
         if self.store._state.closed:
@@ -135,3 +136,34 @@ class StoreCollector(Collector):
     def _disk(self):
         yield _gauge("mqstore_disk_used_ratio", "Used share of the store's file system, as "
                      "the cleanup policy sees it.", cleanup.disk_used_ratio(self.store.root))
+
+    def _replication(self):
+        """A master: each slave's acknowledged offset and lag; a slave: its master's."""
+        replication = self.store.replication
+        if replication is None:
+            return
+        status = replication.status()
+        if replication.is_slave:
+            yield _gauge("mqstore_replication_master_connected",
+                         "1 while a slave is connected to its master.",
+                         1 if status["connected"] else 0)
+            yield _gauge("mqstore_replication_master_offset_bytes",
+                         "The master's commit-log end, as the slave last heard it.",
+                         status["master_offset"])
+            yield _gauge("mqstore_replication_lag_bytes",
+                         "Commit-log bytes the master holds and the slave does not yet.",
+                         status["lag_bytes"])
+            return
+        slaves = status["slaves"]
+        yield _gauge("mqstore_replication_slaves", "Slaves connected to this master.",
+                     len(slaves))
+        ack = GaugeMetricFamily("mqstore_replication_slave_ack_offset_bytes",
+                                "The commit-log offset a slave acknowledged last.",
+                                labels=["slave"])
+        lag = GaugeMetricFamily("mqstore_replication_slave_lag_bytes",
+                                "Commit-log bytes this master holds past a slave's "
+                                "acknowledgement.", labels=["slave"])
+        for slave in slaves:
+            ack.add_metric([slave["address"]], slave["ack_offset"])
+            lag.add_metric([slave["address"]], slave["lag_bytes"])
+        yield from (ack, lag)

@@ -87,6 +87,8 @@ def health(store: MessageStore, stopping: bool) -> tuple[int, dict]:
             problems.append("disk full: puts are refused")
         elif store.running_flags & NOT_WRITEABLE:
             problems.append("the store is not writable")
+        if store.replication is not None:
+            problems.extend(store.replication.problems())
     body = {"status": "failing" if problems else "ok", "problems": problems,
             "commit_log_max_offset": None if stopping else store.max_phys_offset}
     return (503 if problems else 200), body
@@ -141,6 +143,7 @@ def _run(root, config, stop: _Stop, on_ready) -> bool:
         for line in describe(store.recovery_report):
             log.info("recovery: %s", line)
         log.info("store open: commit log [%d, %d)", store.min_phys_offset, store.max_phys_offset)
+        store.replication.start()  # by store.role; the store's close stops it
         asyncio.run(_serve_endpoints(store, config, stop, on_ready))
     finally:
         store.close()

@@ -2,7 +2,8 @@
 
 Sections: ``store``, ``commit_log``, ``topics`` (every queue: offsets, messages, bytes),
 ``consumers`` (every group and topic: per queue the committed offset, lag and oldest
-unconsumed message's age), ``dispatch``, ``flush``, ``disk``, ``cleanup``. Each is built by
+unconsumed message's age), ``dispatch``, ``flush``, ``disk``, ``cleanup``, ``replication``
+(a master's slaves and their lag, a slave's master and its lag). Each is built by
 its own function listed in ``SECTIONS``; a new concern is one more entry there and one more
 key in the output, and per-queue dicts take new fields without changing shape.
 
@@ -30,6 +31,7 @@ from mqstore.storage.store_id import recorded_id
 from mqstore.store import MessageStore
 from mqstore.lifecycle.store_meta import load_meta
 from mqstore.read.time_search import store_time_at
+from mqstore.replication.status_file import read_status
 from mqstore.runtime.workers import shm
 
 HOUR_MS = 3_600_000
@@ -194,6 +196,16 @@ def _watermarks(cfg, ratio) -> dict:
     return out
 
 
+def _replication(ctx) -> dict:
+    """What the running store's replication last wrote (``replication.json``): live while
+    that store runs; otherwise the configured role and, if any, the last state it left."""
+    status = read_status(ctx["root"])
+    live = ctx["writer"] == "running" and status is not None and status.get("running", False)
+    if status is None:
+        return {"live": False, "role": ctx["config"].store.role}
+    return {**status, "live": live}
+
+
 SECTIONS = (("store", _store), ("commit_log", _commit_log), ("topics", _topics),
             ("consumers", _consumers), ("dispatch", _dispatch), ("flush", _flush), ("disk", _disk),
-            ("cleanup", _cleanup))
+            ("cleanup", _cleanup), ("replication", _replication))

@@ -265,7 +265,8 @@ class Reader:
         """The message whose record starts at ``phys_offset``; None when no record starts
         there; CorruptRecordError when one does but is damaged (never wrong bytes)."""
         self._check_open()
-        phys_offset = names.check_int("phys_offset", phys_offset, 0, INT64_MAX)
+        if type(phys_offset) is not int or not 0 <= phys_offset <= INT64_MAX:  # cheap when fine
+            phys_offset = names.check_int("phys_offset", phys_offset, 0, INT64_MAX)
         return read_message(self.commit_log, phys_offset)
 
     def _message_or_none(self, phys_offset: int) -> StoredMessage | None:

@@ -13,7 +13,7 @@ from pyspark.sql.datasource import DataSourceReader
 from mqstore.spark.arrow_rows import ReadSettings, read_range
 from mqstore.spark.options import ReadOptions
 from mqstore.spark.planning import plan_batch
-from mqstore.spark.pushdown import PushFilters, Pushed, accept
+from mqstore.spark.pushdown import PushFilters, Pushed, accept, log_pushdown
 from mqstore.spark.stores import resolve_paths
 
 
@@ -25,14 +25,17 @@ class BatchReader(DataSourceReader):
         self.pushed = Pushed()
 
     def push_filters(self, filters) -> list:
-        """Keep the filters ``pushdown.accept`` takes; hand the others back to Spark."""
-        left = []
+        """Keep the filters ``pushdown.accept`` takes; hand the others back to Spark (and log
+        both: ``explain()`` shows only the others)."""
+        taken, left = [], []
         for f in filters:
-            taken = accept(self.pushed, f)
-            if taken is None:
+            pushed = accept(self.pushed, f)
+            if pushed is None:
                 left.append(f)
             else:
-                self.pushed = taken
+                self.pushed = pushed
+                taken.append(f)
+        log_pushdown(self.opts.paths, taken, left)
         return left
 
     def partitions(self):

@@ -15,6 +15,13 @@ columns that are never null. What each does:
 
 Anything else (OR, NOT, LIKE, other columns, values of another type) goes back to Spark.
 
+Spark's plan (``explain()``) keeps only the filters it still applies; the reader logs which it
+took, one INFO line per planned read on the ``mqstore.spark.pushdown`` logger, in Spark's
+pushdown worker. That logger says INFO itself: Spark's Python worker logging
+(``spark.sql.pyspark.worker.logging.enabled``, read back with
+``spark.tvf.python_worker_logs()``) collects the workers' records at the root logger's
+WARNING otherwise, and the workers run nothing else that logs there.
+
 NOTE [ Pushdown with the conf off ]
 Spark 4.3 plans a reader that overrides ``pushFilters`` only when
 ``spark.sql.python.filterPushdown.enabled`` is true (its default is false); with the conf off
@@ -31,14 +38,18 @@ both ways.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from dataclasses import dataclass, replace
 
 from pyspark.sql.datasource import (
     DataSourceReader, EqualNullSafe, EqualTo, GreaterThan, GreaterThanOrEqual, In, IsNotNull,
-    LessThan, LessThanOrEqual,
+    IsNull, LessThan, LessThanOrEqual, Not, StringContains, StringEndsWith, StringStartsWith,
 )
 
 from mqstore.spark.schema import NEVER_NULL
+
+log = logging.getLogger("mqstore.spark.pushdown")
+log.setLevel(logging.INFO)  # see the module's docstring
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _US = dt.timedelta(microseconds=1)
@@ -177,6 +188,43 @@ def accept(pushed: Pushed, f) -> Pushed | None:
     return None
 
 
+_OPERATORS = {EqualTo: "=", EqualNullSafe: "<=>", GreaterThan: ">", GreaterThanOrEqual: ">=",
+              LessThan: "<", LessThanOrEqual: "<="}
+_PATTERNS = {StringStartsWith: "{}%", StringEndsWith: "%{}", StringContains: "%{}%"}
+
+
+def describe(f) -> str:
+    """A pushed filter as SQL, e.g. ``queue_offset >= 10`` or ``tags IN ('a', 'b')``."""
+    if isinstance(f, Not):
+        return f"NOT ({describe(f.child)})"
+    col = ".".join(getattr(f, "attribute", ()) or ("?",))
+    if type(f) in _OPERATORS:
+        return f"{col} {_OPERATORS[type(f)]} {_literal(f.value)}"
+    if isinstance(f, In):
+        return f"{col} IN ({', '.join(_literal(v) for v in f.value)})"
+    if isinstance(f, (IsNull, IsNotNull)):
+        return f"{col} IS {'' if isinstance(f, IsNull) else 'NOT '}NULL"
+    if type(f) in _PATTERNS:
+        return f"{col} LIKE {_literal(_PATTERNS[type(f)].format(f.value))}"
+    return repr(f)
+
+
+def _literal(value) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, dt.datetime):
+        return f"TIMESTAMP '{value.isoformat()}'"
+    if isinstance(value, (bytes, bytearray)):
+        return f"X'{value.hex().upper()}'"
+    return repr(value)
+
+
+def log_pushdown(paths, taken: list, left: list) -> None:
+    """One line: which filters a read of ``paths`` took over, which Spark still applies."""
+    log.info("read of %s: pushed to the store: %s; left to Spark: %s", ", ".join(paths),
+             ", ".join(map(describe, taken)) or "none", ", ".join(map(describe, left)) or "none")
+
+
 class PushFilters:
     """``pushFilters`` in the form Spark's override check does not count (see NOTE
     [ Pushdown with the conf off ]); calls ``reader.push_filters``."""
@@ -199,4 +247,4 @@ class _BoundPushFilters:
         return self.reader.push_filters(filters)
 
 
-__all__ = ["PushFilters", "Pushed", "accept"]
+__all__ = ["PushFilters", "Pushed", "accept", "describe", "log_pushdown"]

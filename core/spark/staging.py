@@ -14,8 +14,14 @@ next write's sweep (``open_job``, ``open_sink``), and nothing a live job holds i
 
 Rows are named by position: row i of partition p, counted from 0 in the order the task got
 them. Checks here catch what can be told from a column at once (missing topic or body, a
-topic outside RocketMQ's characters, an oversized body, a bad queue id); everything else is
-``put_batch``'s to refuse at commit, where its message index is turned back into a position.
+topic outside RocketMQ's characters, an oversized body, a bad queue id, tags or keys that
+their properties contradict); everything else is ``put_batch``'s to refuse at commit, where
+its message index is turned back into a position.
+
+Rows read from a store say TAGS and KEYS twice: as the ``tags`` and ``keys`` columns and in
+``properties``. Where both say the same, the staged row keeps the property as it was read (its
+spelling and its place among the properties) and drops the column's value, so a copy holds
+the original's properties block; a null tag or an empty key list says nothing.
 """
 
 from __future__ import annotations
@@ -237,6 +243,7 @@ def stage(batches, job_dir: str, columns: tuple[str, ...], max_body_bytes: int) 
                 batch = pa.RecordBatch.from_arrays(
                     [batch.column(n).cast(STAGED_TYPES[n]) for n in columns], schema=schema)
                 check_rows(batch, pid, rows, max_body_bytes)
+                batch = fold_field_properties(batch, pid, rows)
                 out.write_batch(batch)
                 rows += batch.num_rows
         os.replace(tmp, path)
@@ -275,6 +282,49 @@ def check_rows(batch: pa.RecordBatch, pid: int, first_row: int, max_body_bytes: 
                 check_queue_id(q)
             except ValueError as exc:
                 fail(_first(pc.equal(qids, q)), str(exc))
+
+
+_FIELD_PROPERTIES = (("tags", "TAGS"), ("keys", "KEYS"))  # columns that are properties too
+
+
+def _spelled(col: str, column, value) -> tuple:
+    """A column's values and its property's values, spelled alike: keys joined by spaces, and
+    a KEYS value as a read takes it (split on spaces, the empty tokens dropped)."""
+    if col == "tags":
+        return column, value
+    tokens = pc.utf8_trim(pc.replace_substring_regex(value, pattern=" +", replacement=" "),
+                          characters=" ")
+    return pc.binary_join(column, " "), tokens
+
+
+def fold_field_properties(batch: pa.RecordBatch, pid: int, first_row: int) -> pa.RecordBatch:
+    """``batch`` with the ``tags`` and ``keys`` values its rows' properties also hold (and
+    agree on) dropped; BadRowError for the first row where they disagree."""
+    names = batch.schema.names
+    if "properties" not in names:
+        return batch
+    props = batch.column("properties")
+    for col, prop in _FIELD_PROPERTIES:
+        if col not in names:
+            continue
+        column = batch.column(col)
+        value = pc.map_lookup(props, pa.scalar(prop), "first")
+        given = column.is_valid() if col == "tags" else pc.greater(pc.list_value_length(column), 0)
+        both = pc.and_(pc.fill_null(given, False), value.is_valid())
+        if not pc.any(both).as_py():
+            continue
+        same = pc.fill_null(pc.equal(*_spelled(col, column, value)), False)
+        clash = pc.and_(both, pc.invert(same))
+        if pc.any(clash).as_py():
+            i = _first(clash)
+            raise BadRowError(
+                f"row {first_row + i} of partition {pid}: property {prop!r} is "
+                f"{value[i].as_py()!r} in properties but the {col} column holds "
+                f"{column[i].as_py()!r}; a row read from mqstore has them agree: change or drop "
+                f"one of them; nothing was written")
+        batch = batch.set_column(names.index(col), col, pc.if_else(
+            both, pa.nulls(len(column), column.type), column))
+    return batch
 
 
 def _first(mask) -> int:
@@ -341,6 +391,6 @@ def _unlink(path: str) -> None:
         pass
 
 
-__all__ = ["BadRowError", "Staged", "check_rows", "new_job_dir", "open_job", "open_sink",
+__all__ = ["BadRowError", "Staged", "check_rows", "fold_field_properties", "new_job_dir", "open_job", "open_sink",
            "position", "read_staged", "refusal", "remove_job", "sink_dir", "stage", "sweep",
            "sweep_locked", "write_columns"]

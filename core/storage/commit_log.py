@@ -53,10 +53,12 @@ class CommitLog:
 
     # -- writing (caller holds the put lock) -----------------------------------------------
     def reserve_locked(self, nbytes: int, writer=None) -> MappedFile:
-        """Segment whose write position can take ``nbytes`` now, rolling if needed.
+        """Segment whose write position can take ``nbytes`` now, rolling if needed, with the
+        blocks for them and for the blank that may close the segment after them reserved.
 
         ``writer`` (a commit-log writer plugin) writes the blank record and is asked first
-        whether it can take a new segment, so a refused roll changes nothing.
+        whether it can take a new segment, so a refused roll changes nothing. A reservation
+        the file system refuses raises DiskFullError before anything is written.
         """
         limit = self.segments.segment_bytes - END_FILE_MIN_BLANK_BYTES
         if nbytes > limit:
@@ -65,30 +67,30 @@ class CommitLog:
                 f"{self.segments.segment_bytes} bytes (at most {limit} per block)"
             )
         seg = self.segments.last()
-        if seg is not None and not seg.is_full():
-            # A loaded segment's holes get their blocks before anything (the blank included)
-            # is written into it, by the map or by the transient pool's commit.
-            seg.reserve()
         roll = seg is None or seg.is_full() or nbytes + END_FILE_MIN_BLANK_BYTES > seg.remaining
         if not roll:
+            # Whatever copies the block (the map, or the transient pool's commit in the flush
+            # worker) writes only into blocks that exist by now.
+            seg.reserve_span(seg.wrote, seg.wrote + nbytes + END_FILE_MIN_BLANK_BYTES)
             return seg
         _before_roll(writer)
         if seg is not None and not seg.is_full():
             self.close_segment_locked(seg, writer)
-        return self.segments.create_next()
+        return self.segments.create_next(reserve=nbytes + END_FILE_MIN_BLANK_BYTES)
 
     def reserve_blocks_locked(self, sizes: list[int], writer=None) -> list[MappedFile]:
         """Segments for consecutive blocks, each of which fills at most one fresh segment: the
         first block where ``reserve_locked`` puts it, every later one at the start of a segment
         created now. Nothing is written into them yet (the caller writes each block, then
-        closes its segment with ``close_segment_locked`` before the next). If a segment
-        cannot be created, those created here are closed again and the error is raised, so
-        a refused batch leaves a log every reader can walk."""
+        closes its segment with ``close_segment_locked`` before the next), but the blocks of
+        every block and blank are reserved. If a segment cannot be created, those created
+        here are closed again and the error is raised, so a refused batch leaves a log every
+        reader can walk."""
         segs = [self.reserve_locked(sizes[0], writer)]
         try:
-            for _size in sizes[1:]:
+            for size in sizes[1:]:
                 _before_roll(writer)
-                segs.append(self.segments.create_next())
+                segs.append(self.segments.create_next(reserve=size + END_FILE_MIN_BLANK_BYTES))
         except BaseException:
             self.abandon_locked(segs, writer)
             raise
@@ -103,15 +105,90 @@ class CommitLog:
                 self.close_segment_locked(seg, writer)
 
     def close_segment_locked(self, seg: MappedFile, writer=None) -> None:
-        """End ``seg`` with a blank record over its remaining bytes."""
+        """End ``seg`` with a blank record over its remaining bytes. Only the blank's header
+        is written (its blocks reserved with the block before it): the rest stays a hole."""
         blank = encode_blank(seg.remaining)
+        seg.reserve_span(seg.wrote, seg.wrote + len(blank))
         if writer is None:
             seg.write(blank)
         else:
             writer.write_blank(seg, blank)
         seg.wrote = seg.size
 
+    # -- copying another log's bytes (a replication slave; caller holds the put lock) --------
+    def append_at_locked(self, phys_offset: int, data, writer=None) -> int:
+        """Append bytes already encoded elsewhere (a master's records, checked by the
+        caller) at ``phys_offset``, which must be where this log ends; an empty log starts
+        its first segment there. The bytes must fit the segment holding ``phys_offset``.
+        Returns the new end. ValueError, with nothing written, when they do not belong there;
+        OSError when a segment cannot be created."""
+        seg = self._segment_at_locked(phys_offset, len(data), writer)
+        if writer is None:
+            seg.write(data)
+        else:
+            writer.write(seg, data)
+        return seg.start + seg.wrote
+
+    def close_at_locked(self, phys_offset: int, writer=None) -> int:
+        """End the segment holding ``phys_offset`` (where this log ends, as for
+        ``append_at_locked``) with a blank record there, as a master's log ends it; returns
+        the new end (the segment's)."""
+        seg = self._segment_at_locked(phys_offset, 0, writer)
+        self.close_segment_locked(seg, writer)
+        return seg.end
+
+    def _segment_at_locked(self, phys_offset: int, nbytes: int, writer):
+        """The segment whose write position is ``phys_offset``, created when the log is
+        empty or its last segment full; ValueError when ``nbytes`` from ``phys_offset`` do
+        not continue the log within one segment."""
+        segq = self.segments
+        size = segq.segment_bytes
+        end = segq.write_end
+        if end == 0:
+            if phys_offset % size:
+                raise ValueError(f"an empty commit log starts at a segment boundary (a "
+                                 f"multiple of {size}), not at {phys_offset}")
+        elif phys_offset != end:
+            raise ValueError(f"bytes for commit-log offset {phys_offset} cannot be appended: "
+                             f"the log ends at {end}")
+        if phys_offset % size + nbytes > size:
+            raise ValueError(f"{nbytes} bytes at commit-log offset {phys_offset} cross the "
+                             f"end of its {size}-byte segment")
+        if end == 0:
+            while segq.segments:  # segments with nothing written (an interrupted first put)
+                segq.drop_last()
+        seg = segq.last()
+        if seg is None or seg.is_full():
+            _before_roll(writer)
+            return segq.create_next(phys_offset)
+        seg.reserve()  # a loaded segment's holes get their blocks first
+        return seg
+
+    def fill_closed(self, phys_offset: int, data) -> None:
+        """Copy bytes into the span a blank record closed (after its 8-byte header), where a
+        master's log holds something else than zeros."""
+        seg = self.segments.find(phys_offset)
+        if seg is None or not seg.is_full() or phys_offset + len(data) > seg.end:
+            raise ValueError(f"commit-log offset {phys_offset} is in no closed segment")
+        seg.overwrite(phys_offset - seg.start, data)
+
     # -- reading ---------------------------------------------------------------------------
+    def read_span(self, phys_offset: int, max_bytes: int) -> bytes | None:
+        """Up to ``max_bytes`` readable bytes from ``phys_offset`` to the end of what its
+        segment holds (never past the readable end of the log), copied; None when none are
+        readable there now (past the end, or in no segment)."""
+        end = self.segments.max_offset
+        seg = self.segments.find(phys_offset)
+        if seg is None or phys_offset >= end:
+            return None
+        stop = min(seg.start + seg.committed, end, phys_offset + max_bytes)
+        if stop <= phys_offset:
+            return None
+        try:
+            return bytes(seg.view[phys_offset - seg.start:stop - seg.start])
+        except ValueError:  # cleanup closed the segment since the lookup: it is gone
+            return None
+
     def read(self, phys_offset: int, size: int) -> memoryview | None:
         """Bytes ``[phys_offset, +size)`` if they lie within one segment's readable data."""
         seg = self.segments.find(phys_offset)

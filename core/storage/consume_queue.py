@@ -31,7 +31,7 @@ class ConsumeQueue:
         self.queue_id = queue_id
         self.directory = os.path.join(root, CONSUME_QUEUE_DIR, topic, str(queue_id))
         self.segments = SegmentQueue(self.directory, file_bytes, read_only=read_only,
-                                     on_warning=on_warning, whole=False, known_bytes=known_bytes)
+                                     on_warning=on_warning, growing=False, known_bytes=known_bytes)
         self._warn = on_warning or (lambda _m: None)
         self.min_logic_offset = 0  # bytes; raised by cleanup and pre-blank fill
         self.max_phys = -1  # end (offset + size) of the last real unit

@@ -27,7 +27,7 @@ class ConsumeQueueExt:
                  read_only: bool = False) -> None:
         self.directory = os.path.join(root, CONSUME_QUEUE_EXT_DIR, topic, str(queue_id))
         self.segments = SegmentQueue(self.directory, file_bytes, read_only=read_only,
-                                     whole=False)
+                                     growing=False)
         self._u8: dict[int, np.ndarray] = {}
 
     def load(self) -> None:

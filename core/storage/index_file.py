@@ -73,7 +73,7 @@ class IndexFile:
         """A new zero-filled file. The previous file's end offset and time, when > 0, become
         this file's begin and end values (RocketMQ measures the first put from them)."""
         L.counts_for_size(L.file_size(slots, entries), slots, entries)
-        f = cls(MappedFile(path, 0, L.file_size(slots, entries), create=True, whole=False),
+        f = cls(MappedFile(path, 0, L.file_size(slots, entries), create=True, growing=False),
                 slots, entries)
         if prev_end_phys_offset > 0:
             f._put_long(L.BEGIN_PHYS_OFFSET_AT, prev_end_phys_offset)
@@ -91,7 +91,7 @@ class IndexFile:
         """Map an existing file; missing counts come from its size (``counts_for_size``)."""
         size = os.path.getsize(path)
         slots, entries = L.counts_for_size(size, slots, entries)
-        return cls(MappedFile(path, 0, size, read_only=read_only, whole=False), slots, entries)
+        return cls(MappedFile(path, 0, size, read_only=read_only, growing=False), slots, entries)
 
     def reload_header(self) -> None:
         """Re-read the header another process keeps writing (a follower's view)."""

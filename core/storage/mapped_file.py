@@ -1,12 +1,15 @@
 """One fixed-size segment file mapped into memory.
 
-A segment is created at its full size and named by the 20-digit offset of its first byte in its
-stream. Blocks are reserved on the file system before anything is written into the map over
-them: a write into a hole of a full file system would kill the process with SIGBUS instead of
-failing with ENOSPC. A ``whole`` file (commit-log segments) reserves all of its blocks when it
-is created, or before its first write when loaded; others (consume queues, index files) stay
-sparse as RocketMQ's are and reserve ahead of their appends (``RESERVE_AHEAD_BYTES`` at a
-time) and page by page where they write elsewhere (``reserve_span``).
+A segment is created at its full size, sparse, and named by the 20-digit offset of its first
+byte in its stream. Blocks are reserved on the file system before anything is written into the
+map over them: a write into a hole of a full file system would kill the process with SIGBUS
+instead of failing with ENOSPC. Reservations run ahead of the appends, as RocketMQ's files stay
+sparse until written: a ``growing`` file (commit-log segments) reserves steps as large as what it
+holds already (``first_step`` to ``MOST_STEP_BYTES``), so a segment of one message costs a
+megabyte while a busy one takes few ``fallocate`` calls; others (consume queues, index files)
+reserve ``RESERVE_AHEAD_BYTES`` ahead of their appends and page by page where they write
+elsewhere (``reserve_span``). A reservation that fails raises DiskFullError before any byte of
+the write, which is then refused whole.
 
 It tracks ``wrote`` (bytes appended),
 ``committed`` (bytes in the file, the readable limit) and ``flushed`` (bytes known to be on
@@ -29,24 +32,35 @@ from mqstore.errors import DiskFullError
 
 NAME_DIGITS = 20
 PAGE = 4096
-RESERVE_AHEAD_BYTES = 1 << 20
+RESERVE_AHEAD_BYTES = 1 << 20  # how far a sparse file reserves ahead of its appends
+FIRST_STEP_BYTES = 1 << 20  # a growing file's first step (a sixteenth of a smaller file)
+MOST_STEP_BYTES = 64 << 20  # and its largest
 
 
 def segment_name(start_offset: int) -> str:
     return f"{start_offset:0{NAME_DIGITS}d}"
 
 
+def first_step(size: int) -> int:
+    """The first reservation step of a growing file of ``size`` bytes: small files (the tests'
+    64 KiB segments) step through several reservations as large ones do."""
+    return min(FIRST_STEP_BYTES, max(PAGE, size // 16 // PAGE * PAGE))
+
+
 class MappedFile:
-    __slots__ = ("path", "start", "size", "read_only", "wrote", "flushed", "staged", "whole",
+    __slots__ = ("path", "start", "size", "read_only", "wrote", "flushed", "staged", "growing",
                  "reserved_to", "_pages", "_committed", "_fd", "mm", "view")
 
     def __init__(self, path: str, start: int, size: int, *, read_only: bool = False,
-                 create: bool = False, whole: bool = True) -> None:
+                 create: bool = False, growing: bool = True, reserve: int = PAGE) -> None:
+        """``create``: a new file, sparse, with the blocks of its first ``reserve`` bytes (the
+        first page at least: headers and blanks live there) reserved, and for a growing file
+        the step ahead of them; a file that cannot get them is not left behind."""
         self.path = path
         self.start = start
         self.size = size
         self.read_only = read_only
-        self.whole = whole
+        self.growing = growing
         flags = os.O_RDONLY if read_only else os.O_RDWR
         if create:
             flags |= os.O_CREAT | os.O_EXCL
@@ -55,12 +69,13 @@ class MappedFile:
         self._pages = None  # pages reserved beyond it (scattered writes), as a bool array
         try:
             if create:
-                if whole:
-                    self.reserve()
-                else:  # sparse, as RocketMQ's; the first page (headers live there) reserved
-                    os.ftruncate(self._fd, size)
-                    reserve_file(self._fd, min(size, PAGE), path)
-                    self.reserved_to = min(size, PAGE)
+                os.ftruncate(self._fd, size)
+                first = min(size, max(reserve, PAGE))
+                if growing:
+                    self._reserve_prefix(first)
+                else:  # appends reserve ahead as they go
+                    reserve_file(self._fd, first, path)
+                    self.reserved_to = first
             self.mm = mmap.mmap(
                 self._fd, size, access=mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
             )
@@ -76,16 +91,16 @@ class MappedFile:
         self.staged = False
         self._committed = 0
 
-    def reserve(self) -> None:
-        """Allocate every block of the file now; raises DiskFullError when the file system
-        cannot hold it (nothing is written, the file keeps its contents)."""
-        self._reserve_prefix(self.size)
-
     def _reserve_prefix(self, end: int) -> None:
+        """Blocks for ``[0, end)`` and a step beyond; DiskFullError when the file system
+        cannot hold them (``reserved_to`` stays where it was)."""
         if end <= self.reserved_to:
             return
-        target = self.size if self.whole else min(
-            self.size, -(-(end + RESERVE_AHEAD_BYTES) // PAGE) * PAGE)
+        if self.growing:  # steps as large as what is reserved already: few calls, small files
+            ahead = min(MOST_STEP_BYTES, max(first_step(self.size), self.reserved_to))
+        else:
+            ahead = RESERVE_AHEAD_BYTES
+        target = min(self.size, -(-(end + ahead) // PAGE) * PAGE)
         reserve_file(self._fd, target, self.path, begin=self.reserved_to)
         self.reserved_to = target
 
@@ -93,7 +108,7 @@ class MappedFile:
         """Blocks for a write into ``[begin, end)`` anywhere in the file."""
         if end <= self.reserved_to:
             return
-        if begin <= self.reserved_to or self.whole:
+        if begin <= self.reserved_to or self.growing:  # a growing file's blocks form a prefix
             self._reserve_prefix(end)
             return
         pages = self._page_map()

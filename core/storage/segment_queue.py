@@ -40,15 +40,16 @@ def _extend(path: str, size: int) -> None:
 class SegmentQueue:
     def __init__(self, directory: str, segment_bytes: int | None, *, read_only: bool = False,
                  on_warning: Callable[[str], None] | None = None,
-                 known_bytes: int | None = None, whole: bool = True) -> None:
+                 known_bytes: int | None = None, growing: bool = True) -> None:
         """``segment_bytes``: the size of new files when the directory has none yet (None: take
         it from the first file that appears). ``known_bytes``: the size this stream is known
         to have been written with (recorded by the store); it wins over what the files say.
-        ``whole``: files reserve all their blocks at once (see ``MappedFile``)."""
+        ``growing``: files reserve their blocks in growing steps, else a fixed distance ahead
+        of their appends (see ``MappedFile``)."""
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.known_bytes = known_bytes
-        self.whole = whole
+        self.growing = growing
         self.repaired: list[int] = []  # starts of files ``load`` found short and extended
         self.read_only = read_only
         self.segments: list[MappedFile] = []
@@ -96,7 +97,7 @@ class SegmentQueue:
                 if segments and start != segments[-1].end:
                     self._warn(f"gap before segment {path}: previous ends at {segments[-1].end}")
                 segments.append(MappedFile(path, start, mapped, read_only=self.read_only,
-                                           whole=self.whole))
+                                           growing=self.growing))
         except BaseException:
             for seg in segments:
                 seg.close()
@@ -211,7 +212,7 @@ class SegmentQueue:
             if os.path.getsize(path) < self.segment_bytes:
                 return None
             seg = MappedFile(path, start, self.segment_bytes, read_only=self.read_only,
-                             whole=self.whole)
+                             growing=self.growing)
         except (FileNotFoundError, ValueError):
             return None
         seg.wrote = seg.flushed = 0
@@ -281,15 +282,17 @@ class SegmentQueue:
         ``filler(size)`` at offset 0 (a blank record), so readers step over it."""
         size = self.segment_bytes
         seg = MappedFile(os.path.join(self.directory, segment_name(start)), start, size,
-                         create=True, whole=self.whole)
+                         create=True, growing=self.growing)
         seg.write(filler(size))
         seg.wrote = seg.flushed = size
         seg.flush()
         self.segments = sorted(self.segments + [seg], key=lambda m: m.start)
         return seg
 
-    def create_next(self, start: int | None = None) -> MappedFile:
-        """Create the segment after the last one (or the one containing ``start``)."""
+    def create_next(self, start: int | None = None, reserve: int = 0) -> MappedFile:
+        """Create the segment after the last one (or the one containing ``start``), with the
+        blocks of its first ``reserve`` bytes reserved (DiskFullError, and no file, when they
+        cannot be)."""
         size = self.segment_bytes
         if self.segments:
             begin = self.segments[-1].end
@@ -297,7 +300,7 @@ class SegmentQueue:
             begin = (start or 0) - (start or 0) % size
         self._make_directory()
         seg = MappedFile(os.path.join(self.directory, segment_name(begin)), begin, size,
-                         create=True, whole=self.whole)
+                         create=True, growing=self.growing, reserve=reserve)
         self.segments = self.segments + [seg]
         self._unsynced_dirs.add(self.directory)
         return seg

@@ -185,9 +185,27 @@ def _write_back(seg, buf) -> int:
     begin = _intact_end(seg.mm, seg.start, seg.size)
     end = _intact_end(buf, seg.start, seg.size, begin)
     if end > begin:
-        seg.overwrite(begin, bytes(buf[begin:end]))
+        copied = nonzero_end(buf, begin, end) if end == seg.size else end
+        seg.overwrite(begin, bytes(buf[begin:copied]))
         seg.force()
     return end - begin
+
+
+def nonzero_end(buf, begin: int, end: int) -> int:
+    """End of the last non-zero byte of ``buf[begin:end]`` (``begin`` when there is none).
+
+    A segment closed in a pool buffer ends with the blank's header and zeros to the segment's
+    end: copies into the file stop here, leaving that tail a hole as the mmap writer does (no
+    reader looks past a closing blank, and no append reserved blocks for it)."""
+    data = np.frombuffer(buf, dtype=np.uint8)
+    hi, chunk = end, 1 << 16
+    while hi > begin:  # from the end, in growing chunks: the tail is usually short
+        lo = max(begin, hi - chunk)
+        nz = np.flatnonzero(data[lo:hi])
+        if len(nz):
+            return lo + int(nz[-1]) + 1
+        hi, chunk = lo, min(chunk * 2, 1 << 24)
+    return begin
 
 
 def _intact_end(buf, start: int, size: int, pos: int = 0) -> int:

@@ -145,7 +145,8 @@ def test_query_lookups(store, config):
 def test_stats(store, config):
     s = mqstore_json("stats", store["root"], "-c", config)
     assert set(s) == {"store", "commit_log", "topics", "consumers", "dispatch", "flush", "disk",
-                      "cleanup"}
+                      "cleanup", "replication"}
+    assert s["replication"] == {"live": False, "role": "async_master"}  # none ever ran
     assert s["consumers"] == []  # no group has consumed (tests/cli/test_cli_consume.py: with groups)
     end = store["second"]["messages"][-1]["phys_offset"] + store["second"]["messages"][-1]["size"]
     assert s["commit_log"] == {"min_offset": 0, "max_offset": end, "bytes": end,

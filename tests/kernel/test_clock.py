@@ -1,5 +1,6 @@
 """The store's clocks cross process boundaries: a ManualClock stays one clock in a spawned
-process, and the system clock pickles as the plain function it is."""
+process, and the system clock pickles as the plain function it is; a clock that cannot reach
+the worker processes is refused when the store opens, saying what a clock must be."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import gc
 import multiprocessing as mp
 import os
 import pickle
+import subprocess
+import sys
 
+import pytest
+
+from mqstore import GetStatus, Message, MessageStore, PutStatus, load_config
 from mqstore.clock import system_clock as _system_clock
 from mqstore.testing import CLOCK_SEGMENT_PREFIX, ManualClock
 
@@ -106,3 +112,76 @@ def test_an_attached_copy_outlives_the_creators_name():
 
 def test_system_clock_pickles_as_itself():
     assert pickle.loads(pickle.dumps(_system_clock)) is _system_clock
+
+
+# -- what a store accepts as its clock -------------------------------------------------------
+THREADS = {"dispatch": {"worker": "thread"}, "flush": {"worker": "thread"}}
+
+
+def _local_clock():
+    def clock() -> int:
+        return START
+    return clock
+
+
+@pytest.mark.parametrize("clock", [lambda: START, _local_clock()], ids=["lambda", "local"])
+def test_a_clock_the_workers_cannot_get_is_refused_at_open_with_the_rule(tmp_path, clock):
+    root = tmp_path / "store"
+    with pytest.raises(ValueError) as err:
+        MessageStore.open(root, clock=clock)
+    text = str(err.value)
+    assert repr(clock) in text and "cannot be pickled" in text
+    for needle in ("module level", "mqstore.testing.ManualClock",
+                   "dispatch.worker: thread", "flush.worker: thread"):
+        assert needle in text, text
+    assert not root.exists()  # refused before the directory was made
+
+
+MAIN_SCRIPT_CLOCK = r"""
+import sys, time
+from mqstore import MessageStore
+
+def clock():
+    return int(time.time() * 1000)
+
+try:
+    MessageStore.open(sys.argv[1], clock=clock)
+except ValueError as exc:
+    print(exc)
+    sys.exit(3)
+"""
+
+
+def test_a_clock_of_the_main_script_is_refused_at_open(tmp_path):
+    """Pickled by reference, it would be looked up in a __main__ the workers never import
+    (before: each worker died at start and was restarted until the supervisor gave up)."""
+    root = tmp_path / "store"
+    proc = subprocess.run([sys.executable, "-c", MAIN_SCRIPT_CLOCK, str(root)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
+    assert "refers to clock of the main script" in proc.stdout, proc.stdout
+    assert "dispatch.worker: thread" in proc.stdout
+    assert not root.exists()
+
+
+def test_a_lambda_clock_runs_with_the_loops_on_threads(tmp_path):
+    """The remedy the refusal offers holds: nothing pickles the clock then."""
+    store = MessageStore.open(tmp_path / "store", load_config(overrides=THREADS),
+                              clock=lambda: START + 42)
+    try:
+        r = store.put(Message("T", b"on a lambda clock", queue_id=0))
+        assert r.status is PutStatus.PUT_OK and r.store_timestamp == START + 42
+        store.wait_dispatched(timeout=30)
+        got = store.get("g", "T", 0, 0, 1)
+        assert got.status is GetStatus.FOUND
+        assert [(m.body, m.store_timestamp) for m in got.messages] == \
+            [(b"on a lambda clock", START + 42)]
+    finally:
+        store.close()
+
+
+def test_a_read_only_store_takes_any_callable_clock(tmp_path):
+    MessageStore.open(tmp_path / "store", load_config(overrides=THREADS)).close()
+    MessageStore.open(tmp_path / "store", read_only=True, clock=lambda: START).close()
+    with pytest.raises(TypeError, match="clock must be a callable"):
+        MessageStore.open(tmp_path / "store", read_only=True, clock=START)

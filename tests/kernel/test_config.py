@@ -1,17 +1,20 @@
-"""Configuration: the YAML file, validation errors that name the key, overrides."""
+"""Configuration: the YAML file, validation errors that name the key, overrides, renamed keys."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from importlib import metadata
 
 import pytest
 import yaml
 
+import cli_support
+from cli_support import SMALL_CONFIG
 from mqstore import MessageStore, hookimpl, load_config
 from mqstore.plugin_api import manager as plugins_manager
-from mqstore.config import StoreConfig, parse_delay_levels
+from mqstore.config import RENAMED_KEYS, StoreConfig, parse_delay_levels
 from mqstore.errors import ConfigError, PluginError
 from mqstore.plugin_api.registry import Registry
 from paths import REPO
@@ -52,6 +55,10 @@ def test_shipped_file_lists_every_key_with_a_comment():
     ({"server": {"grpc_tls_cert_file": "c.pem"}}, "grpc_tls_key_file (None) go together"),
     ({"server": {"grpc_access_keys": ["app:"]}}, "access key 'app' has an empty secret key"),
     ({"server": {"grpc_max_request_bytes": 10}}, "server.grpc_max_request_bytes"),
+    ({"store": {"role": "slave"}, "server": {"grpc_listen": "127.0.0.1:8081",
+                                              "ha_master": "127.0.0.1:10912"}},
+     "server.grpc_listen ('127.0.0.1:8081') is for masters: a store with store.role 'slave' "
+     "serves no gRPC clients"),
 ])
 def test_bad_values_are_rejected_naming_the_key(overrides, needle):
     with pytest.raises(ConfigError) as err:
@@ -79,6 +86,77 @@ def test_overrides_merge_over_the_file_and_over_defaults(tmp_path):
     assert cfg.flush.sync_timeout_ms == 5000
     assert load_config(overrides={"flush": {"policy": "sync"}}).flush.interval_ms == 500
     assert cfg.replace(get={"max_filter_bytes": 100}).get.max_filter_bytes == 100
+
+
+# -- renamed keys --------------------------------------------------------------------------
+OLD_NAMES_YAML = """\
+flush:
+  mode: sync            # flush.policy since the flush policies became plugins
+  interval_ms: 250
+dispatch:
+  mode: thread          # dispatch.worker
+"""
+
+
+def test_a_file_with_the_old_key_names_loads_with_a_warning_naming_the_new_ones(tmp_path):
+    f = tmp_path / "old.yaml"
+    f.write_text(OLD_NAMES_YAML)
+    with pytest.warns(DeprecationWarning) as caught:
+        cfg = load_config(str(f))
+    assert cfg == load_config(overrides={"flush": {"policy": "sync", "interval_ms": 250},
+                                         "dispatch": {"worker": "thread"}})
+    assert sorted(str(w.message) for w in caught) == [
+        f"configuration key dispatch.mode in {f} was renamed dispatch.worker: the old name "
+        f"still sets it but is deprecated",
+        f"configuration key flush.mode in {f} was renamed flush.policy: the old name still "
+        f"sets it but is deprecated",
+    ]
+    assert {w.filename for w in caught} == {__file__}  # attributed to the caller
+
+
+def test_old_key_names_in_overrides_and_replace(tmp_path):
+    with pytest.warns(DeprecationWarning, match="flush.mode in overrides was renamed flush.policy"):
+        assert load_config(overrides={"flush": {"mode": "sync"}}).flush.policy == "sync"
+    with pytest.warns(DeprecationWarning, match="dispatch.mode in overrides was renamed "
+                                                "dispatch.worker"):
+        assert StoreConfig().replace(dispatch={"mode": "thread"}).dispatch.worker == "thread"
+    # The file's old name and an override's new one: the override wins, as for any key.
+    f = tmp_path / "old.yaml"
+    f.write_text(OLD_NAMES_YAML)
+    with pytest.warns(DeprecationWarning):
+        cfg = load_config(str(f), overrides={"dispatch": {"worker": "process"}})
+    assert (cfg.dispatch.worker, cfg.flush.policy) == ("process", "sync")
+
+
+def test_old_and_new_name_together_must_agree():
+    with pytest.warns(DeprecationWarning):
+        cfg = load_config(overrides={"flush": {"mode": "sync", "policy": "sync"}})
+    assert cfg.flush.policy == "sync"
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides={"flush": {"mode": "sync", "policy": "async"}})
+    assert str(err.value) == (
+        "invalid configuration in overrides: flush.mode is the old name of flush.policy, and "
+        "they disagree ('sync' and 'async'); keep flush.policy only")
+
+
+def test_the_rename_table_maps_removed_names_to_current_keys():
+    for (section, old), new in RENAMED_KEYS.items():
+        keys = StoreConfig.model_fields[section].annotation.model_fields
+        assert new in keys and old not in keys, (section, old, new)
+
+
+def test_the_command_line_says_which_key_was_renamed(tmp_path):
+    f = tmp_path / "old.yaml"
+    f.write_text(OLD_NAMES_YAML + SMALL_CONFIG)
+    env = {k: v for k, v in cli_support.env().items() if k != "PYTHONWARNINGS"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mqstore.cli", "produce", str(tmp_path / "store"), "-t", "T",
+         "-c", str(f), "--summary", "hello"],
+        capture_output=True, text=True, env=env, timeout=cli_support.CLI_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("1 message(s)")
+    assert f"WARNING mqstore: DeprecationWarning: configuration key flush.mode in {f} was " \
+           f"renamed flush.policy: the old name still sets it but is deprecated\n" in proc.stderr
 
 
 def test_config_is_frozen():

@@ -260,3 +260,47 @@ def test_disk_over_warning_ratio_is_a_status_naming_the_disk(tmp_path, watchdog)
             assert store.message_at(first.phys_offset).body == b"before"
         finally:
             store.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_segments_larger_than_the_disk_fill_it_in_steps(tmp_path, watchdog, kind):
+    """Segments reserve their blocks in steps ahead of the writes, so a 32 MiB segment on an
+    8 MiB file system takes puts until the disk is really full (before, its first put was
+    refused: the whole segment could not be reserved), then refuses them with a status that
+    names the disk, from the put path's reservation, never from a write into the map or the
+    transient pool's commit; nothing acknowledged is lost."""
+    seg_bytes = 32 * MiB
+    overrides = small_store_overrides(commit_log={"segment_bytes": seg_bytes},
+                                      writer={"kind": kind, "transient_pool_buffers": 2},
+                                      cleanup=KEEP_EVERYTHING)
+    with small_filesystem(str(tmp_path / "fs"), 8 * MiB) as fs:
+        root = os.path.join(fs, "store")
+        writer = FaultWriter(root, overrides, seed=7, batch=16,
+                             stop_after_refusals=STOP_AFTER_REFUSALS, then="close",
+                             wait_s=1.0).start(timeout_s=WRITER_TIMEOUT_S)
+        try:
+            writer.read_until()
+        finally:
+            code = writer.finish()
+        err = writer.stderr.decode(errors="replace")[-6000:]
+        assert code == 0, f"writer exit code {code} (-7 is SIGBUS):\n{err}"
+        assert writer.done, err
+        check_refusals(writer)
+        check_workers(writer)
+        segment = os.path.join(root, "commitlog", "0" * 20)
+        assert os.path.getsize(segment) == seg_bytes
+        last = max(writer.acks, key=lambda a: a.phys_offset)
+        assert 4 * MiB < last.phys_offset < os.stat(segment).st_blocks * 512 < 8 * MiB
+
+        resize_filesystem(fs, ROOMY_BYTES)
+        store = MessageStore.open(root, config=config(overrides))
+        try:
+            store.wait_dispatched(timeout=30.0)
+            result = audit(store, 7, writer.acks)
+            assert (result.lost, result.wrong) == ([], []), str(result)
+            r = store.put(Message(TOPIC, b"after space came back", queue_id=1))
+            assert r.status is PutStatus.PUT_OK, r
+            store.wait_dispatched(timeout=30.0)  # the transient pool's commit included
+            assert store.message_at(r.phys_offset).body == b"after space came back"
+        finally:
+            store.close()

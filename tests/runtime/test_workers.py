@@ -202,7 +202,7 @@ def test_a_worker_that_cannot_be_restarted_is_logged_and_tried_again(make_store,
     """A restart that fails (the forkserver gone, say) is one log line, no traceback, and is
     tried again with growing pauses until the supervisor gives up; its thread never dies of
     it (a dead monitor would leave the worker dead and unreported for good)."""
-    monkeypatch.setattr("mqstore.workers.supervisor.MAX_QUICK_FAILURES", 2)
+    monkeypatch.setattr("mqstore.runtime.workers.supervisor.MAX_QUICK_FAILURES", 2)
     store = make_store(WORKER)
     sup = store.supervisor
 

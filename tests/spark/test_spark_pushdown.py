@@ -135,3 +135,25 @@ def test_a_pushed_store_filter_with_topics_option(spark, store_rows, pushdown):
     df = spark.read.format("mqstore").option("path", root).option("topics", "b").load()
     assert df.filter(f"store = '{root}/elsewhere'").count() == 0
     assert df.filter(f"store = '{root}'").count() == sum(r["topic"] == "b" for r in rows)
+
+
+def test_the_log_says_which_filters_the_store_took(spark, store_rows, capsys):
+    """``explain()`` shows only the filters Spark still applies; the reader logs the ones it
+    took (collected by Spark's Python worker logging)."""
+    root, rows = store_rows
+    spark.conf.set("spark.sql.pyspark.worker.logging.enabled", "true")
+    try:
+        query = spark.read.format("mqstore").option("path", root).load() \
+            .where("tags = 'x' AND queue_offset >= 2 AND body != X'31'")
+        assert query.count() == len([r for r in rows if r["tags"] == "x"
+                                     and r["queue_offset"] >= 2 and r["body"] != b"1"])
+        query.explain()
+        plan = capsys.readouterr().out
+        assert "NOT (body" in plan and "tags" not in plan.split("Filter", 1)[1].split("\n")[0]
+        logged = [r.msg for r in spark.tvf.python_worker_logs()
+                  .where("logger = 'mqstore.spark.pushdown'").collect() if root in r.msg]
+    finally:
+        spark.conf.unset("spark.sql.pyspark.worker.logging.enabled")
+    assert logged[-1] == (
+        f"read of {root}: pushed to the store: tags IS NOT NULL, queue_offset IS NOT NULL, "
+        f"body IS NOT NULL, tags = 'x', queue_offset >= 2; left to Spark: NOT (body = X'31')")

@@ -14,7 +14,7 @@ from pyspark.sql.types import (
     ArrayType, BinaryType, IntegerType, MapType, StringType, StructField, StructType,
 )
 
-from mqstore import MessageStore, load_config
+from mqstore import Message, MessageStore, load_config
 from mqstore.spark import sink_ledger
 from spark_helpers import SMALL_STORE, put_messages, stored_rows
 
@@ -102,7 +102,8 @@ def test_failed_job_appends_nothing_and_leaves_no_staged_files(spark, tmp_path, 
     ({4: {"body": b"x" * 2000}}, "row 1 of partition 1: body of 2000 bytes exceeds "
                                  "commit_log.max_message_bytes (1024)"),
     ({5: {"tags": "a\x01b"}}, "row 2 of partition 1: tags 'a\\x01b' contains a reserved"),
-    ({1: {"properties": {"TAGS": "dup"}}}, "row 1 of partition 0: property 'TAGS' is set both"),
+    ({1: {"properties": {"TAGS": "dup"}}}, "row 1 of partition 0: property 'TAGS' is 'dup' in "
+                                           "properties but the tags column holds 't1'"),
 ])
 def test_bad_rows_fail_the_job_naming_position_and_reason(spark, tmp_path, bad, message):
     config = tmp_path / "small.yaml"
@@ -220,3 +221,60 @@ def test_stream_write_exactly_once_across_replays(spark, tmp_path, config_file, 
     assert bodies() == sorted(b"orders-%d" % i for i in range(9))
     assert json.loads(ledger_file.read_text())["batch_id"] == last
     assert staged_files(dest) == []
+
+
+# -- mirroring a store ----------------------------------------------------------------------
+def _answers(root, topic, queue_id):
+    """What ``get`` answers for every message of one queue: body, tags, keys, properties."""
+    with MessageStore.open(root, read_only=True) as store:
+        got = store.get("mirror-check", topic, queue_id, 0, 64)
+        return [(m.body, m.tags, m.keys, m.properties) for m in got.messages]
+
+
+def test_a_store_mirrors_into_another_with_every_column(spark, tmp_path, config_file,
+                                                        open_store):
+    """Read with every column selected (TAGS and KEYS are in properties too), optionally
+    filter, write: the copy answers ``get`` like the original, with new offsets. Before,
+    the write refused the first row: "property 'TAGS' is set both as a field and in
+    properties"."""
+    src, dest, filtered = tmp_path / "src", tmp_path / "dest", tmp_path / "filtered"
+    source = open_store(src)
+    put_messages(source, "orders", 8, queues=2)
+    source.put_batch([  # no tag, no keys, keys that a read splits, a KEYS property alone
+        Message("orders", b"plain", queue_id=0),
+        Message("orders", b"spaced", queue_id=1, properties={"KEYS": "a  b", "x": "1"}),
+        Message("orders", b"tagged", tags="t9", keys=["only"], queue_id=1)])
+    source.wait_dispatched()
+    df = spark.read.format("mqstore").option("path", str(src)).load()
+    df.write.format("mqstore").mode("append").option("path", str(dest)) \
+        .option("config", config_file).save()
+    for q in (0, 1):
+        original = _answers(src, "orders", q)
+        assert len(original) in (5, 6) and _answers(dest, "orders", q) == original
+    with MessageStore.open(dest, read_only=True) as copy:
+        assert [copy.max_offset("orders", q) for q in (0, 1)] == [5, 6]
+        assert copy.query_by_key("orders", "a", 10)[0].body == b"spaced"
+    # Filtered on the way (the store takes both filters): what they keep, queue by queue.
+    df.where("tags IN ('t1', 't9') AND queue_offset >= 1").write.format("mqstore") \
+        .mode("append").option("path", str(filtered)).option("config", config_file).save()
+    kept = [a for q in (0, 1) for offset, a in enumerate(_answers(src, "orders", q))
+            if a[1] in ("t1", "t9") and offset >= 1]
+    assert [a for q in (0, 1) for a in _answers(filtered, "orders", q)] == kept
+    assert len(kept) == 3
+
+
+def test_tags_or_keys_that_their_properties_contradict_are_refused(spark, tmp_path,
+                                                                   config_file, open_store):
+    src = tmp_path / "src"
+    put_messages(open_store(src), "orders", 4, queues=1)
+    from pyspark.sql import functions as F
+    df = spark.read.format("mqstore").option("path", str(src)).load() \
+        .withColumn("keys", F.when(F.col("queue_offset") == 2, F.array(F.lit("other")))
+                    .otherwise(F.col("keys")))
+    with pytest.raises(Exception) as err:
+        df.coalesce(1).write.format("mqstore").mode("append").option("path", str(tmp_path / "d")) \
+            .option("config", config_file).save()
+    assert ("row 2 of partition 0: property 'KEYS' is 'k2' in properties but the keys column "
+            "holds ['other']") in str(err.value)
+    assert "nothing was written" in str(err.value)
+    assert not (tmp_path / "d" / "commitlog").exists() or contents(tmp_path / "d") == []

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-# Small files: a default-config store reserves 1 GiB segments and 420 MB index files.
+# Small files: a default-config store has 1 GiB segments and 420 MB index files (sparse).
 SMALL_CONFIG = """\
 commit_log: {segment_bytes: 65536}
 consume_queue: {file_units: 100}

@@ -30,7 +30,7 @@ from mqstore.plugin_api.contracts import FlushSchedule
 from mqstore.append.pool_writer import attach_pool
 from mqstore.storage.mapped_file import segment_name
 from mqstore.storage.sealed_json import sync_dir
-from mqstore.storage.transient_pool import TransientPool
+from mqstore.storage.transient_pool import TransientPool, nonzero_end
 from mqstore.uninterrupted import parent_alive, worker_signals
 from mqstore.runtime.workers import shm, sync_waiters
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
@@ -120,6 +120,8 @@ class FlushService:
                 if fd is None:
                     raise RuntimeError(f"segment {start}: no file to commit [{c}, {upto}) into")
                 at, stop = c - start, upto - start
+                if complete:  # closed by a blank: its zeros to the end stay a hole
+                    stop = nonzero_end(buf, at, stop)
                 while at < stop:
                     at += os.pwrite(fd, buf[at:stop], at)
             # else the pool was dry when the segment opened: its bytes went through the map

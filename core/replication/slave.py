@@ -1,0 +1,157 @@
+"""A slave's side of RocketMQ's HA protocol: dial the master, take its frames, report.
+
+One thread, as RocketMQ's ``HAClient``: connect to ``server.ha_master``, report this log's end
+(the master starts there; an empty slave reports 0 and the master picks), then read frames
+(``format.ha_frame.FrameDecoder``) and hand them to the ``Receiver``, which appends them; after
+each read that moved the log's end, and every ``store.ha_heartbeat_interval_ms`` whatever
+happened, report the end again. Nothing read for ``store.ha_housekeeping_interval_ms`` closes
+the connection. Whatever ends a connection (the master gone, a frame that breaks the rules,
+a log that diverges), the slave closes it and dials again one heartbeat interval later;
+partial bytes of the old connection are forgotten, and the new one starts from the log's end.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+from mqstore.config import parse_listen
+from mqstore.format.ha_frame import FrameDecoder, FrameError, encode_report
+from mqstore.replication.master import HASettings, readable, send_timeout
+from mqstore.replication.receiver import Receiver, ReplicaDiverged
+
+log = logging.getLogger("mqstore.replication")
+READ_POLL_S = 0.2
+RECV_BYTES = 256 * 1024
+JOIN_S = 5.0
+
+
+class HAClient:
+    def __init__(self, receiver: Receiver, settings: HASettings, master: str) -> None:
+        self.receiver = receiver
+        self.settings = settings
+        self.master = master
+        self.connected = False
+        self.since_ms = int(time.time() * 1000)  # of the current state (connected or not)
+        self.last_error: str | None = None
+        self.reported = 0
+        self.connections = 0  # made since start
+        self._stop = threading.Event()
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="mqstore-ha-client", daemon=True)
+        self._thread.start()
+        log.info("replication: slave following master %s", self.master)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            why = self._connection()
+            self._state(False, why)
+            if why is not None and not self._stop.is_set():
+                log.warning("replication: connection to master %s ended: %s; dialling again "
+                            "in %g s", self.master, why, self.settings.heartbeat_s)
+            self._stop.wait(self.settings.heartbeat_s)
+
+    def _state(self, connected: bool, why: str | None) -> None:
+        if connected != self.connected:
+            self.since_ms = int(time.time() * 1000)
+        self.connected = connected
+        if why is not None:
+            self.last_error = why
+
+    def _connection(self) -> str | None:
+        """One connection, from dialling to its end; returns why it ended (None: stopped)."""
+        host, port = parse_listen(self.master)
+        try:
+            sock = socket.create_connection((host, port), timeout=self.settings.heartbeat_s)
+        except OSError as exc:
+            return f"cannot connect: {exc.strerror or exc}"
+        self._sock = sock
+        try:
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            send_timeout(sock, self.settings.housekeeping_s)
+            if self._stop.is_set():
+                return None
+            return self._follow(sock)
+        except OSError as exc:
+            return None if self._stop.is_set() else f"{type(exc).__name__}: {exc}"
+        except (FrameError, ReplicaDiverged) as exc:
+            log.error("replication: master %s: %s; connection dropped", self.master, exc)
+            return str(exc)
+        except Exception as exc:  # the store closing under it, a file it cannot write
+            if self._stop.is_set():
+                return None
+            log.exception("replication: following master %s failed", self.master)
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            self._sock = None
+            _close(sock)
+
+    def _follow(self, sock: socket.socket) -> str | None:
+        receiver, settings = self.receiver, self.settings
+        self.reported = receiver.begin()
+        sock.sendall(encode_report(self.reported))
+        self.connections += 1
+        self._state(True, None)
+        log.info("replication: connected to master %s; this log ends at %d", self.master,
+                 self.reported)
+        decoder = FrameDecoder()
+        last_read = last_report = time.monotonic()
+        frames = 0
+        while not self._stop.is_set():
+            if readable(sock, READ_POLL_S):
+                data = sock.recv(RECV_BYTES)
+                if not data:
+                    return ("the master closed the connection" + (
+                        "" if frames else " before sending a frame (a master drops a slave "
+                        "whose log ends past its own: do the logs diverge?)"))
+                last_read = time.monotonic()
+                got = decoder.feed(data)
+                receiver.accept_all(got)
+                frames += len(got)
+            now = time.monotonic()
+            if now - last_read > settings.housekeeping_s:
+                return (f"nothing from the master for {settings.housekeeping_s:g} s "
+                        f"(store.ha_housekeeping_interval_ms)")
+            ack = receiver.acknowledged()
+            if ack > self.reported or now - last_report >= settings.heartbeat_s:
+                sock.sendall(encode_report(ack))
+                self.reported, last_report = ack, now
+        return None
+
+    def status(self) -> dict:
+        receiver = self.receiver
+        end = receiver.end
+        master_offset = max(receiver.master_offset, end)
+        return {"master": self.master, "connected": self.connected, "since_ms": self.since_ms,
+                "offset": end, "master_offset": master_offset,
+                "lag_bytes": master_offset - end, "reported": self.reported,
+                "last_error": self.last_error}
+
+    def stop(self) -> None:
+        self._stop.set()
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(JOIN_S)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+__all__ = ["HAClient"]
