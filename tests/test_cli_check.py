@@ -196,3 +196,24 @@ def test_fix_quarantines_a_record_whose_crc_property_was_overwritten(tmp_path):
         while len(bodies) < 49:
             bodies += [m.body for m in store.get("g", "orders", 0, len(bodies) + 1, 64).messages]
         assert bodies == [b"b%03d" % i for i in range(50) if i != 20]
+
+
+def test_the_end_of_a_full_segments_data_is_found_in_bounded_memory():
+    """The walk looks for where a segment's data ends; a segment of non-zero bytes to its
+    end must not cost an index array eight times its size (a 1 GiB segment: 8 GiB)."""
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from mqstore.ops.check_log import _nonzero_end
+    size = 32 << 20
+    data = bytearray(b"\x01" * size)
+    data[-5:] = bytes(5)  # the data ends 5 bytes before the segment does
+    seg = SimpleNamespace(mm=data, data_end=lambda: size)
+    tracemalloc.start()
+    try:
+        assert _nonzero_end(seg, 0) == size - 5
+        assert _nonzero_end(seg, size - 3) == size - 3  # nothing at or after: begin
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak  # windows' index arrays, not the segment's (256 MiB)
