@@ -124,6 +124,31 @@ def test_table_for_people(store, config):
     assert group_stats(root, config, "people")["lag"] == PRODUCED - 3
 
 
+def _timeless(stats: dict) -> dict:
+    """``stats`` without the ages, which grow between two runs."""
+    return json.loads(json.dumps(stats), object_hook=lambda d: {
+        k: v for k, v in d.items() if k != "oldest_unconsumed_age_ms"})
+
+
+def test_stats_of_one_group(store, config):
+    root, put = store
+    consume(root, config, "billing", "--from", "first", "-n", 4)
+    consume(root, config, "audit", "--from", "first")
+    one = mqstore_json("stats", root, "-c", config, "--group", "billing")
+    everyone = mqstore_json("stats", root, "-c", config)["consumers"]
+    assert _timeless(one) == _timeless({"consumers": [g for g in everyone
+                                                      if g["group"] == "billing"]})
+    assert one["consumers"][0]["lag"] == PRODUCED - 4
+    table = mqstore("stats", root, "-c", config, "--group", "billing").stdout
+    assert table.splitlines()[0].rstrip() == "consumer group billing"
+    assert table.splitlines()[-1] == f"lag {PRODUCED - 4} message(s) in 1 topic(s)"
+    assert "audit" not in table
+    missing = mqstore("stats", root, "-c", config, "--group", "nobody", check=1)
+    assert (missing.stdout, missing.stderr) == (
+        "", "consumer group 'nobody' has no offsets in this store (its groups: audit, "
+            "billing)\n")
+
+
 def test_filters_by_tag_and_sql(tmp_path, config):
     root = tmp_path / "filtered"
     paid = produce(root, config, "p1", "p2", "p3", options=("--tags", "paid", "-p", "region=eu"))

@@ -127,8 +127,10 @@ def test_query_lookups(store, config):
     assert [(x["phys_offset"], x["body"]) for x in by_id] == [(one["phys_offset"], "world")]
     at = mqstore_json("query", root, "offset", one["phys_offset"], "-c", config)["messages"]
     assert at == by_id
-    uniq = mqstore_json("query", root, "unique-key", "orders", "no-such-key", "-c", config)
-    assert uniq == {"messages": []}
+    uniq = mqstore("query", root, "unique-key", "orders", "no-such-key", "-c", config, "--json",
+                   check=1)  # nothing matched: said on stderr, exit 1 (as grep's)
+    assert json.loads(uniq.stdout) == {"messages": []}
+    assert uniq.stderr == "no message of topic 'orders' has UNIQ_KEY 'no-such-key'\n"
     stamp = m["store_timestamp"]
     timed = mqstore_json("query", root, "time", "orders", 0, stamp, "-c", config)
     assert (timed["queue_offset"], timed["boundary"]) == (0, "lower")

@@ -67,7 +67,8 @@ def consume(root: str, topic: str, group: str, expression: str | None, sql: str 
     """Read a topic of the store in ROOT as a consumer group, printing each message, and
     commit the group's offsets as far as was printed (its next run goes on from there).
 
-    Opens the store read-only, so it runs beside a writer (mqstore serve, produce).
+    Opens the store read-only, so it runs beside a writer (mqstore serve, produce). A topic
+    the store does not have is refused with exit status 1 (--follow waits for it instead).
     Ctrl-C or SIGTERM stops it after the messages being printed, committed; exit status 0.
     """
     if expression is not None and sql is not None:
@@ -80,6 +81,11 @@ def consume(root: str, topic: str, group: str, expression: str | None, sql: str 
         consume_timestamp=consume_timestamp, limit=limit, follow=follow, commit=not no_commit)
     config = load_cli_config(config_path)
     with MessageStore.open(root, config=config, read_only=True) as store:
+        if topic not in store.topics():
+            if not follow:  # before the group writes anything
+                output.nothing_matched(f"topic {topic!r} does not exist in this store")
+            output.err().print(f"topic {topic!r} does not exist yet: waiting for its first "
+                               f"message", markup=False, highlight=False, soft_wrap=True)
         with stop_on_signals() as stop:
             count = consume_messages(store, request, _json_lines if as_json else _table, stop)
     if not as_json:

@@ -14,10 +14,11 @@ import time
 import click
 
 from mqstore.cli import output
-from mqstore.cli.options import config_option, json_option
+from mqstore.cli.options import config_option, json_option, store_dir
 
 MODES = ("errorifexists", "overwrite", "append", "ignore")  # Spark's save modes, as the job's
 SPARK_PACKAGES = ("pyspark", "pyarrow", "py4j")
+GLOB_CHARS = "*?["  # a STORE with one of these is a glob: it matches store directories only
 INSTALL_HINT = "pip install 'mqstore[spark]'"
 JAVA_HINT = "Spark needs Java 17 or later: set JAVA_HOME or put java on PATH"
 
@@ -89,6 +90,9 @@ def export(stores: tuple[str, ...], dest: str, fmt: str, topics: str | None, mod
     what each topic will export, the share of Spark tasks done (on stderr), and the rows
     written.
     """
+    for path in stores:  # bad input before the extra is looked for, as every command checks
+        if not any(c in path for c in GLOB_CHARS):
+            store_dir(path)
     job = _export_job()
     from mqstore.spark.stores import resolve_paths
     paths = [os.path.abspath(p) for p in stores]  # Spark's workers may run elsewhere

@@ -8,10 +8,9 @@ import click
 
 from mqstore.cli import output
 from mqstore.cli.options import config_option, json_option, load_cli_config, short_lived
-from mqstore.storage.checkpoint import META_FILE, read_meta
+from mqstore.ops.store_files import store_marks
+from mqstore.storage.checkpoint import read_meta
 from mqstore.store import MessageStore
-
-STORE_MARKS = (META_FILE, "commitlog", "consumequeue", "checkpoint")
 
 
 @click.command("init")
@@ -26,7 +25,7 @@ def init(root: str, config_path: str | None, as_json: bool) -> None:
     """
     config = load_cli_config(config_path)
     if os.path.isdir(root):
-        held = [name for name in STORE_MARKS if os.path.exists(os.path.join(root, name))]
+        held = store_marks(root)
         if held:
             raise click.ClickException(f"{root!r} already holds a store ({', '.join(held)})")
     with MessageStore.open(root, config=short_lived(config)):

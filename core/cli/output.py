@@ -2,14 +2,15 @@
 
 Progress bars go to stderr and only when it is a terminal, so piped output and ``--json`` stay
 machine-readable. Errors are raised as click exceptions (``app.MqstoreGroup``), never printed
-here.
+here. A lookup that found nothing is no error: ``nothing_matched`` says so on stderr and exits
+1, as grep does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 import click
 from rich.console import Console
@@ -21,6 +22,7 @@ from rich.table import Table
 
 _out: Console | None = None
 _err: Console | None = None
+NOTHING_MATCHED = 1  # the exit status of a lookup that found nothing (grep's)
 
 
 def out() -> Console:
@@ -56,6 +58,12 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: st
 def print_fields(fields: dict[str, Any], title: str | None = None) -> None:
     """A two-column table of names and values."""
     print_table(("field", "value"), [(k, v) for k, v in fields.items()], title)
+
+
+def nothing_matched(what: str) -> NoReturn:
+    """End a command whose lookup found nothing: ``what`` on stderr, exit 1."""
+    err().print(what, markup=False, highlight=False, soft_wrap=True)
+    raise click.exceptions.Exit(NOTHING_MATCHED)
 
 
 def say(text: str) -> None:

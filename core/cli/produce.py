@@ -9,7 +9,9 @@ from typing import Iterable, Iterator
 import click
 
 from mqstore.cli import output
-from mqstore.cli.options import config_option, json_option, load_cli_config, short_lived
+from mqstore.cli.options import (
+    config_option, json_option, load_cli_config, new_or_store_dir, short_lived,
+)
 from mqstore.message import MessageBatch, PutStatus
 from mqstore.store import MessageStore
 
@@ -51,7 +53,8 @@ def _chunks(items: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
 
 
 @click.command()
-@click.argument("root", type=click.Path(file_okay=False))
+@click.argument("root", type=click.Path(),
+                callback=lambda _ctx, _param, root: new_or_store_dir(root))
 @click.argument("bodies", nargs=-1)
 @click.option("-t", "--topic", required=True, help="Topic of every message.")
 @click.option("--tags", default=None, help="TAGS of every message.")
@@ -74,7 +77,7 @@ def produce(root: str, bodies: tuple[str, ...], topic: str, tags: str | None,
             keys: tuple[str, ...], properties: dict[str, str], queue_id: int | None,
             files: tuple[str, ...], lines: str | None, summary: bool, config_path: str | None,
             as_json: bool) -> None:
-    """Append messages to the store in ROOT (created if missing).
+    """Append messages to the store in ROOT (created if missing or empty).
 
     Bodies come from the BODIES arguments, --file and --lines; with none of them, each line
     of standard input is a body. Prints each message's queue, queue offset and message id, or

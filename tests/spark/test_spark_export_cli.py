@@ -57,7 +57,8 @@ def test_export_writes_exactly_the_stored_rows(spark, tmp_path, open_store):
     assert line.startswith(f"Error: export to '{dest}' failed: [PATH_ALREADY_EXISTS]"), line
     bad = cli("export", tmp_path / "nowhere", "--to", tmp_path / "x")
     assert bad.exit_code == 2
-    assert bad.stderr.strip().endswith("is not a store directory (no such directory)")
+    assert bad.stderr.splitlines() == [f"Error: store directory '{tmp_path / 'nowhere'}' does "
+                                       f"not exist"]
 
 
 # Several commands in one process without pyspark (click's runner): exit codes and output.
