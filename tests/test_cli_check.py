@@ -11,7 +11,7 @@ import pytest
 
 from mqstore import MessageBatch, MessageStore, load_config
 from mqstore.format.record import header_struct
-from cli_support import SMALL_CONFIG, mqstore, mqstore_json
+from cli_support import SMALL_CONFIG, mqstore, mqstore_json, mqstore_tty
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
 SEGMENT = 65536
@@ -119,6 +119,14 @@ def test_deleted_consume_queue_is_rebuilt(store, config):
     stats = mqstore_json("stats", store, "-c", config)
     assert [(q["queue_id"], q["max_offset"]) for q in stats["topics"][0]["queues"]] == [
         (q, COUNT // 4) for q in range(4)]
+
+
+def test_problems_on_a_narrow_terminal_keep_their_file_whole(store, config):
+    (store / "consumequeue" / "orders" / "3" / f"{0:020d}").unlink()
+    status, shown = mqstore_tty("check", store, "-c", config, columns=60)
+    assert status == 1
+    rows = [line for line in shown.splitlines() if "consume-queue" in line]
+    assert rows and all("consumequeue/orders/3/00000000000000000000" in row for row in rows)
 
 
 def test_deleted_index_is_rebuilt(store, base, config):

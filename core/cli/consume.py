@@ -12,10 +12,13 @@ import click
 from mqstore.cli import output
 from mqstore.cli.options import config_option, epoch_ms, existing_root, load_cli_config
 from mqstore.ops.consume import ConsumeRequest, consume as consume_messages, stop_on_signals
-from mqstore.ops.messages import message_dict, preview
+from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from mqstore.ops.messages import message_dict, shown
 from mqstore.store import MessageStore
 
-COLUMNS = ("queue", "offset", "msg id", "tags", "keys", "body")
+COLUMNS = ("queue", "offset", "msg id", "uniq key", "tags", "keys", "properties", "body")
+IN_COLUMNS = (PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY)  # properties with a column
+FORMATS = ("value", "json", "table")
 
 
 def _start(_ctx, _param, value: str) -> tuple[str, int | None]:
@@ -58,12 +61,14 @@ def _start(_ctx, _param, value: str) -> tuple[str, int | None]:
                    "(--from where it has none), without joining it or writing anything; its "
                    "running instances keep their queues.")
 @config_option
-@click.option("--json", "as_json", is_flag=True, default=False,
-              help="Print one JSON object per message, a line each (for scripts), instead "
-                   "of tables.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="value: each body as it is stored, a line each; json: one JSON object per "
+                   "message, a line each, every field; table: for people, bodies and "
+                   "properties in full. Default: table on a terminal, value when piped.")
+@click.option("--json", "as_json", is_flag=True, default=False, help="Same as --format json.")
 def consume(root: str, topic: str, group: str, expression: str | None, sql: str | None,
             start: tuple[str, int | None], limit: int | None, follow: bool, no_commit: bool,
-            config_path: str | None, as_json: bool) -> None:
+            config_path: str | None, fmt: str | None, as_json: bool) -> None:
     """Read a topic of the store in ROOT as a consumer group, printing each message, and
     commit the group's offsets as far as was printed (its next run goes on from there).
 
@@ -74,6 +79,9 @@ def consume(root: str, topic: str, group: str, expression: str | None, sql: str 
     if expression is not None and sql is not None:
         raise click.UsageError("--expression and --sql are mutually exclusive: a group "
                                "consumer has one subscription")
+    if as_json and fmt not in (None, "json"):
+        raise click.UsageError(f"--json and --format {fmt} say different things")
+    fmt = "json" if as_json else fmt or ("table" if sys.stdout.isatty() else "value")
     consume_from, consume_timestamp = start
     request = ConsumeRequest(
         group=group, topic=topic, expression=sql if sql is not None else expression,
@@ -87,8 +95,8 @@ def consume(root: str, topic: str, group: str, expression: str | None, sql: str 
             output.err().print(f"topic {topic!r} does not exist yet: waiting for its first "
                                f"message", markup=False, highlight=False, soft_wrap=True)
         with stop_on_signals() as stop:
-            count = consume_messages(store, request, _json_lines if as_json else _table, stop)
-    if not as_json:
+            count = consume_messages(store, request, PRINTERS[fmt], stop)
+    if fmt != "json":
         done = "not committed (--no-commit)" if no_commit else "committed"
         output.err().print(f"{count} message(s) consumed by group {group!r}; {done}",
                            markup=False, highlight=False)
@@ -105,18 +113,39 @@ def _json_lines(messages: Sequence) -> int:
     return len(messages)
 
 
+def _values(messages: Sequence) -> int:
+    """Each body, byte for byte, and a newline (kafka-console-consumer's default)."""
+    stdout = sys.stdout.buffer
+    for i, m in enumerate(messages):
+        try:
+            stdout.write(m.body + b"\n")
+            stdout.flush()  # a body that left the process counts as printed
+        except BrokenPipeError:
+            _output_gone()
+            return i
+    return len(messages)
+
+
 def _table(messages: Sequence) -> int:
     rows = []
     for m in messages:
         d = message_dict(m.full)
-        rows.append((d["queue_id"], d["queue_offset"], d["msg_id"], d["tags"],
-                     " ".join(d["keys"]), preview(d["body"])))
+        props = "\n".join(f"{name}={value}" for name, value in d["properties"].items()
+                          if name not in IN_COLUMNS)
+        body = shown(d["body"])
+        body = body if body is not None else f"base64:{d['body_base64']}"
+        rows.append((d["queue_id"], d["queue_offset"], d["msg_id"], d["uniq_key"], d["tags"],
+                     " ".join(d["keys"]), props, body))
     try:
-        output.print_table(COLUMNS, rows)  # rich writes and flushes the table whole
+        # rich writes and flushes the table whole
+        output.print_table(COLUMNS, rows, whole=("msg id", "uniq key"))
     except BrokenPipeError:
         _output_gone()
         return 0
     return len(messages)
+
+
+PRINTERS = {"value": _values, "json": _json_lines, "table": _table}
 
 
 def _output_gone() -> None:

@@ -121,6 +121,6 @@ def _report(root: str, topic: str, rows: list[dict], written: int, summary: bool
     if rows and not summary and len(rows) <= PER_MESSAGE_MAX:
         output.print_table(("queue", "offset", "commit-log offset", "size", "msg id"),
                            [(r["queue_id"], r["queue_offset"], r["phys_offset"], r["size"],
-                             r["msg_id"]) for r in rows])
+                             r["msg_id"]) for r in rows], whole=("msg id",))
     output.say(f"{len(rows)} message(s), {written} bytes to {topic} queue(s) "
                f"{', '.join(map(str, queues)) or '-'}")

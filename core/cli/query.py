@@ -53,7 +53,7 @@ def _show(messages: list, as_json: bool, extra: dict | None = None,
          "msg id", "body"),
         [(r["phys_offset"], r["topic"], r["queue_id"], r["queue_offset"], r["size"],
           ms_to_iso(r["store_timestamp"]), r["tags"], " ".join(r["keys"]), r["msg_id"],
-          preview(r["body"])) for r in rows])
+          preview(r["body"])) for r in rows], whole=("msg id",))
 
 
 def _no_topic(store: MessageStore, topic: str) -> str | None:
