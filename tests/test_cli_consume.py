@@ -147,8 +147,9 @@ def test_values_when_piped_json_and_table_on_request(tmp_path, config):
                     "--format", "table").stdout
     assert "".join(line.split("│")[-2].strip() for line in table.splitlines()
                    if line.startswith("│")).count(long_body) == 1
-    for m in map(json.loads, as_json):
-        assert m["msg_id"] in table
+    ids = [(m["msg_id"], m["uniq_key"]) for m in map(json.loads, as_json)]
+    for msg_id, uniq_key in ids:
+        assert msg_id in table and uniq_key in table
     assert table.count("region=eu") == 4
     # a body that would drive the terminal (an escape sequence) is shown as base64
     assert "\x1b" not in table and "base64:G1szMW1yZWQ=" in table
@@ -164,7 +165,7 @@ def test_a_table_on_a_narrow_terminal_keeps_ids_whole(tmp_path, config):
     assert status == 0, shown
     (m,) = consume(root, config, "tty-json", "--from", "first")
     rows = [line for line in shown.splitlines() if m["msg_id"] in line]
-    assert len(rows) == 1
+    assert len(rows) == 1 and m["uniq_key"] in rows[0]
     assert "n" * 10 in shown and "1 message(s) consumed by group 'tty'; committed" in shown
 
 
