@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich import filesize
 
-from cli_support import SMALL_CONFIG, error_line, mqstore, mqstore_json, mqstore_tty
+from cli_support import SMALL_CONFIG, mqstore, mqstore_json, mqstore_tty
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
 NOT_A_STORE = ("is not a store directory: it has no mqstore.json, commitlog/, consumequeue/ "
