@@ -26,7 +26,8 @@ def bench(count: int, body_bytes: int, batch: int, segment_bytes: int, dispatch:
           config_path: str | None, as_json: bool) -> None:
     """Measure put_batch, dispatch and get throughput in a fresh temporary store, against a
     bare Python copy of the same records into an mmap (the baseline, measured in the same
-    run). "x base" is a phase's MB/s over the baseline's: the figure to compare across
+    run). Each phase covers all N messages; dispatch runs beside the puts, so its time runs
+    from the first put until the last message is dispatched. "x base" is a phase's MB/s over the baseline's: the figure to compare across
     machines. The store lives in the system temp directory (TMPDIR) and is deleted after.
     """
     config = load_cli_config(config_path, commit_log={"segment_bytes": segment_bytes},

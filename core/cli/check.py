@@ -64,6 +64,7 @@ def _show(report: CheckReport, as_json: bool, title: str | None = None) -> None:
                + ("clean" if report.clean else f"{len(report.problems)} problem(s)"))
     if report.problems:
         output.print_table(("kind", "file", "offset", "problem"),
-                           [(p.kind, p.file, p.offset, p.detail) for p in report.problems])
+                           [(p.kind, p.file, p.offset, p.detail) for p in report.problems],
+                           whole=("file",))
     for note in report.notes:
         output.say(f"note: {note}")

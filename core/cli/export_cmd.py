@@ -14,13 +14,14 @@ import time
 import click
 
 from mqstore.cli import output
-from mqstore.cli.init_cmd import STORE_MARKS
-from mqstore.cli.options import config_option, json_option
+from mqstore.cli.options import config_option, json_option, store_dir
 from mqstore.errors import StoreLockedError
+from mqstore.ops.store_files import store_marks
 from mqstore.storage.store_lock import holder
 
 MODES = ("errorifexists", "overwrite", "append", "ignore")  # Spark's save modes, as the job's
 SPARK_PACKAGES = ("pyspark", "pyarrow", "py4j")
+GLOB_CHARS = "*?["  # a STORE with one of these is a glob: it matches store directories only
 INSTALL_HINT = "pip install 'mqstore[spark]'"
 JAVA_HINT = "Spark needs Java 17 or later: set JAVA_HOME or put java on PATH"
 
@@ -92,6 +93,9 @@ def export(stores: tuple[str, ...], dest: str, fmt: str, topics: str | None, mod
     what each topic will export, the share of Spark tasks done (on stderr), and the rows
     written. DIR is never a store's directory: that is refused before Spark starts.
     """
+    for path in stores:  # bad input before the extra is looked for, as every command checks
+        if not any(c in path for c in GLOB_CHARS):
+            store_dir(path)
     dest = os.path.abspath(dest)
     _refuse_a_store(dest)
     job = _export_job()
@@ -119,7 +123,7 @@ def _refuse_a_store(dest: str) -> None:
     if held is not None:
         raise StoreLockedError(f"export --to {dest!r}: that is a store, {held}; nothing was "
                                f"changed")
-    found = [name for name in STORE_MARKS if os.path.exists(os.path.join(dest, name))]
+    found = store_marks(dest)
     if found:
         raise click.BadParameter(f"{dest!r} holds a store ({', '.join(found)}), not Parquet "
                                  f"output: export to another directory", param_hint="'--to'")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import click
 
+from mqstore.cli.options import existing_root
 from mqstore.store import MessageStore
 
 
 @click.command()
-@click.argument("root", type=click.Path(exists=True, file_okay=False))
+@existing_root
 def info(root: str) -> None:
     """Show a store's queues and offsets (read-only; works on RocketMQ directories)."""
     with MessageStore.open(root, read_only=True) as store:

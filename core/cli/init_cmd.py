@@ -9,11 +9,10 @@ import click
 from mqstore.cli import output
 from mqstore.cli.options import config_option, json_option, load_cli_config, short_lived
 from mqstore.errors import StoreLockedError
-from mqstore.storage.checkpoint import META_FILE, read_meta
+from mqstore.ops.store_files import store_marks
+from mqstore.storage.checkpoint import read_meta
 from mqstore.storage.store_lock import holder
 from mqstore.store import MessageStore
-
-STORE_MARKS = (META_FILE, "commitlog", "consumequeue", "checkpoint")
 
 
 @click.command("init")
@@ -31,7 +30,7 @@ def init(root: str, config_path: str | None, as_json: bool) -> None:
     if writer is not None:  # however few of its files are left
         raise StoreLockedError(f"mqstore init: store {root!r} is {writer}; nothing was changed")
     if os.path.isdir(root):
-        held = [name for name in STORE_MARKS if os.path.exists(os.path.join(root, name))]
+        held = store_marks(root)
         if held:
             raise click.ClickException(f"{root!r} already holds a store ({', '.join(held)})")
     with MessageStore.open(root, config=short_lived(config)):

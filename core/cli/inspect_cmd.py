@@ -42,6 +42,6 @@ def inspect(path: str, kind: str | None, at: int | None, limit: int, config_path
         output.print_table(result.columns, [
             [" ".join(v) if isinstance(v, list) else v for v in (row.get(c) for c in
                                                                   result.columns)]
-            for row in result.rows])
+            for row in result.rows], whole=("msg_id",))
     if result.next_at is not None:
         output.say(f"more rows: --at {result.next_at}")

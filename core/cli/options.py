@@ -3,18 +3,48 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 
 import click
 
+from mqstore.cli.app import BadInput
 from mqstore.config import StoreConfig, load_config
 from mqstore.errors import ConfigError
+from mqstore.ops.store_files import store_marks
 
 json_option = click.option("--json", "as_json", is_flag=True, default=False,
                            help="Print JSON (for scripts) instead of tables.")
 config_option = click.option("-c", "--config", "config_path", default=None,
                              type=click.Path(exists=True, dir_okay=False),
                              help="YAML configuration (default: the built-in defaults).")
-existing_root = click.argument("root", type=click.Path(exists=True, file_okay=False))
+
+
+def store_dir(root: str) -> str:
+    """``root`` when it is a store directory (``store_files.store_marks``); else bad input
+    naming it, one line, exit 2: a command that reads a store reads nothing else, and writes
+    nothing (consumer offsets, membership files) into a directory that is not one."""
+    if not os.path.isdir(root):
+        raise BadInput(f"store directory {root!r} does not exist" if not os.path.exists(root)
+                       else f"{root!r} is not a directory")
+    if not store_marks(root):
+        raise BadInput(f"{root!r} is not a store directory: it has no mqstore.json, "
+                       f"commitlog/, consumequeue/ or checkpoint (mqstore init makes a store)")
+    return root
+
+
+def new_or_store_dir(root: str) -> str:
+    """``root`` for a command that writes a store, creating it where there is none: a store,
+    a missing or empty directory; a directory holding other files is refused as
+    ``store_dir`` refuses it (``mqstore init`` makes a store there on purpose)."""
+    if os.path.isdir(root) and os.listdir(root) and not store_marks(root):
+        return store_dir(root)
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise BadInput(f"{root!r} is not a directory")
+    return root
+
+
+existing_root = click.argument("root", type=click.Path(),
+                               callback=lambda _ctx, _param, root: store_dir(root))
 
 
 def server_options(command):

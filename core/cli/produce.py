@@ -4,20 +4,26 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
-from typing import Iterable, Iterator
 
 import click
 
 from mqstore.cli import output
+from mqstore.cli.app import BadInput
 from mqstore.cli.options import (
-    config_option, json_option, load_cli_config, server_options, short_lived,
+    config_option, json_option, load_cli_config, new_or_store_dir, server_options, short_lived,
 )
+from mqstore.cli.produce_input import InputError, Item, read_items
+from mqstore.format.names import check_topic
+from mqstore.format.properties import PROPERTY_UNIQ_KEY
 from mqstore.message import MessageBatch, PutStatus
+from mqstore.ops.uniq_keys import UniqKeys
 from mqstore.store import MessageStore
 
 BATCH = 1000  # messages per put_batch
 PER_MESSAGE_MAX = 20  # above this many messages, a table shows a summary instead
+AT_MESSAGE = re.compile(r"message (\d+): (.*)", re.S)  # how a batch names its bad message
 
 
 def _properties(_ctx, _param, values: tuple[str, ...]) -> dict[str, str]:
@@ -30,31 +36,8 @@ def _properties(_ctx, _param, values: tuple[str, ...]) -> dict[str, str]:
     return props
 
 
-def _bodies(bodies: tuple[str, ...], files: tuple[str, ...], lines: str | None) -> Iterator[bytes]:
-    for body in bodies:
-        yield body.encode("utf-8")
-    for path in files:
-        with open(path, "rb") as f:
-            yield f.read()
-    if lines is not None:
-        with click.open_file(lines, "rb") as f:
-            for line in f:
-                yield line.rstrip(b"\r\n")
-
-
-def _chunks(items: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
-    chunk: list[bytes] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 @click.command()
-@click.argument("root", required=False, type=click.Path(file_okay=False))
+@click.argument("root", required=False, type=click.Path())
 @click.argument("bodies", nargs=-1)
 @click.option("-t", "--topic", required=True, help="Topic of every message.")
 @click.option("--tags", default=None, help="TAGS of every message.")
@@ -69,6 +52,12 @@ def _chunks(items: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
               help="A file whose content is one message body (repeatable).")
 @click.option("-l", "--lines", default=None, type=click.Path(dir_okay=False, allow_dash=True),
               help="A file whose every line is a message body; '-' reads standard input.")
+@click.option("--parse-key", default=None, metavar="SEP",
+              help="Each line (and BODY) is KEYS<SEP>BODY: the message's KEYS tokens "
+                   "(separated by spaces), then its body.")
+@click.option("--json-lines", is_flag=True, default=False,
+              help='Each line (and BODY) is a JSON object: {"body": ..., "tags": ..., '
+                   '"keys": [...], "properties": {...}} (body_base64 for binary bodies).')
 @click.option("--summary", is_flag=True, default=False,
               help="Print a summary instead of one row per message.")
 @config_option
@@ -76,17 +65,28 @@ def _chunks(items: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
 @json_option
 def produce(root: str | None, bodies: tuple[str, ...], topic: str, tags: str | None,
             keys: tuple[str, ...], properties: dict[str, str], queue_id: int | None,
-            files: tuple[str, ...], lines: str | None, summary: bool, config_path: str | None,
-            server: str | None, access_key: str, secret_key: str, as_json: bool) -> None:
-    """Append messages to the store in ROOT (created if missing), or, with --server, send
-    them to the store a `mqstore serve` serves (there is no ROOT then: every argument is a
-    body).
+            files: tuple[str, ...], lines: str | None, parse_key: str | None,
+            json_lines: bool, summary: bool, config_path: str | None, server: str | None,
+            access_key: str, secret_key: str, as_json: bool) -> None:
+    """Append messages to the store in ROOT (created if missing or empty), or, with --server,
+    send them to the store a `mqstore serve` serves (there is no ROOT then: every argument is
+    a body).
 
     Bodies come from the BODIES arguments, --file and --lines; with none of them, each line
-    of standard input is a body. Prints each message's queue, queue offset and message id, or
-    a summary for many (--json: every message). Through --server the endpoint picks the
-    queue; the message id is the client's (its UNIQ_KEY).
+    of standard input is a body. A line's own keys and tags (--parse-key, --json-lines)
+    replace --keys and --tags for its message; its properties are added to -p's. Every
+    message gets a UNIQ_KEY, as RocketMQ's producers set one (unless it has one; through
+    --server the client sets it). Prints each message's queue, queue offset, message id and
+    UNIQ_KEY, or a summary for many (--json: every message), and how many were stored.
+
+    A line that does not parse, or a message the store refuses, stops the command: the error
+    names it and says how many messages were stored (every one before it).
     """
+    if parse_key is not None and json_lines:
+        raise click.UsageError("--parse-key and --json-lines are two ways of reading a line: "
+                               "give one")
+    if parse_key == "":
+        raise click.BadParameter("the separator must not be empty", param_hint="'--parse-key'")
     if server is not None:
         if queue_id is not None or config_path is not None:
             raise click.UsageError("--queue and --config apply to a store directory; through "
@@ -94,40 +94,102 @@ def produce(root: str | None, bodies: tuple[str, ...], topic: str, tags: str | N
         bodies = ((root,) if root is not None else ()) + bodies
     elif root is None:
         raise click.UsageError("give ROOT, a store directory, or --server HOST:PORT")
+    else:
+        root = new_or_store_dir(root)
     if not bodies and not files and lines is None:
         if sys.stdin.isatty():
             raise click.UsageError("no message: give BODIES, --file or --lines (or pipe lines "
                                    "into standard input)")
         lines = "-"
+    check_topic(topic)  # the same for every message: refused as itself, before any is read
     total = len(bodies) + len(files) if lines is None else None
+    items = iter(read_items(bodies, files, lines, parse_key, json_lines))
     if server is not None:
-        _produce_via_server(server, topic, _bodies(bodies, files, lines), total, tags, keys,
-                            properties, access_key, secret_key, summary, as_json)
+        _produce_via_server(server, topic, items, total, (tags, list(keys), properties),
+                            access_key, secret_key, summary, as_json)
         return
     config = load_cli_config(config_path)
-    rows: list[dict] = []
-    written = 0
     with MessageStore.open(root, config=short_lived(config)) as store, \
             output.progress("producing", total, enabled=not as_json) as (advance, _total):
-        for chunk in _chunks(_bodies(bodies, files, lines), BATCH):
-            result = store.put_batch(MessageBatch(
-                topic=topic, bodies=chunk, queue_ids=queue_id, tags=tags,
-                keys=[list(keys)] * len(chunk) if keys else None,
-                properties=properties or None))
-            if result.status is not PutStatus.PUT_OK:
-                raise click.ClickException(
-                    f"put refused after {len(rows)} message(s) were stored: "
-                    f"{result.status.name} {result.error or ''}".rstrip())
-            written += result.wrote_bytes
-            rows += [{"queue_id": r.queue_id, "queue_offset": r.queue_offset,
-                      "phys_offset": r.phys_offset, "size": r.size, "msg_id": r.msg_id}
-                     for r in result]
-            advance(len(chunk))
-    _report(os.path.abspath(root), topic, rows, written, summary, as_json)
+        producer = _Producer(store, topic, queue_id, (tags, list(keys) or None, properties))
+        chunk: list[Item] = []
+        while True:
+            try:
+                item = next(items, None)
+            except InputError as exc:
+                producer.put(chunk)  # every message before the bad line is stored
+                raise BadInput(f"{exc}; {producer.stored()}") from None
+            if item is not None:
+                chunk.append(item)
+            if len(chunk) == BATCH or (item is None and chunk):
+                producer.put(chunk)
+                advance(len(chunk))
+                chunk = []
+            if item is None:
+                break
+    _report(os.path.abspath(root), topic, producer.rows, producer.written, summary, as_json)
 
 
-def _produce_via_server(server, topic, bodies, total, tags, keys, properties, access_key,
-                        secret_key, summary, as_json) -> None:
+class _Producer:
+    """Puts batches of items, with the command's options for what an item leaves out, and
+    keeps what was stored."""
+
+    def __init__(self, store: MessageStore, topic: str, queue_id: int | None,
+                 defaults: tuple) -> None:
+        self.store, self.topic, self.queue_id = store, topic, queue_id
+        self.tags, self.keys, self.properties = defaults
+        self.uniq_keys = UniqKeys()
+        self.rows: list[dict] = []
+        self.written = 0
+
+    def put(self, chunk: list[Item]) -> None:
+        """Store ``chunk``; a message the store refuses stops the command with its place in
+        the input, after the messages before it are stored."""
+        if not chunk:
+            return
+        batch = self._batch(chunk)
+        try:
+            result = self.store.put_batch(batch)
+        except ValueError as exc:  # the whole batch was refused, nothing of it written
+            found = AT_MESSAGE.fullmatch(str(exc))
+            if found is None:
+                raise BadInput(f"{exc}; {self.stored(chunk[0].where)}") from None
+            bad = int(found[1])
+            self.put(chunk[:bad])
+            raise BadInput(f"{chunk[bad].where}: {found[2]}; {self.stored()}") from None
+        if result.status is not PutStatus.PUT_OK:
+            at = chunk[result.error_index].where if result.error_index is not None else None
+            raise click.ClickException(
+                f"put refused{' at ' + at if at else ''}: {result.status.name} "
+                f"{result.error or ''}".rstrip() + f"; {self.stored(chunk[0].where)}")
+        self.written += result.wrote_bytes
+        self.rows += [{"queue_id": r.queue_id, "queue_offset": r.queue_offset,
+                       "phys_offset": r.phys_offset, "size": r.size, "msg_id": r.msg_id,
+                       "uniq_key": p.get(PROPERTY_UNIQ_KEY)}
+                      for r, p in zip(result, batch.properties)]
+
+    def _batch(self, chunk: list[Item]) -> MessageBatch:
+        props = [{**self.properties, **(item.properties or {})} for item in chunk]
+        for p, uniq in zip(props, self.uniq_keys.take(len(chunk))):
+            p.setdefault(PROPERTY_UNIQ_KEY, uniq)  # one given is kept, as setUniqID keeps it
+        return MessageBatch(
+            topic=self.topic, bodies=[item.body for item in chunk], queue_ids=self.queue_id,
+            tags=[item.tags if item.tags is not None else self.tags for item in chunk],
+            keys=[item.keys if item.keys is not None else self.keys for item in chunk],
+            properties=props)
+
+    def stored(self, first_lost: str | None = None) -> str:
+        """How many messages were stored when the command stopped (``first_lost``: the first
+        of the input not stored, when it is not the one the error names)."""
+        n = len(self.rows)
+        if first_lost is not None:
+            return (f"the first {n} message(s) were stored, none from {first_lost} on" if n
+                    else "nothing was stored")
+        return f"the {n} message(s) before it were stored" if n else "nothing was stored"
+
+
+def _produce_via_server(server, topic, items, total, defaults, access_key, secret_key,
+                        summary, as_json) -> None:
     from mqstore.endpoint import client
     try:
         client.check_server(server)
@@ -135,9 +197,11 @@ def _produce_via_server(server, topic, bodies, total, tags, keys, properties, ac
         raise click.BadParameter(str(exc), param_hint="'--server'") from None
     with output.progress("producing", total, enabled=not as_json) as (advance, _total):
         try:
-            rows = client.produce(server, topic, bodies, tags=tags, keys=keys,
-                                  properties=properties, access_key=access_key,
-                                  secret_key=secret_key, on_sent=lambda _row: advance(1))
+            rows = client.produce(server, topic, _messages(items, defaults),
+                                  access_key=access_key, secret_key=secret_key,
+                                  on_sent=lambda _row: advance(1))
+        except InputError as exc:
+            raise BadInput(str(exc)) from None
         except ImportError as exc:
             raise click.ClickException(f"--server needs the grpc extra ({exc})") from None
         except Exception as exc:  # noqa: BLE001 - the client's refusals carry RocketMQ's code
@@ -153,6 +217,15 @@ def _produce_via_server(server, topic, bodies, total, tags, keys, properties, ac
     output.say(f"{len(rows)} message(s), {written} body bytes sent to {topic} at {server}")
 
 
+def _messages(items, defaults):
+    """``(body, tags, keys, properties)`` of each item, the command's options filling in."""
+    tags, keys, properties = defaults
+    for item in items:
+        yield (item.body, item.tags if item.tags is not None else tags,
+               item.keys if item.keys is not None else keys,
+               {**properties, **(item.properties or {})})
+
+
 def _report(root: str, topic: str, rows: list[dict], written: int, summary: bool,
             as_json: bool) -> None:
     queues = sorted({r["queue_id"] for r in rows})
@@ -161,8 +234,10 @@ def _report(root: str, topic: str, rows: list[dict], written: int, summary: bool
                           "queues": queues, "messages": rows})
         return
     if rows and not summary and len(rows) <= PER_MESSAGE_MAX:
-        output.print_table(("queue", "offset", "commit-log offset", "size", "msg id"),
+        output.print_table(("queue", "offset", "commit-log offset", "size", "msg id",
+                            "uniq key"),
                            [(r["queue_id"], r["queue_offset"], r["phys_offset"], r["size"],
-                             r["msg_id"]) for r in rows])
-    output.say(f"{len(rows)} message(s), {written} bytes to {topic} queue(s) "
+                             r["msg_id"], r["uniq_key"]) for r in rows],
+                           whole=("msg id", "uniq key"))
+    output.say(f"stored {len(rows)} message(s), {written} bytes, in {topic} queue(s) "
                f"{', '.join(map(str, queues)) or '-'}")

@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from mqstore.cli.options import load_cli_config
+from mqstore.cli.options import load_cli_config, new_or_store_dir
 from mqstore.ops.server import serve as run_deployment
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -35,6 +35,7 @@ def serve(ctx: click.Context, config_path: str, root: str | None, verbose: bool)
     if not root:
         raise click.UsageError("no store directory: pass --root or set store.root in the "
                                "configuration")
+    new_or_store_dir(root)
     level = logging.DEBUG if verbose else getattr(logging, config.server.log_level.upper())
     logging.basicConfig(level=level, format=LOG_FORMAT, force=True)
     ctx.exit(0 if run_deployment(root, config) else 1)

@@ -11,9 +11,13 @@ from mqstore.ops.stats import store_stats
 
 @click.command()
 @existing_root
+@click.option("-g", "--group", default=None,
+              help="Show only this consumer group: per topic and queue its committed offset, "
+                   "lag and oldest unconsumed message (exit status 1 when the store has no "
+                   "such group).")
 @config_option
 @json_option
-def stats(root: str, config_path: str | None, as_json: bool) -> None:
+def stats(root: str, group: str | None, config_path: str | None, as_json: bool) -> None:
     """Show the store in ROOT: topics and queues (min/max offsets, message counts and
     bytes), consumer groups (committed offsets, lag, age of the oldest message not yet
     consumed), dispatch and flush positions, disk use, the cleanup policy's state and
@@ -24,6 +28,9 @@ def stats(root: str, config_path: str | None, as_json: bool) -> None:
     memory) and on RocketMQ directories. The -c configuration supplies the cleanup settings
     to judge by.
     """
+    if group is not None:
+        _group(root, group, load_cli_config(config_path), as_json)
+        return
     data = store_stats(root, load_cli_config(config_path))
     if as_json:
         output.emit_json(data)
@@ -37,12 +44,7 @@ def stats(root: str, config_path: str | None, as_json: bool) -> None:
         ("topic", "queue", "min offset", "max offset", "messages", "bytes"),
         [(t["topic"], q["queue_id"], q["min_offset"], q["max_offset"], q["messages"],
           q["bytes"]) for t in data["topics"] for q in t["queues"]], title="queues")
-    output.print_table(
-        ("group", "topic", "queue", "committed offset", "max offset", "lag",
-         "oldest unconsumed"),
-        [(g["group"], g["topic"], q["queue_id"], q["committed_offset"], q["max_offset"],
-          q["lag"], _age(q["oldest_unconsumed_age_ms"]) if q["lag"] else "")
-         for g in data["consumers"] for q in g["queues"]], title="consumers")
+    _consumers(data["consumers"], "consumers")
     replication = dict(data["replication"])
     slaves = replication.pop("slaves", None)
     output.print_fields(replication, title="replication")
@@ -50,6 +52,31 @@ def stats(root: str, config_path: str | None, as_json: bool) -> None:
         output.print_table(("slave", "acknowledged offset", "lag bytes"),
                            [(s["address"], s["ack_offset"], s["lag_bytes"]) for s in slaves],
                            title="slaves")
+
+
+def _group(root: str, group: str, config, as_json: bool) -> None:
+    """The consumers section of one group (the shape ``stats --json`` gives it)."""
+    everyone = store_stats(root, config, sections=("consumers",))["consumers"]
+    entries = [g for g in everyone if g["group"] == group]
+    if not entries:
+        known = sorted({g["group"] for g in everyone})
+        output.nothing_matched(f"consumer group {group!r} has no offsets in this store (its "
+                               f"groups: {', '.join(known) if known else 'none'})")
+    if as_json:
+        output.emit_json({"consumers": entries})
+        return
+    _consumers(entries, f"consumer group {group}")
+    output.say(f"lag {sum(g['lag'] for g in entries)} message(s) in "
+               f"{len(entries)} topic(s)")
+
+
+def _consumers(entries: list[dict], title: str) -> None:
+    output.print_table(
+        ("group", "topic", "queue", "committed offset", "max offset", "lag",
+         "oldest unconsumed"),
+        [(g["group"], g["topic"], q["queue_id"], q["committed_offset"], q["max_offset"],
+          q["lag"], _age(q["oldest_unconsumed_age_ms"]) if q["lag"] else "")
+         for g in entries for q in g["queues"]], title=title)
 
 
 def _age(ms: int) -> str:

@@ -38,19 +38,20 @@ def _configuration(rocketmq, server: str, access_key: str, secret_key: str, name
                                         namespace=namespace)
 
 
-def produce(server: str, topic: str, bodies: Iterable[bytes], *, tags: str | None = None,
-            keys: Sequence[str] = (), properties: dict | None = None, access_key: str = "",
-            secret_key: str = "", namespace: str = "",
+def produce(server: str, topic: str,
+            messages: Iterable[tuple[bytes, str | None, Sequence[str], dict[str, str]]], *,
+            access_key: str = "", secret_key: str = "", namespace: str = "",
             on_sent: Callable[[dict], None] = lambda row: None) -> list[dict]:
-    """Send each body; ``{"msg_id", "queue_offset", "size"}`` per message sent. A refusal
-    raises the client's exception (its message carries RocketMQ's code)."""
+    """Send each ``(body, tags, keys, properties)``; ``{"msg_id", "queue_offset", "size"}``
+    per message sent. A refusal raises the client's exception (its message carries RocketMQ's
+    code)."""
     rocketmq = _client()
     producer = rocketmq.Producer(_configuration(rocketmq, server, access_key, secret_key,
                                                 namespace), (topic,))
     producer.startup()
     rows = []
     try:
-        for body in bodies:
+        for body, tags, keys, properties in messages:
             msg = rocketmq.Message()
             msg.topic = topic
             msg.body = body

@@ -50,8 +50,9 @@ class CheckReport:
 def check_store(root: str, config: StoreConfig,
                 on_total: Callable[[int], None] = lambda n: None,
                 advance: Callable[[int], None] = lambda n: None) -> CheckReport:
-    """Check ``root``; ``on_total(bytes)`` once the work is known, ``advance(bytes)`` as it
-    is done (for a progress bar)."""
+    """Check ``root``; ``on_total(bytes)`` once the work is known (the commit-log bytes the
+    walk covers, not the segments' allocated size), ``advance(bytes)`` as it is done (for a
+    progress bar)."""
     state, pid = abort_state(root)
     held = holder(root) or (f"open for writing by process {pid}" if state == ABORT_RUNNING
                             else None)
@@ -61,8 +62,7 @@ def check_store(root: str, config: StoreConfig,
     report = CheckReport(root)
     with open_files(root, config) as files:
         report.notes = list(files.notes)
-        on_total(sum(seg.size for seg in files.commit_log.segments.segments))
-        scan = scan_log(files.commit_log, root, advance)
+        scan = scan_log(files.commit_log, root, advance, on_total)
         report.records, report.crc_bad = scan.records, scan.crc_bad
         report.commit_log_bytes = max(0, scan.end - scan.min_offset)
         problems = list(scan.problems)

@@ -21,6 +21,8 @@ from mqstore.format.record import SCAN_BLANK, SCAN_OK, scan_record
 from mqstore.ops.problems import RECORD, SEGMENT, TORN_TAIL, Problem
 
 CRC_REASON = "CRC"  # body or record CRC mismatch, a record CRC property damaged or missing
+NONZERO_WINDOW = 1 << 20  # bytes looked at a time for the end of a segment's data
+PROGRESS_STEP = 1 << 20  # walked bytes between progress reports
 
 
 @dataclass
@@ -82,29 +84,37 @@ class _Columns:
 
 def _nonzero_end(seg, begin: int) -> int:
     """End of the last non-zero byte of ``seg`` at or after ``begin`` (``begin`` if none)."""
-    stop = seg.data_end()
-    if stop <= begin:
-        return begin
-    tail = np.frombuffer(seg.mm, dtype=np.uint8, count=stop - begin, offset=begin)
-    nz = np.flatnonzero(tail)
-    return begin + int(nz[-1]) + 1 if len(nz) else begin
+    end = seg.data_end()
+    # Backwards a window at a time: the data usually ends near the end, and a whole segment
+    # of non-zero bytes at once would make an index array eight times its size.
+    while end > begin:
+        lo = max(begin, end - NONZERO_WINDOW)
+        nz = np.flatnonzero(np.frombuffer(seg.mm, dtype=np.uint8, count=end - lo, offset=lo))
+        if len(nz):
+            return lo + int(nz[-1]) + 1
+        end = lo
+    return begin
 
 
-def scan_log(commit_log, root: str, progress: Callable[[int], None] = lambda n: None) -> LogScan:
-    """Walk every record of ``commit_log`` (loaded read-only); ``progress(bytes)`` as it goes."""
+def scan_log(commit_log, root: str, progress: Callable[[int], None] = lambda n: None,
+             on_total: Callable[[int], None] = lambda n: None) -> LogScan:
+    """Walk every record of ``commit_log`` (loaded read-only). ``on_total(bytes)`` first, with
+    the bytes the walk covers (every segment but the last whole, the last up to its data's
+    end), then ``progress(bytes)`` as they are walked."""
     scan = LogScan()
     cols = _Columns()
     segq = commit_log.segments
     segs = list(segq.segments)
     size = segq.segment_bytes
     # Pre-allocated all-zero segments at the end are not part of the log.
-    while segs and _nonzero_end(segs[-1], 0) == 0:
-        progress(segs[-1].size)
+    while segs and (last_end := _nonzero_end(segs[-1], 0)) == 0:
         segs.pop()
     if not segs:
+        on_total(0)
         scan.min_offset = scan.end = max(segq.min_offset, 0)
         cols.into(scan)
         return scan
+    on_total(sum(seg.size for seg in segs[:-1]) + last_end)
     scan.min_offset = segs[0].start
     prev_end = segs[0].start
     for seg in segs:
@@ -120,19 +130,41 @@ def scan_log(commit_log, root: str, progress: Callable[[int], None] = lambda n: 
             scan.problems.append(Problem(SEGMENT, rel, file_bytes,
                                          f"segment file is {file_bytes} bytes, not {size}",
                                          seg.start + file_bytes))
+        walked = _Walked(progress, last_end if seg is segs[-1] else seg.size)
         _walk_segment(scan, cols, seg, rel, last=seg is segs[-1],
-                      crc_range=commit_log.crc_range)
+                      crc_range=commit_log.crc_range, walked=walked)
+        walked.to(walked.end)
         prev_end = seg.start + size
-        progress(seg.size)
     cols.into(scan)
     return scan
 
 
+class _Walked:
+    """How far into a segment the walk has reported, in steps of at least PROGRESS_STEP, up
+    to ``end`` (the bytes of the segment the total counted)."""
+
+    def __init__(self, progress: Callable[[int], None], end: int) -> None:
+        self.progress, self.end, self.reported = progress, end, 0
+
+    def at(self, at: int) -> None:
+        if at - self.reported >= PROGRESS_STEP:
+            self.to(at)
+
+    def to(self, at: int) -> None:
+        at = min(at, self.end)
+        if at > self.reported:
+            self.progress(at - self.reported)
+            self.reported = at
+
+
 def _walk_segment(scan: LogScan, cols: _Columns, seg, rel: str, last: bool,
-                  crc_range: tuple[int, int] | None = None) -> None:
+                  crc_range: tuple[int, int] | None = None,
+                  walked: _Walked | None = None) -> None:
     limit = seg.data_end()
     at = 0
     while at < seg.size:
+        if walked is not None:
+            walked.at(at)
         pos = seg.start + at
         if at < limit:
             kind, size, head = scan_record(seg.mm, at, limit, True, expected_phys=pos,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import re
 
 from mqstore.hashing import crc32
 from mqstore.message import StoredMessage
+
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 and C1 controls but tab, newline
 
 
 def body_text(body: bytes) -> str | None:
@@ -38,7 +41,14 @@ def message_dict(m: StoredMessage) -> dict:
     }
 
 
+def shown(text: str | None) -> str | None:
+    """``text`` when a terminal may be sent it as it is; None when it holds control characters
+    other than tab and newline (an escape sequence would drive the terminal)."""
+    return None if text is None or CONTROL.search(text) else text
+
+
 def preview(text: str | None, limit: int = 40) -> str:
+    text = shown(text)
     if text is None:
         return "(binary)"
     return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -37,14 +37,17 @@ from mqstore.runtime.workers import shm
 HOUR_MS = 3_600_000
 
 
-def store_stats(root: str, config: StoreConfig, now_ms: int | None = None) -> dict:
+def store_stats(root: str, config: StoreConfig, now_ms: int | None = None,
+                sections: tuple[str, ...] | None = None) -> dict:
+    """Every section of ``SECTIONS`` (or those named in ``sections``), by name."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     state, pid = abort_state(root)
     with MessageStore.open(root, config=config, read_only=True) as store, \
             _live_channels(root, state) as live:
         ctx = {"root": os.path.abspath(root), "store": store, "config": config, "now": now_ms,
                "writer": state, "pid": pid, "live": live}
-        return {name: build(ctx) for name, build in SECTIONS}
+        return {name: build(ctx) for name, build in SECTIONS
+                if sections is None or name in sections}
 
 
 @contextlib.contextmanager

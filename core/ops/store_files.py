@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from mqstore.config import StoreConfig
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
-from mqstore.storage.checkpoint import ABORT_FILE
+from mqstore.storage.checkpoint import ABORT_FILE, META_FILE
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
 from mqstore.storage.queue_manifest import read_manifest
@@ -23,6 +23,14 @@ log = logging.getLogger("mqstore.ops")
 COMMIT_LOG_DIR = "commitlog"
 
 ABORT_NONE, ABORT_RUNNING, ABORT_STALE = "none", "running", "stale"
+# What makes a directory a store: mqstore.json, which every store mqstore made has (an empty
+# one made by ``init`` too), or the files of RocketMQ's layout, which a broker's store has.
+STORE_MARKS = (META_FILE, COMMIT_LOG_DIR, "consumequeue", "checkpoint")
+
+
+def store_marks(root: str) -> list[str]:
+    """The entries of ``root`` that make it a store directory (none: it is not one)."""
+    return [name for name in STORE_MARKS if os.path.exists(os.path.join(root, name))]
 
 
 def abort_state(root: str) -> tuple[str, int | None]:

@@ -67,9 +67,9 @@ class SegmentQueue:
         multiple of the size are left alone and reported.
         """
         notes: list[str] = []
-        if not os.path.isdir(self.directory):
-            return notes
-        names, sizes = self._segment_files(notes)
+        # A store whose directory is not made yet (``init`` makes none) has its size recorded
+        # all the same: its first segment takes that size, not the configured one.
+        names, sizes = self._segment_files(notes) if os.path.isdir(self.directory) else ([], [])
         if not names:
             if self.known_bytes:
                 self.segment_bytes = self.known_bytes

@@ -271,7 +271,8 @@ class Topics:
         out: dict[str, TopicConfig] = {}
 
         def change(table: TopicTable | None) -> TopicTable | None:
-            base = table if table is not None else self._adopted()
+            base = table if table is not None else self._adopted(
+                () if exist_ok else configs)  # a topic created on purpose gets its counts
             topics = dict(base.topics)
             for name, config in configs.items():
                 if name in topics and not exist_ok:
@@ -292,9 +293,11 @@ class Topics:
             if table is not None:
                 self._adopt_locked(table, ident)
 
-    def _adopted(self) -> TopicTable:
-        """A new document holding the topics the consume queues already hold."""
-        topics = {name: new_topic(name, q, q) for name, q in self._queue_topics().items()}
+    def _adopted(self, but: Sequence[str] = ()) -> TopicTable:
+        """A new document holding the topics the consume queues already hold (``but``
+        those)."""
+        topics = {name: new_topic(name, q, q) for name, q in self._queue_topics().items()
+                  if name not in but}
         return empty_table().model_copy(update={"topics": topics})
 
     def _queue_topics(self) -> dict[str, int]:

@@ -11,7 +11,7 @@ import pytest
 
 from mqstore import Message, MessageBatch, MessageStore, load_config
 from mqstore.format.record import header_struct
-from cli_support import SMALL_CONFIG, mqstore, mqstore_json
+from cli_support import SMALL_CONFIG, mqstore, mqstore_json, mqstore_tty
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
 SEGMENT = 65536
@@ -119,6 +119,14 @@ def test_deleted_consume_queue_is_rebuilt(store, config):
     stats = mqstore_json("stats", store, "-c", config)
     assert [(q["queue_id"], q["max_offset"]) for q in stats["topics"][0]["queues"]] == [
         (q, COUNT // 4) for q in range(4)]
+
+
+def test_problems_on_a_narrow_terminal_keep_their_file_whole(store, config):
+    (store / "consumequeue" / "orders" / "3" / f"{0:020d}").unlink()
+    status, shown = mqstore_tty("check", store, "-c", config, columns=60)
+    assert status == 1
+    rows = [line for line in shown.splitlines() if "consume-queue" in line]
+    assert rows and all("consumequeue/orders/3/00000000000000000000" in row for row in rows)
 
 
 def test_deleted_index_is_rebuilt(store, base, config):
@@ -236,3 +244,22 @@ def test_fix_after_rot_in_the_newest_records_gives_no_offset_out_twice(store, ba
     held = [a for a in out["actions"] if a.startswith("queue offsets ")]
     assert held == [f"queue offsets {COUNT // 4 - 1} of orders/{i % 4} lost their messages; "
                     f"fillers hold them, later offsets are kept" for i in newest], out["actions"]
+def test_the_end_of_a_full_segments_data_is_found_in_bounded_memory():
+    """The walk looks for where a segment's data ends; a segment of non-zero bytes to its
+    end must not cost an index array eight times its size (a 1 GiB segment: 8 GiB)."""
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from mqstore.ops.check_log import _nonzero_end
+    size = 32 << 20
+    data = bytearray(b"\x01" * size)
+    data[-5:] = bytes(5)  # the data ends 5 bytes before the segment does
+    seg = SimpleNamespace(mm=data, data_end=lambda: size)
+    tracemalloc.start()
+    try:
+        assert _nonzero_end(seg, 0) == size - 5
+        assert _nonzero_end(seg, size - 3) == size - 3  # nothing at or after: begin
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak  # windows' index arrays, not the segment's (256 MiB)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_support import SMALL_CONFIG, env, error_line, mqstore, mqstore_json
+from cli_support import SMALL_CONFIG, env, error_line, mqstore, mqstore_json, mqstore_tty
 from consumer_proc import ConsumerProcess
 from serve_support import STOP_TIMEOUT_S, scrape, start
 from paths import REPO
@@ -117,12 +117,114 @@ def test_json_lines_are_the_messages_query_prints(store, config):
 def test_table_for_people(store, config):
     root, put = store
     proc = mqstore("consume", root, "-c", config, "-t", TOPIC, "-g", "people", "--from", "first",
-                   "-n", 3)
-    for column in ("queue", "offset", "msg id", "tags", "keys", "body"):
+                   "-n", 3, "--format", "table")
+    for column in ("queue", "offset", "msg id", "uniq key", "tags", "keys", "properties",
+                   "body"):
         assert column in proc.stdout
     assert sum(body in proc.stdout for body in put.values()) == 3
     assert "3 message(s) consumed by group 'people'; committed" in proc.stderr
     assert group_stats(root, config, "people")["lag"] == PRODUCED - 3
+
+
+def test_values_when_piped_json_and_table_on_request(tmp_path, config):
+    """Like kafka-console-consumer: raw bodies, a line each, when the output is a pipe."""
+    root = tmp_path / "store"
+    long_body = "x" * 300 + " the end"
+    bodies = ["plain", long_body, "with\ttab", "\x1b[31mred"]
+    produce(root, config, *bodies, options=("-q", "0", "-p", "region=eu"))
+    piped = mqstore("consume", root, "-c", config, "-t", TOPIC, "-g", "pipe", "--from", "first")
+    assert piped.stdout == "".join(b + "\n" for b in bodies)  # whole, byte for byte
+    assert piped.stderr == "4 message(s) consumed by group 'pipe'; committed\n"
+    as_json = mqstore("consume", root, "-c", config, "-t", TOPIC, "-g", "j", "--from", "first",
+                      "--format", "json").stdout.splitlines()
+    assert [json.loads(line)["body"] for line in as_json] == bodies
+    assert mqstore("consume", root, "-c", config, "-t", TOPIC, "-g", "j2", "--from", "first",
+                   "--json").stdout.splitlines() == as_json  # --json: the same
+    clash = mqstore("consume", root, "-c", config, "-t", TOPIC, "-g", "x", "--json", "--format",
+                    "table", check=2)
+    assert "--json and --format table say different things" in clash.stderr
+    # a table holds the whole body and every property, and never wraps an id
+    table = mqstore("consume", root, "-c", config, "-t", TOPIC, "-g", "t", "--from", "first",
+                    "--format", "table").stdout
+    assert "".join(line.split("│")[-2].strip() for line in table.splitlines()
+                   if line.startswith("│")).count(long_body) == 1
+    ids = [(m["msg_id"], m["uniq_key"]) for m in map(json.loads, as_json)]
+    for msg_id, uniq_key in ids:
+        assert msg_id in table and uniq_key in table
+    assert table.count("region=eu") == 4
+    # a body that would drive the terminal (an escape sequence) is shown as base64
+    assert "\x1b" not in table and "base64:G1szMW1yZWQ=" in table
+
+
+def test_a_table_on_a_narrow_terminal_keeps_ids_whole(tmp_path, config):
+    """On a terminal the default is a table; at 80 columns the ids stay on one line each."""
+    root = tmp_path / "store"
+    (put,) = produce(root, config, "a body long enough to fold " * 4,
+                     options=("-q", "0", "-p", "note=" + "n" * 60)).keys()
+    status, shown = mqstore_tty("consume", root, "-c", config, "-t", TOPIC, "-g", "tty",
+                                "--from", "first", columns=80)
+    assert status == 0, shown
+    (m,) = consume(root, config, "tty-json", "--from", "first")
+    rows = [line for line in shown.splitlines() if m["msg_id"] in line]
+    assert len(rows) == 1 and m["uniq_key"] in rows[0]
+    assert "n" * 10 in shown and "1 message(s) consumed by group 'tty'; committed" in shown
+
+
+def test_follow_waits_for_a_topic_that_does_not_exist_yet(tmp_path, config):
+    root = tmp_path / "store"
+    mqstore("init", root, "-c", config)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mqstore.cli", "consume", str(root), "-c", config, "-t", TOPIC,
+         "-g", "early", "--follow", "--format", "value"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+        start_new_session=True)
+    try:
+        _wait_for_member(root, "early")
+        produce(root, config, "first one")
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()
+        assert lines.get(timeout=STARTUP_TIMEOUT_S) == "first one\n"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        code = proc.wait(STOP_TIMEOUT_S)
+    assert code == 0
+    assert proc.stderr.read().splitlines() == [
+        f"topic '{TOPIC}' does not exist yet: waiting for its first message",
+        "1 message(s) consumed by group 'early'; committed"]
+
+
+def _wait_for_member(root: Path, group: str) -> None:
+    """Until the group's consumer has joined (its membership directory exists)."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    members = root / "consumer" / "groups" / group / TOPIC / "members"
+    while not (members.is_dir() and any(members.iterdir())):
+        assert time.monotonic() < deadline, "the consumer never joined its group"
+        time.sleep(0.05)
+
+
+def _timeless(stats: dict) -> dict:
+    """``stats`` without the ages, which grow between two runs."""
+    return json.loads(json.dumps(stats), object_hook=lambda d: {
+        k: v for k, v in d.items() if k != "oldest_unconsumed_age_ms"})
+
+
+def test_stats_of_one_group(store, config):
+    root, put = store
+    consume(root, config, "billing", "--from", "first", "-n", 4)
+    consume(root, config, "audit", "--from", "first")
+    one = mqstore_json("stats", root, "-c", config, "--group", "billing")
+    everyone = mqstore_json("stats", root, "-c", config)["consumers"]
+    assert _timeless(one) == _timeless({"consumers": [g for g in everyone
+                                                      if g["group"] == "billing"]})
+    assert one["consumers"][0]["lag"] == PRODUCED - 4
+    table = mqstore("stats", root, "-c", config, "--group", "billing").stdout
+    assert table.splitlines()[0].rstrip() == "consumer group billing"
+    assert table.splitlines()[-1] == f"lag {PRODUCED - 4} message(s) in 1 topic(s)"
+    assert "audit" not in table
+    missing = mqstore("stats", root, "-c", config, "--group", "nobody", check=1)
+    assert (missing.stdout, missing.stderr) == (
+        "", "consumer group 'nobody' has no offsets in this store (its groups: audit, "
+            "billing)\n")
 
 
 def test_filters_by_tag_and_sql(tmp_path, config):

@@ -74,9 +74,11 @@ def test_init_records_the_settings(tmp_path, config):
 
 
 def test_produce_reports_every_message(store):
-    size = record_size(5, len("orders"), len(
-        "TAGS\x01paid\x02KEYS\x01order-1 shared\x02region\x01eu\x02".encode()))
     first = store["first"]
+    uniq = first["messages"][0]["uniq_key"]  # every message gets one, 32 hex digits
+    size = record_size(5, len("orders"), len(
+        f"TAGS\x01paid\x02KEYS\x01order-1 shared\x02region\x01eu\x02UNIQ_KEY\x01{uniq}\x02"
+        .encode()))
     assert first["count"] == 2 and first["bytes"] == 2 * size and first["queues"] == [0]
     assert [(m["queue_id"], m["queue_offset"], m["phys_offset"], m["size"])
             for m in first["messages"]] == [(0, 0, 0, size), (0, 1, size, size)]
@@ -91,7 +93,7 @@ def test_produce_reports_every_message(store):
 
 def test_bad_input_is_one_line_and_exit_2(store, tmp_path):
     bad = mqstore("produce", store["root"], "-t", "bad topic", "x", check=2)
-    assert error_line(bad) == ("Error: message 0: topic 'bad topic' must match "
+    assert error_line(bad) == ("Error: topic 'bad topic' must match "
                                "[%|a-zA-Z0-9_-]+ (letters, digits, %|_-)")
     assert error_line(mqstore("query", store["root"], "id", "XYZ", check=2)) == \
         "Error: msg id 'XYZ' is not a hex string"
@@ -134,8 +136,10 @@ def test_query_lookups(store, config):
     assert [(x["phys_offset"], x["body"]) for x in by_id] == [(one["phys_offset"], "world")]
     at = mqstore_json("query", root, "offset", one["phys_offset"], "-c", config)["messages"]
     assert at == by_id
-    uniq = mqstore_json("query", root, "unique-key", "orders", "no-such-key", "-c", config)
-    assert uniq == {"messages": []}
+    uniq = mqstore("query", root, "unique-key", "orders", "no-such-key", "-c", config, "--json",
+                   check=1)  # nothing matched: said on stderr, exit 1 (as grep's)
+    assert json.loads(uniq.stdout) == {"messages": []}
+    assert uniq.stderr == "no message of topic 'orders' has UNIQ_KEY 'no-such-key'\n"
     stamp = m["store_timestamp"]
     timed = mqstore_json("query", root, "time", "orders", 0, stamp, "-c", config)
     assert (timed["queue_offset"], timed["boundary"]) == (0, "lower")
@@ -196,10 +200,13 @@ def test_inspect_each_file(store, config, tmp_path):
     (index_name,) = [p.name for p in (root / "index").iterdir()]
     idx = mqstore_json("inspect", root / "index" / index_name, "-c", config)
     assert idx["fields"]["slots"] == 64 and idx["fields"]["index count"] == 1 + len(idx["rows"])
-    # one entry per KEYS token (order-1, shared) of each orders message, in put order
+    # one entry for the UNIQ_KEY and one per KEYS token (order-1, shared) of each orders
+    # message, in put order, then one for the UNIQ_KEY of each logs message
     second_phys = first["messages"][1]["phys_offset"]
-    assert [r["phys_offset"] for r in idx["rows"]] == [0, 0, second_phys, second_phys]
-    assert len({r["key_hash"] for r in idx["rows"]}) == 2
+    assert [r["phys_offset"] for r in idx["rows"]] == [0, 0, 0, second_phys, second_phys,
+                                                        second_phys] + [
+        m["phys_offset"] for m in store["second"]["messages"]]
+    assert len({r["key_hash"] for r in idx["rows"][:6]}) == 4
     cp = mqstore_json("inspect", root / "checkpoint")
     assert cp["kind"] == "checkpoint" and cp["fields"]["file bytes"] == 4096
     meta = mqstore_json("inspect", root / "mqstore.json")

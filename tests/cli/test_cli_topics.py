@@ -76,12 +76,12 @@ def test_topic_create_list_update_and_refusals(root, config):
 
     refused = mqstore("produce", root, "-c", config, "-t", "Payments", "x", check=1)
     assert error_line(refused) == (
-        "Error: put refused after 0 message(s) were stored: NO_PERMISSION message 0: topic "
-        "'Payments' takes no messages: its perm is 4 (R--), without the write bit 2")
+        "Error: put refused at argument 1: NO_PERMISSION message 0: topic 'Payments' takes no "
+        "messages: its perm is 4 (R--), without the write bit 2; nothing was stored")
     refused = mqstore("produce", root, "-c", config, "-t", TOPIC, "-q", "4", "x", check=1)
     assert error_line(refused) == (
-        "Error: put refused after 0 message(s) were stored: MESSAGE_ILLEGAL message 0: "
-        "queue_id 4 is not a write queue of topic 'orders': it has 4 write queue(s), ids 0..3")
+        "Error: put refused at argument 1: MESSAGE_ILLEGAL message 0: queue_id 4 is not a "
+        "write queue of topic 'orders': it has 4 write queue(s), ids 0..3; nothing was stored")
 
     twice = mqstore("topic", "create", root, "Payments", "-c", config, check=2)
     assert error_line(twice) == (

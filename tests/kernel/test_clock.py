@@ -62,7 +62,7 @@ def test_a_spawned_process_shares_the_clock_both_ways():
     assert clock() == START + 1507  # the child's exit does not take the segment with it
     del clock
     gc.collect()
-    assert clock_segments() == before
+    assert not clock_segments() - before  # what the test made is gone (a pid may be reused)
 
 
 def test_pickle_round_trip_is_the_same_clock():
@@ -99,7 +99,7 @@ def test_the_creator_releases_the_segment_when_collected():
     assert clock.advance(1) == START + 1
     del clock
     gc.collect()
-    assert clock_segments() == before
+    assert not clock_segments() - before  # what the test made is gone (a pid may be reused)
 
 
 def test_an_attached_copy_outlives_the_creators_name():

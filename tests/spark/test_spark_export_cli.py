@@ -7,6 +7,7 @@ instead of starting a JVM of its own; the command line without pyspark runs as s
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -40,6 +41,9 @@ def test_export_writes_exactly_the_stored_rows(spark, tmp_path, open_store):
                        "planned": 7, "rows": 7}
     assert "export: 7 messages of 2 topic(s)" in result.stderr
     assert "tasks done (100%)" in result.stderr
+    # one duration for one job, the summary's: the job's own last line has none
+    assert "export: wrote 7 rows\n" in result.stderr
+    assert not re.search(r"\d s\b", result.stderr), result.stderr
     got = sorted((r.topic, r.queue_id, r.queue_offset, r.body)
                  for r in spark.read.parquet(str(dest)).collect())
     assert got == [("audit", 0, 0, b"audit-0"), ("audit", 0, 1, b"audit-1"),
@@ -53,7 +57,8 @@ def test_export_writes_exactly_the_stored_rows(spark, tmp_path, open_store):
     assert line.startswith(f"Error: export to '{dest}' failed: [PATH_ALREADY_EXISTS]"), line
     bad = cli("export", tmp_path / "nowhere", "--to", tmp_path / "x")
     assert bad.exit_code == 2
-    assert bad.stderr.strip().endswith("is not a store directory (no such directory)")
+    assert bad.stderr.splitlines() == [f"Error: store directory '{tmp_path / 'nowhere'}' does "
+                                       f"not exist"]
 
 
 # Several commands in one process without pyspark (click's runner): exit codes and output.

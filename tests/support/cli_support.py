@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import re
+import select
+import struct
 import subprocess
 import sys
+import termios
+import time
 
 # Small files: a default-config store has 1 GiB segments and 420 MB index files (sparse).
 SMALL_CONFIG = """\
@@ -33,6 +40,42 @@ def mqstore(*args, input: str | None = None, check: int | None = 0) -> subproces
         assert proc.returncode == check, (f"mqstore {' '.join(map(str, args))} exited "
                                           f"{proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+ANSI_CODE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def mqstore_tty(*args, columns: int = 80) -> tuple[int, str]:
+    """Run ``mqstore ARGS`` with standard output and error on a terminal ``columns`` wide (a
+    pseudo-terminal), as a person at a shell would; returns the exit status and what the
+    terminal was sent, colours and cursor movements removed (lines end in \\r\\n)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "mqstore.cli", *map(str, args)],
+                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                            env={**env(), "COLUMNS": str(columns), "LINES": "50",
+                                 "TERM": "xterm"})
+    os.close(slave)
+    sent = []
+    deadline = time.monotonic() + CLI_TIMEOUT_S
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                proc.kill()
+                raise AssertionError(f"mqstore {' '.join(map(str, args))} ran over "
+                                     f"{CLI_TIMEOUT_S} s")
+            try:
+                data = os.read(master, 1 << 16)
+            except OSError:  # EIO: every holder of the terminal's other end has exited
+                break
+            if not data:
+                break
+            sent.append(data)
+    finally:
+        os.close(master)
+    status = proc.wait(timeout=CLI_TIMEOUT_S)
+    return status, ANSI_CODE.sub("", b"".join(sent).decode("utf-8", errors="replace"))
 
 
 def mqstore_json(*args, check: int | None = 0, input: str | None = None):

@@ -536,3 +536,13 @@ def test_check_notes_a_damaged_topics_file(make_store, store_dir):
     assert report.problems == []
     assert (f"topic configs {path} are damaged: topicConfigTable: input should be a valid "
             f"dictionary (got 1); the file is left as it is: repair or remove it") in report.notes
+
+
+def test_creating_a_topic_the_store_holds_without_a_config_gives_it_the_counts_asked(
+        make_store):
+    store = make_store()
+    assert store.put(Message("Held", b"x", queue_id=5)).status is PutStatus.PUT_OK
+    made = store.create_topic("Held", write_queues=2)
+    assert (made.read_queue_nums, made.write_queue_nums) == (4, 2)
+    with pytest.raises(ValueError, match="topic 'Held' exists already"):
+        store.create_topic("Held")
