@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mqstore.errors import ConfigError, PluginError
 from mqstore.format.hosts import parse_host
+from mqstore.format.names import check_topic
 
 GiB = 1 << 30
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
@@ -195,6 +196,45 @@ class QueueSelectSection(_Section):
     queues_per_topic: int = Field(4, ge=1, le=65_536)
 
 
+MAX_TOPIC_QUEUES = 65_536
+
+
+class DeclaredTopic(_Section):
+    """One entry of ``topics.declare``."""
+
+    name: str
+    queues: int | None = Field(None, ge=1, le=MAX_TOPIC_QUEUES)
+    read_queues: int | None = Field(None, ge=1, le=MAX_TOPIC_QUEUES)
+    write_queues: int | None = Field(None, ge=1, le=MAX_TOPIC_QUEUES)
+    perm: Literal[2, 4, 6] = 6
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_topic(value)
+
+
+class TopicsSection(_Section):
+    """Topic configs (``config/topics.json``, RocketMQ's format). Each ``declare`` entry is
+    ``{name: T, queues: N, perm: 6}``: ``queues`` sets both queue counts (default
+    ``queue_select.queues_per_topic``), ``read_queues`` / ``write_queues`` set one each, ``perm``
+    is 2 (write), 4 (read) or 6 (both, the default). A writable open creates or updates every
+    declared topic to match; see docs/topics.md."""
+
+    auto_create: bool = True
+    declare: tuple[DeclaredTopic, ...] = ()
+
+    @field_validator("declare")
+    @classmethod
+    def _unique(cls, value: tuple[DeclaredTopic, ...]) -> tuple[DeclaredTopic, ...]:
+        seen = set()
+        for topic in value:
+            if topic.name in seen:
+                raise ValueError(f"topic {topic.name!r} is declared twice")
+            seen.add(topic.name)
+        return value
+
+
 class PluginsSection(_Section):
     load_entry_points: bool = True
     modules: tuple[str, ...] = ()
@@ -287,6 +327,7 @@ class StoreConfig(_Section):
     index: IndexSection = IndexSection()
     cleanup: CleanupSection = CleanupSection()
     queue_select: QueueSelectSection = QueueSelectSection()
+    topics: TopicsSection = TopicsSection()
     plugins: PluginsSection = PluginsSection()
     consumer: ConsumerSection = ConsumerSection()
     server: ServerSection = ServerSection()
@@ -405,12 +446,12 @@ def _renamed(data: Any, source: str) -> Any:
 def _build(data: Any, source: str) -> StoreConfig:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: the top level must be a mapping of sections, got {data!r}")
-    if "plugins" in data and isinstance(data["plugins"], Mapping):
-        # YAML gives lists; the frozen model stores tuples.
-        data = dict(data)
-        data["plugins"] = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in data["plugins"].items()
-        }
+    # YAML gives lists; the frozen model stores tuples.
+    for section in ("plugins", "topics"):
+        if section in data and isinstance(data[section], Mapping):
+            data = dict(data)
+            data[section] = {k: tuple(v) if isinstance(v, list) else v
+                             for k, v in data[section].items()}
     try:
         config = StoreConfig.model_validate(data)
     except ValidationError as exc:

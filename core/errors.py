@@ -43,3 +43,16 @@ class CorruptRecordError(MQStoreError, ValueError):
 class CorruptStateError(MQStoreError, ValueError):
     """A state file beside the data (consumer offsets, pop state) exists but does not parse;
     it is left as it is. Damaged data like ``CorruptRecordError``, not bad input."""
+
+
+class TopicNotFoundError(MQStoreError, LookupError):
+    """A topic the call names has no config (``config/topics.json``) and nothing stored."""
+
+
+class GroupNotFoundError(MQStoreError, LookupError):
+    """A consumer group the call names has no offsets or pop state."""
+
+
+class InUseError(MQStoreError):
+    """Live consumer instances hold what the call would change (a topic, a group's offsets):
+    they would go on from what they have in memory, so the call is refused."""

@@ -30,6 +30,11 @@ class PutStatus(enum.Enum):
     PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
     OS_PAGE_CACHE_BUSY = "OS_PAGE_CACHE_BUSY"
     UNKNOWN_ERROR = "UNKNOWN_ERROR"
+    # The broker's refusals (its ResponseCode names), for stores with topic configs
+    # (docs/topics.md): a topic with no config while topics.auto_create is off, and a topic
+    # whose perm has no write bit.
+    TOPIC_NOT_EXIST = "TOPIC_NOT_EXIST"
+    NO_PERMISSION = "NO_PERMISSION"
 
     @property
     def stored(self) -> bool:

@@ -26,6 +26,7 @@ from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import ConsumerService
 from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
 from mqstore.lifecycle.opener import Opener
+from mqstore.lifecycle.topic_calls import TopicCalls
 from mqstore.message import GetResult, ReadBatch, StoredMessage
 from mqstore.read.reader import check_queue
 from mqstore.running_flags import (  # noqa: F401 - flags are part of the store's API
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from mqstore.consumer.group import GroupConsumer
     from mqstore.consumer.peek import GroupPeek
     from mqstore.consumer.progress import QueueLag
+    from mqstore.consumer.service import OffsetReset
     from mqstore.dispatch.dispatchers import Dispatchers
     from mqstore.format.hosts import Host
     from mqstore.lifecycle.parts import StoreParts
@@ -74,7 +76,7 @@ def _close_open_stores() -> None:
 atexit.register(_close_open_stores)
 
 
-class MessageStore:
+class MessageStore(TopicCalls):
     """An open store directory. Create with :meth:`open`; close with :meth:`close` or ``with``."""
 
     # The parts an open wires together (``lifecycle.parts.StoreParts``), for tools and tests.
@@ -352,6 +354,15 @@ class MessageStore:
         ``(topic, group)`` pairs whose offsets or pop state were forgotten."""
         self._check_open()
         return self._consumers.delete_consumer_group(group, topic)
+
+    def reset_consumer_offsets(self, group: str, topic: str, *, offset: int | None = None,
+                               timestamp_ms: int | None = None,
+                               queue_id: int | None = None) -> list[OffsetReset]:
+        """RocketMQ's resetOffset: ``group``'s committed offsets of ``topic`` moved to
+        ``offset`` or to the first message stored at or after ``timestamp_ms``."""
+        self._check_open()
+        return self._consumers.reset_consumer_offsets(
+            group, topic, offset=offset, timestamp_ms=timestamp_ms, queue_id=queue_id)
 
     def pop(self, group: str, topic: str, max_msgs: int = 32, invisible_ms: int = 30000, *,
             expression: str | None = None, expression_type: str = "TAG",

@@ -17,12 +17,13 @@ from mqstore.append import encoding
 from mqstore.append.columns import columns_from_batch, columns_from_messages, encode_columns
 from mqstore.append.replicas import Replicas
 from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
-from mqstore.errors import StoreClosedError
+from mqstore.errors import CorruptStateError, StoreClosedError
 from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult, PutStatus
 from mqstore.running_flags import UNWRITABLE
 from mqstore.storage.commit_log import BlockTooLargeError
 from mqstore.storage.transient_pool import PoolExhaustedError
 from mqstore.uninterrupted import shield
+from mqstore.view.topics import TopicRefused
 
 
 def _explicit_ids(messages, n: int):
@@ -42,6 +43,35 @@ def _queue_keys(topics: list[str], queue_ids: np.ndarray) -> tuple[list, np.ndar
                            for t, q in zip(topics, queue_ids.tolist())),
                           dtype=np.int64, count=len(topics))
     return list(index), inverse
+
+
+def _highest_ids(topics: list[str], queue_ids) -> dict[str, int]:
+    """``{topic: the highest queue id the batch names for it, -1 for none}``, topics in the
+    order of their first message; ``queue_ids``: an array, a list with None where the
+    selector chooses, or None (it chooses for all)."""
+    if queue_ids is None:
+        return dict.fromkeys(topics, -1)
+    if isinstance(queue_ids, np.ndarray):
+        if len(set(topics)) == 1:
+            return {topics[0]: int(queue_ids.max())}
+        keys, inverse = _queue_keys(topics, np.zeros(len(topics), dtype=np.int64))
+        highest = np.full(len(keys), -1, dtype=np.int64)
+        np.maximum.at(highest, inverse, queue_ids)
+        return {t: int(h) for (t, _q), h in zip(keys, highest.tolist())}
+    out = dict.fromkeys(topics, -1)
+    for i, q in enumerate(queue_ids):
+        if q is not None and q > out[topics[i]]:
+            out[topics[i]] = q
+    return out
+
+
+def _refused_index(topics: list[str], queue_ids, refused: TopicRefused) -> int:
+    """The first message of a batch its topic's refusal is about."""
+    if refused.queues is not None and queue_ids is not None:
+        for i, (t, q) in enumerate(zip(topics, queue_ids)):
+            if t == refused.topic and q is not None and q >= refused.queues:
+                return i
+    return topics.index(refused.topic)
 
 
 def _blocks(ends: np.ndarray, limit: int) -> list[tuple[int, int]]:
@@ -77,11 +107,11 @@ class Appender:
     def __init__(self, *, state, commit_log, writer, selector, flush_policy, hooks, config,
                  put_ctx, store_host, clock, queue_offsets: dict, last_append: tuple[int, int],
                  failing: Callable[[], str | None], appended: Callable[[int], None],
-                 replicas: Replicas | None = None) -> None:
+                 topics, replicas: Replicas | None = None) -> None:
         """``failing()``: why the loops cannot do their work (puts wait), or None.
         ``appended(end)``: called after each append with the new end of the log (publishes
-        it, wakes the loops). ``replicas``: a master's slaves (``append.replicas``), asked
-        after each put; None: no replication."""
+        it, wakes the loops). ``topics``: the store's ``view.topics.Topics``. ``replicas``: a
+        master's slaves (``append.replicas``), asked after each put; None: no replication."""
         self.state = state
         self.slave = config.store.role == "slave"
         self.busy_timeout_ms = config.store.os_page_cache_busy_timeout_ms
@@ -94,6 +124,8 @@ class Appender:
         self.replicas = replicas
         self.hooks = hooks
         self.queues_per_topic = config.queue_select.queues_per_topic
+        self.selector_name = config.queue_select.selector
+        self.topics = topics
         self.put_ctx = put_ctx
         self.store_host = store_host
         self.msg_id_prefix = offset_msg_id(store_host, 0)[:-16]
@@ -169,18 +201,81 @@ class Appender:
         return answer
 
     def _columns(self, messages):
-        """The batch as columns, each message with its queue id (selected when it has none)."""
+        """The batch as columns, each message with its queue id (selected when it has none,
+        among its topic's write queues); every check that can refuse the batch comes before
+        a topic is created for it."""
         if isinstance(messages, MessageBatch):
             cols = columns_from_batch(messages, self.put_ctx)
         else:
             cols = columns_from_messages(messages, self.put_ctx)
+        biggest = int(np.argmax(cols.sizes))
+        self._check_fits(int(cols.sizes[biggest]), biggest)  # before any topic is created
+        explicit = None if cols.queue_ids is not None else _explicit_ids(messages, cols.n)
+        counts = self._write_queues(cols.topics, cols.queue_ids if explicit is None
+                                    else (None if isinstance(messages, MessageBatch)
+                                          else explicit))
         if cols.queue_ids is None:
-            queues, select = self.queues_per_topic, self.selector.select
-            cols.queue_ids = np.fromiter(
-                (encoding.check_queue_id(select(m, queues)) if q is None else q
-                 for m, q in zip(cols.select_inputs, _explicit_ids(messages, cols.n))),
-                dtype=np.int64, count=cols.n)
+            select = self.selector.select
+            if counts is None or len(counts) == 1:  # one count for the whole batch
+                queues = self.queues_per_topic if counts is None else next(iter(counts.values()))
+                cols.queue_ids = np.fromiter(
+                    (encoding.check_queue_id(select(m, queues)) if q is None else q
+                     for m, q in zip(cols.select_inputs, explicit)),
+                    dtype=np.int64, count=cols.n)
+            else:
+                count_of = counts.__getitem__
+                cols.queue_ids = np.fromiter(
+                    (encoding.check_queue_id(select(m, count_of(t))) if q is None else q
+                     for m, t, q in zip(cols.select_inputs, cols.topics, explicit)),
+                    dtype=np.int64, count=cols.n)
+        if counts is not None:
+            self._check_chosen(cols.topics, cols.queue_ids, counts)
         return cols
+
+    # -- topics (view.topics: docs/topics.md) ----------------------------------------------------
+    def _write_queues(self, topics: list[str], queue_ids) -> dict[str, int] | None:
+        """Each topic's number of write queues, the topics a put may create created; None
+        when the store has no topic configs. A topic or queue id refused, or the topic file
+        unusable, rejects the put (``encoding.Rejected``) with nothing written."""
+        try:
+            if not self.topics.has_configs():
+                return None
+            return self.topics.write_queues(_highest_ids(topics, queue_ids))
+        except TopicRefused as exc:
+            raise encoding.Rejected(exc.status, exc.reason,
+                                    _refused_index(topics, queue_ids, exc)) from None
+        except (CorruptStateError, OSError) as exc:
+            raise encoding.Rejected(PutStatus.SERVICE_NOT_AVAILABLE, str(exc), None) from None
+
+    def _write_queues_of(self, topic: str, queue_id: int | None) -> int | None:
+        """``_write_queues`` for one message."""
+        try:
+            return self.topics.write_queues_of(topic, -1 if queue_id is None else queue_id)
+        except TopicRefused as exc:
+            raise encoding.Rejected(exc.status, exc.reason, None) from None
+        except (CorruptStateError, OSError) as exc:
+            raise encoding.Rejected(PutStatus.SERVICE_NOT_AVAILABLE, str(exc), None) from None
+
+    def _check_chosen(self, topics: list[str], queue_ids: np.ndarray,
+                      counts: dict[str, int]) -> None:
+        """A selector's choices are write queues of their topics (ids named were checked)."""
+        if len(counts) == 1:
+            limit = np.int64(next(iter(counts.values())))
+        else:
+            limit = np.fromiter(map(counts.__getitem__, topics), dtype=np.int64,
+                                count=len(topics))
+        bad = np.flatnonzero(queue_ids >= limit)
+        if len(bad):
+            i = int(bad[0])
+            raise self._chosen_wrongly(topics[i], int(queue_ids[i]), counts[topics[i]], i)
+
+    def _chosen_wrongly(self, topic: str, queue_id: int, queues: int,
+                        index: int | None) -> encoding.Rejected:
+        return encoding.Rejected(
+            PutStatus.MESSAGE_ILLEGAL,
+            f"queue selector {self.selector_name!r} chose queue_id {queue_id}, not a write "
+            f"queue of topic {topic!r}: it has {queues} write queue(s), ids 0..{queues - 1}",
+            index)
 
     def _check_fits(self, size: int, index: int | None) -> None:
         if size > self._limit:
@@ -290,10 +385,13 @@ class _Single:
     @staticmethod
     def prepare(app: Appender, message: Message):
         p = encoding.prepare(message, app.put_ctx)
+        app._check_fits(p.size, None)  # before any topic is created
+        counts = app._write_queues_of(p.topic, p.queue_id)
+        queues = app.queues_per_topic if counts is None else counts
         if p.queue_id is None:
-            p.queue_id = encoding.check_queue_id(
-                app.selector.select(message, app.queues_per_topic))
-        app._check_fits(p.size, None)
+            p.queue_id = encoding.check_queue_id(app.selector.select(message, queues))
+            if counts is not None and p.queue_id >= queues:
+                raise app._chosen_wrongly(p.topic, p.queue_id, queues, None)
         return p
 
     @staticmethod
@@ -354,15 +452,12 @@ class _Batch:
 
     @staticmethod
     def prepare(app: Appender, messages):
-        cols = app._columns(messages)
-        biggest = int(np.argmax(cols.sizes))
-        app._check_fits(int(cols.sizes[biggest]), biggest)
-        return cols
+        return app._columns(messages)
 
     @staticmethod
     def rejected(rej: encoding.Rejected) -> tuple[BatchPutResult, BatchPutResult]:
-        result = BatchPutResult.rejected(rej.status, f"message {rej.index}: {rej.reason}",
-                                         rej.index)
+        reason = rej.reason if rej.index is None else f"message {rej.index}: {rej.reason}"
+        result = BatchPutResult.rejected(rej.status, reason, rej.index)
         return result, result
 
     @staticmethod

@@ -180,6 +180,46 @@ class Membership:
             self._member_fd = -1
 
 
+def live_members(root: str, group: str, topic: str) -> list[str]:
+    """The members of ``group`` on ``topic`` alive now (their seats are flocked), sorted;
+    probing takes no seat and removes nothing."""
+    members_dir = os.path.join(group_dir(root, group, topic), MEMBERS)
+    try:
+        names = os.listdir(members_dir)
+    except FileNotFoundError:
+        return []
+    alive = []
+    for name in sorted(names):
+        try:
+            fd = os.open(os.path.join(members_dir, name), os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            if not _try_flock(fd, fcntl.LOCK_SH):
+                alive.append(name)
+        finally:
+            os.close(fd)
+    return alive
+
+
+def groups_on_topic(root: str, topic: str) -> list[str]:
+    """The groups with membership files for ``topic`` (live or left behind)."""
+    base = os.path.join(root, GROUPS_DIR)
+    try:
+        groups = sorted(os.listdir(base))
+    except FileNotFoundError:
+        return []
+    return [g for g in groups if os.path.isdir(os.path.join(base, g, topic))]
+
+
+def topics_of_group(root: str, group: str) -> list[str]:
+    """The topics ``group`` has membership files for (live or left behind)."""
+    try:
+        return sorted(os.listdir(os.path.join(root, GROUPS_DIR, group)))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def remove_group_files(root: str, group: str, topic: str | None = None) -> list[str]:
     """Remove ``group``'s membership files (of ``topic``, or of every topic) where no live
     instance is; returns the topics whose directories went. A topic's directory where any

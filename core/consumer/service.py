@@ -11,22 +11,58 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from dataclasses import dataclass
 
 from mqstore.consumer import names, pop_state
 from mqstore.consumer.group import GroupConsumer
-from mqstore.consumer.membership import remove_group_files
+from mqstore.consumer.membership import live_members, remove_group_files, topics_of_group
 from mqstore.consumer.offsets import ConsumerOffsets
 from mqstore.consumer.peek import GroupPeek
 from mqstore.consumer.pop import PopConsumer
 from mqstore.consumer.progress import (
     QueueLag, group_offsets, groups, queue_lags, retention_floor,
 )
+from mqstore.errors import InUseError, TopicNotFoundError
+from mqstore.format.names import INT64_MAX, INT64_MIN, check_int, check_queue_id
 from mqstore.runtime.workers.wakeup import Wakeup
 
 log = logging.getLogger("mqstore.consumer")
 
 CONSUMER_CALLS = ("consumer", "peek", "consumer_lag", "consumer_groups", "consumed_floor",
-                  "delete_consumer_group", "pop", "ack", "change_invisible_duration")
+                  "delete_consumer_group", "reset_consumer_offsets", "pop", "ack",
+                  "change_invisible_duration")
+
+
+@dataclass(frozen=True)
+class OffsetReset:
+    """One queue of a reset: the group's offset before (None: it had none) and after, and
+    the queue's offsets then."""
+
+    queue_id: int
+    before: int | None
+    after: int
+    min_offset: int
+    max_offset: int
+
+
+def live_instances(root: str, group: str, topic: str | None = None) -> dict[str, int]:
+    """``{topic: live instances}`` of ``group`` (on ``topic``, or on any), where there are."""
+    topics = [topic] if topic is not None else topics_of_group(root, group)
+    out = {}
+    for t in topics:
+        alive = live_members(root, group, t)
+        if alive:
+            out[t] = len(alive)
+    return out
+
+
+def refuse_live(root: str, group: str, topic: str | None, doing: str) -> None:
+    """InUseError when instances of ``group`` consume (``topic``, or any topic) now."""
+    alive = live_instances(root, group, topic)
+    if alive:
+        where = ", ".join(f"{n} on {t!r}" for t, n in sorted(alive.items()))
+        raise InUseError(f"group {group!r} has live instances ({where}): they would go on "
+                         f"from the offsets they hold; stop them before {doing}")
 
 
 class ConsumerService:
@@ -111,6 +147,47 @@ class ConsumerService:
                 gone.add((t, g))
         remove_group_files(self.root, group, topic)
         return sorted(gone)
+
+    def reset_consumer_offsets(self, group: str, topic: str, *, offset: int | None = None,
+                               timestamp_ms: int | None = None,
+                               queue_id: int | None = None) -> list[OffsetReset]:
+        """Move ``group``'s committed offsets of ``topic`` (every queue, or ``queue_id``) to
+        ``offset`` (clamped to each queue's ``[min, max]``) or to the first message stored at
+        or after ``timestamp_ms`` (the queue's end when none is): RocketMQ's resetOffset.
+        The group's next consumer, and its next pop, start there (its pop state of the
+        topic goes, with the deliveries in flight). Refused (``InUseError``) while instances
+        of the group consume the topic."""
+        names.check_group(group)
+        names.check_topic(topic)
+        if (offset is None) == (timestamp_ms is None):
+            raise ValueError("give exactly one of offset and timestamp_ms")
+        if offset is not None:
+            offset = check_int("offset", offset, 0, INT64_MAX)
+        if timestamp_ms is not None:
+            timestamp_ms = check_int("timestamp_ms", timestamp_ms, INT64_MIN, INT64_MAX)
+        store = self.store
+        queues = store.queue_ids(topic)
+        config = store.topic_config(topic)
+        if config is not None:
+            queues = sorted(set(queues) | set(range(config.read_queue_nums)))
+        if queue_id is not None:
+            queues = [check_queue_id(queue_id)]
+        elif not queues:
+            raise TopicNotFoundError(f"topic {topic!r} has no queues and no config in "
+                                     f"{self.root!r}")
+        refuse_live(self.root, group, topic, "resetting its offsets")
+        before = group_offsets(self.root, self.offsets, topic, group)
+        out = []
+        for q in queues:
+            low, high = store.min_offset(topic, q), store.max_offset(topic, q)
+            after = (min(max(offset, low), high) if offset is not None
+                     else store.offset_by_time(topic, q, timestamp_ms))
+            out.append(OffsetReset(q, before.get(q), after, low, high))
+        self.offsets.commit(topic, group, {r.queue_id: r.after for r in out})
+        self.offsets.persist()
+        if (topic, group) in pop_state.pop_groups(self.root):
+            self._pop_consumer().remove(topic, group)
+        return out
 
     def pop(self, group: str, topic: str, max_msgs: int = 32, invisible_ms: int = 30_000, *,
             expression: str | None = None, expression_type: str = "TAG",

@@ -40,6 +40,11 @@ class ConsumeQueueBuilder:
         queued = np.flatnonzero((tx == TX_NOT) | (tx == TX_COMMIT))
         if not len(queued):
             return
+        floors = self.store.topics.dispatch_floors()
+        if floors:
+            queued = _without_deleted(batch, queued, floors)
+            if not len(queued):
+                return
         subs = self.store.subscriptions
         subs.reload()
         topics = batch.topics
@@ -86,6 +91,19 @@ class ConsumeQueueBuilder:
 
     def close(self) -> None:
         pass
+
+
+def _without_deleted(batch, rows: np.ndarray, floors: dict[str, int]) -> np.ndarray:
+    """``rows`` less the records of deleted topics stored before they were deleted
+    (``storage.deleted_topics``): dispatched again, they must not bring the topic back."""
+    if int(batch.phys_offsets[rows[0]]) >= max(floors.values()):
+        return rows  # records in log order, all stored after every deletion: the usual case
+    topics = batch.topics
+    if not any(t in floors for t in dict.fromkeys(topics[i] for i in rows.tolist())):
+        return rows
+    floor = np.fromiter((floors.get(topics[i], -1) for i in rows.tolist()), dtype=np.int64,
+                        count=len(rows))
+    return rows[batch.phys_offsets[rows] >= floor]
 
 
 def _queue_groups(topics, queue_ids: np.ndarray, rows: np.ndarray

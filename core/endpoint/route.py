@@ -1,8 +1,10 @@
 """QueryRoute: which topics exist, with which queues, and the one broker serving them.
 
-``Topics.queues`` is the single lookup of a topic's queues (topic configs will replace it): a
-topic exists once the store has a queue of it, or once this endpoint took a send to it (its
-queues appear when dispatch reaches them). Its queues are those the store has plus the
+``Topics.queues`` is the single lookup of a topic's queues. A topic with a config
+(``config/topics.json``, ``store.topic_config``; docs/topics.md) exists, and its queues are its
+write queues, the ones its puts pick among (the store refuses any other). Without one, a topic
+exists once the store has a queue of it, or once this endpoint took a send to it (its queues
+appear when dispatch reaches them), and its queues are those the store has plus the
 ``queue_select.queues_per_topic`` the store's selector spreads sends over. A send to a topic
 that does not exist creates it when ``server.grpc_auto_create_topics`` allows; a route query
 for it then answers the queues it will have, as a RocketMQ broker with autoCreateTopicEnable
@@ -16,6 +18,7 @@ NAT or a name keeps using the address that reached us; the endpoint's own addres
 from __future__ import annotations
 
 from mqstore.endpoint.protocol import Code, definition_pb2, service_pb2
+from mqstore.errors import CorruptStateError
 from mqstore.endpoint.status import EndpointError, ok
 
 BROKER_NAME = "mqstore"
@@ -35,7 +38,7 @@ class Topics:
     def exists(self, topic: str) -> bool:
         if topic in self._known:
             return True
-        if self._store.queue_ids(topic):
+        if self._config(topic) is not None or self._store.queue_ids(topic):
             self._known.add(topic)
             return True
         return False
@@ -44,7 +47,18 @@ class Topics:
         """The topic's queue ids; None when it does not exist."""
         if not self.exists(topic):
             return None
+        config = self._config(topic)
+        if config is not None:  # a topic without write queues is routed to its read queues
+            return list(range(config.write_queue_nums or config.read_queue_nums))
         return sorted(set(self._store.queue_ids(topic)) | set(range(self.queues_per_topic)))
+
+    def _config(self, topic: str):
+        """The topic's config, or None (it has none, or topics.json is damaged: its puts
+        answer why)."""
+        try:
+            return self._store.topic_config(topic)
+        except CorruptStateError:
+            return None
 
     def for_send(self, topic: str) -> None:
         """Check that ``topic`` may take a send (TOPIC_NOT_FOUND otherwise)."""

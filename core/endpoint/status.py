@@ -36,6 +36,9 @@ PUT_CODES = {
     PutStatus.PROPERTIES_SIZE_EXCEEDED: Code.MESSAGE_PROPERTIES_TOO_LARGE,
     PutStatus.OS_PAGE_CACHE_BUSY: Code.TOO_MANY_REQUESTS,
     PutStatus.UNKNOWN_ERROR: Code.INTERNAL_SERVER_ERROR,
+    # The broker's refusals of a store with topic configs, as the proxy maps them.
+    PutStatus.TOPIC_NOT_EXIST: Code.TOPIC_NOT_FOUND,
+    PutStatus.NO_PERMISSION: Code.FORBIDDEN,
 }
 
 _OK = Status(code=Code.OK, message="OK")

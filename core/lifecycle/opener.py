@@ -23,6 +23,7 @@ from mqstore.read.reader import Reader
 from mqstore.lifecycle import offset_floor
 from mqstore.lifecycle.recovery import RecoveryReport, durable_end, mend_range, recover
 from mqstore.config import StoreConfig
+from mqstore.errors import CorruptStateError
 from mqstore.replication import Replication, slave_acks
 from mqstore.running_flags import NOT_WRITEABLE, StoreState
 from mqstore.runtime.loops import Runtime
@@ -319,7 +320,10 @@ class Opener:
                                         parts.store_host.is_v6, config.commit_log.record_crc),
             store_host=parts.store_host, clock=self.clock, queue_offsets={},
             last_append=(parts.commit_log.max_offset, parts.checkpoint.physic_msg_timestamp),
-            failing=runtime.failing, appended=runtime.appended, replicas=acks)
+            failing=runtime.failing, appended=runtime.appended, topics=parts.view.topics,
+            replicas=acks)
+        queue_offsets = parts.appender.queue_offsets
+        parts.view.topics.known_queues = lambda: list(queue_offsets)
         parts.replication = Replication(self.root, config, parts.commit_log, parts.appender,
                                         acks)
         report = parts.recovery_report
@@ -336,6 +340,21 @@ class Opener:
             start, report.abnormal, report.trusted_end, hold=self.holding)
         parts.appender.queue_offsets.update(self._queue_offsets())
         self._report_lost_offsets(report)
+        self._declare_topics()  # once every queue recovery re-dispatched is known
+
+    def _declare_topics(self) -> None:
+        """The topics the deployment declares (``topics.declare``), made as declared in
+        ``config/topics.json``. A damaged file is reported and left alone: the store opens,
+        and its puts are refused naming the file until it is repaired (a full disk: the
+        store opens, and the next open declares them)."""
+        try:
+            changes = self.parts.view.topics.declare(self.config.topics.declare)
+        except (CorruptStateError, OSError) as exc:
+            self.parts.recovery_report.notes.append(f"declared topics not applied: {exc}")
+            log.error("declared topics not applied: %s", exc)
+            return
+        for line in changes:
+            log.info("topics.declare: %s", line)
 
     def _report_lost_offsets(self, report: RecoveryReport) -> None:
         """The offsets the open's dispatch left without a message, in queues it rebuilt or

@@ -4,7 +4,8 @@ Dispatch gives every record that is not a prepared or rolled-back transaction (q
 records are prepared ones) the unit at its own queue offset, ``(phys, size, tags code)``. So,
 for each queue: every such record of the walked log has that unit, and every unit whose
 record is still stored (at or after the log's first byte) names exactly such a record. A
-filler (``size 0x7FFFFFFF``) holds the place of an offset whose record is gone.
+filler (``size 0x7FFFFFFF``) holds the place of an offset whose record is gone. A deleted
+topic's records stored before it was deleted (``storage.deleted_topics``) have no unit.
 """
 
 from __future__ import annotations
@@ -21,12 +22,18 @@ from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
 from mqstore.storage.mapped_file import segment_name
 
 
-def expected_units(scan: LogScan) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """``(topic, queue id) -> (queue offsets, phys offsets, sizes)``, ascending by queue offset."""
+def expected_units(scan: LogScan, deleted: dict[str, int] | None = None
+                   ) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``(topic, queue id) -> (queue offsets, phys offsets, sizes)``, ascending by queue
+    offset; ``deleted``: ``{topic: commit-log offset}`` below which a topic has none."""
     if not scan.records:
         return {}
     tx = scan.sysflags & SYSFLAG_TX_MASK
-    rows = np.flatnonzero((tx == TX_NOT) | (tx == TX_COMMIT))
+    keep = (tx == TX_NOT) | (tx == TX_COMMIT)
+    for topic, below in (deleted or {}).items():
+        if topic in scan.topics:
+            keep &= ~((scan.topic_ids == scan.topics.index(topic)) & (scan.phys < below))
+    rows = np.flatnonzero(keep)
     order = np.lexsort((scan.queue_offsets[rows], scan.queue_ids[rows], scan.topic_ids[rows]))
     rows = rows[order]
     key = scan.topic_ids[rows] << 32 | (scan.queue_ids[rows] & 0xFFFFFFFF)
@@ -61,9 +68,10 @@ def _units(cq) -> tuple[int, np.ndarray]:
     return segs[0].start // CQ_UNIT_SIZE, units[:int(written[-1]) + 1 if len(written) else 0]
 
 
-def check_queues(scan: LogScan, queues: dict, root: str, file_bytes: int) -> list[Problem]:
+def check_queues(scan: LogScan, queues: dict, root: str, file_bytes: int,
+                 deleted: dict[str, int] | None = None) -> list[Problem]:
     problems: list[Problem] = []
-    expected = expected_units(scan)
+    expected = expected_units(scan, deleted)
     for key in sorted(set(expected) | set(queues)):
         topic, queue_id = key
         directory = os.path.join(CONSUME_QUEUE_DIR, topic, str(queue_id))

@@ -14,7 +14,7 @@ went missing): without it, a deleted ``consumequeue/<topic>/<id>`` would leave t
 old messages unreachable and its next put would reuse offset 0. RocketMQ ignores the file.
 
 ``max_offset`` is also a floor (NOTE [ Offset floors ] in ``offset_floor``): an entry never
-goes down and never goes away, whatever the queue holds now. The open writes the floors it
+goes down and never goes away, whatever the queue holds now, unless its topic is deleted. The open writes the floors it
 settled before dispatch starts; the keeper of the running store merges what it writes into
 what the file held, so no write loses a floor before the queue holds its fillers.
 
@@ -145,6 +145,15 @@ class ManifestKeeper:
         if entries != self.recorded:
             write_manifest(self.root, entries, durable=True)
         self.recorded = dict(entries)
+
+    def forget(self, keys) -> None:
+        """Drop the entries of ``keys``, floors included, durably: their topic was deleted
+        (``lifecycle.topic_removal``), so its queues start over at offset 0, as on a broker."""
+        entries = {key: entry for key, entry in self.recorded.items() if key not in keys}
+        if entries != self.recorded:
+            write_manifest(self.root, entries, durable=True)
+        self.recorded = entries
+        self._written = None
 
     def mark(self) -> None:
         self._marked = True

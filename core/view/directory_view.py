@@ -17,6 +17,7 @@ from mqstore.view.checked_read import read_message
 from mqstore.storage.consume_queue import ConsumeQueue
 from mqstore.storage.cq_ext import open_ext
 from mqstore.view.subscriptions import Subscriptions
+from mqstore.view.topics import Topics
 
 log = logging.getLogger("mqstore.store")
 
@@ -36,6 +37,7 @@ class DirectoryView:
         self.checkpoint = checkpoint
         self.recovery_report = recovery_report
         self.subscriptions = Subscriptions(root)
+        self.topics = Topics(root, config, clock)
         self.consume_queues: dict = consume_queues
         self.consume_queue_exts: dict = {}
         self.writes_queues = writes_queues

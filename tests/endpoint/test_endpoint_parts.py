@@ -12,10 +12,11 @@ import pytest
 from mqstore import Message
 from mqstore.endpoint.auth import AccessKeys, sign
 from mqstore.endpoint.limits import Peers
-from mqstore.endpoint.protocol import Code, definition_pb2
-from mqstore.endpoint.send import put_all
+from mqstore.endpoint.protocol import Code, definition_pb2, service_pb2
+from mqstore.endpoint.route import Topics
+from mqstore.endpoint.send import Sender, put_all
 from mqstore.endpoint.settings import Sessions
-from mqstore.endpoint.status import EndpointError
+from mqstore.endpoint.status import EndpointError, put_status
 from mqstore.endpoint.wire import java_host, md5_digest, to_store
 from mqstore.message import PutStatus
 
@@ -131,3 +132,39 @@ def test_connections_and_clients_are_bounded_and_idle_ones_forgotten():
     now[0] = 5.0
     sessions.seen("client-b", definition_pb2.PRODUCER)
     assert sessions.get("client-a") is None and sessions.get("client-b") is not None
+
+
+@pytest.mark.loops("thread")
+def test_topics_with_configs_are_routed_and_sent_to_their_write_queues(make_store):
+    """QueryRoute and a FIFO send's queue follow the topic's config (docs/topics.md): a
+    configured topic exists before its first message, and its route lists its write queues,
+    the only ones its puts take."""
+    store = make_store({"queue_select": {"queues_per_topic": 4}})
+    topics = Topics(store, 4, auto_create=False)
+    store.put(Message("Legacy", b"x", queue_id=6))
+    store.wait_dispatched()
+    assert topics.queues("Orders") is None  # neither a config nor a queue
+    assert topics.queues("Legacy") == [0, 1, 2, 3, 6]  # a store without topics.json
+    store.create_topic("Orders", read_queues=8, write_queues=2)
+    store.create_topic("Archive", queues=3, perm=4)
+    assert topics.queues("Orders") == [0, 1]
+    assert topics.queues("Archive") == [0, 1, 2]
+    assert topics.queues("Legacy") == [0, 1, 2, 3, 4, 5, 6]  # adopted with 7 queues
+    topics.for_receive("Orders")  # exists: no TOPIC_NOT_FOUND before its first message
+    topics.for_send("Orders")
+    sender = Sender(store, topics, store.config)
+    try:
+        request = service_pb2.SendMessageRequest(messages=[
+            wire_message(message_group=f"group-{i}") for i in range(16)])
+        for m in request.messages:
+            m.topic.name = "Orders"
+        assert {m.queue_id for m in sender.messages(request, "ipv4:127.0.0.1:5")} == {0, 1}
+    finally:
+        sender.close()
+
+
+def test_the_brokers_topic_refusals_answer_the_proxys_codes():
+    assert put_status(PutStatus.TOPIC_NOT_EXIST, "no config").code == Code.TOPIC_NOT_FOUND
+    assert put_status(PutStatus.NO_PERMISSION, "perm 4").code == Code.FORBIDDEN
+    assert put_status(PutStatus.NO_PERMISSION, "perm 4").message == \
+        "send failed, NO_PERMISSION: perm 4"

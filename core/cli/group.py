@@ -1,0 +1,138 @@
+"""``mqstore group list|describe|reset-offset|delete DIR ...``: consumer groups, as
+``mqadmin`` consumerProgress, resetOffsetByTime and deleteSubGroup see them."""
+
+from __future__ import annotations
+
+import click
+
+from mqstore.cli import output
+from mqstore.cli.options import config_option, epoch_ms, existing_root, json_option
+from mqstore.cli.stats import _age
+from mqstore.cli.topic import admin
+
+
+@click.group()
+def group() -> None:
+    """List, describe, reset and delete the consumer groups of a store.
+
+    Their committed offsets (config/consumerOffset.json) and pop state. The store is opened
+    read-only: the commands run on a closed store and beside a running writer.
+    """
+
+
+@group.command("list")
+@existing_root
+@config_option
+@json_option
+def list_(root: str, config_path: str | None, as_json: bool) -> None:
+    """List the consumer groups of the store in ROOT.
+
+    Every group with offsets or pop state, per topic: its queues, its lag (messages not
+    consumed) and its live instances.
+    """
+    rows = admin(root, config_path).group_list()
+    if as_json:
+        output.emit_json(rows)
+        return
+    output.print_table(("group", "topic", "queues", "lag", "live instances"),
+                       [(r["group"], r["topic"], r["queues"], r["lag"], r["live_instances"])
+                        for r in rows])
+
+
+@group.command("describe")
+@existing_root
+@click.argument("name")
+@click.option("-t", "--topic", default=None, help="Only this topic (default: every topic).")
+@config_option
+@json_option
+def describe(root: str, name: str, topic: str | None, config_path: str | None,
+             as_json: bool) -> None:
+    """Show group NAME's offsets and lag, per queue.
+
+    Per queue: committed offset, min and max offset, lag and the age of the oldest message
+    the group has not consumed.
+    """
+    topics = admin(root, config_path).group_describe(name, topic)
+    if as_json:
+        output.emit_json(topics)
+        return
+    for t in topics:
+        output.print_table(
+            ("queue", "committed offset", "min offset", "max offset", "lag",
+             "oldest unconsumed"),
+            [(q["queue_id"], q["committed_offset"], q["min_offset"], q["max_offset"], q["lag"],
+              _age(q["oldest_unconsumed_age_ms"]) if q["lag"] else "") for q in t["queues"]],
+            title=f"group {name} on topic {t['topic']}: lag {t['lag']}, "
+                  f"{t['live_instances']} live instance(s)")
+
+
+def _time(_ctx, _param, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return epoch_ms(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not epoch milliseconds or an ISO-8601 time "
+                                 f"(e.g. 2024-05-01T12:00:00)") from None
+
+
+@group.command("reset-offset")
+@existing_root
+@click.argument("name")
+@click.option("-t", "--topic", required=True, help="Topic whose offsets are reset.")
+@click.option("--offset", type=click.IntRange(0), default=None,
+              help="The queue offset to go on from (clamped to each queue's min and max).")
+@click.option("--time", "timestamp_ms", callback=_time, default=None, metavar="TIME",
+              help="Go on from the first message stored at or after TIME (epoch ms or "
+                   "ISO-8601, local time unless it names a zone): RocketMQ's "
+                   "resetOffsetByTime.")
+@click.option("-q", "--queue", "queue_id", type=click.IntRange(0), default=None,
+              help="Only this queue (default: every queue of the topic).")
+@config_option
+@json_option
+def reset_offset(root: str, name: str, topic: str, offset: int | None,
+                 timestamp_ms: int | None, queue_id: int | None, config_path: str | None,
+                 as_json: bool) -> None:
+    """Move group NAME's committed offsets of a topic.
+
+    Its next consumer, and its next pop, go on from there; its pop deliveries in flight are
+    forgotten.
+
+    Refused while instances of the group consume the topic: stop them first.
+    """
+    if (offset is None) == (timestamp_ms is None):
+        raise click.UsageError("give exactly one of --offset and --time")
+    result = admin(root, config_path).group_reset(name, topic, offset=offset,
+                                                  timestamp_ms=timestamp_ms, queue_id=queue_id)
+    if as_json:
+        output.emit_json(result)
+        return
+    output.print_table(("queue", "before", "after", "min offset", "max offset"),
+                       [(q["queue_id"], "-" if q["before"] is None else q["before"], q["after"],
+                         q["min_offset"], q["max_offset"]) for q in result["queues"]],
+                       title=f"group {name} on topic {topic}: offsets reset")
+
+
+@group.command("delete")
+@existing_root
+@click.argument("name")
+@click.option("-t", "--topic", default=None, help="Only this topic (default: every topic).")
+@click.confirmation_option(prompt="Delete the group's offsets and pop state?",
+                           help="Delete without asking.")
+@config_option
+@json_option
+def delete(root: str, name: str, topic: str | None, config_path: str | None,
+           as_json: bool) -> None:
+    """Forget group NAME.
+
+    Its committed offsets and pop state (of one topic, or all) and its membership files go;
+    it no longer holds back cleanup.policy: keep_unconsumed.
+
+    Refused while instances of the group consume: stop them first.
+    """
+    result = admin(root, config_path).group_delete(name, topic)
+    if as_json:
+        output.emit_json(result)
+    else:
+        output.say(f"deleted group {name}: offsets and pop state of topic(s) "
+                   f"{', '.join(result['topics'])}")

@@ -1,0 +1,169 @@
+"""``mqstore topic`` and ``mqstore group`` on a store directory: what RocketMQ's ``mqadmin``
+does to a broker, as plain values (dicts and lists, the commands' JSON).
+
+``StoreAdmin`` works on the directory, without a server:
+
+* topics are created, changed and listed in ``config/topics.json`` under its lock, without
+  opening the store: on a closed store, or beside a running writer (which sees the change
+  within a second, ``view.topics.RELOAD_INTERVAL_S``);
+* a topic is deleted by opening the closed store for writing, its loops as threads of this
+  process (``lifecycle.topic_removal``): refused while another process has it open for
+  writing;
+* groups are read and changed through a read-only open, as consumers in other processes are
+  (offsets and pop state are shared files under flocks), so beside a running writer too; a
+  reset or a delete is refused while instances of the group consume (``InUseError``).
+
+Every method returns plain values (what the commands print, ``--json`` as it is), so another
+transport can stand in for this class without a command changing.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mqstore.config import StoreConfig
+from mqstore.consumer.names import check_group, check_topic
+from mqstore.consumer.service import live_instances, refuse_live
+from mqstore.errors import GroupNotFoundError, StoreLockedError
+from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
+from mqstore.store import MessageStore
+from mqstore.view.topics import Topics, describe
+
+
+class StoreAdmin:
+    """Topics and groups of the store in ``root``, under ``config``."""
+
+    def __init__(self, root: str, config: StoreConfig) -> None:
+        self.root = os.path.abspath(root)
+        self.config = config
+
+    # -- topics ----------------------------------------------------------------------------
+    def _topics(self) -> Topics:
+        return Topics(self.root, self.config)
+
+    def topic_list(self) -> list[dict]:
+        """Every topic with a config, and every topic with consume queues but none (its
+        config fields None)."""
+        configs = self._topics().all()
+        stored = _stored_queues(self.root)
+        out = []
+        for name in sorted(set(configs) | set(stored)):
+            config = configs.get(name)
+            row = describe(config) if config is not None else {
+                "topic": name, "read_queues": None, "write_queues": None, "perm": None,
+                "perm_text": None, "order": None, "topic_sys_flag": None,
+                "topic_filter_type": None}
+            out.append({**row, "stored_queues": stored.get(name, [])})
+        return out
+
+    def topic_create(self, name: str, *, queues: int | None = None,
+                     read_queues: int | None = None, write_queues: int | None = None,
+                     perm: int = 6) -> dict:
+        config = self._topics().create(name, queues=queues, read_queues=read_queues,
+                                       write_queues=write_queues, perm=perm)
+        return describe(config)
+
+    def topic_update(self, name: str, *, queues: int | None = None,
+                     read_queues: int | None = None, write_queues: int | None = None,
+                     perm: int | None = None) -> dict:
+        topics = self._topics()
+        before = topics.get(name)
+        after = topics.update(name, queues=queues, read_queues=read_queues,
+                              write_queues=write_queues, perm=perm)
+        return {**describe(after), "before": describe(before) if before is not None else None}
+
+    def topic_delete(self, name: str) -> dict:
+        config = self.config.replace(dispatch={"worker": "thread"}, flush={"worker": "thread"})
+        try:
+            store = MessageStore.open(self.root, config)
+        except StoreLockedError as exc:
+            raise StoreLockedError(f"a topic is deleted on a closed store: {exc}") from None
+        with store:
+            removal = store.delete_topic(name)
+        declared = any(d.name == name for d in self.config.topics.declare)
+        return {"topic": removal.topic,
+                "config": describe(removal.config) if removal.config is not None else None,
+                "queues": removal.queues, "groups": removal.groups,
+                "records_below": removal.records_below, "declared": declared}
+
+    # -- groups ----------------------------------------------------------------------------
+    def _read(self) -> MessageStore:
+        return MessageStore.open(self.root, self.config, read_only=True)
+
+    def group_list(self) -> list[dict]:
+        with self._read() as store:
+            out = []
+            for (topic, group), _offsets in sorted(store.consumer_groups().items(),
+                                                   key=lambda kv: (kv[0][1], kv[0][0])):
+                lags = store.consumer_lag(group, topic)
+                out.append({"group": group, "topic": topic, "queues": len(lags),
+                            "lag": sum(q.lag for q in lags),
+                            "live_instances": live_instances(self.root, group, topic).get(
+                                topic, 0)})
+            return out
+
+    def group_describe(self, group: str, topic: str | None = None) -> list[dict]:
+        with self._read() as store:
+            topics = _group_topics(store, group, topic)
+            out = []
+            for t in topics:
+                lags = store.consumer_lag(group, t)
+                out.append({
+                    "group": group, "topic": t, "lag": sum(q.lag for q in lags),
+                    "live_instances": live_instances(self.root, group, t).get(t, 0),
+                    "queues": [{"queue_id": q.queue_id, "committed_offset": q.committed_offset,
+                                "min_offset": q.min_offset, "max_offset": q.max_offset,
+                                "lag": q.lag,
+                                "oldest_unconsumed_age_ms": q.oldest_unconsumed_age_ms}
+                               for q in lags]})
+            return out
+
+    def group_reset(self, group: str, topic: str, *, offset: int | None = None,
+                    timestamp_ms: int | None = None, queue_id: int | None = None) -> dict:
+        with self._read() as store:
+            resets = store.reset_consumer_offsets(group, topic, offset=offset,
+                                                  timestamp_ms=timestamp_ms, queue_id=queue_id)
+        return {"group": group, "topic": topic, "offset": offset, "timestamp_ms": timestamp_ms,
+                "queues": [{"queue_id": r.queue_id, "before": r.before, "after": r.after,
+                            "min_offset": r.min_offset, "max_offset": r.max_offset}
+                           for r in resets]}
+
+    def group_delete(self, group: str, topic: str | None = None) -> dict:
+        with self._read() as store:
+            _group_topics(store, group, topic)
+            refuse_live(self.root, group, topic, "deleting it")
+            gone = store.delete_consumer_group(group, topic)
+        return {"group": group, "topics": sorted(t for t, _g in gone)}
+
+
+def _group_topics(store: MessageStore, group: str, topic: str | None) -> list[str]:
+    """The topics ``group`` has offsets or pop state for (of ``topic`` only, if given);
+    GroupNotFoundError when none."""
+    check_group(group)
+    if topic is not None:
+        check_topic(topic)
+    topics = sorted(t for t, g in store.consumer_groups() if g == group
+                    and (topic is None or t == topic))
+    if not topics:
+        on = f" on topic {topic!r}" if topic is not None else ""
+        raise GroupNotFoundError(f"group {group!r} has no offsets or pop state{on} in "
+                                 f"{store.root!r}")
+    return topics
+
+
+def _stored_queues(root: str) -> dict[str, list[int]]:
+    base = os.path.join(root, CONSUME_QUEUE_DIR)
+    out = {}
+    try:
+        names = os.listdir(base)
+    except FileNotFoundError:
+        return {}
+    for name in names:
+        try:
+            ids = sorted(int(q) for q in os.listdir(os.path.join(base, name))
+                         if q.isascii() and q.isdigit())
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if ids:
+            out[name] = ids
+    return out
