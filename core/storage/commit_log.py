@@ -160,8 +160,9 @@ class CommitLog:
         seg = segq.last()
         if seg is None or seg.is_full():
             _before_roll(writer)
-            return segq.create_next(phys_offset)
-        seg.reserve()  # a loaded segment's holes get their blocks first
+            return segq.create_next(phys_offset, reserve=nbytes)
+        # The bytes to come get their blocks first (DiskFullError, nothing written).
+        seg.reserve_span(seg.wrote, seg.wrote + nbytes)
         return seg
 
     def fill_closed(self, phys_offset: int, data) -> None:

@@ -154,7 +154,7 @@ def test_the_command_line_says_which_key_was_renamed(tmp_path):
          "-c", str(f), "--summary", "hello"],
         capture_output=True, text=True, env=env, timeout=cli_support.CLI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("1 message(s)")
+    assert proc.stdout.startswith("stored 1 message(s)")
     assert f"WARNING mqstore: DeprecationWarning: configuration key flush.mode in {f} was " \
            f"renamed flush.policy: the old name still sets it but is deprecated\n" in proc.stderr
 
