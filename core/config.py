@@ -256,7 +256,6 @@ class ServerSection(_Section):
     grpc_tls_cert_file: str | None = None
     grpc_tls_key_file: str | None = None
     grpc_access_keys: tuple[str, ...] = ()  # "ACCESS_KEY:SECRET_KEY" each
-    grpc_auto_create_topics: bool = True
     grpc_max_request_bytes: int = Field(8 * 1024 * 1024, ge=4096, le=JAVA_INT_MAX)
     grpc_max_concurrent_streams: int = Field(1024, ge=1, le=JAVA_INT_MAX)
     grpc_max_concurrent_rpcs: int = Field(8192, ge=1, le=JAVA_INT_MAX)

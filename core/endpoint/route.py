@@ -6,7 +6,7 @@ write queues, the ones its puts pick among (the store refuses any other). Withou
 exists once the store has a queue of it, or once this endpoint took a send to it (its queues
 appear when dispatch reaches them), and its queues are those the store has plus the
 ``queue_select.queues_per_topic`` the store's selector spreads sends over. A send to a topic
-that does not exist creates it when ``server.grpc_auto_create_topics`` allows; a route query
+that does not exist creates it when ``topics.auto_create`` allows; a route query
 for it then answers the queues it will have, as a RocketMQ broker with autoCreateTopicEnable
 answers with its default topic's route; a receive from it gets TOPIC_NOT_FOUND.
 
@@ -66,7 +66,7 @@ class Topics:
             return
         if not self.auto_create:
             raise EndpointError(Code.TOPIC_NOT_FOUND, (
-                f"topic {topic!r} does not exist and server.grpc_auto_create_topics is "
+                f"topic {topic!r} does not exist and topics.auto_create is "
                 f"false"))
 
     def created(self, topic: str) -> None:

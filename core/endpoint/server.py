@@ -134,8 +134,7 @@ class Endpoint:
     def _parts(self, loop, port: int) -> Parts:
         store, config = self._store, self._config
         server = config.server
-        topics = Topics(store, config.queue_select.queues_per_topic,
-                        server.grpc_auto_create_topics)
+        topics = Topics(store, config.queue_select.queues_per_topic, config.topics.auto_create)
         pops = Pops(store)
         waiter = DispatchWaiter(store.root, loop)
         host, _port = parse_listen(server.grpc_listen)
