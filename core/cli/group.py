@@ -1,14 +1,15 @@
 """``mqstore group list|describe|reset-offset|delete DIR ...``: consumer groups, as
-``mqadmin`` consumerProgress, resetOffsetByTime and deleteSubGroup see them."""
+``mqadmin`` consumerProgress, resetOffsetByTime and deleteSubGroup see them; with ``--server
+HOST:PORT`` those of the store a running ``mqstore serve`` holds open."""
 
 from __future__ import annotations
 
 import click
 
 from mqstore.cli import output
-from mqstore.cli.options import config_option, epoch_ms, existing_root, json_option
+from mqstore.cli.options import config_option, epoch_ms, json_option
 from mqstore.cli.stats import _age
-from mqstore.cli.topic import admin
+from mqstore.cli.topic import admin_server_options, admin_target
 
 
 @click.group()
@@ -16,21 +17,23 @@ def group() -> None:
     """List, describe, reset and delete the consumer groups of a store.
 
     Their committed offsets (config/consumerOffset.json) and pop state. The store is opened
-    read-only: the commands run on a closed store and beside a running writer.
+    read-only: the commands run on a closed store and beside a running writer; with --server
+    they run in the `mqstore serve` holding it open.
     """
 
 
 @group.command("list")
-@existing_root
+@admin_target()
 @config_option
+@admin_server_options
 @json_option
-def list_(root: str, config_path: str | None, as_json: bool) -> None:
+def list_(admin, as_json: bool) -> None:
     """List the consumer groups of the store in ROOT.
 
     Every group with offsets or pop state, per topic: its queues, its lag (messages not
     consumed) and its live instances.
     """
-    rows = admin(root, config_path).group_list()
+    rows = admin.group_list()
     if as_json:
         output.emit_json(rows)
         return
@@ -40,19 +43,18 @@ def list_(root: str, config_path: str | None, as_json: bool) -> None:
 
 
 @group.command("describe")
-@existing_root
-@click.argument("name")
+@admin_target("name")
 @click.option("-t", "--topic", default=None, help="Only this topic (default: every topic).")
 @config_option
+@admin_server_options
 @json_option
-def describe(root: str, name: str, topic: str | None, config_path: str | None,
-             as_json: bool) -> None:
+def describe(admin, name: str, topic: str | None, as_json: bool) -> None:
     """Show group NAME's offsets and lag, per queue.
 
     Per queue: committed offset, min and max offset, lag and the age of the oldest message
     the group has not consumed.
     """
-    topics = admin(root, config_path).group_describe(name, topic)
+    topics = admin.group_describe(name, topic)
     if as_json:
         output.emit_json(topics)
         return
@@ -77,8 +79,7 @@ def _time(_ctx, _param, value: str | None) -> int | None:
 
 
 @group.command("reset-offset")
-@existing_root
-@click.argument("name")
+@admin_target("name")
 @click.option("-t", "--topic", required=True, help="Topic whose offsets are reset.")
 @click.option("--offset", type=click.IntRange(0), default=None,
               help="The queue offset to go on from (clamped to each queue's min and max).")
@@ -89,10 +90,10 @@ def _time(_ctx, _param, value: str | None) -> int | None:
 @click.option("-q", "--queue", "queue_id", type=click.IntRange(0), default=None,
               help="Only this queue (default: every queue of the topic).")
 @config_option
+@admin_server_options
 @json_option
-def reset_offset(root: str, name: str, topic: str, offset: int | None,
-                 timestamp_ms: int | None, queue_id: int | None, config_path: str | None,
-                 as_json: bool) -> None:
+def reset_offset(admin, name: str, topic: str, offset: int | None, timestamp_ms: int | None,
+                 queue_id: int | None, as_json: bool) -> None:
     """Move group NAME's committed offsets of a topic.
 
     Its next consumer, and its next pop, go on from there; its pop deliveries in flight are
@@ -102,8 +103,8 @@ def reset_offset(root: str, name: str, topic: str, offset: int | None,
     """
     if (offset is None) == (timestamp_ms is None):
         raise click.UsageError("give exactly one of --offset and --time")
-    result = admin(root, config_path).group_reset(name, topic, offset=offset,
-                                                  timestamp_ms=timestamp_ms, queue_id=queue_id)
+    result = admin.group_reset(name, topic, offset=offset, timestamp_ms=timestamp_ms,
+                               queue_id=queue_id)
     if as_json:
         output.emit_json(result)
         return
@@ -114,15 +115,14 @@ def reset_offset(root: str, name: str, topic: str, offset: int | None,
 
 
 @group.command("delete")
-@existing_root
-@click.argument("name")
+@admin_target("name")
 @click.option("-t", "--topic", default=None, help="Only this topic (default: every topic).")
 @click.confirmation_option(prompt="Delete the group's offsets and pop state?",
                            help="Delete without asking.")
 @config_option
+@admin_server_options
 @json_option
-def delete(root: str, name: str, topic: str | None, config_path: str | None,
-           as_json: bool) -> None:
+def delete(admin, name: str, topic: str | None, as_json: bool) -> None:
     """Forget group NAME.
 
     Its committed offsets and pop state (of one topic, or all) and its membership files go;
@@ -130,7 +130,7 @@ def delete(root: str, name: str, topic: str | None, config_path: str | None,
 
     Refused while instances of the group consume: stop them first.
     """
-    result = admin(root, config_path).group_delete(name, topic)
+    result = admin.group_delete(name, topic)
     if as_json:
         output.emit_json(result)
     else:

@@ -47,13 +47,14 @@ existing_root = click.argument("root", type=click.Path(),
                                callback=lambda _ctx, _param, root: store_dir(root))
 
 
-def server_options(command):
-    """``--server HOST:PORT`` and the credentials a served store's gRPC endpoint checks."""
+def server_options(command, via: str = "with the official RocketMQ client"):
+    """``--server HOST:PORT`` and the credentials a served store's gRPC endpoint checks;
+    ``via``: how the command goes through the endpoint."""
     for option in reversed((
             click.option("--server", default=None, metavar="HOST:PORT",
-                         help="Go through the gRPC endpoint of a running `mqstore serve` "
-                              "(server.grpc_listen) with the official RocketMQ client, "
-                              "instead of opening a store directory; needs the grpc extra."),
+                         help=f"Go through the gRPC endpoint of a running `mqstore serve` "
+                              f"(server.grpc_listen) {via}, instead of opening a store "
+                              f"directory; needs the grpc extra."),
             click.option("--access-key", envvar="MQSTORE_ACCESS_KEY", default="",
                          show_envvar=True, help="With --server: the client's access key."),
             click.option("--secret-key", envvar="MQSTORE_SECRET_KEY", default="",

@@ -1,12 +1,17 @@
 """``mqstore topic create|update|list|delete DIR ...``: topic configs, as ``mqadmin`` manages
-a broker's (``config/topics.json``; docs/topics.md)."""
+a broker's (``config/topics.json``; docs/topics.md); with ``--server HOST:PORT`` those of the
+store a running ``mqstore serve`` holds open, through its gRPC endpoint."""
 
 from __future__ import annotations
+
+import functools
 
 import click
 
 from mqstore.cli import output
-from mqstore.cli.options import config_option, existing_root, json_option, load_cli_config
+from mqstore.cli.options import (
+    config_option, json_option, load_cli_config, server_options, store_dir,
+)
 from mqstore.ops.admin import StoreAdmin
 
 COUNT = click.IntRange(1, 65_536)
@@ -14,9 +19,51 @@ PERM = click.Choice(["2", "4", "6"])
 FIELDS = ("read_queues", "write_queues", "perm", "perm_text")
 
 
-def admin(root: str, config_path: str | None) -> StoreAdmin:
-    """What every topic and group command works through: the store directory ROOT."""
-    return StoreAdmin(root, load_cli_config(config_path))
+# What the topic and group commands take for --server.
+admin_server_options = functools.partial(server_options, via="and its admin service")
+
+
+def admin_target(*names: str):
+    """The arguments of a topic or group command: ROOT, a store directory, then ``names``; or,
+    with --server HOST:PORT, ``names`` alone. The command is called with what it works
+    through first (``admin``), then its ``names``: the single place a --server path branches.
+    The command declares ``config_option`` and ``admin_server_options``."""
+    def decorate(command):
+        @functools.wraps(command)
+        def run(root, config_path, server, access_key, secret_key, **kwargs):
+            given = [v for v in (root, *(kwargs.pop(n) for n in names)) if v is not None]
+            if server is None:
+                wanted = ["ROOT", *map(str.upper, names)]
+                if not given:
+                    raise click.UsageError("give ROOT, a store directory, or --server "
+                                           "HOST:PORT")
+                if len(given) < len(wanted):
+                    raise click.UsageError(f"Missing argument '{wanted[len(given)]}'.")
+                admin = StoreAdmin(store_dir(given[0]), load_cli_config(config_path))
+                return command(admin, *given[1:], **kwargs)
+            if len(given) > len(names) or config_path is not None:
+                raise click.UsageError("ROOT and --config apply to a store directory, not to "
+                                       "--server (the served store's configuration applies)")
+            if len(given) < len(names):
+                raise click.UsageError(f"Missing argument '{names[len(given)].upper()}'.")
+            return command(_served(server, access_key, secret_key), *given, **kwargs)
+
+        for name in reversed(names):
+            run = click.argument(name, required=False, metavar=name.upper())(run)
+        return click.argument("root", required=False, type=click.Path(),
+                              metavar="[ROOT]")(run)
+    return decorate
+
+
+def _served(server: str, access_key: str, secret_key: str):
+    try:
+        from mqstore.endpoint.admin_client import AdminClient
+    except ImportError as exc:
+        raise click.ClickException(f"--server needs the grpc extra ({exc})") from None
+    try:
+        return AdminClient(server, access_key, secret_key)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--server'") from None
 
 
 def _queue_options(command):
@@ -41,22 +88,24 @@ def topic() -> None:
 
 
 @topic.command("create")
-@existing_root
-@click.argument("name")
+@admin_target("name")
 @_queue_options
 @click.option("-p", "--perm", type=PERM, default="6", show_default=True,
               help="2 write only, 4 read only, 6 read and write.")
 @config_option
+@admin_server_options
 @json_option
-def create(root: str, name: str, queues: int | None, read_queues: int | None,
-           write_queues: int | None, perm: str, config_path: str | None, as_json: bool) -> None:
-    """Create topic NAME in the store in ROOT.
+def create(admin, name: str, queues: int | None, read_queues: int | None,
+           write_queues: int | None, perm: str, as_json: bool) -> None:
+    """Create topic NAME in the store in ROOT, or with --server in the store a running
+    `mqstore serve` holds open.
 
-    Works on a closed store and beside a running writer, which follows within a second. The
-    first config a store records also lists the topics it already holds.
+    Works on a closed store and beside a running writer, which follows within a second
+    (through --server at once). The first config a store records also lists the topics it
+    already holds.
     """
-    result = admin(root, config_path).topic_create(name, queues=queues, read_queues=read_queues,
-                                                   write_queues=write_queues, perm=int(perm))
+    result = admin.topic_create(name, queues=queues, read_queues=read_queues,
+                                write_queues=write_queues, perm=int(perm))
     if as_json:
         output.emit_json(result)
     else:
@@ -64,25 +113,25 @@ def create(root: str, name: str, queues: int | None, read_queues: int | None,
 
 
 @topic.command("update")
-@existing_root
-@click.argument("name")
+@admin_target("name")
 @_queue_options
 @click.option("-p", "--perm", type=PERM, default=None,
               help="2 write only, 4 read only, 6 read and write.")
 @config_option
+@admin_server_options
 @json_option
-def update(root: str, name: str, queues: int | None, read_queues: int | None,
-           write_queues: int | None, perm: str | None, config_path: str | None,
-           as_json: bool) -> None:
+def update(admin, name: str, queues: int | None, read_queues: int | None,
+           write_queues: int | None, perm: str | None, as_json: bool) -> None:
     """Change topic NAME's queue counts or permission (what is not given stays).
 
-    Works on a closed store and beside a running writer, which follows within a second.
-    Fewer write queues stop puts to the queues past them; their messages stay readable.
+    Works on a closed store and beside a running writer, which follows within a second
+    (through --server at once). Fewer write queues stop puts to the queues past them; their
+    messages stay readable.
     """
     if queues is None and read_queues is None and write_queues is None and perm is None:
         raise click.UsageError("nothing to change: give --queues, --read-queues, "
                                "--write-queues or --perm")
-    result = admin(root, config_path).topic_update(
+    result = admin.topic_update(
         name, queues=queues, read_queues=read_queues, write_queues=write_queues,
         perm=None if perm is None else int(perm))
     if as_json:
@@ -94,16 +143,17 @@ def update(root: str, name: str, queues: int | None, read_queues: int | None,
 
 
 @topic.command("list")
-@existing_root
+@admin_target()
 @config_option
+@admin_server_options
 @json_option
-def list_(root: str, config_path: str | None, as_json: bool) -> None:
-    """List the topics of the store in ROOT.
+def list_(admin, as_json: bool) -> None:
+    """List the topics of the store in ROOT (or the served store, with --server).
 
     Each config, and the topics holding consume queues without one (their columns empty:
     they take queue_select.queues_per_topic).
     """
-    rows = admin(root, config_path).topic_list()
+    rows = admin.topic_list()
     if as_json:
         output.emit_json(rows)
         return
@@ -114,14 +164,14 @@ def list_(root: str, config_path: str | None, as_json: bool) -> None:
 
 
 @topic.command("delete")
-@existing_root
-@click.argument("name")
+@admin_target("name")
 @click.confirmation_option(prompt="Delete the topic's config, consume queues and every "
                                   "group's offsets on it?",
                            help="Delete without asking.")
 @config_option
+@admin_server_options
 @json_option
-def delete(root: str, name: str, config_path: str | None, as_json: bool) -> None:
+def delete(admin, name: str, as_json: bool) -> None:
     """Delete topic NAME, as RocketMQ's deleteTopic does.
 
     Its config, its consume queues and every group's offsets and pop state on it go. Its
@@ -129,9 +179,10 @@ def delete(root: str, name: str, config_path: str | None, as_json: bool) -> None
     dispatched to it again; a later put to NAME (with topics.auto_create) starts a new topic
     at offset 0.
 
-    Needs the store closed (it is opened for writing); refused while consumers read NAME.
+    Needs the store closed (it is opened for writing): through --server it is refused, saying
+    so. Refused while consumers read NAME.
     """
-    result = admin(root, config_path).topic_delete(name)
+    result = admin.topic_delete(name)
     if as_json:
         output.emit_json(result)
         return

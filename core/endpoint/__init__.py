@@ -22,4 +22,7 @@ Python client, whose package ships the generated stubs. The store never imports 
     service      the servicer: every RPC, guarded (auth, limits, errors -> statuses)
     server       lifecycle: the grpc.aio server on its own thread, TLS, graceful stop
     client       `mqstore produce|consume --server` through the official client
+    admin_wire   mqstore's admin service (mqstore.admin.v1.Admin): methods, JSON, refusals
+    admin_service  the admin service: `mqstore topic|group --server` on the served store
+    admin_client `mqstore topic|group --server`: the admin service as StoreAdmin's methods
 """

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import grpc
 
 from mqstore.config import StoreConfig, parse_listen
+from mqstore.endpoint.admin_service import AdminService
 from mqstore.endpoint.auth import AccessKeys
 from mqstore.endpoint.limits import Peers, server_options
 from mqstore.endpoint.longpoll import DispatchWaiter
@@ -87,11 +88,14 @@ def show(host: str, port: int) -> str:
 
 class Endpoint:
     """The gRPC endpoint of one open, writable store. ``start`` then ``stop``; ``address`` is
-    where it listens (the port chosen when the configuration said 0)."""
+    where it listens (the port chosen when the configuration said 0). ``admin``: the topic and
+    group operations its admin service runs (``ops.admin.ServedAdmin``; None: no admin
+    service)."""
 
-    def __init__(self, store, config: StoreConfig) -> None:
+    def __init__(self, store, config: StoreConfig, admin=None) -> None:
         self._store = store
         self._config = config
+        self._admin = admin
         self._creds = credentials(config.server)
         self.address: str | None = None
         self._ready = threading.Event()
@@ -170,6 +174,10 @@ class Endpoint:
         parts = self._parts(loop, bound)
         service = MessagingService(parts)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
+        admin = None
+        if self._admin is not None:
+            admin = AdminService(self._admin, service.enter, service.peers.leave)
+            server.add_generic_rpc_handlers(admin.handlers())
         await server.start()
         parts.waiter.start()
         sweeper = asyncio.ensure_future(self._sweep(parts))
@@ -186,6 +194,8 @@ class Endpoint:
             await server.stop(STOP_GRACE_S)
         finally:
             sweeper.cancel()
+            if admin is not None:
+                admin.close()
             parts.sender.close()
             parts.waiter.close()
         log.info("gRPC endpoint stopped")
@@ -198,10 +208,10 @@ class Endpoint:
                 log.debug("forgot idle client %s", client_id)
 
 
-def start_endpoint(store, config: StoreConfig) -> Endpoint:
-    """Start the endpoint ``server.grpc_listen`` names over ``store``; ``stop`` it before
-    closing the store."""
-    endpoint = Endpoint(store, config)
+def start_endpoint(store, config: StoreConfig, admin=None) -> Endpoint:
+    """Start the endpoint ``server.grpc_listen`` names over ``store`` (with the admin service
+    running ``admin``'s operations); ``stop`` it before closing the store."""
+    endpoint = Endpoint(store, config, admin)
     endpoint.start()
     return endpoint
 

@@ -13,6 +13,11 @@ does to a broker, as plain values (dicts and lists, the commands' JSON).
   (offsets and pop state are shared files under flocks), so beside a running writer too; a
   reset or a delete is refused while instances of the group consume (``InUseError``).
 
+``ServedAdmin`` runs the same operations on the store this process holds open: ``mqstore
+serve``'s, for its gRPC endpoint's admin service (``mqstore topic|group ... --server``; the
+endpoint is handed one, it never imports this module). Topic changes apply at once; a topic is
+not deleted there (``ServedAdmin.topic_delete``).
+
 Every method returns plain values (what the commands print, ``--json`` as it is), so another
 transport can stand in for this class without a command changing.
 """
@@ -20,11 +25,13 @@ transport can stand in for this class without a command changing.
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager, nullcontext
 
 from mqstore.config import StoreConfig
 from mqstore.consumer.names import check_group, check_topic
 from mqstore.consumer.service import live_instances, refuse_live
-from mqstore.errors import GroupNotFoundError, StoreLockedError
+from mqstore.errors import GroupNotFoundError, StoreLockedError, TopicNotFoundError
+from mqstore.format.names import check_stored_topic
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
 from mqstore.store import MessageStore
 from mqstore.view.topics import Topics, describe
@@ -87,7 +94,7 @@ class StoreAdmin:
                 "records_below": removal.records_below, "declared": declared}
 
     # -- groups ----------------------------------------------------------------------------
-    def _read(self) -> MessageStore:
+    def _read(self) -> AbstractContextManager[MessageStore]:
         return MessageStore.open(self.root, self.config, read_only=True)
 
     def group_list(self) -> list[dict]:
@@ -134,6 +141,39 @@ class StoreAdmin:
             refuse_live(self.root, group, topic, "deleting it")
             gone = store.delete_consumer_group(group, topic)
         return {"group": group, "topics": sorted(t for t, _g in gone)}
+
+
+class ServedAdmin(StoreAdmin):
+    """The same operations on ``store``, open for writing in this process (``mqstore
+    serve``'s): topics through its own ``view.topics`` (puts follow a change at once), groups
+    through the store itself (its pops see a reset at once). Thread-safe as the store's calls
+    are."""
+
+    def __init__(self, store: MessageStore) -> None:
+        super().__init__(store.root, store.config)
+        self._store = store
+
+    def _topics(self) -> Topics:
+        return self._store.view.topics
+
+    def _read(self) -> AbstractContextManager[MessageStore]:
+        return nullcontext(self._store)
+
+    def topic_delete(self, name: str) -> dict:
+        """Refused (``StoreLockedError``), once the topic is known to exist: a served store's
+        consume queues are written by its dispatch worker and followed by readers in other
+        processes, which a deletion here would leave holding the removed files
+        (docs/topics.md, "Deleting a topic")."""
+        check_stored_topic(name)
+        store = self._store
+        if (store.topic_config(name) is None and not store.queue_ids(name)
+                and not any(t == name for t, _g in store.consumer_groups())):
+            raise TopicNotFoundError(f"topic {name!r} does not exist in {self.root!r}: no "
+                                     f"config, no consume queue, no consumer group")
+        raise StoreLockedError(
+            f"a topic is deleted on a closed store: {self.root!r} is open in `mqstore serve`, "
+            f"whose dispatch worker writes its consume queues; stop serve, then run `mqstore "
+            f"topic delete {self.root} {name}`")
 
 
 def _group_topics(store: MessageStore, group: str, topic: str | None) -> list[str]:

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from mqstore.config import StoreConfig, parse_listen
 from mqstore.ops import put_metrics
+from mqstore.ops.admin import ServedAdmin
 from mqstore.ops.http_server import HttpServer, Limits
 from mqstore.ops.metrics import StoreCollector
 from mqstore.ops.repair import describe
@@ -127,11 +128,11 @@ def serve(root: str, config: StoreConfig,
 
 def _start_endpoint(store: MessageStore, config: StoreConfig):
     """The gRPC endpoint when ``server.grpc_listen`` is set (imported only then: it needs the
-    grpc extra)."""
+    grpc extra), with its admin service running ``mqstore topic|group --server`` on ``store``."""
     if config.server.grpc_listen is None:
         return None
     from mqstore.endpoint.server import start_endpoint
-    return start_endpoint(store, config)
+    return start_endpoint(store, config, admin=ServedAdmin(store))
 
 
 def _run(root, config, stop: _Stop, on_ready) -> bool:
