@@ -130,7 +130,8 @@ def test_groups_through_the_server_beside_live_consumers(served, clients):
     producer = clients.producer("Live", ak=AK, sk=SK)
     for i in range(8):
         producer.send(clients.message("Live", b"l%d" % i))
-    queues = sorted(maxima(served, "Live", 8))
+    ends = maxima(served, "Live", 8)
+    queues = sorted(ends)
     # A SimpleConsumer through the endpoint (pop state in the served store) ...
     popper = clients.consumer("popper", {"Live": clients.mq.FilterExpression()}, ak=AK, sk=SK)
     assert len(clients.receive_all(popper, 8)) == 8
@@ -147,7 +148,7 @@ def test_groups_through_the_server_beside_live_consumers(served, clients):
         (live,) = admin_json(served, "group", "describe", "live", "-t", "Live")
         assert (live["group"], live["lag"], live["live_instances"]) == ("live", 0, 1)
         assert [(q["queue_id"], q["committed_offset"], q["lag"]) for q in live["queues"]] == [
-            (q, maxima(served, "Live", 8)[q], 0) for q in queues]
+            (q, ends[q], 0) for q in queues]
         assert live == on_directory(served, "group", "describe", served.root, "live", "-t",
                                     "Live")[0]
         table = admin(served, "group", "describe", "live").stdout
@@ -283,3 +284,26 @@ def test_the_admin_service_on_the_wire(served):
             tuple(m) for m in missing.value.trailing_metadata()]
         changed = json.loads(call("UpdateTopic", b'{"name": "Wire", "perm": 4}'))
         assert changed["perm_text"] == "R--"
+
+
+def test_a_damaged_topics_file_is_reported_as_on_the_directory(served):
+    """Damaged data, not bad input (a CorruptStateError is a ValueError): exit 1 with the
+    store's message either way, and the file is left as it is."""
+    path = served.root / "config" / "topics.json"
+    admin(served, "topic", "create", "Damaged", "-q", "1")
+    good = path.read_bytes()
+    path.write_bytes(good.replace(b'"topicConfigTable"', b'"topicConfigTabel"'))
+    try:
+        deadline = time.monotonic() + WAIT_S  # the server looks at the file once a second
+        while True:
+            through = admin(served, "topic", "list", check=None)
+            if through.returncode != 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert through.returncode == 1, through.stdout
+        beside = mqstore("topic", "list", served.root, "-c", served.yaml, check=1)
+        assert error_line(through) == error_line(beside)
+        assert str(path) in error_line(through)
+        assert path.read_bytes() != good  # reported, never reset
+    finally:
+        path.write_bytes(good)
