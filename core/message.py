@@ -157,7 +157,10 @@ class BatchPutResult:
 
     @property
     def wrote_bytes(self) -> int:
-        return int(self.sizes.sum())
+        sizes = self.sizes
+        # A single put's result (what after_append hooks mostly see) skips numpy's sum, which
+        # costs more than the put's own bookkeeping.
+        return int(sizes[0]) if len(sizes) == 1 else int(sizes.sum())
 
     @classmethod
     def rejected(cls, status: PutStatus, error: str | None = None,

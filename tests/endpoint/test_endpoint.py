@@ -249,6 +249,15 @@ def test_requests_refused_with_rocketmqs_codes(clients, stub, served):
         reply = send(**fields)
         assert (Code.Name(reply.status.code), len(reply.entries)) == (Code.Name(code), 0), fields
         assert needle in reply.status.message, reply.status.message
+    # What the endpoint's checks pass and the store refuses: the put's own answer, per message.
+    reply = send(properties={"__CRC32\"": "x"})  # a bit away from the record CRC's name
+    assert (Code.Name(reply.status.code), len(reply.entries)) == ("BAD_REQUEST", 0)
+    assert "within 2 bits of the store's __CRC32#" in reply.status.message
+    reply = send(properties={"big": "x" * 40_000})
+    assert Code.Name(reply.status.code) == "MESSAGE_PROPERTIES_TOO_LARGE"
+    assert [(Code.Name(e.status.code), e.message_id, e.offset) for e in reply.entries] == [
+        ("MESSAGE_PROPERTIES_TOO_LARGE", "01ABC", 0)]
+    assert "PROPERTIES_SIZE_EXCEEDED: properties are" in reply.status.message
     time.sleep(0.2)
     assert stored_messages(served, "Refused") == 1  # refusals store nothing
     with pytest.raises(grpc.RpcError) as err:

@@ -84,6 +84,24 @@ def test_keys_are_joined_and_split_as_rocketmq_does_and_bad_text_is_refused():
         assert err.value.code == code, fields
 
 
+def test_born_timestamps_read_as_protobuf_reads_them():
+    def born(**stamp):
+        msg = wire_message()
+        if stamp:
+            msg.system_properties.born_timestamp.seconds = stamp.get("seconds", 0)
+            msg.system_properties.born_timestamp.nanos = stamp.get("nanos", 0)
+        return to_store(msg, "T", None, 4096).born_timestamp
+
+    assert born(seconds=1_700_000_000, nanos=123_456_789) == 1_700_000_000_123
+    assert born(seconds=253_402_300_799, nanos=999_999_999) == 253_402_300_799_999
+    assert born() is None  # none sent: the store's time
+    assert born(seconds=0, nanos=5_000_000) == 5
+    assert born(seconds=-5) is None  # before 1970: the store's time
+    for bad in ({"seconds": 253_402_300_800}, {"seconds": 1, "nanos": -1}):
+        with pytest.raises(ValueError, match="Timestamp is not valid"):
+            born(**bad)
+
+
 def test_hosts_read_as_javas_getHostAddress_and_digests_as_the_proxys():
     assert java_host("[fd12:3456:789a::1]:10911") == ("fd12:3456:789a:0:0:0:0:1", "10911")
     assert java_host("[::]:0") == ("0:0:0:0:0:0:0:0", "0")
