@@ -117,6 +117,15 @@ class PutResult(NamedTuple):
     error: str | None = None  # why a message was rejected
 
 
+class PutCounts(NamedTuple):
+    """What a store's puts did since it opened (``MessageStore.put_counts``), as RocketMQ's
+    StoreStatsService totals them."""
+
+    messages: int  # messages appended
+    bytes: int  # commit-log bytes their records took
+    refused: int  # put calls answered with a status that stored nothing
+
+
 @dataclass(frozen=True)
 class BatchPutResult:
     """Outcome of one ``put_batch``: a status for the call and columns per message."""
