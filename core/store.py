@@ -26,8 +26,12 @@ from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import ConsumerService
 from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
 from mqstore.lifecycle.opener import Opener
+<<<<<<< HEAD
 from mqstore.lifecycle.topic_calls import TopicCalls
 from mqstore.message import GetResult, ReadBatch, StoredMessage
+=======
+from mqstore.message import GetResult, PutCounts, ReadBatch, StoredMessage
+>>>>>>> endpoint-perf
 from mqstore.read.reader import check_queue
 from mqstore.running_flags import (  # noqa: F401 - flags are part of the store's API
     DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,
@@ -171,6 +175,13 @@ class MessageStore(TopicCalls):
         rejects the whole batch and nothing is written.
         """
         return self._appender.put_batch(messages)
+
+    def put_counts(self) -> PutCounts:
+        """What puts did since the store opened: messages appended, the commit-log bytes
+        their records took, and put calls answered with a status that stored nothing (the
+        totals of RocketMQ's StoreStatsService; ``mqstore serve``'s ``/metrics``)."""
+        self._check_open()
+        return self._appender.put_counts()
 
     def lock_held_ms(self) -> int:
         """How long the current append has held the put lock (0 when free)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import select
 import signal
 import threading
 
@@ -157,7 +158,22 @@ def worker_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(WORKER_IGNORED))
 
 
+_parent_poll: tuple[int, select.poll] | None = None  # (sentinel, poller registered on it)
+
+
 def parent_alive() -> bool:
-    """False once the process that started this worker is gone (its sentinel closed)."""
+    """False once the process that started this worker is gone (its sentinel closed).
+
+    A busy dispatch worker asks this on every pass, up to a thousand times a second: one
+    ``poll`` on a poller kept for the sentinel, where ``Process.is_alive`` would build and
+    tear down a selector each time."""
+    global _parent_poll
     parent = multiprocessing.parent_process()
-    return parent is None or parent.is_alive()
+    if parent is None:
+        return True
+    sentinel = parent.sentinel
+    if _parent_poll is None or _parent_poll[0] != sentinel:
+        poller = select.poll()
+        poller.register(sentinel, select.POLLIN)
+        _parent_poll = (sentinel, poller)
+    return not _parent_poll[1].poll(0)  # readable or hung up: the parent's end closed

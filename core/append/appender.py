@@ -17,8 +17,15 @@ from mqstore.append import encoding
 from mqstore.append.columns import columns_from_batch, columns_from_messages, encode_columns
 from mqstore.append.replicas import Replicas
 from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
+<<<<<<< HEAD
 from mqstore.errors import CorruptStateError, StoreClosedError
 from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult, PutStatus
+=======
+from mqstore.errors import StoreClosedError
+from mqstore.message import (
+    BatchPutResult, Message, MessageBatch, PutCounts, PutResult, PutStatus,
+)
+>>>>>>> endpoint-perf
 from mqstore.running_flags import UNWRITABLE
 from mqstore.storage.commit_log import BlockTooLargeError
 from mqstore.storage.transient_pool import PoolExhaustedError
@@ -135,6 +142,11 @@ class Appender:
         self.appended = appended
         self.lock = threading.Lock()
         self.begin_in_lock = 0  # store time the current append took the lock (0: free)
+        # put_counts: what was appended (kept under the put lock) and the refusals (their own
+        # lock: a refused put never takes the put lock).
+        self._appended_messages = self._appended_bytes = 0
+        self._refused = 0
+        self._refused_lock = threading.Lock()
         self._last_store_ts = last_append[1]
         self._limit = commit_log.segment_bytes - END_FILE_MIN_BLANK_BYTES
 
@@ -165,6 +177,16 @@ class Appender:
     def put_batch(self, messages: Sequence[Message] | MessageBatch) -> BatchPutResult:
         return self._put(messages, _Batch)
 
+    def put_counts(self) -> PutCounts:
+        with self.lock:
+            appended = self._appended_messages, self._appended_bytes
+        return PutCounts(*appended, self._refused)
+
+    def _refusing(self, answer):
+        with self._refused_lock:
+            self._refused += 1
+        return answer
+
     def _put(self, messages, kind):
         """The one path of ``put`` and ``put_batch``; ``kind`` (``_Single`` or ``_Batch``) says
         how its messages are prepared, written and answered.
@@ -176,7 +198,7 @@ class Appender:
         ``after_append``."""
         refused = self.refusal()
         if refused is not None:
-            return kind.refused(*refused)
+            return self._refusing(kind.refused(*refused))
         if kind.many:
             messages = _Batch.checked(messages)
         hooks = self.hooks
@@ -187,15 +209,20 @@ class Appender:
         except encoding.Rejected as rej:
             seen, answer = kind.rejected(rej)
             hooks.after_append(seen)
-            return answer
+            return self._refusing(answer)
         try:
             end, written = kind.append(self, plan)
         except _Refused as exc:
+<<<<<<< HEAD
             return kind.refused(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
         status = self.flush_policy.complete_put(end, plan.wait)
         if self.replicas is not None:
             status = self.replicas.complete_put(end, plan.wait, status)
         answer = kind.answer(self, plan, written, status)
+=======
+            return self._refusing(kind.refused(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc)))
+        answer = kind.answer(self, plan, written, self.flush_policy.complete_put(end, plan.wait))
+>>>>>>> endpoint-perf
         if hooks.has_after_append:
             hooks.after_append(kind.hook_result(self, answer))
         return answer
@@ -286,9 +313,10 @@ class Appender:
                 f"bytes (at most {self._limit} per record)", index)
 
     # -- the locked section ------------------------------------------------------------------
-    def _append(self, block_bytes: list[int], keys: list, counts: list[int], encode,
-                plan=None):
-        """Write blocks of records (one per segment they occupy) under the put lock.
+    def _append(self, block_bytes: list[int], keys: list, counts: list[int], messages: int,
+                encode, plan=None):
+        """Write blocks of the records of ``messages`` messages (one block per segment they
+        occupy) under the put lock.
 
         ``encode(self, plan, segments, queue_offset_bases, now)`` returns the blocks' bytes and
         the first record's commit-log offset; it may raise, and then nothing is written.
@@ -325,6 +353,8 @@ class Appender:
                     writer.write(seg, records[-1])
                     for key, base, count in zip(keys, bases, counts):
                         table[key] = base + count
+                    self._appended_messages += messages
+                    self._appended_bytes += sum(block_bytes)
                     end = seg.start + seg.wrote
                     self.last_append = (end, now)
                 finally:
@@ -403,7 +433,7 @@ class _Single:
     def append(app: Appender, p) -> tuple[int, tuple[int, int, int]]:
         """The record's end, and ``(queue offset, commit-log offset, store time)``."""
         keys = [(p.topic, p.queue_id)] if p.queued else []
-        bases, phys, now = app._append([p.size], keys, _ONE, _Single.encode, p)
+        bases, phys, now = app._append([p.size], keys, _ONE, 1, _Single.encode, p)
         return phys + p.size, (bases[0] if keys else 0, phys, now)
 
     @staticmethod
@@ -487,7 +517,7 @@ class _Batch:
 
         block_bytes = [int(ends[stop - 1] - (ends[start - 1] if start else 0))
                        for start, stop in blocks]
-        _bases, _first, now = app._append(block_bytes, keys, counts.tolist(), encode)
+        _bases, _first, now = app._append(block_bytes, keys, counts.tolist(), cols.n, encode)
         return int(phys[-1] + sizes[-1]), (qoffs, phys, now)
 
     @staticmethod
@@ -506,10 +536,14 @@ class ReadOnlyAppender:
 
     def __init__(self, state) -> None:
         self.state = state
+        self._refused = 0
+        self._refused_lock = threading.Lock()
 
     def _refusal(self) -> str:
         if self.state.closed:
             raise StoreClosedError(f"store {self.state.root!r} is closed")
+        with self._refused_lock:
+            self._refused += 1
         return "store is open read-only"
 
     def put(self, message) -> PutResult:
@@ -517,6 +551,9 @@ class ReadOnlyAppender:
 
     def put_batch(self, messages) -> BatchPutResult:
         return BatchPutResult.rejected(PutStatus.SERVICE_NOT_AVAILABLE, self._refusal())
+
+    def put_counts(self) -> PutCounts:
+        return PutCounts(0, 0, self._refused)
 
     def lock_held_ms(self) -> int:
         self._refusal()

@@ -119,7 +119,7 @@ def message_properties(tags: object, keys: object, properties: object) -> dict[s
         if tokens:
             props[PROPERTY_KEYS] = KEY_SEPARATOR.join(tokens)
     if properties is not None:
-        if not isinstance(properties, Mapping):
+        if type(properties) is not dict and not isinstance(properties, Mapping):
             raise ValueError(f"properties {properties!r} must be a mapping of names to values")
         for name, value in properties.items():
             check_property(name, value)
@@ -245,9 +245,10 @@ def prepare(msg: Message, ctx: PutContext) -> Prepared:
     # Nearly all messages leave these at their defaults, which need no range check: one test
     # keeps the checks off the common path. Types go first, since an array's truth raises.
     if (type(sysflag) is not int or type(flag) is not int or type(reconsume) is not int
-            or type(prepared) is not int or sysflag or flag or reconsume or prepared
-            or born_ts is not None):
+            or type(prepared) is not int or sysflag or flag or reconsume or prepared):
         sysflag, flag, born_ts, reconsume, prepared = _checked_ints(msg)
+    elif born_ts is not None and not (type(born_ts) is int and INT64_MIN <= born_ts <= INT64_MAX):
+        born_ts = check_int("born_timestamp", born_ts, INT64_MIN, INT64_MAX)  # raises
     if msg.born_host is None:
         born_host, born_v6 = ctx.store_host, ctx.store_v6
     else:

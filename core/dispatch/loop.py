@@ -16,6 +16,7 @@ import logging
 import struct
 import threading
 import weakref
+from functools import lru_cache
 from typing import Callable, Sequence
 
 import numpy as np
@@ -45,6 +46,7 @@ _RUN_AGAIN = 64
 _RUN_MOST = 1 << 16
 _RUN_SHORT = 8
 _MIXED_STRETCH_RECORDS = 128
+_FEW_RECORDS = 16  # batches this small read each record's tags on its own
 
 
 def walk_runs(buf, u8: np.ndarray, begin: int, limit: int, soft_stop: int
@@ -96,6 +98,8 @@ def _slices(mm, u8: np.ndarray, at: np.ndarray, length: np.ndarray) -> list[byte
     else the slices are taken by C loops (map), not by a Python loop per record."""
     first, size = int(at[0]), int(length[0])
     raw = mm[first:first + size]
+    if len(at) == 1:
+        return [raw]
     if (length == size).all() and (
             u8[at[:, None] + np.arange(size)] == np.frombuffer(raw, dtype=np.uint8)).all():
         return [raw] * len(at)
@@ -131,10 +135,10 @@ def heads_alike(buf, u8: np.ndarray, positions: np.ndarray) -> tuple[dict, int] 
     ts_at = POS_BORN_HOST + (20 if sysflag & SYSFLAG_BORNHOST_V6 else 8)
     body_len_at = lay.body_at - start - 4
     topic_at, props_at = lay.topic_at - start, lay.props_at - start
-    decided = np.r_[0:8, POS_SYSFLAG:POS_SYSFLAG + 4, body_len_at:body_len_at + 4,
-                    body_len_at + 4 + body_len:topic_at, props_at - 2:props_at]
-    if n > 1 and not (rows[1:, decided] == rows[0, decided]).all():
-        return None
+    if n > 1:
+        decided = _decided(body_len_at, body_len, topic_at, props_at)
+        if not (rows[1:, decided] == rows[0, decided]).all():
+            return None
     return {
         "size": np.full(n, size, dtype=np.int64),
         "queue_id": _column(rows, POS_QUEUE_ID, ">i4"),
@@ -147,6 +151,14 @@ def heads_alike(buf, u8: np.ndarray, positions: np.ndarray) -> tuple[dict, int] 
         "props_at": positions + props_at,
         "props_len": np.full(n, lay.props_len, dtype=np.int64),
     }, n
+
+
+@lru_cache(maxsize=64)
+def _decided(body_len_at: int, body_len: int, topic_at: int, props_at: int) -> np.ndarray:
+    """Where the bytes that decide a record's layout lie (``heads_alike``); batches repeat
+    one layout, so each is built once."""
+    return np.r_[0:8, POS_SYSFLAG:POS_SYSFLAG + 4, body_len_at:body_len_at + 4,
+                 body_len_at + 4 + body_len:topic_at, props_at - 2:props_at]
 
 
 class TagsCoder:
@@ -185,6 +197,9 @@ class TagsCoder:
         if n and props.count(props[0]) == n:  # one property block for all (no keys)
             tags = find_property(props[0], _TAGS)
             out = np.full(n, self._tags_code(tags) if tags else 0, dtype=np.int64)
+        elif n <= _FEW_RECORDS:  # array passes cost more than they save on a few records
+            found = [find_property(p, _TAGS) for p in props]
+            out = np.array([self._tags_code(t) if t else 0 for t in found], dtype=np.int64)
         else:
             out = np.zeros(n, dtype=np.int64)
             lengths = np.fromiter(map(len, props), dtype=np.int64, count=n)

@@ -62,7 +62,18 @@ SYSTEM_PROPERTY_NAMES = frozenset((
     "TIMER_OUT_MS", "TIMER_DEL_UNIQKEY", "TIMER_DELAY_LEVEL", BORN_HOST, "BORN_TIMESTAMP",
     SHARDING_KEY, TRACE_CONTEXT,
 ))
-STORED_TYPES = (MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL, MessageType.FIFO)
+STORED_TYPES = frozenset((MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL,
+                          MessageType.FIFO))
+# The enum values as plain ints: each attribute of a protobuf enum wrapper is a Python-level
+# lookup, which every message of every send would pay for again.
+_GZIP = Encoding.GZIP
+_IDENTITY = Encoding.IDENTITY
+_PLAIN_ENCODINGS = frozenset((Encoding.IDENTITY, Encoding.ENCODING_UNSPECIFIED))
+_MD5 = definition_pb2.DigestType.MD5
+_TRANSACTION, _DELAY, _FIFO, _NORMAL = (MessageType.TRANSACTION, MessageType.DELAY,
+                                        MessageType.FIFO, MessageType.NORMAL)
+_MS_PER_S, _NS_PER_MS, _NS_PER_S = 1000, 1_000_000, 1_000_000_000
+_SECONDS_BEFORE_10000 = 253_402_300_800  # a Timestamp's limit: 0001-01-01 to 9999-12-31
 GZIP_WBITS = 16 + zlib.MAX_WBITS
 
 
@@ -94,10 +105,11 @@ def to_store(msg, topic: str, born_host: str | None, max_body_bytes: int) -> Mes
                                               f"times, transactions, lite topics or "
                                               f"priorities)")
     body = msg.body
-    if sp.body_encoding == Encoding.GZIP:
+    encoding = sp.body_encoding
+    if encoding == _GZIP:
         body = _gunzip(body, max_body_bytes)
-    elif sp.body_encoding not in (Encoding.IDENTITY, Encoding.ENCODING_UNSPECIFIED):
-        raise EndpointError(Code.BAD_REQUEST, f"body encoding {sp.body_encoding} is not "
+    elif encoding not in _PLAIN_ENCODINGS:
+        raise EndpointError(Code.BAD_REQUEST, f"body encoding {encoding} is not "
                                               f"IDENTITY or GZIP")
     if not body:
         raise EndpointError(Code.MESSAGE_BODY_EMPTY, "message body cannot be empty")
@@ -105,9 +117,11 @@ def to_store(msg, topic: str, born_host: str | None, max_body_bytes: int) -> Mes
         raise EndpointError(Code.MESSAGE_BODY_TOO_LARGE, (
             f"message body of {len(body)} bytes exceeds {max_body_bytes} bytes "
             f"(commit_log.max_message_bytes)"))
-    if not sp.message_id:
+    message_id = sp.message_id
+    if not message_id:
         raise EndpointError(Code.ILLEGAL_MESSAGE_ID, "message id is empty")
-    properties = dict(msg.user_properties)
+    user = msg.user_properties
+    properties = dict(user) if user else {}
     for name, value in properties.items():
         if name in SYSTEM_PROPERTY_NAMES:
             raise EndpointError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
@@ -117,14 +131,16 @@ def to_store(msg, topic: str, born_host: str | None, max_body_bytes: int) -> Mes
         except ValueError as exc:
             raise EndpointError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, str(exc)) from None
     try:
-        check_property(PROPERTY_UNIQ_KEY, sp.message_id)
+        check_property(PROPERTY_UNIQ_KEY, message_id)
     except ValueError as exc:
         raise EndpointError(Code.ILLEGAL_MESSAGE_ID, str(exc)) from None
-    properties[PROPERTY_UNIQ_KEY] = sp.message_id
-    if sp.message_group:
-        properties[SHARDING_KEY] = sp.message_group
-    if sp.trace_context:
-        properties[TRACE_CONTEXT] = sp.trace_context
+    properties[PROPERTY_UNIQ_KEY] = message_id
+    group = sp.message_group
+    if group:
+        properties[SHARDING_KEY] = group
+    trace = sp.trace_context
+    if trace:
+        properties[TRACE_CONTEXT] = trace
     tags = sp.tag or None
     if tags is not None:
         try:
@@ -133,16 +149,25 @@ def to_store(msg, topic: str, born_host: str | None, max_body_bytes: int) -> Mes
             raise EndpointError(Code.ILLEGAL_MESSAGE_TAG, str(exc)) from None
     # RocketMQ joins the keys with spaces into KEYS, and a receiver splits them there: a key
     # holding a space arrives as two.
-    keys = KEY_SEPARATOR.join(sp.keys).split() or None
+    keys = sp.keys
+    keys = (KEY_SEPARATOR.join(keys).split() or None) if keys else None
     if keys is not None:
         try:
             check_keys(keys)
         except ValueError as exc:
             raise EndpointError(Code.ILLEGAL_MESSAGE_KEY, str(exc)) from None
-    born_ms = sp.born_timestamp.ToMilliseconds() if sp.HasField("born_timestamp") else None
+    born_ms = None
+    if sp.HasField("born_timestamp"):
+        stamp = sp.born_timestamp
+        seconds, nanos = stamp.seconds, stamp.nanos
+        if 0 < seconds < _SECONDS_BEFORE_10000 and 0 <= nanos < _NS_PER_S:
+            born_ms = seconds * _MS_PER_S + nanos // _NS_PER_MS
+        else:  # the rest as protobuf reads it (which refuses what no Timestamp may hold)
+            born_ms = stamp.ToMilliseconds()
+            if born_ms <= 0:
+                born_ms = None
     return Message(topic, body, tags=tags, keys=keys, properties=properties,
-                   born_timestamp=born_ms if born_ms and born_ms > 0 else None,
-                   born_host=born_host)
+                   born_timestamp=born_ms, born_host=born_host)
 
 
 def peer_host(peer: str) -> str | None:
@@ -165,12 +190,12 @@ def java_host(host: str) -> tuple[str, str]:
 
 def message_type(props: dict) -> int:
     if props.get(TRANSACTION_PREPARED) == "true":
-        return MessageType.TRANSACTION
+        return _TRANSACTION
     if any(name in props for name in DELAY_PROPERTIES):
-        return MessageType.DELAY
+        return _DELAY
     if SHARDING_KEY in props:
-        return MessageType.FIFO
-    return MessageType.NORMAL
+        return _FIFO
+    return _NORMAL
 
 
 def to_wire(popped, receipt_handle: str, delivery_attempt: int) -> definition_pb2.Message:
@@ -195,9 +220,9 @@ def to_wire(popped, receipt_handle: str, delivery_attempt: int) -> definition_pb
     if keys:
         sp.keys.extend(k for k in keys.split(KEY_SEPARATOR) if k)
     sp.message_id = props.get(PROPERTY_UNIQ_KEY) or full.msg_id
-    sp.body_digest.type = definition_pb2.DigestType.MD5
+    sp.body_digest.type = _MD5
     sp.body_digest.checksum = md5_digest(body)
-    sp.body_encoding = Encoding.IDENTITY
+    sp.body_encoding = _IDENTITY
     sp.message_type = message_type(props)
     sp.born_timestamp.FromMilliseconds(full.born_timestamp)
     sp.born_host = props.get(BORN_HOST) or java_host(full.born_host)[0]

@@ -15,6 +15,8 @@ before encoding (as RocketMQ does).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from mqstore.hashing import zlib_crc32
@@ -71,6 +73,7 @@ def state(raw, props_at: int, end: int) -> int:
     return DAMAGED if _bit_distance(got, _FRAME) <= MAX_FLIPPED_BITS else ABSENT
 
 
+@lru_cache(maxsize=4096)  # a store sees a handful of property names, again and again
 def near_name(name: str) -> bool:
     """Whether a property name other than ``__CRC32#`` is within a flipped bit or two of it:
     as a record's last property it would read as a damaged CRC property."""

@@ -19,7 +19,6 @@ from prometheus_client.registry import Collector
 from mqstore.runtime import cleanup
 from mqstore.consumer import CorruptStateError
 from mqstore.ops.consumer_lag import group_lags
-from mqstore.ops.put_metrics import PutCounts
 from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
 
 log = logging.getLogger("mqstore.serve")
@@ -34,9 +33,8 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
 
 
 class StoreCollector(Collector):
-    def __init__(self, store, puts: PutCounts) -> None:
+    def __init__(self, store) -> None:
         self.store = store
-        self.puts = puts
         self.sources = (self._puts, self._commit_log, self._flush, self._dispatch,
                         self._queues, self._consumers, self._workers, self._disk,
                         self._replication)
@@ -48,10 +46,10 @@ class StoreCollector(Collector):
             yield from source()
 
     def _puts(self):
-        yield _counter("mqstore_put_messages", "Messages stored by puts.", self.puts.messages)
-        yield _counter("mqstore_put_bytes", "Commit-log bytes written by puts.", self.puts.bytes)
-        yield _counter("mqstore_put_refused", "Put calls refused with a status.",
-                       self.puts.refused)
+        puts = self.store.put_counts()
+        yield _counter("mqstore_put_messages", "Messages stored by puts.", puts.messages)
+        yield _counter("mqstore_put_bytes", "Commit-log bytes written by puts.", puts.bytes)
+        yield _counter("mqstore_put_refused", "Put calls refused with a status.", puts.refused)
 
     def _commit_log(self):
         s = self.store

@@ -28,8 +28,11 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from mqstore.config import StoreConfig, parse_listen
+<<<<<<< HEAD
 from mqstore.ops import put_metrics
 from mqstore.ops.admin import ServedAdmin
+=======
+>>>>>>> endpoint-perf
 from mqstore.ops.http_server import HttpServer, Limits
 from mqstore.ops.metrics import StoreCollector
 from mqstore.ops.repair import describe
@@ -64,13 +67,6 @@ class _Stop:
             await self._event.wait()
 
 
-def with_put_metrics(config: StoreConfig) -> StoreConfig:
-    modules = config.plugins.modules
-    if put_metrics.MODULE in modules:
-        return config
-    return config.replace(plugins={"modules": [*modules, put_metrics.MODULE]})
-
-
 def health(store: MessageStore, stopping: bool) -> tuple[int, dict]:
     """HTTP status and body of ``/healthz``."""
     problems = []
@@ -97,7 +93,7 @@ def health(store: MessageStore, stopping: bool) -> tuple[int, dict]:
 
 def make_app(store: MessageStore, stopping: threading.Event):
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(store, put_metrics.COUNTS))
+    registry.register(StoreCollector(store))
     metrics = make_wsgi_app(registry)
 
     def app(environ, start_response):
@@ -120,7 +116,7 @@ def serve(root: str, config: StoreConfig,
     stop = _Stop()
     previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
     try:
-        return _run(root, with_put_metrics(config), stop, on_ready)
+        return _run(root, config, stop, on_ready)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

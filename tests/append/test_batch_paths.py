@@ -271,10 +271,12 @@ SEGMENTS = st.sampled_from([b"TAGS\x01TagA", b"TAGS\x01TagB", b"TAGS\x01", b"TAG
 @FUZZ
 @given(props=st.lists(st.lists(SEGMENTS, max_size=4).map(
            lambda segs: b"\x02".join(segs) + (b"\x02" if segs and len(segs) % 2 else b"")),
-           min_size=1, max_size=12),
-       schedule=st.lists(st.booleans(), min_size=12, max_size=12),
+           min_size=1, max_size=40),
+       schedule=st.lists(st.booleans(), min_size=40, max_size=40),
        java=st.booleans(), same=st.booleans())
 def test_tags_codes_of_a_batch_are_each_records_code(props, schedule, java, same):
+    # up to 40 records: batches of a few records take their tags one by one, larger ones
+    # with array passes (loop._FEW_RECORDS); both give each record's own code
     if same:
         props = [props[0]] * len(props)
     topics = [SCHEDULE_TOPIC if s else "T" for s in schedule[:len(props)]]

@@ -249,12 +249,54 @@ def test_requests_refused_with_rocketmqs_codes(clients, stub, served):
         reply = send(**fields)
         assert (Code.Name(reply.status.code), len(reply.entries)) == (Code.Name(code), 0), fields
         assert needle in reply.status.message, reply.status.message
+    # What the endpoint's checks pass and the store refuses: the put's own answer, per message.
+    reply = send(properties={"__CRC32\"": "x"})  # a bit away from the record CRC's name
+    assert (Code.Name(reply.status.code), len(reply.entries)) == ("BAD_REQUEST", 0)
+    assert "within 2 bits of the store's __CRC32#" in reply.status.message
+    reply = send(properties={"big": "x" * 40_000})
+    assert Code.Name(reply.status.code) == "MESSAGE_PROPERTIES_TOO_LARGE"
+    assert [(Code.Name(e.status.code), e.message_id, e.offset) for e in reply.entries] == [
+        ("MESSAGE_PROPERTIES_TOO_LARGE", "01ABC", 0)]
+    assert "PROPERTIES_SIZE_EXCEEDED: properties are" in reply.status.message
     time.sleep(0.2)
     assert stored_messages(served, "Refused") == 1  # refusals store nothing
     with pytest.raises(grpc.RpcError) as err:
         stub.QueryAssignment(service_pb2.QueryAssignmentRequest(), timeout=10)
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert "does not implement QueryAssignment" in err.value.details()
+
+
+def test_sends_in_flight_together_are_each_answered_exactly(stub, served):
+    """Many sends at once (NOTE [ Send groups ]: put together): each OK one is stored at its
+    own queue offset, and the one the store refuses is refused alone, nothing of it stored."""
+    from mqstore.endpoint.protocol import Code, definition_pb2, service_pb2
+
+    def request(i: int, big: bool = False):
+        msg = definition_pb2.Message(topic=definition_pb2.Resource(name="Together"),
+                                     body=b"together %d" % i,
+                                     user_properties={"big": "x" * 40_000} if big else {})
+        msg.system_properties.message_id = f"T{i:04d}"
+        return service_pb2.SendMessageRequest(messages=[msg])
+    answered = {}
+    for _round in range(3):  # the first round starts the stream; the next ones are grouped
+        calls = [stub.SendMessage.future(request(i, big=i == 17), timeout=30)
+                 for i in range(_round * 40, _round * 40 + 40)]
+        replies = [call.result() for call in calls]
+        for i, reply in zip(range(_round * 40, _round * 40 + 40), replies):
+            if i == 17:
+                assert Code.Name(reply.status.code) == "MESSAGE_PROPERTIES_TOO_LARGE"
+                assert [e.message_id for e in reply.entries] == ["T0017"]
+            else:
+                assert Code.Name(reply.status.code) == "OK", reply
+                assert [e.message_id for e in reply.entries] == [f"T{i:04d}"]
+                answered[f"T{i:04d}"] = reply.entries[0].offset
+    found = stored(served, "Together", 119)
+    assert len(found) == 119 and "T0017" not in found
+    assert {key: m.queue_offset for key, m in found.items()} == answered
+    per_queue: dict = {}
+    for m in found.values():
+        per_queue.setdefault(m.queue_id, []).append(m.queue_offset)
+    assert all(sorted(offsets) == list(range(len(offsets))) for offsets in per_queue.values())
 
 
 def test_settings_are_answered_filled_in_as_the_proxy_does(stub):

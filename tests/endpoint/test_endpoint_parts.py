@@ -3,10 +3,12 @@ edge cases, the signature check, and the bounds on connections and clients."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import hashlib
 import hmac
 
+import numpy as np
 import pytest
 
 from mqstore import Message
@@ -14,11 +16,11 @@ from mqstore.endpoint.auth import AccessKeys, sign
 from mqstore.endpoint.limits import Peers
 from mqstore.endpoint.protocol import Code, definition_pb2, service_pb2
 from mqstore.endpoint.route import Topics
-from mqstore.endpoint.send import Sender, put_all
+from mqstore.endpoint.send import QUIET_GROUPS, PutBatcher, Sender, put_all
 from mqstore.endpoint.settings import Sessions
 from mqstore.endpoint.status import EndpointError, put_status
 from mqstore.endpoint.wire import java_host, md5_digest, to_store
-from mqstore.message import PutStatus
+from mqstore.message import BatchPutResult, PutResult, PutStatus
 
 
 @pytest.mark.loops("thread")
@@ -44,6 +46,66 @@ def test_a_store_wide_refusal_answers_every_request(make_store):
     results = put_all(store, [[Message("T", b"a")], [Message("T", b"b")]])
     assert [r[0] for r in results] == [PutStatus.SERVICE_NOT_AVAILABLE] * 2
     assert all("disk full" in r[1] for r in results)
+
+
+class Recorder:
+    """A store that records each put: which messages went together."""
+
+    def __init__(self) -> None:
+        self.puts: list[list[str]] = []
+
+    def put(self, message):
+        self.puts.append([message])
+        return PutResult(PutStatus.PUT_OK, 0, len(self.puts))
+
+    def put_batch(self, messages):
+        self.puts.append(list(messages))
+        n = len(messages)
+        offsets = np.arange(n, dtype=np.int64) + 100 * len(self.puts)
+        return BatchPutResult(PutStatus.PUT_OK, np.zeros(n, dtype=np.int64), offsets, offsets,
+                              np.ones(n, dtype=np.int64), 0, None)
+
+
+def test_send_groups_lone_requests_at_once_and_a_stream_together():
+    """NOTE [ Send groups ]: gaps and windows long enough that only the rules decide."""
+    store = Recorder()
+    batcher = PutBatcher(store, gap_s=60.0, window_s=60.0, most=3)
+
+    async def scenario():
+        for name in ("a", "b"):  # a client that waits for each answer: at the next turn
+            assert await asyncio.wait_for(batcher.put([name]), 30) == (PutStatus.PUT_OK, None,
+                                                                        [len(store.puts)])
+        # two in one turn: one group, and from now on sends stream in
+        assert await asyncio.gather(batcher.put(["c"]), batcher.put(["d", "e"])) == [
+            (PutStatus.PUT_OK, None, [300]), (PutStatus.PUT_OK, None, [301, 302])]
+        first = asyncio.ensure_future(batcher.put(["f"]))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not first.done()  # waits for more, though later turns passed
+        rest = [asyncio.ensure_future(batcher.put([name])) for name in ("g", "h")]
+        assert await asyncio.wait_for(asyncio.gather(first, *rest), 30) == [
+            (PutStatus.PUT_OK, None, [400]), (PutStatus.PUT_OK, None, [401]),
+            (PutStatus.PUT_OK, None, [402])]  # the group held "most" requests: it went
+
+    asyncio.run(scenario())
+    assert store.puts == [["a"], ["b"], ["c", "d", "e"], ["f", "g", "h"]]
+
+
+def test_a_stream_group_goes_after_its_window_and_lone_groups_end_the_stream():
+    store = Recorder()
+    batcher = PutBatcher(store, gap_s=60.0, window_s=0.05)
+
+    async def scenario():
+        await asyncio.gather(batcher.put(["a"]), batcher.put(["b"]))  # a stream
+        for i in range(QUIET_GROUPS):  # each alone, each after the window
+            await asyncio.wait_for(batcher.put([f"lone{i}"]), 30)
+        last = asyncio.ensure_future(batcher.put(["after"]))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert last.done()  # the stream is over: a lone request goes at the next turn
+
+    asyncio.run(scenario())
+    assert store.puts == [["a", "b"]] + [[f"lone{i}"] for i in range(QUIET_GROUPS)] + [["after"]]
 
 
 def wire_message(**system) -> definition_pb2.Message:
@@ -83,6 +145,24 @@ def test_keys_are_joined_and_split_as_rocketmq_does_and_bad_text_is_refused():
         with pytest.raises(EndpointError) as err:
             to_store(wire_message(**fields), "T", None, 4096)
         assert err.value.code == code, fields
+
+
+def test_born_timestamps_read_as_protobuf_reads_them():
+    def born(**stamp):
+        msg = wire_message()
+        if stamp:
+            msg.system_properties.born_timestamp.seconds = stamp.get("seconds", 0)
+            msg.system_properties.born_timestamp.nanos = stamp.get("nanos", 0)
+        return to_store(msg, "T", None, 4096).born_timestamp
+
+    assert born(seconds=1_700_000_000, nanos=123_456_789) == 1_700_000_000_123
+    assert born(seconds=253_402_300_799, nanos=999_999_999) == 253_402_300_799_999
+    assert born() is None  # none sent: the store's time
+    assert born(seconds=0, nanos=5_000_000) == 5
+    assert born(seconds=-5) is None  # before 1970: the store's time
+    for bad in ({"seconds": 253_402_300_800}, {"seconds": 1, "nanos": -1}):
+        with pytest.raises(ValueError, match="Timestamp is not valid"):
+            born(**bad)
 
 
 def test_hosts_read_as_javas_getHostAddress_and_digests_as_the_proxys():

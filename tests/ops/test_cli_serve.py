@@ -13,9 +13,7 @@ import pytest
 
 from mqstore import MessageBatch, MessageStore, load_config
 from mqstore.errors import ConfigError
-from mqstore.ops import put_metrics
 from mqstore.ops.metrics import StoreCollector
-from mqstore.ops.server import with_put_metrics
 from mqstore.storage.shared_segment import store_segment_name
 from mqstore.lifecycle.store_meta import load_meta
 from mqstore.storage.store_id import recorded_id
@@ -93,19 +91,20 @@ def test_serve_metrics_health_and_clean_shutdown(deployment, tmp_path, signum):
 
 
 def test_put_counts_reach_the_collector(tmp_path):
-    cfg = with_put_metrics(load_config(overrides={
+    cfg = load_config(overrides={
         "commit_log": {"segment_bytes": 65536}, "plugins": {"load_entry_points": False},
         "index": {"enabled": False}, "dispatch": {"worker": "thread"},
-        "flush": {"worker": "thread"}}))
-    assert cfg.plugins.modules == (put_metrics.MODULE,)
-    before = put_metrics.COUNTS.messages, put_metrics.COUNTS.bytes
+        "flush": {"worker": "thread"}})
     with MessageStore.open(tmp_path / "s", config=cfg) as store:
         result = store.put_batch(MessageBatch(topic="t", bodies=[b"x"] * 5, queue_ids=0))
+        refused = store.put_batch(MessageBatch(topic="t", bodies=[b"x", None], queue_ids=0))
         store.wait_dispatched()
-        samples = {s.name: s.value for family in StoreCollector(store, put_metrics.COUNTS).collect()
+        samples = {s.name: s.value for family in StoreCollector(store).collect()
                    for s in family.samples if not s.labels}
-    assert samples["mqstore_put_messages_total"] == before[0] + 5
-    assert samples["mqstore_put_bytes_total"] == before[1] + result.wrote_bytes
+    assert not refused.status.stored
+    assert samples["mqstore_put_messages_total"] == 5
+    assert samples["mqstore_put_bytes_total"] == result.wrote_bytes
+    assert samples["mqstore_put_refused_total"] == 1
 
 
 @pytest.mark.parametrize("server, needle", [
