@@ -26,12 +26,8 @@ from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import ConsumerService
 from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
 from mqstore.lifecycle.opener import Opener
-<<<<<<< HEAD
 from mqstore.lifecycle.topic_calls import TopicCalls
-from mqstore.message import GetResult, ReadBatch, StoredMessage
-=======
 from mqstore.message import GetResult, PutCounts, ReadBatch, StoredMessage
->>>>>>> endpoint-perf
 from mqstore.read.reader import check_queue
 from mqstore.running_flags import (  # noqa: F401 - flags are part of the store's API
     DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,

@@ -17,15 +17,10 @@ from mqstore.append import encoding
 from mqstore.append.columns import columns_from_batch, columns_from_messages, encode_columns
 from mqstore.append.replicas import Replicas
 from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
-<<<<<<< HEAD
 from mqstore.errors import CorruptStateError, StoreClosedError
-from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult, PutStatus
-=======
-from mqstore.errors import StoreClosedError
 from mqstore.message import (
     BatchPutResult, Message, MessageBatch, PutCounts, PutResult, PutStatus,
 )
->>>>>>> endpoint-perf
 from mqstore.running_flags import UNWRITABLE
 from mqstore.storage.commit_log import BlockTooLargeError
 from mqstore.storage.transient_pool import PoolExhaustedError
@@ -213,16 +208,11 @@ class Appender:
         try:
             end, written = kind.append(self, plan)
         except _Refused as exc:
-<<<<<<< HEAD
-            return kind.refused(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
+            return self._refusing(kind.refused(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc)))
         status = self.flush_policy.complete_put(end, plan.wait)
         if self.replicas is not None:
             status = self.replicas.complete_put(end, plan.wait, status)
         answer = kind.answer(self, plan, written, status)
-=======
-            return self._refusing(kind.refused(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc)))
-        answer = kind.answer(self, plan, written, self.flush_policy.complete_put(end, plan.wait))
->>>>>>> endpoint-perf
         if hooks.has_after_append:
             hooks.after_append(kind.hook_result(self, answer))
         return answer

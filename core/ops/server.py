@@ -28,11 +28,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from mqstore.config import StoreConfig, parse_listen
-<<<<<<< HEAD
-from mqstore.ops import put_metrics
 from mqstore.ops.admin import ServedAdmin
-=======
->>>>>>> endpoint-perf
 from mqstore.ops.http_server import HttpServer, Limits
 from mqstore.ops.metrics import StoreCollector
 from mqstore.ops.repair import describe
