@@ -1,4 +1,5 @@
-"""Shared fixtures: a store factory that closes what it opens, and a settable clock."""
+"""Shared fixtures: a store factory that closes what it opens, a settable clock, and a
+scheduler a test moves by hand."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from mqstore import MessageStore, load_config
 from mqstore.clock import ManualClock
+from mqstore.scheduler import ManualScheduler
 
 # A store written by RocketMQ 4.9.8 and its answers; CI clones main next to shared/.
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "rocketmq-4.9.8"
@@ -28,13 +30,21 @@ def manual_clock() -> ManualClock:
 
 
 @pytest.fixture
+def manual_scheduler() -> ManualScheduler:
+    """The loops' intervals on a clock that stands still: ``manual_scheduler.run("cleanup")``
+    runs a periodic job now (pass it to ``make_store(scheduler=...)``)."""
+    return ManualScheduler()
+
+
+@pytest.fixture
 def store_dir(tmp_path):
     return tmp_path / "store"
 
 
 @pytest.fixture
 def make_store(request, store_dir, manual_clock):
-    """``make_store(overrides=None, root=None, read_only=False, clock=manual_clock)``.
+    """``make_store(overrides=None, root=None, read_only=False, clock=manual_clock,
+    scheduler=None)``.
 
     Overrides merge over small test defaults (1 MiB segments, Java hash so RocketMQ's
     vectors apply, 24 GiB of "physical memory"). The loops run as the default configuration
@@ -47,7 +57,7 @@ def make_store(request, store_dir, manual_clock):
     loops = marker.args[0] if marker is not None else "process"
 
     def factory(overrides=None, *, root=None, read_only=False, clock=manual_clock,
-                hash_kind="java"):
+                hash_kind="java", scheduler=None):
         base = {
             "commit_log": {"segment_bytes": 1 << 20},
             "store": {"hash": hash_kind, "store_host": STORE_HOST},
@@ -58,7 +68,8 @@ def make_store(request, store_dir, manual_clock):
             "flush": {"worker": loops},
         }
         cfg = load_config(overrides=base).replace(**(overrides or {}))
-        store = MessageStore.open(root or store_dir, config=cfg, read_only=read_only, clock=clock)
+        store = MessageStore.open(root or store_dir, config=cfg, read_only=read_only, clock=clock,
+                                  scheduler=scheduler)
         opened.append(store)
         return store
 

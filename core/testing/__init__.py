@@ -4,7 +4,9 @@
 the abort marker stays, the lock goes with the process); ``StoreStateMachine`` is a hypothesis
 state machine that checks any store configuration against a plain list model, including
 reopen and crash/recover steps. Use it by subclassing and setting ``overrides``.
-``ManualClock`` is a settable store clock that stays one clock in the processes it is pickled to.
+``ManualClock`` is a settable store clock that stays one clock in the processes it is pickled to;
+``ManualScheduler`` is the loops' interval clock, moved by hand, with which a test runs a periodic
+job (``run("cleanup")``) instead of sleeping until it comes round.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import time
 import numpy as np
 
 from mqstore.clock import CLOCK_SEGMENT_PREFIX, ManualClock  # noqa: F401 - part of the API
+from mqstore.scheduler import (  # noqa: F401 - part of the API
+    JOBS, SCHEDULER_SEGMENT_PREFIX, ManualScheduler, attach_scheduler,
+)
 from mqstore.config import load_config
 from mqstore.message import GetStatus, Message, PutStatus
 from mqstore.store import MessageStore
