@@ -103,7 +103,7 @@ def test_a_worker_started_after_its_store_let_go_exits_with_one_line(tmp_path):
     done = run_program(tmp_path, f"""
         from mqstore.clock import system_clock
         from mqstore.runtime.workers import shm
-        from mqstore.workers.supervisor import DispatchSupervisor
+        from mqstore.runtime.workers.supervisor import DispatchSupervisor
 
         root = {str(root)!r}
         MessageStore.open(root, config=load_config()).close()
