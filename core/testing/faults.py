@@ -101,6 +101,7 @@ class FaultWriter:
     sigint_after_writes: tuple = ()  # with a *_ctrl_c writer: see the module docstring
     late_handler: bool = False  # set the program's own SIGINT handler after the open
     stop_on_eof: bool = False  # put until ``finish`` closes the writer's stdin
+    scheduler: object = None  # a ManualScheduler the writer's store runs its loops on
     acks: list = field(default_factory=list)
     refusals: list = field(default_factory=list)
     interrupted: int = 0
@@ -113,7 +114,8 @@ class FaultWriter:
                 "count": self.count, "batch": self.batch, "then": self.then,
                 "stop_after_refusals": self.stop_after_refusals, "pace_ms": self.pace_ms,
                 "wait_s": self.wait_s, "sigint_after_writes": list(self.sigint_after_writes),
-                "late_handler": self.late_handler, "stop_on_eof": self.stop_on_eof}
+                "late_handler": self.late_handler, "stop_on_eof": self.stop_on_eof,
+                "scheduler": None if self.scheduler is None else self.scheduler.name}
         # stderr goes to a file: workers log there too, and a pipe nobody reads while the
         # writer runs could fill up and block them.
         self._stderr_file = tempfile.TemporaryFile()
