@@ -37,7 +37,8 @@ JOBS = (
     #                   the queue manifest, mqstore.queued
     "flush",  # the flush loop, every flush.interval_ms (a thorough pass every
     #           flush.thorough_interval_ms)
-    "commit",  # the flush loop, every writer.commit_thorough_interval_ms: all that is staged
+    "commit",  # the flush loop, every writer.commit_interval_ms: staged bytes by
+    #            writer.commit_least_pages (all of them every writer.commit_thorough_interval_ms)
 )
 _INDEX = {job: i for i, job in enumerate(JOBS)}
 

@@ -73,26 +73,31 @@ def test_a_put_is_invisible_until_committed(make_store):
     assert [m.body for m in store.get("g", "T", 0, 0).messages] == [b"hello"]
 
 
-def test_the_commit_interval_commits_without_being_asked(make_store):
-    store = make_store(_pool(commit_interval_ms=20, commit_thorough_interval_ms=20))
+def _commit_pass(scheduler, seconds: float = 86_400.0) -> None:
+    """A commit pass of the flush loop ``seconds`` on, then a tick of the store's listener,
+    which has learnt by then what the pass committed."""
+    scheduler.run("commit", seconds=seconds)
+    scheduler.run("metadata", seconds=1.0)
+
+
+def test_the_commit_interval_commits_without_being_asked(make_store, manual_scheduler):
+    store = make_store(_pool(commit_interval_ms=20, commit_thorough_interval_ms=20),
+                       scheduler=manual_scheduler)
     r = store.put(Message("T", b"soon", queue_id=0))
-    deadline = time.monotonic() + 5
-    while store.max_phys_offset < r.size and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _commit_pass(manual_scheduler)
+    assert store.max_phys_offset == r.size
     assert store.message_at(0).body == b"soon"
 
 
-def test_least_pages_hold_a_commit_back_until_enough_is_pending(make_store):
+def test_least_pages_hold_a_commit_back_until_enough_is_pending(make_store, manual_scheduler):
     store = make_store(_pool(commit_interval_ms=20, commit_thorough_interval_ms=60_000,
-                             commit_least_pages=2))
+                             commit_least_pages=2), scheduler=manual_scheduler)
     small = store.put(Message("T", b"x" * 100, queue_id=0))
-    time.sleep(0.3)
+    _commit_pass(manual_scheduler, seconds=0.05)  # past the interval, not the thorough one
     assert store.max_phys_offset == 0  # 1 page pending, 2 needed
     rs = store.put_batch([Message("T", b"y" * 3000, queue_id=0) for _ in range(3)])
     end = int(rs.phys_offsets[-1] + rs.sizes[-1])
-    deadline = time.monotonic() + 5
-    while store.max_phys_offset < end and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _commit_pass(manual_scheduler, seconds=0.05)
     assert store.max_phys_offset == end
     assert store.message_at(small.phys_offset).body == b"x" * 100
 

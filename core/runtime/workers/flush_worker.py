@@ -222,8 +222,7 @@ class FlushService:
                 if now >= next_commit_thorough:
                     least, next_commit_thorough = 0, now + self.commit_thorough_s
                 moved |= self.commit(least)  # a put's wake-up commits by the pages rule
-                if not least:
-                    scheduler.ran("commit", now)
+                scheduler.ran("commit", now)
                 next_commit = now + self.commit_s
                 if now >= next_flush:
                     least = self.least_pages
