@@ -15,6 +15,7 @@ from mqstore import GetStatus, Message, MessageStore
 from mqstore.consumer import ConsumedMessage, Polled, QueueLag
 from mqstore.consumer.offsets import ConsumerOffsets
 from mqstore.errors import PluginError, StoreClosedError
+from mqstore.testing import fill
 from paths import SUPPORT
 
 _spec = importlib.util.spec_from_file_location(
@@ -26,11 +27,7 @@ TOPIC = "T"
 
 
 def put_all(store, count: int, queues: int = 3, topic: str = TOPIC, tags=None) -> None:
-    for i in range(count):
-        r = store.put(Message(topic, b"m%04d" % i, queue_id=i % queues,
-                              tags=tags(i) if tags else None))
-        assert r.status.name == "PUT_OK"
-    store.wait_dispatched()
+    fill(store, count, topic=topic, queues=queues, tags=tags)  # bodies m0000, m0001, ...
 
 
 def drain(consumer, max_msgs: int = 7) -> list[tuple[int, int, bytes]]:

@@ -19,7 +19,7 @@ from mqstore.consumer import PoppedMessage, ReceiptHandleError, StaleReceiptHand
 from mqstore.consumer import pop as pop_module
 from mqstore.consumer.pop_journal import PopJournal
 from mqstore.consumer.pop_state import POP_DIR, pop_state_path
-from mqstore.testing import wait_until
+from mqstore.testing import fill, wait_until
 
 TOPIC = "T"
 SLACK_S = 10.0  # how late a timed-out wait may return on a loaded machine
@@ -47,10 +47,8 @@ def pop_files(store) -> dict:
 
 
 def put_all(store, per_queue: int, queues: int = 4, tags=None) -> None:
-    for i in range(per_queue * queues):
-        store.put(Message(TOPIC, b"p%04d" % i, queue_id=i % queues,
-                          tags=tags(i) if tags else None))
-    store.wait_dispatched()
+    fill(store, per_queue * queues, topic=TOPIC, queues=queues, body=lambda i: b"p%04d" % i,
+         tags=tags)
 
 
 def keys(popped) -> list[tuple[int, int, int]]:

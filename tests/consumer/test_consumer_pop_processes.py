@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from mqstore import MessageBatch
+from mqstore.testing import fill
 
 TOPIC = "T"
 QUEUES = 4
@@ -92,11 +92,8 @@ class Popper:
 
 
 def _fill(store, count: int) -> set[tuple[int, int]]:
-    for q in range(QUEUES):
-        store.put_batch(MessageBatch(topic=TOPIC, queue_ids=q, bodies=[
-            b"m%05d" % i for i in range(q, count, QUEUES)]))
-    store.wait_dispatched()
-    return {(q, o) for q in range(QUEUES) for o in range(count // QUEUES)}
+    return {(a.queue_id, a.queue_offset)
+            for a in fill(store, count, topic=TOPIC, queues=QUEUES, batch=100)}
 
 
 def test_four_processes_and_the_writer_never_hand_out_a_message_twice(make_store, store_dir,

@@ -17,6 +17,7 @@ from mqstore.runtime.cleanup import DiskUsage, watermark_passed
 from mqstore.errors import ConfigError
 from mqstore.plugins.cleanup_keep_unconsumed import KeepUnconsumedCleanup
 from mqstore.plugins.cleanup_rocketmq import RocketMQCleanup
+from mqstore.testing import fill
 
 SEG = 4096
 TOPIC = "T"
@@ -33,13 +34,10 @@ def _store(make_store, scheduler, **cleanup_keys):
 
 
 def _fill(store, segments: int, queues: int = 2, results: list | None = None) -> list:
-    """Messages until the log has ``segments`` segments; returns their put results (added to
-    ``results``)."""
+    """Messages until the log has ``segments`` segments; returns where every one went
+    (``results`` too, when given)."""
     results = [] if results is None else results
-    while len(store.commit_log.segments.segments) < segments:
-        i = len(results)
-        results.append(store.put(Message(TOPIC, b"%05d" % i + b"x" * 300, queue_id=i % queues)))
-    store.wait_dispatched()
+    fill(store, segments=segments, topic=TOPIC, queues=queues, size=305, acks=results)
     return results
 
 

@@ -11,6 +11,7 @@ from mqstore.runtime import cleanup
 from mqstore.errors import ConfigError
 from mqstore.plugins.cleanup_rocketmq import RocketMQCleanup
 from mqstore.store import DISK_FULL
+from mqstore.testing import fill
 
 SEG = 4096
 ALL_HOURS = ";".join(str(h) for h in range(24))
@@ -50,11 +51,7 @@ def test_hours_are_validated_naming_the_key():
 
 
 def _fill(store, segments: int) -> None:
-    i = 0
-    while len(store.commit_log.segments.segments) < segments:
-        assert store.put(Message("T", b"x" * 300, tags="a", queue_id=i % 2)).status is PutStatus.PUT_OK
-        i += 1
-    store.wait_dispatched()
+    fill(store, segments=segments, queues=2, body=b"x" * 300, tags="a")
 
 
 def test_expired_segments_go_at_the_delete_hour(make_store, manual_scheduler):
