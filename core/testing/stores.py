@@ -102,6 +102,9 @@ class StoreFactory:
         self.close_all()
 
 
+Tags = str | Sequence[str | None] | Callable[[int], str | None] | None
+
+
 def numbered(i: int) -> bytes:
     """``fill``'s body of message ``i``."""
     return b"m%04d" % i
@@ -109,8 +112,7 @@ def numbered(i: int) -> bytes:
 
 def fill(store: MessageStore, count: int | None = None, *, segments: int | None = None,
          topic: str = "T", queues: int = 1, body: bytes | Callable[[int], bytes] = numbered,
-         size: int = 0, tags: str | Sequence[str | None] | Callable[[int], str | None] | None = None,
-         keys: bool = False, rng: random.Random | None = None, sizes: Sequence[int] = (),
+         size: int = 0, tags: Tags = None, keys: bool = False, rng: random.Random | None = None, sizes: Sequence[int] = (),
          fields: Callable[[int], dict] | None = None, batch: int = 0,
          acks: list[Ack] | None = None, wait: bool = True) -> list[Ack]:
     """Put ``count`` messages to ``topic``, or as many as it takes for the commit log to have
