@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cli_support import SMALL_CONFIG, env, error_line, mqstore, mqstore_json
-from consumer_proc import ConsumerProcess
+from mqstore.testing.consumer_proc import ConsumerProcess
 from serve_support import STOP_TIMEOUT_S, scrape, start
 from paths import REPO
 

@@ -4,7 +4,6 @@ and bad input refused before anything reaches the disk."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -15,13 +14,7 @@ from mqstore import GetStatus, Message, MessageStore
 from mqstore.consumer import ConsumedMessage, Polled, QueueLag
 from mqstore.consumer.offsets import ConsumerOffsets
 from mqstore.errors import PluginError, StoreClosedError
-from mqstore.testing import fill
-from paths import SUPPORT
-
-_spec = importlib.util.spec_from_file_location(
-    "consumer_proc", SUPPORT / "consumer_proc.py")
-consumer_proc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(consumer_proc)
+from mqstore.testing import consumer_proc, fill
 
 TOPIC = "T"
 

@@ -5,7 +5,6 @@ polling while nothing comes. Wake-up latency is measured in benchmarks/bench_con
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 import time
@@ -15,12 +14,7 @@ import pytest
 from mqstore import Message
 from mqstore.runtime.workers import wakeup as wakeup_module
 from mqstore.runtime.workers.wakeup import Wakeup, wakeup_path
-from paths import SUPPORT
-
-_spec = importlib.util.spec_from_file_location(
-    "consumer_proc", SUPPORT / "consumer_proc.py")
-consumer_proc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(consumer_proc)
+from mqstore.testing import consumer_proc
 
 TOPIC = "T"
 LONG_MS = 20_000  # far longer than any wake-up may take: a poll returning early was woken

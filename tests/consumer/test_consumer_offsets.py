@@ -3,7 +3,6 @@ processes at once with none lost, and a damaged file left alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -13,13 +12,7 @@ import pytest
 from mqstore import Message
 from mqstore.consumer import CorruptStateError
 from mqstore.consumer.offsets import ConsumerOffsets, decode_offsets, journal_lines
-from mqstore.testing import fill
-from paths import SUPPORT
-
-_spec = importlib.util.spec_from_file_location(
-    "consumer_proc", SUPPORT / "consumer_proc.py")
-consumer_proc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(consumer_proc)
+from mqstore.testing import consumer_proc, fill
 
 TOPIC = "TopicTest"
 
