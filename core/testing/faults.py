@@ -178,9 +178,14 @@ class FaultWriter:
             self._take(line + b"\n")
         return self.proc.returncode
 
-    def kill(self, signum: int = signal.SIGKILL) -> int:
-        """Signal the whole group, then collect what it said before it died."""
-        self.signal_group(signum)
+    def kill(self, signum: int = signal.SIGKILL, *, group: bool = True) -> int:
+        """Signal the whole group (``group=False``: the writer process alone, as when only the
+        store's process dies: its workers see that and exit), then collect what it said
+        before it died."""
+        if group:
+            self.signal_group(signum)
+        else:
+            os.kill(self.proc.pid, signum)
         return self.finish()
 
 
