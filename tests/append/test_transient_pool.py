@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections import namedtuple
 from pathlib import Path
 
 import pytest
 
 from mqstore import GetStatus, Message, MessageStore, PutStatus, load_config
-from mqstore.storage import transient_pool
+from mqstore.storage import shared_segment, transient_pool
 from mqstore.storage.transient_pool import TransientPool
+from mqstore.testing import wait_for
 
 SEG = 64 * 1024
 DiskUsage = namedtuple("DiskUsage", "total used free")
@@ -32,6 +32,21 @@ def _batch(n, size=300, start=0):
 
 def _shm_names() -> set[str]:
     return set(os.listdir("/dev/shm"))
+
+
+def _made_segments(monkeypatch) -> list[str]:
+    """The names of the shared-memory segments this process creates from now on (other
+    processes on the machine make and drop their own meanwhile)."""
+    made: list[str] = []
+    real = shared_segment._shared_memory
+
+    def recording(name, create, size, tracked):
+        shm = real(name, create, size, tracked)
+        if create:
+            made.append(shm.name)
+        return shm
+    monkeypatch.setattr(shared_segment, "_shared_memory", recording)
+    return made
 
 
 @pytest.mark.parametrize("worker", ["thread", "process"])
@@ -243,10 +258,8 @@ def test_a_killed_flush_worker_is_restarted_and_sync_puts_continue(tmp_path):
         first = store.put(Message("T", b"before", queue_id=0))
         victim = store.flush_client.supervisor.process.pid
         os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (
-                store.flush_client.status()["restarts"] and store.flush_client.status()["alive"]):
-            time.sleep(0.02)
+        wait_for(lambda: store.flush_client.status()["restarts"]
+                 and store.flush_client.status()["alive"], what="the flush worker's restart")
         status = store.flush_client.status()
         assert status["restarts"] == 1 and status["alive"] and status["pid"] != victim
         assert "flush worker" in status["failures"][0] and "restarting" in status["failures"][0]
@@ -287,23 +300,23 @@ def test_a_pool_the_shared_memory_cannot_hold_is_refused_with_its_sizes(monkeypa
     monkeypatch.setattr(transient_pool.shutil, "disk_usage",
                         lambda path: DiskUsage(total=1 << 30, used=(1 << 30) - (1 << 20),
                                                free=1 << 20))
-    before = _shm_names()
+    made = _made_segments(monkeypatch)
     with pytest.raises(transient_pool.PoolTooLargeError) as err:
         TransientPool(2, 1 << 20)  # refused before any shared memory is made
     assert "2 x 1048576 bytes = 2097152 bytes" in str(err.value)
     assert "1048576 bytes free in /dev/shm" in str(err.value)
     assert "writer.transient_pool_buffers" in str(err.value)
-    assert _shm_names() <= before
+    assert made == []
 
 
 def test_a_store_whose_pool_does_not_fit_fails_to_open_and_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(transient_pool.shutil, "disk_usage",
                         lambda path: DiskUsage(total=1 << 30, used=1 << 30, free=0))
-    before = _shm_names()
+    made = _made_segments(monkeypatch)
     cfg = load_config(overrides={**_pool(), "plugins": {"load_entry_points": False}})
     with pytest.raises(transient_pool.PoolTooLargeError, match="transient_pool_buffers"):
         MessageStore.open(tmp_path / "s", config=cfg)
-    assert _shm_names() <= before
+    assert not set(made) & _shm_names()
     cfg = load_config(overrides={"commit_log": {"segment_bytes": SEG},
                                  "plugins": {"load_entry_points": False}})
     with MessageStore.open(tmp_path / "s", config=cfg) as store:  # not locked, not damaged
