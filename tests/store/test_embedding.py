@@ -20,6 +20,7 @@ from mqstore import Message, MessageStore, PutStatus, load_config
 from mqstore.storage.shared_segment import close_segment, open_segment, store_segment_name
 from mqstore.storage.store_id import recorded_id
 from mqstore.lifecycle.store_meta import load_meta
+from mqstore.testing import wait_for
 from mqstore.testing.faults import FaultWriter, small_store_overrides
 
 SHM = Path("/dev/shm")
@@ -194,9 +195,7 @@ def test_a_dispatcher_that_keeps_failing_refuses_puts_with_its_reason(tmp_path, 
     try:
         first = store.put(Message("T", b"x", queue_id=0))
         assert first.status is PutStatus.PUT_OK  # taken before dispatch could fail
-        deadline = time.monotonic() + 30
-        while store.worker_status()["failing"] is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: store.worker_status()["failing"], what="the dispatch failure")
         status = store.worker_status()
         assert "index backend unreachable" in status["failing"]
         assert status["alive"] and status["restarts"] == 0  # retried in place, not respawned
