@@ -281,6 +281,7 @@ class AppendCounter:
         self.after.append((result.status, len(result)))
 
 
+@pytest.mark.loops("thread")  # the plugin module lives in this process only
 def test_append_hooks_run_once_per_call(make_store, add_plugin):
     counter = AppendCounter()
     store = make_store(with_modules(add_plugin("append_counter", counter)))
@@ -328,6 +329,7 @@ def test_writer_is_selected_by_writer_kind(make_store, add_plugin):
     assert [m.body for m in r.messages] == [b"first", b"b0", b"b1", b"b2"]
 
 
+@pytest.mark.loops("thread")  # the plugin module lives in this process only
 def test_registered_writer_is_unused_unless_selected(make_store, add_plugin):
     plugin = CountingWriterPlugin()
     store = make_store(with_modules(add_plugin("counting_writer", plugin)))
