@@ -118,13 +118,13 @@ def test_the_notification_reaches_every_waiter_and_timeouts_hold(tmp_path):
     waiters = [Wakeup(root) for _ in range(3)]
     results = []
 
-    def wait(w):
-        seen = w.sequence()
+    def wait(w, seen):
         results.append(w.wait(seen, 10.0))
-    threads = [threading.Thread(target=wait, args=(w,)) for w in waiters]
+    # Each sequence is read before the notification, however late a thread starts.
+    threads = [threading.Thread(target=wait, args=(w, w.sequence())) for w in waiters]
     for t in threads:
         t.start()
-    time.sleep(0.2)
+    time.sleep(0.2)  # not a synchronisation: the waiters are usually asleep by then
     notifier = Wakeup(root)
     notifier.notify()
     for t in threads:
