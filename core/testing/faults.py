@@ -168,9 +168,22 @@ class FaultWriter:
         os.killpg(self.proc.pid, signum)
 
     def finish(self, timeout_s: float = 60.0) -> int:
-        """Collect every line still in the pipe and wait for the process; its exit code."""
-        rest, _ = self.proc.communicate(timeout=timeout_s)
-        self._watchdog.cancel()
+        """Close the writer's stdin (a writer told to wait leaves), collect every line still
+        to come and wait for the process (its group killed after ``timeout_s``); its exit
+        code."""
+        late = threading.Timer(timeout_s, self._kill_group)
+        late.daemon = True
+        late.start()
+        try:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+            # Through the reader ``read_until`` used: lines it read ahead wait in its buffer,
+            # where communicate(), reading the pipe itself, would never see them.
+            rest = self.proc.stdout.read()
+            self.proc.wait()
+        finally:
+            late.cancel()
+            self._watchdog.cancel()
         self._stderr_file.seek(0)
         self.stderr = self._stderr_file.read()
         self._stderr_file.close()
