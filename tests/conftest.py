@@ -23,6 +23,17 @@ if not FIXTURE.exists():
 BORN_HOST = "127.0.0.1:50000"
 
 
+SPARK_TESTS = Path(__file__).resolve().parent / "spark"
+
+
+def pytest_collection_modifyitems(items):
+    """Every Spark test is slow (``-m "not slow"`` leaves them out): its session starts a JVM,
+    and each job runs Python workers beside it."""
+    for item in items:
+        if SPARK_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def manual_clock() -> ManualClock:
     return ManualClock()

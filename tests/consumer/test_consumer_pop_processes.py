@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from mqstore.testing import fill
 
 TOPIC = "T"
@@ -96,6 +98,7 @@ def _fill(store, count: int) -> set[tuple[int, int]]:
             for a in fill(store, count, topic=TOPIC, queues=QUEUES, batch=100)}
 
 
+@pytest.mark.slow
 def test_four_processes_and_the_writer_never_hand_out_a_message_twice(make_store, store_dir,
                                                                       manual_clock):
     store = make_store()
@@ -119,6 +122,7 @@ def test_four_processes_and_the_writer_never_hand_out_a_message_twice(make_store
     assert sum(1 for p in poppers if p.seen("popped")) >= 2  # they did pop side by side
 
 
+@pytest.mark.slow
 def test_poppers_killed_mid_pop_and_mid_ack_lose_nothing(make_store, store_dir, manual_clock):
     store = make_store()
     everything = _fill(store, 1000)

@@ -204,6 +204,7 @@ class _Child(consumer_proc.ConsumerProcess):
         return next(rest for kind, rest in list(self.lines) if kind == "ready")
 
 
+@pytest.mark.slow
 def test_three_processes_rebalance_on_join_leave_and_sigkill(make_store, store_dir):
     store = make_store()
     for i in range(QUEUES * 50):

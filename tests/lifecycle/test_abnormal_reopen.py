@@ -240,6 +240,7 @@ FALLBACKS = {
 }
 
 
+@pytest.mark.slow
 def test_a_mark_that_does_not_match_the_log_falls_back_to_the_segment_rule(tmp_path, watchdog):
     root = tmp_path / "store"
     writer, mark = _killed_mid_stream(root, OVERRIDES, seed=8)

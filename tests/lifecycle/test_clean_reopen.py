@@ -365,6 +365,7 @@ def _store_time(root: Path, phys: int, seg_bytes: int) -> int:
         struct.unpack_from(">i", head, POS_SYSFLAG)[0]))[0]
 
 
+@pytest.mark.slow
 def test_abnormal_reopen_without_mqstore_queued_walks_from_a_segment_start(tmp_path, watchdog):
     """RocketMQ's rule, at segment granularity, when mqstore's own record of the derived
     files is gone (``tests/lifecycle/test_abnormal_reopen.py`` has the rest): the walk starts at the

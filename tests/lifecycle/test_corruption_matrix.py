@@ -387,6 +387,7 @@ def pristine_crc(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("stale_abort", [False, True])
+@pytest.mark.slow
 def test_record_crc_catches_a_flip_in_every_byte_position(pristine_crc, tmp_path, stale_abort):
     """One record per position: each of the 88 header bytes and the last 48 bytes (topic,
     properties, the CRC property itself) gets one flipped bit. Exactly those records are

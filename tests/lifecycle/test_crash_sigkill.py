@@ -153,6 +153,7 @@ def check_recovered(root: Path, flush_mode: str, writer: FaultWriter, kind: str 
 @pytest.mark.parametrize("seed", KILL_SEEDS)
 @pytest.mark.parametrize("flush_mode", ["sync", "async"])
 @pytest.mark.parametrize("kind", WRITERS)
+@pytest.mark.slow
 def test_sigkill_keeps_an_exact_prefix(tmp_path, kind, flush_mode, seed):
     root = tmp_path / "store"
     kill_after = random.Random(f"{flush_mode}:{seed}").randint(1, MAX_KILL_AFTER)
@@ -188,6 +189,7 @@ GROUP_KILLS = int(os.environ.get("MQSTORE_FAULT_ROUNDS", "0"))
 @pytest.mark.parametrize("batch", [0, 16])
 @pytest.mark.parametrize("flush_mode", ["sync", "async"])
 @pytest.mark.parametrize("kind", WRITERS)
+@pytest.mark.slow
 def test_sigkill_of_the_whole_group_loses_no_acknowledged_message(tmp_path, kind, flush_mode,
                                                                    batch, seed):
     """Store process and workers killed at once, as the OOM killer or a container stop does:

@@ -127,6 +127,7 @@ def test_allow_list_without_the_plugin_does_not_load_it(demo_site, tmp_path, all
     assert loaded == "after_append: not loaded"
 
 
+@pytest.mark.slow
 def test_plugins_disable_in_config_blocks_the_plugin(demo_site, tmp_path):
     out = run_store(demo_site, tmp_path / "store", config_text="plugins: {disable: [demo]}\n")
     error, loaded = out.splitlines()

@@ -154,6 +154,7 @@ def _queue_files(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.slow
 def test_check_fix_rewrites_the_unit_from_the_log(pristine, tmp_path, fault):
     config = tmp_path / "store.yaml"
     config.write_text(json.dumps(OVERRIDES))  # JSON is YAML

@@ -161,6 +161,7 @@ def check_workers(writer: FaultWriter) -> None:
 
 
 @pytest.mark.parametrize("kind, mode, batch, fill, seed", _cases())
+@pytest.mark.slow
 def test_full_disk_is_a_status_and_loses_nothing(tmp_path, watchdog, kind, mode, batch, fill,
                                                   seed):
     began = time.monotonic()

@@ -226,6 +226,7 @@ def test_a_worker_that_cannot_be_restarted_is_logged_and_tried_again(make_store,
         store.wait_dispatched(timeout=1)
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_start_is_given_up_on(make_store, tmp_path, monkeypatch):
     plugin_dir = tmp_path / "plug"
     plugin_dir.mkdir()

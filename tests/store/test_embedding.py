@@ -59,6 +59,7 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path):
     assert "Traceback" not in done.stderr and "restarting" not in done.stderr
 
 
+@pytest.mark.slow
 def test_exiting_without_close_closes_cleanly(tmp_path):
     root = tmp_path / "data"
     done = _run(f"""
@@ -170,6 +171,7 @@ def test_store_segments_never_reach_the_resource_tracker(tmp_path, monkeypatch):
     assert calls == [shm._name, shm._name]
 
 
+@pytest.mark.slow
 def test_a_dispatcher_that_keeps_failing_refuses_puts_with_its_reason(tmp_path, monkeypatch):
     module = tmp_path / "failing_dispatcher_plugin.py"
     module.write_text(textwrap.dedent("""
