@@ -62,12 +62,11 @@ def _listen(client_ref) -> None:
     while True:
         poked = wait_and_drain(
             progress_r, scheduler.wait_s(max(0.0, next_tick - scheduler.monotonic())))
-        if not poked and scheduler.monotonic() < next_tick:
-            continue  # a look at a scheduler's clock that had not reached the tick
         client = client_ref()
         if client is None or client._stopping:
             return
-        next_tick = client._listen_once(next_tick, tick_s)
+        if poked or scheduler.monotonic() >= next_tick:  # else a look at a hand-moved clock
+            next_tick = client._listen_once(next_tick, tick_s)
         del client
 
 
