@@ -19,7 +19,7 @@ from mqstore.consumer import PoppedMessage, ReceiptHandleError, StaleReceiptHand
 from mqstore.consumer import pop as pop_module
 from mqstore.consumer.pop_journal import PopJournal
 from mqstore.consumer.pop_state import POP_DIR, pop_state_path
-from mqstore.testing import fill, wait_until
+from mqstore.testing import fill
 
 TOPIC = "T"
 SLACK_S = 10.0  # how late a timed-out wait may return on a loaded machine
@@ -407,16 +407,17 @@ def test_handles_are_unique_per_delivery(make_store, manual_clock):
     assert len(seen) == 4 + 3 * 5
 
 
-def _drop_first_segments(make_store):
+def _drop_first_segments(make_store, scheduler):
     store = make_store({"commit_log": {"segment_bytes": 4096},
                         "cleanup": {"interval_ms": 30, "file_reserved_hours": 0,
-                                    "delete_when": ";".join(str(h) for h in range(24))}})
+                                    "delete_when": ";".join(str(h) for h in range(24))}},
+                       scheduler=scheduler)
     i = 0
     while len(store.commit_log.segments.segments) < 4:
         store.put(Message(TOPIC, b"%05d" % i + b"x" * 300, queue_id=0))
         i += 1
     store.wait_dispatched()
-    wait_until(lambda: store.min_offset(TOPIC, 0) > 0, timeout=30)
+    scheduler.run("cleanup")
     return store, i
 
 
@@ -433,8 +434,9 @@ def test_consume_from_max_starts_at_the_first_message_while_offset_0_is_stored(m
         b"first"]
 
 
-def test_consume_from_max_starts_at_the_last_message_once_offset_0_is_gone(make_store):
-    store, count = _drop_first_segments(make_store)
+def test_consume_from_max_starts_at_the_last_message_once_offset_0_is_gone(make_store,
+                                                                         manual_scheduler):
+    store, count = _drop_first_segments(make_store, manual_scheduler)
     high = store.max_offset(TOPIC, 0)
     assert high == count and store.min_offset(TOPIC, 0) > 0
     (m,) = store.pop("g", TOPIC, 10, 30_000, consume_from="max")
