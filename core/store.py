@@ -34,6 +34,7 @@ from mqstore.running_flags import (  # noqa: F401 - flags are part of the store'
     WRITE_LOGICS_QUEUE_ERROR, StoreState,
 )
 from mqstore.runtime.loops import Runtime
+from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.storage import clean_marker
 from mqstore.storage.checkpoint import remove_abort
 from mqstore.uninterrupted import shield
@@ -82,6 +83,7 @@ class MessageStore(TopicCalls):
     # The parts an open wires together (``lifecycle.parts.StoreParts``), for tools and tests.
     config: StoreConfig
     clock: Callable[[], int]
+    scheduler: Scheduler
     hooks: PluginHooks
     commit_log: CommitLog
     hash_kind: str
@@ -99,7 +101,10 @@ class MessageStore(TopicCalls):
 
     @classmethod
     def open(cls, root: str | os.PathLike, config: StoreConfig | None = None, *,
-             read_only: bool = False, clock: Callable[[], int] | None = None) -> "MessageStore":
+             read_only: bool = False, clock: Callable[[], int] | None = None,
+             scheduler: Scheduler | None = None) -> "MessageStore":
+        """``clock``: the store clock (``mqstore.clock``); ``scheduler``: when the loops'
+        periodic jobs are due (``mqstore.scheduler``). Both default to the system's."""
         if config is not None and not isinstance(config, StoreConfig):
             raise TypeError(f"config must be a StoreConfig (see load_config), got {type(config).__name__}")
         config = config or load_config()
@@ -110,7 +115,7 @@ class MessageStore(TopicCalls):
             config.dispatch.worker, config.flush.worker))
         store = cls.__new__(cls)
         store._state = StoreState(os.path.abspath(os.fspath(root)), read_only)
-        store._adopt(Opener(store._state, config, clock).open())
+        store._adopt(Opener(store._state, config, clock, scheduler or system_scheduler).open())
         store._consumers = ConsumerService(store)
         _open_stores.add(store)
         runtime = store._runtime
@@ -129,6 +134,7 @@ class MessageStore(TopicCalls):
         assert parts.appender is not None
         self._parts = parts
         self.config, self.clock, self.hooks = parts.config, parts.clock, parts.hooks
+        self.scheduler = parts.scheduler
         self.commit_log, self.hash_kind = parts.commit_log, parts.hash_kind
         self.checkpoint, self.recovery_report = parts.checkpoint, parts.recovery_report
         self.view, self.store_host, self.dispatchers = parts.view, parts.store_host, parts.dispatchers

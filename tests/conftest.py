@@ -1,4 +1,5 @@
-"""Shared fixtures: a store factory that closes what it opens, and a settable clock."""
+"""Shared fixtures: a store factory that closes what it opens, a settable clock, and a
+scheduler a test moves by hand."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mqstore import MessageStore, load_config
 from mqstore.clock import ManualClock
+from mqstore.scheduler import ManualScheduler
+from mqstore.testing import StoreFactory, merged, suite_defaults
 
 # A store written by RocketMQ 4.9.8 and its answers; CI clones main next to shared/.
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "rocketmq-4.9.8"
@@ -19,12 +21,29 @@ if not FIXTURE.exists():
     FIXTURE = Path(os.environ.get("MQSTORE_FIXTURES", "/work/shared/fixtures")) / "rocketmq-4.9.8"
 
 BORN_HOST = "127.0.0.1:50000"
-STORE_HOST = "127.0.0.1:10911"
+
+
+SPARK_TESTS = Path(__file__).resolve().parent / "spark"
+
+
+def pytest_collection_modifyitems(items):
+    """Every Spark test is slow (``-m "not slow"`` leaves them out): its session starts a JVM,
+    and each job runs Python workers beside it."""
+    for item in items:
+        if SPARK_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
 def manual_clock() -> ManualClock:
     return ManualClock()
+
+
+@pytest.fixture
+def manual_scheduler() -> ManualScheduler:
+    """The loops' intervals on a clock that stands still: ``manual_scheduler.run("cleanup")``
+    runs a periodic job now (pass it to ``make_store(scheduler=...)``)."""
+    return ManualScheduler()
 
 
 @pytest.fixture
@@ -34,37 +53,27 @@ def store_dir(tmp_path):
 
 @pytest.fixture
 def make_store(request, store_dir, manual_clock):
-    """``make_store(overrides=None, root=None, read_only=False, clock=manual_clock)``.
+    """``make_store(overrides=None, root=None, read_only=False, clock=manual_clock,
+    scheduler=None)``.
 
-    Overrides merge over small test defaults (1 MiB segments, Java hash so RocketMQ's
-    vectors apply, 24 GiB of "physical memory"). The loops run as the default configuration
-    runs them, in worker processes; a test that needs them on threads of the test process
-    (it patches code they run, or registers plugin modules only this process can import)
-    says so with ``@pytest.mark.loops("thread")``. Every store is closed at teardown.
+    Overrides merge over small test defaults (``mqstore.testing.suite_defaults``: 1 MiB
+    segments, Java hash so RocketMQ's vectors apply, 24 GiB of "physical memory"). The loops
+    run as the default configuration runs them, in worker processes; a test that needs them on
+    threads of the test process (it patches code they run, or registers plugin modules only
+    this process can import) says so with ``@pytest.mark.loops("thread")``. Every store is
+    closed at teardown.
     """
-    opened: list[MessageStore] = []
     marker = request.node.get_closest_marker("loops")
     loops = marker.args[0] if marker is not None else "process"
+    factory = StoreFactory(store_dir, defaults=suite_defaults(loops=loops), clock=manual_clock)
 
-    def factory(overrides=None, *, root=None, read_only=False, clock=manual_clock,
-                hash_kind="java"):
-        base = {
-            "commit_log": {"segment_bytes": 1 << 20},
-            "store": {"hash": hash_kind, "store_host": STORE_HOST},
-            "get": {"physical_memory_bytes": 24 << 30},
-            "plugins": {"load_entry_points": False},
-            "index": {"max_hash_slots": 4096, "max_index_entries": 16384},
-            "dispatch": {"worker": loops},
-            "flush": {"worker": loops},
-        }
-        cfg = load_config(overrides=base).replace(**(overrides or {}))
-        store = MessageStore.open(root or store_dir, config=cfg, read_only=read_only, clock=clock)
-        opened.append(store)
-        return store
+    def make(overrides=None, *, root=None, read_only=False, clock=manual_clock,
+             hash_kind="java", scheduler=None):
+        return factory(merged({"store": {"hash": hash_kind}}, overrides), root=root,
+                       read_only=read_only, clock=clock, scheduler=scheduler)
 
-    yield factory
-    for store in opened:
-        store.close()
+    yield make
+    factory.close_all()
 
 
 @pytest.fixture(scope="session")

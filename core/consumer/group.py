@@ -65,6 +65,7 @@ class GroupConsumer:
         self._auto_commit_s = cfg.auto_commit_interval_ms / 1000.0
         self._interval_s = cfg.rebalance_interval_ms / 1000.0
         self._store = store
+        self._scheduler = store.scheduler  # auto-commit and rebalance intervals
         self._service = service
         self._offsets = service.offsets
         self._wakeup = service.wakeup()
@@ -75,7 +76,7 @@ class GroupConsumer:
         self._next_check = 0.0
         self._topic_mtime = -1
         self._pending = False
-        self._last_commit = time.monotonic()
+        self._last_commit = self._scheduler.monotonic()
         self._closed = False
         # Queues that appear after this instance opened start at their first message, even
         # for a group that starts "last": what was put there came after the start.
@@ -84,7 +85,7 @@ class GroupConsumer:
         self._offsets.offsets(topic, group)
         self._membership = Membership(store.root, group, topic, store.clock())
         try:
-            self._rebalance(time.monotonic())
+            self._rebalance(self._scheduler.monotonic())
         except BaseException:
             self.close(commit=False)
             raise
@@ -100,19 +101,21 @@ class GroupConsumer:
                 or not timeout_ms >= 0:
             raise ValueError(f"timeout_ms {timeout_ms!r} must be a number >= 0")
         self._check_open()
-        if self.auto_commit and time.monotonic() - self._last_commit >= self._auto_commit_s:
+        scheduler = self._scheduler
+        if self.auto_commit and scheduler.monotonic() - self._last_commit >= self._auto_commit_s:
             self.commit()
-        deadline = time.monotonic() + timeout_ms / 1000.0
+        deadline = time.monotonic() + timeout_ms / 1000.0  # the caller's, in real time
         while True:
             seen = self._wakeup.sequence()  # before looking: NOTE [ Long polling ]
-            now = time.monotonic()
+            now = scheduler.monotonic()
             if self._rebalance_due(now):
                 self._rebalance(now)
             batches = self._fetch(max_msgs)
             left = deadline - time.monotonic()
             if batches or left <= 0:
                 return Polled(self.topic, batches)
-            self._wakeup.wait(seen, min(left, max(self._next_check - time.monotonic(), 0.001)))
+            self._wakeup.wait(seen, min(left, scheduler.wait_s(
+                max(self._next_check - scheduler.monotonic(), 0.001))))
 
     def _fetch(self, max_msgs: int) -> list:
         owned = sorted(self._next)
@@ -135,7 +138,7 @@ class GroupConsumer:
         if changed:
             self._offsets.commit(self.topic, self.group, changed)
             self._committed.update(changed)
-        self._last_commit = time.monotonic()
+        self._last_commit = self._scheduler.monotonic()
         return changed
 
     def seek(self, queue_id: int, offset: int) -> None:

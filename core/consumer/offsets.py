@@ -43,7 +43,6 @@ import json
 import logging
 import os
 import re
-import time
 import zlib
 from typing import Iterable, Mapping
 
@@ -51,6 +50,7 @@ from mqstore.consumer import offset_marks
 from mqstore.consumer.locked_json import LockedJson
 from mqstore.consumer.offset_schema import TABLE, check_offsets, is_entry
 from mqstore.errors import CorruptStateError
+from mqstore.scheduler import Scheduler, system_scheduler
 
 log = logging.getLogger("mqstore.consumer")
 
@@ -110,8 +110,8 @@ def _table(doc: dict) -> dict:
 class ConsumerOffsets:
     """The offset table of one store directory (document + journal). Thread-safe."""
 
-    def __init__(self, root: str, *, fsync: bool = False, persist_interval_ms: int = 5_000
-                 ) -> None:
+    def __init__(self, root: str, *, fsync: bool = False, persist_interval_ms: int = 5_000,
+                 scheduler: Scheduler = system_scheduler) -> None:
         self.root = root
         self.path = os.path.join(root, CONFIG_DIR, OFFSET_FILE)
         self.journal_path = self.path + JOURNAL_SUFFIX
@@ -119,8 +119,9 @@ class ConsumerOffsets:
                                 fsync=fsync)
         self._fsync = fsync
         self._persist_s = persist_interval_ms / 1000.0
+        self._scheduler = scheduler
         self._journal_fd = -1
-        self._last_persist = time.monotonic()
+        self._last_persist = scheduler.monotonic()
         self._marked: set[str] = set()  # keys this instance saw marked (offset_marks)
 
     # -- reading --------------------------------------------------------------------------
@@ -207,12 +208,13 @@ class ConsumerOffsets:
                 os.fdatasync(fd)
             size = os.lseek(fd, 0, os.SEEK_CUR)
             self._mark(topic, group)
-        if size >= JOURNAL_FOLD_BYTES or time.monotonic() - self._last_persist >= self._persist_s:
+        if size >= JOURNAL_FOLD_BYTES \
+                or self._scheduler.monotonic() - self._last_persist >= self._persist_s:
             self.persist()
 
     def persist(self) -> None:
         """Rewrite the document with the journal applied, and empty the journal."""
-        self._last_persist = time.monotonic()
+        self._last_persist = self._scheduler.monotonic()
         try:
             if os.stat(self.journal_path).st_size == 0:
                 return

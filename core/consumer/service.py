@@ -70,7 +70,8 @@ class ConsumerService:
         self.root = store.root
         self.config = store.config.consumer
         self.offsets = ConsumerOffsets(self.root, fsync=self.config.commit_fsync,
-                                       persist_interval_ms=self.config.persist_interval_ms)
+                                       persist_interval_ms=self.config.persist_interval_ms,
+                                       scheduler=store.scheduler)
         self._store = weakref.ref(store)
         self._wakeup: Wakeup | None = None
         self._pop = None

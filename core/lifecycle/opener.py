@@ -27,6 +27,7 @@ from mqstore.errors import CorruptStateError
 from mqstore.replication import Replication, slave_acks
 from mqstore.running_flags import NOT_WRITEABLE, StoreState
 from mqstore.runtime.loops import Runtime
+from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.storage import clean_marker
 from mqstore.storage import store_id as ids
 from mqstore.storage.checkpoint import Checkpoint, abort_exists, create_abort
@@ -60,13 +61,14 @@ class Opener:
     (``StoreParts``). A failed open leaves the directory as it found it: no threads, no
     workers, no lock."""
 
-    def __init__(self, state: StoreState, config: StoreConfig, clock) -> None:
+    def __init__(self, state: StoreState, config: StoreConfig, clock,
+                 scheduler: Scheduler = system_scheduler) -> None:
         """``state``: the open/closed state and flags the store's parts share."""
         self.state = state
         self.root = state.root
         self.config = config
         self.clock = clock
-        self.parts = StoreParts(config, clock)
+        self.parts = StoreParts(config, clock, scheduler)
 
     def open(self) -> StoreParts:
         parts, state = self.parts, self.state
@@ -299,7 +301,8 @@ class Opener:
             runtime = parts.runtime = Runtime(
                 state=self.state, config=config, view=parts.view, dispatchers=parts.dispatchers,
                 hooks=hooks, writer=writer, flush_schedule=flush_factory.schedule(config),
-                clock=self.clock, manifest=self.manifest, store_id=self.meta[ids.ID_KEY])
+                clock=self.clock, manifest=self.manifest, store_id=self.meta[ids.ID_KEY],
+                scheduler=parts.scheduler)
         except BaseException:
             writer.close()
             raise

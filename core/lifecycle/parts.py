@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from mqstore.scheduler import Scheduler, system_scheduler
+
 if TYPE_CHECKING:
     from mqstore.append.appender import Appender, ReadOnlyAppender
     from mqstore.config import StoreConfig
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 class StoreParts:
     config: "StoreConfig"
     clock: Callable[[], int]
+    scheduler: Scheduler = system_scheduler
     lock: "StoreLock | None" = None
     hooks: "PluginHooks | None" = None
     commit_log: "CommitLog | None" = None

@@ -22,6 +22,7 @@ from mqstore.dispatch.loop import DispatchLoop, DispatchThread, TagsCoder
 from mqstore.errors import PluginError, WorkerError
 from mqstore.append.pool_writer import staging_pool
 from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
+from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.storage.shared_segment import store_segment_name
 from mqstore.runtime.workers import shm
 from mqstore.runtime.workers.flush_client import FlushClient
@@ -36,7 +37,8 @@ OPEN_CATCH_UP_POLL_S = 0.05
 
 class Runtime:
     def __init__(self, *, state, config, view, dispatchers, hooks, writer, flush_schedule,
-                 clock, manifest, store_id: str) -> None:
+                 clock, manifest, store_id: str,
+                 scheduler: Scheduler = system_scheduler) -> None:
         # Built and checked first: a policy refused here leaves nothing to undo.
         self.cleanup_policy = hooks.cleanup_policies.get(config.cleanup.policy)(config)
         try:
@@ -55,6 +57,7 @@ class Runtime:
         self.hooks = hooks
         self.writer = writer
         self.clock = clock
+        self.scheduler = scheduler
         self.manifest = manifest
         self.appender = None  # set by the store once built (the put lock, the last append)
         self.store_lock = None  # set by the opener: the writer's StoreLock, watched by tick
@@ -71,7 +74,7 @@ class Runtime:
         self.dispatch_loop: DispatchLoop | None = None
         self.dispatch_thread: DispatchThread | None = None
         self.wakeup = None  # thread mode: NOTE [ Long polling ] in workers.wakeup
-        self._next_cleanup = time.monotonic() + config.cleanup.interval_ms / 1000.0
+        self._next_cleanup = scheduler.monotonic() + config.cleanup.interval_ms / 1000.0
         self._cleanup_lock = threading.Lock()
         self._flush_derived = DerivedFlush(
             self.root, view, dispatchers, manifest,
@@ -81,7 +84,7 @@ class Runtime:
             self.root, config, self.channels, clock, self.commit_log.segments.directory,
             self.commit_log.segment_bytes, flush_schedule, self.staging,
             hooks.after_flush if hooks.has_after_flush else None, listener=_Listener(self),
-            tick_s=min(1.0, config.cleanup.interval_ms / 1000.0))
+            tick_s=min(1.0, config.cleanup.interval_ms / 1000.0), scheduler=scheduler)
 
     # -- starting ----------------------------------------------------------------------------
     def start(self, start: int, abnormal: bool, trusted_end: int = -1, *,
@@ -104,7 +107,8 @@ class Runtime:
         ch.cleanup.min_phys = ch.cleanup.dropped = max(self.commit_log.min_offset, 0)
         began = time.perf_counter()
         if self.config.dispatch.worker == "process":
-            self.supervisor = DispatchSupervisor(self.root, self.config, ch, self.clock)
+            self.supervisor = DispatchSupervisor(self.root, self.config, ch, self.clock,
+                                                 scheduler=self.scheduler)
             self.supervisor.start()
             if start < end or hold:  # else a clean open does not wait for the worker
                 self._wait_caught_up(end)
@@ -211,12 +215,18 @@ class Runtime:
         """Once a second: metadata; every ``cleanup.interval_ms``: the cleanup decision."""
         if self.state.closed:
             return
+        scheduler = self.scheduler
+        began = scheduler.monotonic()
         self._watch_lock()
         self.flush_metadata()
-        now = time.monotonic()
+        scheduler.ran("metadata", began)
+        if self.supervisor is None:  # the derived files were this process's to force
+            scheduler.ran("derived_flush", began)
+        now = scheduler.monotonic()
         if now >= self._next_cleanup:
             self._next_cleanup = now + self.config.cleanup.interval_ms / 1000.0
             self.run_cleanup()
+            scheduler.ran("cleanup", now)
 
     def _watch_lock(self) -> None:
         """Said once: the store's directory or lock file changed under the writer. ``abort``

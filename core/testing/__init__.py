@@ -4,7 +4,11 @@
 the abort marker stays, the lock goes with the process); ``StoreStateMachine`` is a hypothesis
 state machine that checks any store configuration against a plain list model, including
 reopen and crash/recover steps. Use it by subclassing and setting ``overrides``.
-``ManualClock`` is a settable store clock that stays one clock in the processes it is pickled to.
+``StoreFactory``, ``open_store`` and ``fill`` (``mqstore.testing.stores``) open stores with small
+test defaults and fill them; ``wait_until`` and ``wait_for`` wait on what another process does.
+``ManualClock`` is a settable store clock that stays one clock in the processes it is pickled to;
+``ManualScheduler`` is the loops' interval clock, moved by hand, with which a test runs a periodic
+job (``run("cleanup")``) instead of sleeping until it comes round.
 """
 
 from __future__ import annotations
@@ -17,9 +21,15 @@ import time
 import numpy as np
 
 from mqstore.clock import CLOCK_SEGMENT_PREFIX, ManualClock  # noqa: F401 - part of the API
+from mqstore.scheduler import (  # noqa: F401 - part of the API
+    JOBS, SCHEDULER_SEGMENT_PREFIX, ManualScheduler, attach_scheduler,
+)
 from mqstore.config import load_config
 from mqstore.message import GetStatus, Message, PutStatus
 from mqstore.store import MessageStore
+from mqstore.testing.stores import (  # noqa: F401 - part of the API
+    STORE_HOST, StoreFactory, fill, merged, numbered, open_store, suite_defaults,
+)
 
 
 def simulate_crash(store: MessageStore) -> None:
@@ -37,6 +47,22 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool
             return False
         time.sleep(interval)
     return True
+
+
+def wait_for(probe, timeout: float = 30.0, interval: float = 0.02, what: str | None = None):
+    """``probe()``'s first truthy answer, asked every ``interval`` seconds for up to
+    ``timeout``; else AssertionError naming ``what`` (default: the probe) and the last answer.
+    For what another process or thread does in its own time; a periodic job of the store's
+    loops is run with a ``ManualScheduler`` instead."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = probe()
+        if answer:
+            return answer
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what or getattr(probe, '__name__', probe)} not reached "
+                                 f"within {timeout} s; last: {answer!r}")
+        time.sleep(interval)
 
 
 def read_queue(store: MessageStore, topic: str, queue_id: int, expression: str | None = None):

@@ -18,7 +18,8 @@ run), ``then`` (``"close"``, ``"wait"``: block until stdin closes, the store lef
 final ``wait_dispatched`` may take; default 30), ``sigint_after_writes`` (with the
 ``*_ctrl_c`` writers of ``mqstore.testing.faults``: the record-block writes after which the
 writer sends SIGINT to its process group), ``stop_on_eof`` (also end the run once stdin
-closes: a writer that puts until the parent says stop).
+closes: a writer that puts until the parent says stop), ``scheduler`` (the name of the parent's
+``ManualScheduler``: the store's loops run their periodic jobs when the parent says so).
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
     os.environ[SIGINT_AFTER_WRITES_ENV] = ",".join(map(str, spec.get("sigint_after_writes", ())))
     from mqstore import MessageStore, PutStatus, load_config
+    from mqstore.scheduler import attach_scheduler
 
-    store = MessageStore.open(spec["root"], config=load_config(overrides=spec["overrides"]))
+    scheduler = attach_scheduler(spec["scheduler"]) if spec.get("scheduler") else None
+    store = MessageStore.open(spec["root"], config=load_config(overrides=spec["overrides"]),
+                              scheduler=scheduler)
     if spec.get("late_handler"):
         # A program's own Ctrl-C handler, set once the store is open (as a graceful-shutdown
         # handler usually is): the store must still finish a put before it runs.

@@ -101,6 +101,7 @@ class FaultWriter:
     sigint_after_writes: tuple = ()  # with a *_ctrl_c writer: see the module docstring
     late_handler: bool = False  # set the program's own SIGINT handler after the open
     stop_on_eof: bool = False  # put until ``finish`` closes the writer's stdin
+    scheduler: object = None  # a ManualScheduler the writer's store runs its loops on
     acks: list = field(default_factory=list)
     refusals: list = field(default_factory=list)
     interrupted: int = 0
@@ -113,7 +114,8 @@ class FaultWriter:
                 "count": self.count, "batch": self.batch, "then": self.then,
                 "stop_after_refusals": self.stop_after_refusals, "pace_ms": self.pace_ms,
                 "wait_s": self.wait_s, "sigint_after_writes": list(self.sigint_after_writes),
-                "late_handler": self.late_handler, "stop_on_eof": self.stop_on_eof}
+                "late_handler": self.late_handler, "stop_on_eof": self.stop_on_eof,
+                "scheduler": None if self.scheduler is None else self.scheduler.name}
         # stderr goes to a file: workers log there too, and a pipe nobody reads while the
         # writer runs could fill up and block them.
         self._stderr_file = tempfile.TemporaryFile()
@@ -166,9 +168,22 @@ class FaultWriter:
         os.killpg(self.proc.pid, signum)
 
     def finish(self, timeout_s: float = 60.0) -> int:
-        """Collect every line still in the pipe and wait for the process; its exit code."""
-        rest, _ = self.proc.communicate(timeout=timeout_s)
-        self._watchdog.cancel()
+        """Close the writer's stdin (a writer told to wait leaves), collect every line still
+        to come and wait for the process (its group killed after ``timeout_s``); its exit
+        code."""
+        late = threading.Timer(timeout_s, self._kill_group)
+        late.daemon = True
+        late.start()
+        try:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+            # Through the reader ``read_until`` used: lines it read ahead wait in its buffer,
+            # where communicate(), reading the pipe itself, would never see them.
+            rest = self.proc.stdout.read()
+            self.proc.wait()
+        finally:
+            late.cancel()
+            self._watchdog.cancel()
         self._stderr_file.seek(0)
         self.stderr = self._stderr_file.read()
         self._stderr_file.close()
@@ -176,9 +191,14 @@ class FaultWriter:
             self._take(line + b"\n")
         return self.proc.returncode
 
-    def kill(self, signum: int = signal.SIGKILL) -> int:
-        """Signal the whole group, then collect what it said before it died."""
-        self.signal_group(signum)
+    def kill(self, signum: int = signal.SIGKILL, *, group: bool = True) -> int:
+        """Signal the whole group (``group=False``: the writer process alone, as when only the
+        store's process dies: its workers see that and exit), then collect what it said
+        before it died."""
+        if group:
+            self.signal_group(signum)
+        else:
+            os.kill(self.proc.pid, signum)
         return self.finish()
 
 

@@ -329,6 +329,7 @@ class RecordingPlugin:
         registry.add("recording", RecordingSelector)
 
 
+@pytest.mark.loops("thread")  # the plugin module lives in this process only
 def test_selector_sees_columnar_messages_with_their_bodies(make_store, monkeypatch):
     monkeypatch.setitem(sys.modules, "recording_selector_plugin", RecordingPlugin())
     monkeypatch.setattr(RecordingSelector, "seen", [])

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections import namedtuple
 from pathlib import Path
 
 import pytest
 
 from mqstore import GetStatus, Message, MessageStore, PutStatus, load_config
-from mqstore.storage import transient_pool
+from mqstore.storage import shared_segment, transient_pool
 from mqstore.storage.transient_pool import TransientPool
+from mqstore.testing import wait_for
 
 SEG = 64 * 1024
 DiskUsage = namedtuple("DiskUsage", "total used free")
@@ -32,6 +32,21 @@ def _batch(n, size=300, start=0):
 
 def _shm_names() -> set[str]:
     return set(os.listdir("/dev/shm"))
+
+
+def _made_segments(monkeypatch) -> list[str]:
+    """The names of the shared-memory segments this process creates from now on (other
+    processes on the machine make and drop their own meanwhile)."""
+    made: list[str] = []
+    real = shared_segment._shared_memory
+
+    def recording(name, create, size, tracked):
+        shm = real(name, create, size, tracked)
+        if create:
+            made.append(shm.name)
+        return shm
+    monkeypatch.setattr(shared_segment, "_shared_memory", recording)
+    return made
 
 
 @pytest.mark.parametrize("worker", ["thread", "process"])
@@ -73,26 +88,31 @@ def test_a_put_is_invisible_until_committed(make_store):
     assert [m.body for m in store.get("g", "T", 0, 0).messages] == [b"hello"]
 
 
-def test_the_commit_interval_commits_without_being_asked(make_store):
-    store = make_store(_pool(commit_interval_ms=20, commit_thorough_interval_ms=20))
+def _commit_pass(scheduler, seconds: float = 86_400.0) -> None:
+    """A commit pass of the flush loop ``seconds`` on, then a tick of the store's listener,
+    which has learnt by then what the pass committed."""
+    scheduler.run("commit", seconds=seconds)
+    scheduler.run("metadata", seconds=1.0)
+
+
+def test_the_commit_interval_commits_without_being_asked(make_store, manual_scheduler):
+    store = make_store(_pool(commit_interval_ms=20, commit_thorough_interval_ms=20),
+                       scheduler=manual_scheduler)
     r = store.put(Message("T", b"soon", queue_id=0))
-    deadline = time.monotonic() + 5
-    while store.max_phys_offset < r.size and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _commit_pass(manual_scheduler)
+    assert store.max_phys_offset == r.size
     assert store.message_at(0).body == b"soon"
 
 
-def test_least_pages_hold_a_commit_back_until_enough_is_pending(make_store):
+def test_least_pages_hold_a_commit_back_until_enough_is_pending(make_store, manual_scheduler):
     store = make_store(_pool(commit_interval_ms=20, commit_thorough_interval_ms=60_000,
-                             commit_least_pages=2))
+                             commit_least_pages=2), scheduler=manual_scheduler)
     small = store.put(Message("T", b"x" * 100, queue_id=0))
-    time.sleep(0.3)
+    _commit_pass(manual_scheduler, seconds=0.05)  # past the interval, not the thorough one
     assert store.max_phys_offset == 0  # 1 page pending, 2 needed
     rs = store.put_batch([Message("T", b"y" * 3000, queue_id=0) for _ in range(3)])
     end = int(rs.phys_offsets[-1] + rs.sizes[-1])
-    deadline = time.monotonic() + 5
-    while store.max_phys_offset < end and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _commit_pass(manual_scheduler, seconds=0.05)
     assert store.max_phys_offset == end
     assert store.message_at(small.phys_offset).body == b"x" * 100
 
@@ -238,10 +258,8 @@ def test_a_killed_flush_worker_is_restarted_and_sync_puts_continue(tmp_path):
         first = store.put(Message("T", b"before", queue_id=0))
         victim = store.flush_client.supervisor.process.pid
         os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (
-                store.flush_client.status()["restarts"] and store.flush_client.status()["alive"]):
-            time.sleep(0.02)
+        wait_for(lambda: store.flush_client.status()["restarts"]
+                 and store.flush_client.status()["alive"], what="the flush worker's restart")
         status = store.flush_client.status()
         assert status["restarts"] == 1 and status["alive"] and status["pid"] != victim
         assert "flush worker" in status["failures"][0] and "restarting" in status["failures"][0]
@@ -282,23 +300,23 @@ def test_a_pool_the_shared_memory_cannot_hold_is_refused_with_its_sizes(monkeypa
     monkeypatch.setattr(transient_pool.shutil, "disk_usage",
                         lambda path: DiskUsage(total=1 << 30, used=(1 << 30) - (1 << 20),
                                                free=1 << 20))
-    before = _shm_names()
+    made = _made_segments(monkeypatch)
     with pytest.raises(transient_pool.PoolTooLargeError) as err:
         TransientPool(2, 1 << 20)  # refused before any shared memory is made
     assert "2 x 1048576 bytes = 2097152 bytes" in str(err.value)
     assert "1048576 bytes free in /dev/shm" in str(err.value)
     assert "writer.transient_pool_buffers" in str(err.value)
-    assert _shm_names() <= before
+    assert made == []
 
 
 def test_a_store_whose_pool_does_not_fit_fails_to_open_and_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(transient_pool.shutil, "disk_usage",
                         lambda path: DiskUsage(total=1 << 30, used=1 << 30, free=0))
-    before = _shm_names()
+    made = _made_segments(monkeypatch)
     cfg = load_config(overrides={**_pool(), "plugins": {"load_entry_points": False}})
     with pytest.raises(transient_pool.PoolTooLargeError, match="transient_pool_buffers"):
         MessageStore.open(tmp_path / "s", config=cfg)
-    assert _shm_names() <= before
+    assert not set(made) & _shm_names()
     cfg = load_config(overrides={"commit_log": {"segment_bytes": SEG},
                                  "plugins": {"load_entry_points": False}})
     with MessageStore.open(tmp_path / "s", config=cfg) as store:  # not locked, not damaged

@@ -142,6 +142,7 @@ def test_deleted_index_is_rebuilt(store, base, config):
     assert [m["phys_offset"] for m in hit] == [int(result.phys_offsets[-1])]
 
 
+@pytest.mark.slow
 def test_stale_abort_marker(store, base, config):
     _root, result, _end = base
     (store / "abort").write_text(str(dead_pid()))

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cli_support import SMALL_CONFIG, env, error_line, mqstore, mqstore_json, mqstore_tty
-from consumer_proc import ConsumerProcess
+from mqstore.testing.consumer_proc import ConsumerProcess
 from serve_support import STOP_TIMEOUT_S, scrape, start
 from paths import REPO
 
@@ -80,6 +80,7 @@ def committed(root, config, group) -> dict[int, int | None]:
             for q in group_stats(root, config, group)["queues"]}
 
 
+@pytest.mark.slow
 def test_n_commits_exactly_those_and_the_next_run_resumes_after_them(store, config):
     root, put = store
     first = consume(root, config, "billing", "--from", "first", "-n", 4)
@@ -105,6 +106,7 @@ def test_n_commits_exactly_those_and_the_next_run_resumes_after_them(store, conf
     assert "consumers" in table and "billing" in table
 
 
+@pytest.mark.slow
 def test_json_lines_are_the_messages_query_prints(store, config):
     root, put = store
     lines = consume(root, config, "scripts", "--from", "first", "-n", 2)
@@ -227,6 +229,7 @@ def test_stats_of_one_group(store, config):
             "billing)\n")
 
 
+@pytest.mark.slow
 def test_filters_by_tag_and_sql(tmp_path, config):
     root = tmp_path / "filtered"
     paid = produce(root, config, "p1", "p2", "p3", options=("--tags", "paid", "-p", "region=eu"))
@@ -240,6 +243,7 @@ def test_filters_by_tag_and_sql(tmp_path, config):
     assert (found["tagged"]["lag"], found["sql"]["lag"]) == (0, 0)
 
 
+@pytest.mark.slow
 def test_no_commit_peeks_from_the_committed_offsets_and_writes_nothing(store, config):
     root, put = store
     # A group new to the topic starts where --from says; nothing of it is recorded anywhere.
@@ -266,6 +270,7 @@ def test_no_commit_peeks_from_the_committed_offsets_and_writes_nothing(store, co
     assert consume(root, config, "billing") == again
 
 
+@pytest.mark.slow
 def test_a_peek_beside_a_live_member_takes_none_of_its_queues(store, config):
     """A peek does not join the group: the live instance (another process) keeps every queue
     while the peek follows and after it ends, the group's offsets and membership files stay
@@ -329,6 +334,7 @@ def _group_state(root: Path) -> dict:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.slow
 def test_follow_sees_new_messages_and_stops_cleanly(store, config, signum):
     root, put = store
     proc = subprocess.Popen(
@@ -361,6 +367,7 @@ def test_follow_sees_new_messages_and_stops_cleanly(store, config, signum):
     assert consume(root, config, "tail") == []
 
 
+@pytest.mark.slow
 def test_bad_usage_exits_2_naming_the_value(store, config):
     root, _put = store
     bad = mqstore("consume", root, "-t", TOPIC, "-g", "g", "--from", "yesterday", check=2)
@@ -379,6 +386,7 @@ def test_bad_usage_exits_2_naming_the_value(store, config):
     assert mqstore_json("stats", root, "-c", config)["consumers"] == []  # nothing recorded
 
 
+@pytest.mark.slow
 def test_from_a_time(store, config):
     root, put = store
     later = produce(root, config, "after")
@@ -391,6 +399,7 @@ def test_from_a_time(store, config):
     assert [m["body"] for m in by_iso] == ["after"]
 
 
+@pytest.mark.slow
 def test_lag_in_metrics_and_stats_beside_serve(store, config, tmp_path):
     """consume runs read-only beside a running deployment; its commits show in the
     deployment's /metrics and in stats at once."""
@@ -449,6 +458,7 @@ def _take(lines: queue.Queue, n: int, timeout_s: float) -> list[dict]:
     ('{"0": "abc"}', "no offsetTable"),
     ("[" * 100_000, "nested too deep to parse"),
 ])
+@pytest.mark.slow
 def test_an_offset_file_of_the_wrong_shape_fails_consume_and_stats_in_one_line(store, config,
                                                                               text, says):
     root, _put = store
@@ -464,6 +474,7 @@ def test_an_offset_file_of_the_wrong_shape_fails_consume_and_stats_in_one_line(s
     assert path.read_text() == text
 
 
+@pytest.mark.slow
 def test_a_group_whose_offsets_were_lost_is_not_started_over(store, config):
     """Consumed 4 of PRODUCED, then the offset file replaced by an empty table: `consume
     --from last` would skip the other 6; it fails, naming the file, until it is restored."""

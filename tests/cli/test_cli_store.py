@@ -91,6 +91,7 @@ def test_produce_reports_every_message(store):
         range(len([m for m in second["messages"] if m["queue_id"] == 0])))
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_2(store, tmp_path):
     bad = mqstore("produce", store["root"], "-t", "bad topic", "x", check=2)
     assert error_line(bad) == ("Error: topic 'bad topic' must match "
@@ -181,6 +182,7 @@ def test_stats_judges_byte_watermarks(store, tmp_path):
     assert c["would_delete_now"] is True
 
 
+@pytest.mark.slow
 def test_inspect_each_file(store, config, tmp_path):
     root, first = store["root"], store["first"]
     seg = mqstore_json("inspect", root / "commitlog" / f"{0:020d}", "-n", 3)

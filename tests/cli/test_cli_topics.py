@@ -15,7 +15,7 @@ import time
 import pytest
 
 from cli_support import SMALL_CONFIG, error_line, mqstore, mqstore_json
-from consumer_proc import ConsumerProcess
+from mqstore.testing.consumer_proc import ConsumerProcess
 from serve_support import STOP_TIMEOUT_S, start
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")

@@ -4,10 +4,8 @@ and bad input refused before anything reaches the disk."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -16,22 +14,13 @@ from mqstore import GetStatus, Message, MessageStore
 from mqstore.consumer import ConsumedMessage, Polled, QueueLag
 from mqstore.consumer.offsets import ConsumerOffsets
 from mqstore.errors import PluginError, StoreClosedError
-from paths import SUPPORT
-
-_spec = importlib.util.spec_from_file_location(
-    "consumer_proc", SUPPORT / "consumer_proc.py")
-consumer_proc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(consumer_proc)
+from mqstore.testing import consumer_proc, fill
 
 TOPIC = "T"
 
 
 def put_all(store, count: int, queues: int = 3, topic: str = TOPIC, tags=None) -> None:
-    for i in range(count):
-        r = store.put(Message(topic, b"m%04d" % i, queue_id=i % queues,
-                              tags=tags(i) if tags else None))
-        assert r.status.name == "PUT_OK"
-    store.wait_dispatched()
+    fill(store, count, topic=topic, queues=queues, tags=tags)  # bodies m0000, m0001, ...
 
 
 def drain(consumer, max_msgs: int = 7) -> list[tuple[int, int, bytes]]:
@@ -143,14 +132,15 @@ def test_where_a_new_group_starts(make_store, manual_clock):
         assert c.positions() == {0: 0, 1: 0, 2: 0}
 
 
-def test_auto_commit_commits_what_earlier_polls_returned(make_store):
-    store = make_store({"consumer": {"auto_commit": True, "auto_commit_interval_ms": 1}})
+def test_auto_commit_commits_what_earlier_polls_returned(make_store, manual_scheduler):
+    store = make_store({"consumer": {"auto_commit": True, "auto_commit_interval_ms": 5_000}},
+                       scheduler=manual_scheduler)
     put_all(store, 9)
     with store.consumer("auto", TOPIC, consume_from="first") as c:
         assert c.auto_commit
         first = c.poll(4)
         assert c.committed() == {0: 0, 1: 0, 2: 0}
-        time.sleep(0.01)  # past auto_commit_interval_ms
+        manual_scheduler.advance(5.0)  # auto_commit_interval_ms
         c.poll(2)  # commits what the first poll returned, before reading on
         assert sum(c.committed().values()) == len(first) == 4
     assert sum(store._consumers.offsets.offsets(TOPIC, "auto").values()) == 6  # at close

@@ -5,7 +5,6 @@ polling while nothing comes. Wake-up latency is measured in benchmarks/bench_con
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 import time
@@ -15,15 +14,14 @@ import pytest
 from mqstore import Message
 from mqstore.runtime.workers import wakeup as wakeup_module
 from mqstore.runtime.workers.wakeup import Wakeup, wakeup_path
-from paths import SUPPORT
-
-_spec = importlib.util.spec_from_file_location(
-    "consumer_proc", SUPPORT / "consumer_proc.py")
-consumer_proc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(consumer_proc)
+from mqstore.testing import consumer_proc
 
 TOPIC = "T"
 LONG_MS = 20_000  # far longer than any wake-up may take: a poll returning early was woken
+# No look before the timeout but on a notification: a poll that returned before LONG_MS
+# (it measures itself) was woken, however loaded the machine.
+NO_LOOKS = {"consumer": {"rebalance_interval_ms": 3_600_000}}
+SLACK_S = 10.0  # how late a timed-out wait may return on a loaded machine
 
 
 def _poll_in_thread(consumer, timeout_ms):
@@ -40,36 +38,35 @@ def _poll_in_thread(consumer, timeout_ms):
 
 def _woken_by_a_put(store, poller) -> tuple[list, float]:
     """What ``poller`` returns when, already waiting, it is woken by a put to queue 0, and
-    how long after the put it returned."""
+    how long its poll took."""
     t, box = _poll_in_thread(poller, LONG_MS)
-    time.sleep(0.3)
+    time.sleep(0.3)  # not a synchronisation: the poll is usually waiting by then
     assert t.is_alive()  # nothing yet: still waiting
-    sent = time.monotonic()
     store.put(Message(TOPIC, b"new", queue_id=0))
-    t.join(LONG_MS / 1000)
-    return box["polled"], time.monotonic() - sent
+    t.join(LONG_MS / 1000 + SLACK_S)
+    return box["polled"], box["seconds"]
 
 
 @pytest.mark.parametrize("loops", ["process", "thread"])
 def test_a_waiting_poll_returns_when_a_message_is_dispatched(make_store, request, loops):
-    store = make_store({"dispatch": {"worker": loops}, "flush": {"worker": loops}})
+    store = make_store({"dispatch": {"worker": loops}, "flush": {"worker": loops}, **NO_LOOKS})
     store.put(Message(TOPIC, b"old", queue_id=0))
     store.wait_dispatched()
     with store.consumer("lp", TOPIC) as c:  # from the end: "old" is not for it
-        polled, woke_after = _woken_by_a_put(store, c)
+        polled, took = _woken_by_a_put(store, c)
     assert [(m.queue_id, m.queue_offset, m.body) for m in polled] == [(0, 1, b"new")]
-    assert woke_after < 2.0
+    assert took < LONG_MS / 1000
 
 
 def test_a_consumer_of_a_topic_with_no_queues_yet_gets_the_first_message(make_store):
-    store = make_store()
+    store = make_store(NO_LOOKS)
     with store.consumer("early", TOPIC) as c:  # consume_from="last", and nothing exists yet
         assert c.assignment == []
         t, box = _poll_in_thread(c, LONG_MS)
-        time.sleep(0.2)
+        time.sleep(0.2)  # not a synchronisation: the poll is usually waiting by then
         store.put(Message(TOPIC, b"first ever", queue_id=3))
-        t.join(LONG_MS / 1000)
-        assert box["seconds"] < 2.0
+        t.join(LONG_MS / 1000 + SLACK_S)
+        assert box["seconds"] < LONG_MS / 1000
         assert [(m.queue_id, m.queue_offset, m.body) for m in box["polled"]] == [
             (3, 0, b"first ever")]
         assert c.assignment == [3]
@@ -80,16 +77,17 @@ def test_a_read_only_consumer_in_another_process_is_woken(make_store, store_dir,
     store = make_store({"dispatch": {"worker": loops}, "flush": {"worker": loops}})
     store.put(Message(TOPIC, b"seed", queue_id=0))
     store.wait_dispatched()
+    # The child's polls wait far longer than the test waits for each message: one that
+    # arrives in time came by the notification.
     child = consumer_proc.ConsumerProcess(store_dir, "remote", TOPIC, "--timeout-ms",
-                                          str(LONG_MS), "--consume-from", "last")
+                                          str(10 * LONG_MS), "--consume-from", "last",
+                                          "--rebalance-ms", "3600000")
     try:
         assert child.wait_for(lambda p: p.assignment == [0]), (child.lines, child.errors())
-        time.sleep(0.3)  # the child is in its long poll now
+        time.sleep(0.3)  # not a synchronisation: the child is usually in its long poll now
         for i in range(3):
-            sent = time.monotonic()
             store.put(Message(TOPIC, b"msg-%d" % i, queue_id=0))
             assert child.wait_for(lambda p: len(p.polled()) > i, timeout=LONG_MS / 1000)
-            assert time.monotonic() - sent < 2.0
         assert [(q, f, last, b) for q, f, last, b in child.polled()] == [
             (0, 1, 1, ["msg-0"]), (0, 2, 2, ["msg-1"]), (0, 3, 3, ["msg-2"])]
     finally:
@@ -111,7 +109,7 @@ def test_an_idle_poll_sleeps_instead_of_looping(make_store, monkeypatch):
         began = time.monotonic()
         assert len(c.poll(1, 600)) == 0
         took = time.monotonic() - began
-    assert 0.6 <= took < 3.0
+    assert 0.6 <= took < 0.6 + SLACK_S
     assert len(waits) <= 2 and waits[0] > 0.5  # one sleep for the whole timeout
 
 
@@ -120,13 +118,13 @@ def test_the_notification_reaches_every_waiter_and_timeouts_hold(tmp_path):
     waiters = [Wakeup(root) for _ in range(3)]
     results = []
 
-    def wait(w):
-        seen = w.sequence()
+    def wait(w, seen):
         results.append(w.wait(seen, 10.0))
-    threads = [threading.Thread(target=wait, args=(w,)) for w in waiters]
+    # Each sequence is read before the notification, however late a thread starts.
+    threads = [threading.Thread(target=wait, args=(w, w.sequence())) for w in waiters]
     for t in threads:
         t.start()
-    time.sleep(0.2)
+    time.sleep(0.2)  # not a synchronisation: the waiters are usually asleep by then
     notifier = Wakeup(root)
     notifier.notify()
     for t in threads:
@@ -134,7 +132,7 @@ def test_the_notification_reaches_every_waiter_and_timeouts_hold(tmp_path):
     assert results == [True, True, True]
     began = time.monotonic()
     assert notifier.wait(notifier.sequence(), 0.2) is False
-    assert 0.19 <= time.monotonic() - began < 3.0
+    assert 0.19 <= time.monotonic() - began < 0.2 + SLACK_S
     assert notifier.wait(notifier.sequence() - 1, 5.0) is True  # already moved on: no sleep
     for w in (*waiters, notifier):
         w.close()
@@ -142,18 +140,18 @@ def test_the_notification_reaches_every_waiter_and_timeouts_hold(tmp_path):
 
 
 def test_a_peek_waits_on_the_notification_and_takes_up_new_queues(make_store):
-    store = make_store()
+    store = make_store(NO_LOOKS)
     store.put(Message(TOPIC, b"old", queue_id=0))
     store.wait_dispatched()
     with store.peek("lp", TOPIC) as peek:  # a group with no offsets, from the end
-        polled, woke_after = _woken_by_a_put(store, peek)
-        assert woke_after < 2.0
+        polled, took = _woken_by_a_put(store, peek)
+        assert took < LONG_MS / 1000
         assert [(m.queue_id, m.queue_offset, m.body) for m in polled] == [(0, 1, b"new")]
         t, box = _poll_in_thread(peek, LONG_MS)
-        time.sleep(0.3)
+        time.sleep(0.3)  # not a synchronisation: the peek is usually waiting by then
         store.put(Message(TOPIC, b"q4-first", queue_id=4))  # a queue made while it waits
-        t.join(LONG_MS / 1000)
-        assert box["seconds"] < 2.3
+        t.join(LONG_MS / 1000 + SLACK_S)
+        assert box["seconds"] < LONG_MS / 1000
         assert [(m.queue_id, m.queue_offset, m.body) for m in box["polled"]] == [
             (4, 0, b"q4-first")]
     assert not os.path.exists(os.path.join(store.root, "consumer", "groups"))
@@ -172,5 +170,5 @@ def test_a_peek_does_not_make_the_wakeup_file(make_store, store_dir):
         assert [m.body for m in peek.poll(8)] == [b"x"]
         began = time.monotonic()
         assert len(peek.poll(8, 300)) == 0
-        assert 0.29 <= time.monotonic() - began < 3.0
+        assert 0.29 <= time.monotonic() - began < 0.3 + SLACK_S
     assert not os.path.exists(wakeup_path(store_dir))

@@ -3,7 +3,6 @@ processes at once with none lost, and a damaged file left alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -13,12 +12,7 @@ import pytest
 from mqstore import Message
 from mqstore.consumer import CorruptStateError
 from mqstore.consumer.offsets import ConsumerOffsets, decode_offsets, journal_lines
-from paths import SUPPORT
-
-_spec = importlib.util.spec_from_file_location(
-    "consumer_proc", SUPPORT / "consumer_proc.py")
-consumer_proc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(consumer_proc)
+from mqstore.testing import consumer_proc, fill
 
 TOPIC = "TopicTest"
 
@@ -43,9 +37,7 @@ def _offsets_path(root) -> str:
 
 
 def _fill(store, per_queue: int = 8, queues: int = 4) -> None:
-    for i in range(per_queue * queues):
-        store.put(Message(TOPIC, b"%d" % i, queue_id=i % queues))
-    store.wait_dispatched()
+    fill(store, per_queue * queues, topic=TOPIC, queues=queues)
 
 
 def test_a_broker_file_is_read_and_written_back_in_its_shape(make_store, store_dir):

@@ -14,19 +14,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore import Message, MessageStore
+from mqstore import MessageStore
 from mqstore.consumer import ReceiptHandleError, StaleReceiptHandleError, pop_journal
 from mqstore.consumer.pop_state import POP_DIR, journal_path, pop_state_path
 from mqstore.errors import CorruptStateError
 from mqstore.format import pop_record
+from mqstore.testing import fill
 
 TOPIC = "T"
 
 
 def put_all(store, per_queue: int, queues: int = 2) -> None:
-    for i in range(per_queue * queues):
-        store.put(Message(TOPIC, b"m%04d" % i, queue_id=i % queues))
-    store.wait_dispatched()
+    fill(store, per_queue * queues, topic=TOPIC, queues=queues)  # bodies m0000, m0001, ...
 
 
 def keys(popped) -> list[tuple[int, int, int]]:

@@ -12,7 +12,9 @@ import sys
 import threading
 import time
 
-from mqstore import MessageBatch
+import pytest
+
+from mqstore.testing import fill
 
 TOPIC = "T"
 QUEUES = 4
@@ -92,13 +94,11 @@ class Popper:
 
 
 def _fill(store, count: int) -> set[tuple[int, int]]:
-    for q in range(QUEUES):
-        store.put_batch(MessageBatch(topic=TOPIC, queue_ids=q, bodies=[
-            b"m%05d" % i for i in range(q, count, QUEUES)]))
-    store.wait_dispatched()
-    return {(q, o) for q in range(QUEUES) for o in range(count // QUEUES)}
+    return {(a.queue_id, a.queue_offset)
+            for a in fill(store, count, topic=TOPIC, queues=QUEUES, batch=100)}
 
 
+@pytest.mark.slow
 def test_four_processes_and_the_writer_never_hand_out_a_message_twice(make_store, store_dir,
                                                                       manual_clock):
     store = make_store()
@@ -122,6 +122,7 @@ def test_four_processes_and_the_writer_never_hand_out_a_message_twice(make_store
     assert sum(1 for p in poppers if p.seen("popped")) >= 2  # they did pop side by side
 
 
+@pytest.mark.slow
 def test_poppers_killed_mid_pop_and_mid_ack_lose_nothing(make_store, store_dir, manual_clock):
     store = make_store()
     everything = _fill(store, 1000)

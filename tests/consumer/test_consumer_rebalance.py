@@ -5,7 +5,6 @@ Allocation strategies are plugins (register_allocation_strategies)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import threading
@@ -18,12 +17,7 @@ from mqstore.consumer import membership
 from mqstore.errors import PluginError
 from mqstore.plugins.allocate_average import AverageAllocation
 from mqstore.plugins.allocate_average_by_circle import CircleAllocation
-from paths import SUPPORT
-
-_spec = importlib.util.spec_from_file_location(
-    "consumer_proc", SUPPORT / "consumer_proc.py")
-consumer_proc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(consumer_proc)
+from mqstore.testing import consumer_proc
 
 TOPIC = "T"
 QUEUES = 6
@@ -210,6 +204,7 @@ class _Child(consumer_proc.ConsumerProcess):
         return next(rest for kind, rest in list(self.lines) if kind == "ready")
 
 
+@pytest.mark.slow
 def test_three_processes_rebalance_on_join_leave_and_sigkill(make_store, store_dir):
     store = make_store()
     for i in range(QUEUES * 50):

@@ -17,7 +17,7 @@ from mqstore.runtime.cleanup import DiskUsage, watermark_passed
 from mqstore.errors import ConfigError
 from mqstore.plugins.cleanup_keep_unconsumed import KeepUnconsumedCleanup
 from mqstore.plugins.cleanup_rocketmq import RocketMQCleanup
-from mqstore.testing import wait_until
+from mqstore.testing import fill
 
 SEG = 4096
 TOPIC = "T"
@@ -25,21 +25,19 @@ ALL_HOURS = ";".join(str(h) for h in range(24))
 GiB = 1 << 30
 
 
-def _store(make_store, **cleanup_keys):
+def _store(make_store, scheduler, **cleanup_keys):
+    """A store whose cleanup runs when ``scheduler`` (a ManualScheduler) says so."""
     return make_store({"commit_log": {"segment_bytes": SEG},
                        "cleanup": {"policy": "keep_unconsumed", "interval_ms": 30,
                                    "delete_when": ALL_HOURS, "file_reserved_hours": 0,
-                                   **cleanup_keys}})
+                                   **cleanup_keys}}, scheduler=scheduler)
 
 
 def _fill(store, segments: int, queues: int = 2, results: list | None = None) -> list:
-    """Messages until the log has ``segments`` segments; returns their put results (added to
-    ``results``)."""
+    """Messages until the log has ``segments`` segments; returns where every one went
+    (``results`` too, when given)."""
     results = [] if results is None else results
-    while len(store.commit_log.segments.segments) < segments:
-        i = len(results)
-        results.append(store.put(Message(TOPIC, b"%05d" % i + b"x" * 300, queue_id=i % queues)))
-    store.wait_dispatched()
+    fill(store, segments=segments, topic=TOPIC, queues=queues, size=305, acks=results)
     return results
 
 
@@ -47,8 +45,9 @@ def _segment_holding(store, phys: int) -> int:
     return next(s.start for s in store.commit_log.segments.segments if s.start <= phys < s.end)
 
 
-def test_segments_holding_unconsumed_messages_stay_until_they_are_consumed(make_store):
-    store = _store(make_store)
+def test_segments_holding_unconsumed_messages_stay_until_they_are_consumed(make_store,
+                                                                          manual_scheduler):
+    store = _store(make_store, manual_scheduler)
     results = _fill(store, 1)
     with store.consumer("slow", TOPIC, consume_from="first"):
         pass  # registered before anything expires: it has offsets 0
@@ -62,8 +61,9 @@ def test_segments_holding_unconsumed_messages_stay_until_they_are_consumed(make_
     keep_from = _segment_holding(store, unconsumed)
     assert keep_from > 0
     # Everything is expired and due, yet cleanup stops at the segment the group still needs.
-    assert wait_until(lambda: store.min_phys_offset == keep_from)
-    time.sleep(0.3)
+    manual_scheduler.run("cleanup")
+    assert store.min_phys_offset == keep_from
+    manual_scheduler.run("cleanup")
     assert store.min_phys_offset == keep_from
     for q in (0, 1):
         got = store.get("check", TOPIC, q, first_left[q], 1)
@@ -73,24 +73,27 @@ def test_segments_holding_unconsumed_messages_stay_until_they_are_consumed(make_
             pass
         c.commit()
     newest = store.commit_log.segments.segments[-1].start
-    assert wait_until(lambda: store.min_phys_offset == newest)  # consumed: the rule applies again
+    manual_scheduler.run("cleanup")
+    assert store.min_phys_offset == newest  # consumed: the rule applies again
     assert [lag.lag for lag in store.consumer_lag("slow", TOPIC)] == [0, 0]
 
 
-def test_the_disk_wins_past_the_forced_clean_watermark(make_store, monkeypatch):
+def test_the_disk_wins_past_the_forced_clean_watermark(make_store, monkeypatch,
+                                                       manual_scheduler):
     usage = {"now": DiskUsage(0.50, 100 * GiB, 50 * GiB)}
     monkeypatch.setattr(cleanup, "disk_used_ratio", lambda path: usage["now"])
-    store = _store(make_store, file_reserved_hours=72, disk_forcibly_ratio="20GiB",
+    store = _store(make_store, manual_scheduler, file_reserved_hours=72, disk_forcibly_ratio="20GiB",
                    disk_warning_ratio="5GiB", max_segments_per_run=10)
     _fill(store, 5)
     with store.consumer("idle", TOPIC, consume_from="first"):
         pass  # registered at offset 0: it needs everything
     usage["now"] = DiskUsage(0.80, 100 * GiB, 20 * GiB + 1)  # 20 GiB free: not passed yet
-    time.sleep(0.3)
+    manual_scheduler.run("cleanup")
     assert store.min_phys_offset == 0
     usage["now"] = DiskUsage(0.85, 100 * GiB, 15 * GiB)  # under 20 GiB free: forced clean
     newest = store.commit_log.segments.segments[-1].start
-    assert wait_until(lambda: store.min_phys_offset == newest)
+    manual_scheduler.run("cleanup")
+    assert store.min_phys_offset == newest
     lags = store.consumer_lag("idle", TOPIC)
     assert all(lag.committed_offset == 0 and lag.min_offset > 0 for lag in lags)
     with store.consumer("idle", TOPIC) as c:  # told what is gone, given what is left
@@ -100,8 +103,8 @@ def test_the_disk_wins_past_the_forced_clean_watermark(make_store, monkeypatch):
         assert c.positions() == {lag.queue_id: lag.max_offset for lag in lags}
 
 
-def test_messages_a_pop_group_has_not_acknowledged_are_spared(make_store):
-    store = _store(make_store)
+def test_messages_a_pop_group_has_not_acknowledged_are_spared(make_store, manual_scheduler):
+    store = _store(make_store, manual_scheduler)
     store.put(Message(TOPIC, b"first", queue_id=0))
     popped = store.pop("popper", TOPIC, 1, 600_000, consume_from="first", wait_ms=5_000)
     results = _fill(store, 5, queues=1)
@@ -112,28 +115,29 @@ def test_messages_a_pop_group_has_not_acknowledged_are_spared(make_store):
     for m in popped:
         if m not in held:
             store.ack(m.receipt_handle)
-    time.sleep(0.3)
+    manual_scheduler.run("cleanup")
     assert store.min_phys_offset == 0  # offset 0 is still in flight
     store.ack(held[0].receipt_handle)
-    assert wait_until(lambda: store.min_phys_offset == third)  # the next one in flight is there
-    time.sleep(0.3)
+    manual_scheduler.run("cleanup")
+    assert store.min_phys_offset == third  # the next one in flight is there
+    manual_scheduler.run("cleanup")
     assert store.min_phys_offset == third
     store.ack(held[1].receipt_handle)
     newest = store.commit_log.segments.segments[-1].start
-    assert wait_until(lambda: store.min_phys_offset == newest)
+    manual_scheduler.run("cleanup")
+    assert store.min_phys_offset == newest
 
 
-def test_without_groups_the_policy_is_rocketmqs(make_store, manual_clock):
-    store = make_store({"commit_log": {"segment_bytes": SEG},
-                        "cleanup": {"policy": "keep_unconsumed", "interval_ms": 30,
-                                    "delete_when": ALL_HOURS, "file_reserved_hours": 1}})
+def test_without_groups_the_policy_is_rocketmqs(make_store, manual_clock, manual_scheduler):
+    store = _store(make_store, manual_scheduler, file_reserved_hours=1)
     _fill(store, 4)
-    manual_clock.advance(59 * 60 * 1000)  # on the store clock, not the wall clock
-    time.sleep(0.3)
+    manual_clock.advance(59 * 60 * 1000)  # on the store clock, not the scheduler's
+    manual_scheduler.run("cleanup")
     assert store.min_phys_offset == 0
     manual_clock.advance(60 * 1000)
     newest = store.commit_log.segments.segments[-1].start
-    assert wait_until(lambda: store.min_phys_offset == newest)
+    manual_scheduler.run("cleanup")
+    assert store.min_phys_offset == newest
 
 
 def test_an_unbound_policy_decides_as_rocketmq():

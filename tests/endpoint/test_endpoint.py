@@ -158,6 +158,7 @@ def test_a_long_poll_returns_as_soon_as_a_send_is_dispatched(clients, capsys):
     assert max(latencies) < LONG_POLL_S / 2, latencies
 
 
+@pytest.mark.slow
 def test_an_unacknowledged_message_comes_back_with_the_next_attempt(clients):
     producer = clients.producer("Redelivered")
     receipt = producer.send(clients.message("Redelivered", b"again"))

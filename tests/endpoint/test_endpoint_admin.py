@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from cli_support import error_line, mqstore
-from consumer_proc import ConsumerProcess
+from mqstore.testing.consumer_proc import ConsumerProcess
 from endpoint_support import Clients, Served, client_module, deployment_yaml
 from mqstore import MessageStore, load_config
 from mqstore.endpoint.auth import signed_metadata

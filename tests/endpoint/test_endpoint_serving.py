@@ -41,6 +41,7 @@ def client_env(home: Path, **extra) -> dict:
     return {**env(), "HOME": str(home), "PYTHONPATH": str(SUPPORT), **extra}
 
 
+@pytest.mark.slow
 def test_sigkill_between_send_and_receive_loses_nothing_acknowledged(tmp_path, home, rocketmq):
     """Sync flush: a send answered OK is on disk; acks and deliveries in flight are in the pop
     state, which a SIGKILL does not roll back."""
@@ -127,6 +128,7 @@ def test_sigterm_ends_receives_in_flight_and_closes_the_store_cleanly(tmp_path, 
     assert list(serve_home.iterdir()) == []  # the server imports no client logging
 
 
+@pytest.mark.slow
 def test_four_producers_and_four_consumers_lose_nothing(tmp_path, home, rocketmq):
     yaml = deployment_yaml(tmp_path / "deploy.yaml", tmp_path / "store")
     served = Served(yaml, tmp_path / "serve.log", home)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 import zlib
 
 import pytest
@@ -20,6 +19,7 @@ from mqstore.errors import CorruptRecordError
 from mqstore.format import record_crc
 from mqstore.format.record import SCAN_BAD, SCAN_OK, scan_record
 from mqstore.storage.queue_progress import DispatchMark, write_queued
+from mqstore.testing import wait_for
 
 CRC_ON = {"commit_log": {"segment_bytes": 1 << 20, "record_crc": True}}
 
@@ -269,12 +269,10 @@ def test_turning_the_crc_off_and_on_never_fails_a_sound_record(make_store, store
     off.wait_dispatched()
     bodies = [b"before", b"with", b"after"]
     assert [m.body for m in off.get("g", "T", 0, 0, 32).messages] == bodies
-    deadline = time.monotonic() + 10
-    while True:  # the follower sees the new record once the writer's dispatch publishes it
+    def all_three():  # the follower sees the new record once the writer's dispatch publishes it
         got = follower.get("g", "T", 0, 0, 32)
-        if len(got.messages) == 3 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+        return got if len(got.messages) == 3 else None
+    got = wait_for(all_three)
     assert [m.body for m in got.messages] == bodies and not got.corrupt
 
 

@@ -2,7 +2,8 @@
 
 The dispatch side records, once a second after forcing the consume queues and every
 dispatcher's files, the last record below which all of them are on disk
-(``storage.queue_progress``). After a crash, recovery starts at that record instead of at a
+(``storage.queue_progress``); the writer runs its loops on the test's ``ManualScheduler``, so
+the test says when that happens. After a crash, recovery starts at that record instead of at a
 commit-log segment's start, once it finds the record where the file says. A real writer process
 is killed (SIGKILL to its group) in the default configuration (worker processes); power loss is
 played by zeroing what was never forced. Whatever is wrong with the file, the segment rule
@@ -14,7 +15,6 @@ from __future__ import annotations
 import shutil
 import signal
 import struct
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ from mqstore.storage.queue_manifest import read_manifest
 from mqstore.storage.queue_progress import (
     QUEUED_FILE, DispatchMark, read_queued, write_queued,
 )
+from mqstore.testing import ManualScheduler
 from mqstore.testing.faults import TOPIC, FaultWriter, audit, small_store_overrides
 
 OVERRIDES = small_store_overrides()
@@ -34,28 +35,29 @@ SEG = OVERRIDES["commit_log"]["segment_bytes"]
 CQ_FILE_BYTES = OVERRIDES["consume_queue"]["file_units"] * CQ_UNIT_SIZE
 
 
-def _wait_for_mark(root: Path, until, timeout_s: float = 60.0) -> DispatchMark:
-    """The mark once ``until(mark)`` holds (it is rewritten about once a second)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        mark, problem = read_queued(str(root))
-        assert problem is None, problem
-        if mark is not None and until(mark):
-            return mark
-        time.sleep(0.1)
-    raise AssertionError(f"{QUEUED_FILE} never reached the wanted record: {mark}")
+def _record_mark(root: Path, scheduler: ManualScheduler) -> DispatchMark:
+    """Have the writer's loops record a mark now: a pass over the derived files takes the last
+    record dispatched, a flush pass makes it durable in the commit log, and the next pass over
+    the derived files writes it down. Returns the mark written."""
+    scheduler.run("derived_flush")
+    scheduler.run("flush")
+    scheduler.run("derived_flush")
+    mark, problem = read_queued(str(root))
+    assert problem is None and mark is not None, problem
+    return mark
 
 
 def _killed_mid_stream(root: Path, overrides: dict, seed: int) -> tuple[FaultWriter, DispatchMark]:
     """A writer putting one message every millisecond, killed well after a mark was written,
     so records lie past the mark as well as before it."""
+    scheduler = ManualScheduler()
     writer = FaultWriter(str(root), overrides, seed=seed, count=1 << 20, pace_ms=1,
-                         then="wait").start()
+                         then="wait", scheduler=scheduler).start()
     try:
         assert writer.read_until(acks=400)
-        first = _wait_for_mark(root, lambda m: True)
+        first = _record_mark(root, scheduler)
         assert writer.read_until(acks=len(writer.acks) + 300)
-        mark = _wait_for_mark(root, lambda m: m.phys_offset > first.phys_offset)
+        assert _record_mark(root, scheduler).phys_offset > first.phys_offset
         assert writer.read_until(acks=len(writer.acks) + 200)
     finally:
         writer.kill(signal.SIGKILL)
@@ -99,11 +101,14 @@ def test_idle_store_killed_walks_one_record(tmp_path, watchdog, loops):
     """Killed with everything flushed and dispatched: the walk checks the last record only."""
     root = tmp_path / "store"
     overrides = small_store_overrides(dispatch={"worker": loops})
-    writer = FaultWriter(str(root), overrides, seed=5, count=2500, then="wait").start()
+    scheduler = ManualScheduler()
+    writer = FaultWriter(str(root), overrides, seed=5, count=2500, then="wait",
+                         scheduler=scheduler).start()
     try:
         assert writer.read_until()
         last = max(writer.acks, key=lambda a: a.phys_offset)
-        mark = _wait_for_mark(root, lambda m: m.phys_offset == last.phys_offset)
+        mark = _record_mark(root, scheduler)
+        assert mark.phys_offset == last.phys_offset
     finally:
         writer.kill(signal.SIGKILL)
     assert mark.end > 8 * SEG  # many segments: the segment rule would walk one at least
@@ -235,6 +240,7 @@ FALLBACKS = {
 }
 
 
+@pytest.mark.slow
 def test_a_mark_that_does_not_match_the_log_falls_back_to_the_segment_rule(tmp_path, watchdog):
     root = tmp_path / "store"
     writer, mark = _killed_mid_stream(root, OVERRIDES, seed=8)

@@ -27,6 +27,7 @@ from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
 from mqstore.storage import clean_marker
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.queue_progress import QUEUED_FILE
+from mqstore.testing import ManualScheduler
 from mqstore.testing.faults import FaultWriter, audit, small_store_overrides
 from mqstore.runtime.workers import dispatch_worker, shm
 
@@ -364,22 +365,24 @@ def _store_time(root: Path, phys: int, seg_bytes: int) -> int:
         struct.unpack_from(">i", head, POS_SYSFLAG)[0]))[0]
 
 
+@pytest.mark.slow
 def test_abnormal_reopen_without_mqstore_queued_walks_from_a_segment_start(tmp_path, watchdog):
     """RocketMQ's rule, at segment granularity, when mqstore's own record of the derived
     files is gone (``tests/lifecycle/test_abnormal_reopen.py`` has the rest): the walk starts at the
     newest segment whose first record is older than the checkpoint's minimum time, not at the
     first one."""
     root = tmp_path / "store"
+    scheduler = ManualScheduler()
     writer = FaultWriter(str(root), OVERRIDES, seed=3, count=2500, pace_ms=2,
-                         then="wait").start()
+                         then="wait", scheduler=scheduler).start()
     assert writer.read_until()  # every put answered, the store still open
-    # Checkpoint flushes (about once a second, later on a loaded machine) until one records
-    # the last put as flushed and dispatched: both its times reach that record's store time.
+    # A flush pass, then a metadata tick: the checkpoint records the last put as flushed and
+    # dispatched, both its times that record's store time (and mqstore.queued is written).
     seg_bytes = OVERRIDES["commit_log"]["segment_bytes"]
     last = _store_time(root, max(a.phys_offset for a in writer.acks), seg_bytes)
-    deadline = time.monotonic() + 60
-    while min(_checkpoint_times(root)[:2]) < last and time.monotonic() < deadline:
-        time.sleep(0.2)
+    scheduler.run("flush")
+    scheduler.run("metadata", "derived_flush")
+    assert _checkpoint_times(root)[:2] == (last, last)
     writer.kill(signal.SIGKILL)
     assert (root / "abort").exists() and not (root / MARKER).exists()
     (root / QUEUED_FILE).unlink()

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from mqstore import Message, MessageStore, PutStatus, load_config
+from mqstore import Message, PutStatus
+from mqstore.testing import open_store
 from mqstore.testing.faults import (
     QUEUES, TOPIC, audit, small_store_overrides, store_left_by_writer,
 )
@@ -62,10 +63,6 @@ def _copy(pristine, tmp_path) -> Path:
     return dest
 
 
-def _open(root: Path, overrides: dict = OVERRIDES) -> MessageStore:
-    return MessageStore.open(root, config=load_config(overrides=overrides))
-
-
 def _segment(root: Path, index: int) -> Path:
     return root / "commitlog" / f"{index * SEG:020d}"
 
@@ -80,7 +77,7 @@ def _check(root: Path, acks, allowed_lost: set[int], *, damaged,
            overrides: dict = OVERRIDES):
     """Reopen, audit, and check the mend is complete and stable; ``damaged``: whether the
     open must report damage (or a function of the report that says so)."""
-    store = _open(root, overrides)
+    store = open_store(root, overrides)
     try:
         report = store.recovery_report
         store.wait_dispatched(timeout=30)
@@ -107,7 +104,7 @@ def _check(root: Path, acks, allowed_lost: set[int], *, damaged,
             assert [m.phys_offset for m in hits] == [ack.phys_offset]
     finally:
         store.close()
-    again = _open(root, overrides)
+    again = open_store(root, overrides)
     try:
         assert again.recovery_report.clean, again.recovery_report
         assert not again.recovery_report.abnormal
@@ -180,7 +177,7 @@ def test_damaged_derived_files_lose_nothing(pristine, tmp_path, fault):
 
 
 def _open_hash(root: Path) -> str:
-    store = _open(root)
+    store = open_store(root, OVERRIDES)
     try:
         return store.hash_kind
     finally:
@@ -358,7 +355,7 @@ def test_header_damage_with_index_deleted(pristine, tmp_path, fault, stale_abort
     assert lost == hit  # the bad record, and only it
     assert not (root / "abort").exists()
     after_offset = max(a.queue_offset for a in acks if a.queue_id == 0) + 1
-    store = _open(root)
+    store = open_store(root, OVERRIDES)
     try:
         store.wait_dispatched(timeout=30)
         result = audit(store, SEED, acks)
@@ -390,6 +387,7 @@ def pristine_crc(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("stale_abort", [False, True])
+@pytest.mark.slow
 def test_record_crc_catches_a_flip_in_every_byte_position(pristine_crc, tmp_path, stale_abort):
     """One record per position: each of the 88 header bytes and the last 48 bytes (topic,
     properties, the CRC property itself) gets one flipped bit. Exactly those records are

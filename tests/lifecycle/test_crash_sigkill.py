@@ -1,8 +1,9 @@
 """SIGKILL a real writer process mid-stream, reopen its directory, check what survived.
 
-``crash_writer.py`` prints one line per acknowledged put. The test stops reading at a seeded
-random count, kills the writer with SIGKILL (the store is never closed, so ``abort`` stays),
-reads whatever acknowledgements were already in the pipe, and reopens the directory:
+The fault writer (``mqstore.testing.fault_writer``) prints one line per acknowledged put. The
+test stops reading at a seeded random count, kills the writer's process with SIGKILL (the store
+is never closed, so ``abort`` stays; its workers see their store gone and exit), reads whatever
+acknowledgements were already in the pipe, and reopens the directory:
 
 - sync flush: every acknowledged message is present and byte-identical;
 - both modes: the store holds an exact prefix of what the writer put (message 0..M-1 in
@@ -12,29 +13,22 @@ reads whatever acknowledgements were already in the pipe, and reopens the direct
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import signal
 import struct
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from mqstore import GetStatus, Message, MessageStore, PutStatus, load_config
 from mqstore.errors import StoreLockedError
-from paths import SUPPORT
+from mqstore.testing import open_store
+from mqstore.testing.faults import (
+    QUEUES, TOPIC, FaultWriter, audit, body_for, queue_for, small_store_overrides, tags_for,
+)
 
-WRITER = SUPPORT / "crash_writer.py"
-_spec = importlib.util.spec_from_file_location("crash_writer", WRITER)
-crash_writer = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(crash_writer)
-
-SEG = crash_writer.SEGMENT_BYTES
-TOPIC = crash_writer.TOPIC
+SEG = small_store_overrides()["commit_log"]["segment_bytes"]
 BLANK_MAGIC = -875286124  # 0xCBD43194
 END_FILE_MIN_BLANK_BYTES = 8
 # Kill points per (flush mode, writer); MQSTORE_KILL_POINTS=300 makes a longer run.
@@ -44,51 +38,27 @@ MAX_KILL_AFTER = 600  # acknowledgements; about two and a half 64 KiB segments
 WATCHDOG_S = 60.0
 
 
-class Writer:
-    """The writer subprocess and the acknowledgements it printed."""
-
-    def __init__(self, root: Path, flush_mode: str, seed: int, writer: str = "mmap") -> None:
-        self.seed = seed
-        self.proc = subprocess.Popen(
-            [sys.executable, str(WRITER), str(root), flush_mode, str(seed), writer],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )
-        self.acked: list[tuple[int, int, int, int]] = []
-        self._watchdog = threading.Timer(WATCHDOG_S, self.proc.kill)
-        self._watchdog.start()
-
-    def read_acks(self, count: int) -> None:
-        while len(self.acked) < count:
-            line = self.proc.stdout.readline()
-            if not line.endswith(b"\n"):
-                self.proc.kill()
-                self.proc.wait()
-                pytest.fail(f"writer ended after {len(self.acked)} acks: "
-                            f"{self.proc.stderr.read().decode(errors='replace')}")
-            self._add(line)
-
-    def _add(self, line: bytes) -> None:
-        index, queue_id, queue_offset, phys = map(int, line.split())
-        assert index == len(self.acked)
-        self.acked.append((index, queue_id, queue_offset, phys))
-
-    def kill(self) -> None:
-        """SIGKILL, then collect every complete acknowledgement still in the pipe."""
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-        self._watchdog.cancel()
-        rest = self.proc.stdout.read()
-        for line in rest.split(b"\n")[:-1]:
-            self._add(line)
-        self.proc.stdin.close()
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-        assert self.proc.returncode == -signal.SIGKILL
+def _overrides(flush_mode: str, writer: str = "mmap") -> dict:
+    return small_store_overrides(flush={"policy": flush_mode}, writer={"kind": writer})
 
 
-def open_store(root: Path, flush_mode: str, writer: str = "mmap") -> MessageStore:
-    return MessageStore.open(root, config=load_config(
-        overrides=crash_writer.config_overrides(flush_mode, writer)))
+def start_writer(root: Path, flush_mode: str, seed: int, writer: str = "mmap") -> FaultWriter:
+    """The writer process, putting one message at a time until it is killed."""
+    return FaultWriter(str(root), _overrides(flush_mode, writer), seed=seed).start(WATCHDOG_S)
+
+
+def read_acks(writer: FaultWriter, count: int) -> None:
+    if not writer.read_until(acks=count):
+        writer.kill()
+        pytest.fail(f"writer ended after {len(writer.acks)} acks: "
+                    f"{writer.stderr.decode(errors='replace')}")
+
+
+def kill(writer: FaultWriter) -> None:
+    """SIGKILL to the writer's process, then every complete acknowledgement still in the
+    pipe."""
+    assert writer.kill(signal.SIGKILL, group=False) == -signal.SIGKILL
+    assert [a.index for a in writer.acks] == list(range(len(writer.acks)))
 
 
 def read_queue(store: MessageStore, queue_id: int) -> list:
@@ -117,44 +87,46 @@ def blank_follows(root: Path, end: int) -> bool:
     return magic == BLANK_MAGIC and size == SEG - (end - start)
 
 
-def check_recovered(root: Path, flush_mode: str, writer: Writer, kind: str = "mmap") -> None:
+def check_recovered(root: Path, flush_mode: str, writer: FaultWriter, kind: str = "mmap"
+                    ) -> None:
     seed = writer.seed
-    store = open_store(root, flush_mode, kind)
+    store = open_store(root, _overrides(flush_mode, kind))
     try:
         report = store.recovery_report
         assert report.abnormal is True
 
         # Every queue holds offsets 0..n-1 of the writer's messages, nothing else.
         recovered = []
-        for queue_id in range(crash_writer.QUEUES):
+        for queue_id in range(QUEUES):
             messages = read_queue(store, queue_id)
             assert [m.queue_offset for m in messages] == list(range(len(messages)))
             assert store.min_offset(TOPIC, queue_id) == 0
             for m in messages:
-                index = crash_writer.index_of(m.body)
-                assert m.body == crash_writer.body_for(index, seed)
-                assert m.queue_id == queue_id == crash_writer.queue_for(index, seed)
-                assert m.tags == crash_writer.tags_for(index)
+                index = int(m.body[:8])
+                assert m.body == body_for(seed, index)
+                assert m.queue_id == queue_id == queue_for(seed, index)
+                assert m.tags == tags_for(index)
                 assert m.topic == TOPIC
             recovered += messages
 
         # Together they are messages 0..M-1, in commit-log order.
         recovered.sort(key=lambda m: m.phys_offset)
-        indexes = [crash_writer.index_of(m.body) for m in recovered]
+        indexes = [int(m.body[:8]) for m in recovered]
         assert indexes == list(range(len(recovered)))
         if flush_mode == "sync":
-            assert len(recovered) >= len(writer.acked)
+            assert len(recovered) >= len(writer.acks)
 
         # What the writer was told matches what is stored.
-        by_index = {crash_writer.index_of(m.body): m for m in recovered}
-        for index, queue_id, queue_offset, phys in writer.acked:
+        by_index = {int(m.body[:8]): m for m in recovered}
+        for index, queue_id, queue_offset, phys in (
+                (a.index, a.queue_id, a.queue_offset, a.phys_offset) for a in writer.acks):
             if index not in by_index:
                 assert flush_mode == "async"
                 continue
             m = by_index[index]
             assert (m.queue_id, m.queue_offset, m.phys_offset) == (queue_id, queue_offset, phys)
             at = store.message_at(phys)
-            assert at is not None and at.body == crash_writer.body_for(index, seed)
+            assert at is not None and at.body == body_for(seed, index)
             assert at.queue_offset == queue_offset
 
         # Writes continue right after the last surviving record.
@@ -181,30 +153,31 @@ def check_recovered(root: Path, flush_mode: str, writer: Writer, kind: str = "mm
 @pytest.mark.parametrize("seed", KILL_SEEDS)
 @pytest.mark.parametrize("flush_mode", ["sync", "async"])
 @pytest.mark.parametrize("kind", WRITERS)
+@pytest.mark.slow
 def test_sigkill_keeps_an_exact_prefix(tmp_path, kind, flush_mode, seed):
     root = tmp_path / "store"
     kill_after = random.Random(f"{flush_mode}:{seed}").randint(1, MAX_KILL_AFTER)
-    writer = Writer(root, flush_mode, seed, kind)
-    writer.read_acks(kill_after)
-    writer.kill()
+    writer = start_writer(root, flush_mode, seed, kind)
+    read_acks(writer, kill_after)
+    kill(writer)
     assert (root / "abort").exists()
-    assert len(writer.acked) >= kill_after
+    assert len(writer.acks) >= kill_after
     check_recovered(root, flush_mode, writer, kind)
 
 
 def test_running_writer_holds_the_lock_until_killed(tmp_path):
     root = tmp_path / "store"
-    writer = Writer(root, "sync", 1234)
-    writer.read_acks(5)
+    writer = start_writer(root, "sync", 1234)
+    read_acks(writer, 5)
     try:
         with pytest.raises(StoreLockedError, match="another process") as err:
-            open_store(root, "sync")
+            open_store(root, _overrides("sync"))
         assert "read_only=True" in str(err.value)
         with MessageStore.open(root, read_only=True) as reader:
-            assert reader.max_phys_offset >= writer.acked[4][3]
-            assert reader.message_at(writer.acked[0][3]).body == crash_writer.body_for(0, 1234)
+            assert reader.max_phys_offset >= writer.acks[4].phys_offset
+            assert reader.message_at(writer.acks[0].phys_offset).body == body_for(1234, 0)
     finally:
-        writer.kill()
+        kill(writer)
     check_recovered(root, "sync", writer)
 
 
@@ -216,14 +189,13 @@ GROUP_KILLS = int(os.environ.get("MQSTORE_FAULT_ROUNDS", "0"))
 @pytest.mark.parametrize("batch", [0, 16])
 @pytest.mark.parametrize("flush_mode", ["sync", "async"])
 @pytest.mark.parametrize("kind", WRITERS)
+@pytest.mark.slow
 def test_sigkill_of_the_whole_group_loses_no_acknowledged_message(tmp_path, kind, flush_mode,
                                                                    batch, seed):
     """Store process and workers killed at once, as the OOM killer or a container stop does:
     under async flush too, every acknowledged message survives (the page cache holds what the
     mmap writer copied; the transient pool, kept out of the resource tracker, is written back
     by the next open)."""
-    from mqstore.testing.faults import FaultWriter, audit, small_store_overrides
-
     overrides = small_store_overrides(writer={"kind": kind}, flush={"policy": flush_mode})
     root = tmp_path / "store"
     writer = FaultWriter(str(root), overrides, seed=seed, batch=batch, count=1 << 30).start()

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from mqstore import Message, MessageStore, PutStatus, load_config
+from mqstore import Message, MessageStore, PutStatus
 from mqstore.errors import StoreCorruptError
+from mqstore.testing import open_store
 from mqstore.testing.faults import small_store_overrides
 
 TOPIC = "orders"
@@ -34,12 +35,8 @@ def _overrides(hash_kind: str | None) -> dict:
     return base
 
 
-def _open(root: Path, hash_kind: str | None = None, **kw) -> MessageStore:
-    return MessageStore.open(root, config=load_config(overrides=_overrides(hash_kind)), **kw)
-
-
 def _write(root: Path, hash_kind: str, tagged: bool) -> None:
-    store = _open(root, hash_kind)
+    store = open_store(root, _overrides(hash_kind))
     try:
         assert store.hash_kind == hash_kind
         for i in range(COUNT):
@@ -100,13 +97,13 @@ def test_lost_mqstore_json_keeps_every_answer(tmp_path, case, hash_kind):
         _rm(root / name)
     # The configuration does not name a hash: the default (mmh3) is for new stores.
     expected = hash_kind if source is not None else "mmh3"
-    ro = _open(root, read_only=True)  # the same inference, writing nothing
+    ro = open_store(root, _overrides(None), read_only=True)  # the same inference, writing nothing
     try:
         assert ro.hash_kind == expected
     finally:
         ro.close()
     assert not (root / "mqstore.json").exists()
-    store = _open(root)
+    store = open_store(root, _overrides(None))
     try:
         assert store.hash_kind == expected
         notes = " | ".join(store.recovery_report.notes)
@@ -120,7 +117,7 @@ def test_lost_mqstore_json_keeps_every_answer(tmp_path, case, hash_kind):
         store.close()
     # Recorded now: the next open reads it and answers the same.
     assert f'"hash": "{expected}"' in (root / "mqstore.json").read_text()
-    again = _open(root)
+    again = open_store(root, _overrides(None))
     try:
         assert again.hash_kind == expected
         _check_answers(again, tagged)
@@ -148,12 +145,12 @@ def test_files_that_cannot_tell_refuse_the_open(tmp_path, hash_kind):
     _poke_tag_codes(root)
     for read_only in (False, True):
         with pytest.raises(StoreCorruptError) as err:
-            _open(root, read_only=read_only)
+            open_store(root, _overrides(None), read_only=read_only)
         text = str(err.value)
         assert "mqstore.json" in text and "store.hash" in text, text
     assert not (root / "mqstore.json").exists()
     # Naming the hash opens it (the lock was released by the refused opens).
-    store = _open(root, hash_kind)
+    store = open_store(root, _overrides(hash_kind))
     try:
         assert store.hash_kind == hash_kind
         assert any("set in the configuration" in n for n in store.recovery_report.notes)

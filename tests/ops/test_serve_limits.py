@@ -113,6 +113,7 @@ def stop(proc, log_path) -> str:
     return log
 
 
+@pytest.mark.slow
 def test_idle_and_slow_connections_are_capped_and_closed(tmp_path):
     yaml = deployment(tmp_path, max_connections=8, idle_timeout_ms=1500,
                       request_timeout_ms=1500, max_header_bytes=4096)
@@ -191,6 +192,7 @@ def test_idle_and_slow_connections_are_capped_and_closed(tmp_path):
     assert "Traceback" not in log, log
 
 
+@pytest.mark.slow
 def test_out_of_descriptors_refuses_connections_without_spinning(tmp_path):
     """Under a low descriptor limit a flood of connections is refused, not a busy loop; the
     store keeps its descriptors and /healthz answers once the flood is over."""
@@ -228,6 +230,7 @@ def test_out_of_descriptors_refuses_connections_without_spinning(tmp_path):
     assert "Traceback" not in log, log
 
 
+@pytest.mark.slow
 def test_accept_failing_for_want_of_descriptors_closes_at_once(tmp_path):
     """Every descriptor taken (EMFILE at accept): a pending connection is taken off the queue
     on the reserve descriptor and closed at once, without a busy loop; served again once

@@ -127,6 +127,7 @@ def test_allow_list_without_the_plugin_does_not_load_it(demo_site, tmp_path, all
     assert loaded == "after_append: not loaded"
 
 
+@pytest.mark.slow
 def test_plugins_disable_in_config_blocks_the_plugin(demo_site, tmp_path):
     out = run_store(demo_site, tmp_path / "store", config_text="plugins: {disable: [demo]}\n")
     error, loaded = out.splitlines()
@@ -281,6 +282,7 @@ class AppendCounter:
         self.after.append((result.status, len(result)))
 
 
+@pytest.mark.loops("thread")  # the plugin module lives in this process only
 def test_append_hooks_run_once_per_call(make_store, add_plugin):
     counter = AppendCounter()
     store = make_store(with_modules(add_plugin("append_counter", counter)))
@@ -328,6 +330,7 @@ def test_writer_is_selected_by_writer_kind(make_store, add_plugin):
     assert [m.body for m in r.messages] == [b"first", b"b0", b"b1", b"b2"]
 
 
+@pytest.mark.loops("thread")  # the plugin module lives in this process only
 def test_registered_writer_is_unused_unless_selected(make_store, add_plugin):
     plugin = CountingWriterPlugin()
     store = make_store(with_modules(add_plugin("counting_writer", plugin)))
@@ -726,16 +729,23 @@ TAG_COUNTER_CRASH_SCRIPT = TAG_COUNTER_PUTS + """
 """
 
 TAG_COUNTER_LOST_SCRIPT = TAG_COUNTER_PUTS + """
+    from mqstore.testing import ManualScheduler
+
     store.close()
     os.remove(os.path.join(root, demo.TAG_COUNTS_FILE))
-    store = MessageStore.open(root, config)
+    scheduler = ManualScheduler()
+    store = MessageStore.open(root, config, scheduler=scheduler)
     store.wait_dispatched()
     out["redispatched"] = store.recovery_report.redispatch_bytes
     # The store process waits for the position it published (its follower-role dispatchers'
     # resume offsets); the worker's re-dispatch below it for this writer-only counter is not
-    # part of that wait, so wait for the file itself.
+    # part of that wait: the derived files' pass writes the file down, until it holds all.
     path = os.path.join(root, demo.TAG_COUNTS_FILE)
-    wait_until(lambda: os.path.exists(path) and demo.read_tag_counts(root)["next"] == out["end"])
+
+    def rebuilt():
+        scheduler.run("derived_flush")
+        return os.path.exists(path) and demo.read_tag_counts(root)["next"] == out["end"]
+    wait_until(rebuilt, timeout=60)
     out["rebuilt"] = demo.read_tag_counts(root)
     store.close()
     print(json.dumps(out))
@@ -773,16 +783,15 @@ def test_demo_dispatcher_rebuilds_lost_counts_through_resumes(demo_site, tmp_pat
 
 
 FLUSH_SCRIPT = """
-    policy = config.flush.policy
-    with MessageStore.open(root, config) as store:
+    from mqstore.testing import ManualScheduler
+    scheduler = ManualScheduler()
+    with MessageStore.open(root, config, scheduler=scheduler) as store:
         status = store.flush_client.status
         before = status()
         store.put_batch([Message("T", b"x" * 100, queue_id=0) for _ in range(3)])
         end = store.max_phys_offset
-        if policy == "every_interval":
-            wait_until(lambda: status()["flushed"] >= end, timeout=2.0)
-        else:  # the control: nothing to wait for, so 15 flush intervals go by
-            time.sleep(15 * config.flush.interval_ms / 1000)
+        # One flush interval on the scheduler's clock (far from the thorough pass's 10 s).
+        scheduler.run("flush", seconds=config.flush.interval_ms / 1000)
         after = status()
         print(json.dumps({"modes": modes(store), "end": end,
                           "fsyncs": [before["fsyncs"], after["fsyncs"]],
@@ -809,14 +818,16 @@ SEGMENT_BYTES = 4096
 CLEANUP_SCRIPT = """
     import mqstore.runtime.cleanup
     from mqstore.clock import ManualClock
+    from mqstore.testing import ManualScheduler
 
     # Age decides here, not disk pressure (a busy machine's disk may pass the forcibly ratio).
     mqstore.runtime.cleanup.disk_used_ratio = lambda path: 0.5
 
     S = config.commit_log.segment_bytes
     clock = ManualClock()
+    scheduler = ManualScheduler()  # the cleanup job runs when this script says so
     out = {"modes": None, "first_queue_offset": {}}
-    store = MessageStore.open(root, config, clock=clock)
+    store = MessageStore.open(root, config, clock=clock, scheduler=scheduler)
     out["modes"] = modes(store)
 
     def put_until(segment):
@@ -832,14 +843,15 @@ CLEANUP_SCRIPT = """
     clock.advance(40_000)
     put_until(3)            # the rest of 1, all of 2, the first record of 3, at t0 + 40 s
     store.wait_dispatched()
+    scheduler.run("cleanup")  # nothing is 60 s old yet
     out["min"] = [store.min_phys_offset]
     out["queue_min"] = [store.min_offset("T", 0)]
     clock.advance(30_000)   # t0 + 70 s: only segment 0 is older than 60 s (1 starts at t0)
-    wait_until(lambda: store.min_phys_offset > 0)
+    scheduler.run("cleanup")
     out["min"].append(store.min_phys_offset)
     out["queue_min"].append(store.min_offset("T", 0))
     clock.advance(40_000)   # t0 + 110 s: 1 and 2 too (2 and 3 start at t0 + 40 s)
-    wait_until(lambda: store.min_phys_offset > S)
+    scheduler.run("cleanup")
     out["min"].append(store.min_phys_offset)
     out["queue_min"].append(store.min_offset("T", 0))
     out["segments"] = sorted(os.listdir(os.path.join(root, "commitlog")))

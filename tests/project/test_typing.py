@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from test_architecture import PYPROJECT, _stage
 
 TARGETS = ["-m", "mqstore", "-m", "mqstore.store", "-p", "mqstore.plugin_api",
@@ -26,6 +27,7 @@ def _mypy(cwd) -> subprocess.CompletedProcess:
         cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_public_surface_type_checks_and_a_type_error_is_caught(tmp_path):
     pkg = _stage(tmp_path)
     proc = _mypy(tmp_path)

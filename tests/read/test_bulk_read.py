@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mqstore import GetStatus, Message, PutStatus
+from mqstore.testing import fill
 
 TOPIC = "T"
 LONG_TOPIC = "%RETRY%" + "L" * 200  # over 127 bytes: stored as V2 records
@@ -31,15 +32,12 @@ COLUMNS = {
 
 
 def _fill(store, rng: random.Random, count: int, topic: str = TOPIC, queues: int = 3):
-    for i in range(count):
-        body = rng.randbytes(rng.choice([0, 1, 17, 128, 700, 3000]))
-        msg = Message(topic, body, queue_id=rng.randrange(queues),
-                      tags=rng.choice([None, "A", "B", "C"]),
-                      keys=rng.choice([None, [f"k{i}"]]), flag=rng.randrange(3),
-                      born_host=rng.choice([None, "10.0.0.1:9", "[::1]:80"]),
-                      properties=rng.choice([None, {"a": str(i % 5)}]))
-        assert store.put(msg).status is PutStatus.PUT_OK
-    store.wait_dispatched()
+    def fields(i: int) -> dict:
+        return {"flag": rng.randrange(3),
+                "born_host": rng.choice([None, "10.0.0.1:9", "[::1]:80"]),
+                "properties": rng.choice([None, {"a": str(i % 5)}])}
+    fill(store, count, topic=topic, queues=queues, rng=rng, sizes=[0, 1, 17, 128, 700, 3000],
+         tags=[None, "A", "B", "C"], keys=True, fields=fields)
 
 
 def _same_rows(batch, messages) -> None:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from mqstore import GetStatus, Message, MessageStore, PutStatus, load_config
+from mqstore import GetStatus, Message, PutStatus
+from mqstore.testing import open_store
 from mqstore.testing.faults import (
     TOPIC, audit, body_for, pulled_queue, small_store_overrides, store_left_by_writer,
 )
@@ -37,10 +38,6 @@ def pristine(tmp_path_factory):
     """(directory, acks) of a store its writer process closed."""
     root = tmp_path_factory.mktemp("pristine") / "store"
     return root, store_left_by_writer(root, OVERRIDES, SEED, COUNT, "clean")
-
-
-def _open(root: Path, **kw) -> MessageStore:
-    return MessageStore.open(root, config=load_config(overrides=OVERRIDES), **kw)
 
 
 def _queue_file(root: Path, unit: int) -> Path:
@@ -129,7 +126,7 @@ def test_a_read_only_open_serves_past_a_damaged_unit(pristine, tmp_path, damage)
     _rewrite_unit(root, bad, make)
     before = _queue_files(root)
     acks = pristine[1]
-    reader = _open(root, read_only=True)
+    reader = open_store(root, OVERRIDES, read_only=True)
     try:
         _serves_the_queue(reader, acks, bad)
         result = audit(reader, SEED, acks)  # every queue, every message
@@ -144,7 +141,7 @@ def test_a_read_only_open_serves_past_a_damaged_unit(pristine, tmp_path, damage)
 def _writable_serves_and_appends(root: Path, acks) -> None:
     """A writable open serves queue 1 whole, and its next put takes the next offset and is
     served."""
-    store = _open(root)
+    store = open_store(root, OVERRIDES)
     try:
         store.wait_dispatched(timeout=30)
         _serves_the_queue(store, acks, None)
@@ -180,7 +177,7 @@ def test_a_torn_tail_is_hidden_read_only_and_cut_writable(pristine, tmp_path, wi
         _rewrite_unit(root, bad, _flip_high_bit)
     _append_torn_tail(root, acks)
     before = _queue_files(root)
-    reader = _open(root, read_only=True)
+    reader = open_store(root, OVERRIDES, read_only=True)
     try:
         _serves_the_queue(reader, acks, bad)
     finally:
@@ -194,7 +191,7 @@ def test_a_zeroed_unit_at_the_end_is_not_written_yet(pristine, tmp_path):
     acks = pristine[1]
     last = _mine(acks)[-1].queue_offset
     _rewrite_unit(root, last, _zero)
-    reader = _open(root, read_only=True)
+    reader = open_store(root, OVERRIDES, read_only=True)
     try:
         assert reader.max_offset(TOPIC, 1) == last
         assert [m.body for m in pulled_queue(reader, 1)] == [b for _q, _p, b in
@@ -212,7 +209,7 @@ def test_a_writable_open_redispatches_the_records_of_cut_tail_units(tmp_path, ho
     last = _mine(acks)[-1].queue_offset
     for unit in (last - 1, last):
         _rewrite_unit(root, unit, _flip_high_bit)
-    store = _open(root)
+    store = open_store(root, OVERRIDES)
     try:
         store.wait_dispatched(timeout=30)
         assert store.recovery_report.consume_queue_units_dropped == {f"{TOPIC}/1": 2}
@@ -240,7 +237,7 @@ def test_a_tail_torn_by_a_crash_is_cut_without_duplicates(tmp_path):
                 f.seek(at)
                 f.write(bytes(size - at))
     kept = [a for a in acks if a.phys_offset < cut]
-    store = _open(root)
+    store = open_store(root, OVERRIDES)
     try:
         store.wait_dispatched(timeout=30)
         result = audit(store, SEED, kept)

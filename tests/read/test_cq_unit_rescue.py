@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from mqstore import GetStatus, Message, MessageStore, PutStatus, load_config
+from mqstore import GetStatus, Message, PutStatus
+from mqstore.testing import open_store
 from mqstore.testing.faults import (
     QUEUES, TOPIC, audit, body_for, pulled_queue, small_store_overrides, store_left_by_writer,
 )
@@ -81,10 +82,6 @@ FAULTS = {"copied in order": _copied_in_order, "size bit": _size_flip,
           "offset bit": _offset_flip}
 
 
-def _open(root: Path, **kw) -> MessageStore:
-    return MessageStore.open(root, config=load_config(overrides=OVERRIDES), **kw)
-
-
 def _damaged(pristine, tmp_path, fault) -> tuple[Path, int]:
     root = tmp_path / "store"
     shutil.copytree(pristine[0], root)
@@ -122,11 +119,12 @@ def _serves_everything(store, acks, bad: int) -> None:
 def test_a_damaged_unit_is_served_from_the_log(pristine, tmp_path, fault):
     root, bad = _damaged(pristine, tmp_path, fault)
     acks = pristine[1]
-    store = _open(root)
+    store = open_store(root, OVERRIDES)
     try:
         store.wait_dispatched(timeout=30)
         _serves_everything(store, acks, bad)
-        follower = _open(root, read_only=True)  # reads only: the same answers, no writes
+        # Reads only: the same answers, no writes.
+        follower = open_store(root, OVERRIDES, read_only=True)
         try:
             _serves_everything(follower, acks, bad)
         finally:
@@ -140,7 +138,7 @@ def test_a_damaged_unit_is_served_from_the_log(pristine, tmp_path, fault):
             == [b"after"]
     finally:
         store.close()
-    store = _open(root)  # and again after a reopen
+    store = open_store(root, OVERRIDES)  # and again after a reopen
     try:
         store.wait_dispatched(timeout=30)
         result = audit(store, SEED, acks)
@@ -156,6 +154,7 @@ def _queue_files(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.slow
 def test_check_fix_rewrites_the_unit_from_the_log(pristine, tmp_path, fault):
     config = tmp_path / "store.yaml"
     config.write_text(json.dumps(OVERRIDES))  # JSON is YAML
@@ -170,13 +169,13 @@ def test_check_fix_rewrites_the_unit_from_the_log(pristine, tmp_path, fault):
     fresh = tmp_path / "fresh"
     shutil.copytree(pristine[0], fresh)
     shutil.rmtree(fresh / "consumequeue")
-    store = _open(fresh)
+    store = open_store(fresh, OVERRIDES)
     try:
         store.wait_dispatched(timeout=30)
     finally:
         store.close()
     assert _queue_files(root) == _queue_files(fresh)
-    store = _open(root)
+    store = open_store(root, OVERRIDES)
     try:
         store.wait_dispatched(timeout=30)
         result = audit(store, SEED, pristine[1])

@@ -122,6 +122,7 @@ def test_pop_passes_over_it(make_store, store_dir):
     assert store.pop("g", "T", 32, 60_000) == []
 
 
+@pytest.mark.slow
 def test_inspect_and_check_report_it(make_store, store_dir):
     store, rs = damaged_store(make_store, store_dir, 0x10)
     store.close()

@@ -13,6 +13,7 @@ import pytest
 from mqstore import GetStatus, Message, PutStatus
 from mqstore.read import plain_pull as pull_plain, reader as reading
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
+from mqstore.testing import fill
 
 TOPIC = "P"
 SEGMENT = 64 << 10
@@ -28,14 +29,8 @@ LIMITS = {"max_transfer_bytes_in_memory": 2500, "max_transfer_count_in_memory": 
 def store(make_store):
     store = make_store({"commit_log": {"segment_bytes": SEGMENT}, "get": LIMITS,
                         "consume_queue": {"file_units": CQ_FILE_UNITS}})
-    rng = random.Random(3)
-    for k in range(6):
-        assert store.put_batch([
-            Message(TOPIC, rng.randbytes(rng.choice([0, 40, 128, 128, 700, 1500])),
-                    queue_id=rng.randrange(2), tags=rng.choice([None, "A"]),
-                    keys=rng.choice([None, [f"k{k}-{i}"]]))
-            for i in range(250)]).status is PutStatus.PUT_OK
-    store.wait_dispatched()
+    fill(store, 1500, topic=TOPIC, queues=2, rng=random.Random(3),
+         sizes=[0, 40, 128, 128, 700, 1500], tags=[None, "A"], keys=True, batch=250)
     return store
 
 

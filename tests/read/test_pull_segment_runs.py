@@ -15,6 +15,7 @@ import pytest
 from mqstore import GetStatus, Message, PutStatus
 from mqstore.read import pull
 from mqstore.read.segment_runs import COLUMNS_FROM, RUN_FROM, ColumnRuns
+from mqstore.testing import fill
 
 TOPIC = "R"
 SEGMENT = 64 << 10
@@ -22,12 +23,8 @@ EXPRESSIONS = [None, "A", "A || B", "Z"]
 
 
 def _fill(store, rng: random.Random, count: int, queues: int = 2) -> None:
-    for i in range(count):
-        msg = Message(TOPIC, rng.randbytes(rng.choice([0, 17, 128, 128, 700, 3000])),
-                      queue_id=rng.randrange(queues), tags=rng.choice([None, "A", "B", "C"]),
-                      keys=rng.choice([None, [f"k{i}"]]))
-        assert store.put(msg).status is PutStatus.PUT_OK
-    store.wait_dispatched()
+    fill(store, count, topic=TOPIC, queues=queues, rng=rng, sizes=[0, 17, 128, 128, 700, 3000],
+         tags=[None, "A", "B", "C"], keys=True)
 
 
 @pytest.fixture(params=[24 << 30, 1 << 20], ids=["in-memory", "partly-on-disk"])

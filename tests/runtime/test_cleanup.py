@@ -11,7 +11,7 @@ from mqstore.runtime import cleanup
 from mqstore.errors import ConfigError
 from mqstore.plugins.cleanup_rocketmq import RocketMQCleanup
 from mqstore.store import DISK_FULL
-from mqstore.testing import wait_until
+from mqstore.testing import fill
 
 SEG = 4096
 ALL_HOURS = ";".join(str(h) for h in range(24))
@@ -51,23 +51,20 @@ def test_hours_are_validated_naming_the_key():
 
 
 def _fill(store, segments: int) -> None:
-    i = 0
-    while len(store.commit_log.segments.segments) < segments:
-        assert store.put(Message("T", b"x" * 300, tags="a", queue_id=i % 2)).status is PutStatus.PUT_OK
-        i += 1
-    store.wait_dispatched()
+    fill(store, segments=segments, queues=2, body=b"x" * 300, tags="a")
 
 
-def test_expired_segments_go_at_the_delete_hour(make_store):
+def test_expired_segments_go_at_the_delete_hour(make_store, manual_scheduler):
     store = make_store({"commit_log": {"segment_bytes": SEG},
                         "cleanup": {"interval_ms": 30, "delete_when": ALL_HOURS,
-                                    "file_reserved_hours": 0}})
+                                    "file_reserved_hours": 0}}, scheduler=manual_scheduler)
     _fill(store, 5)
     for q in (0, 1):  # both queues have messages in the newest segment
         store.put(Message("T", b"newest", queue_id=q))
     store.wait_dispatched()
     last = store.commit_log.segments.segments[-1].start
-    assert wait_until(lambda: store.min_phys_offset == last)
+    manual_scheduler.run("cleanup")
+    assert store.min_phys_offset == last
     assert len(store.commit_log.segments.segments) == 1  # the newest always stays
     for q in (0, 1):
         low = store.min_offset("T", q)
@@ -76,34 +73,42 @@ def test_expired_segments_go_at_the_delete_hour(make_store):
         assert got.status is GetStatus.FOUND and got.messages[0].phys_offset >= last
 
 
-def test_unexpired_segments_stay_while_the_disk_has_room(make_store, monkeypatch):
+def test_unexpired_segments_stay_while_the_disk_has_room(make_store, monkeypatch,
+                                                         manual_scheduler):
     monkeypatch.setattr(cleanup, "disk_used_ratio", lambda path: 0.80)  # over 75 %, under 85 %
     store = make_store({"commit_log": {"segment_bytes": SEG},
-                        "cleanup": {"interval_ms": 30, "file_reserved_hours": 72}})
+                        "cleanup": {"interval_ms": 30, "file_reserved_hours": 72}},
+                       scheduler=manual_scheduler)
     _fill(store, 3)
-    time.sleep(0.3)
+    manual_scheduler.run("cleanup")
     assert store.min_phys_offset == 0
     assert store.put(Message("T", b"ok", queue_id=0)).status is PutStatus.PUT_OK
 
 
-def test_a_full_disk_refuses_puts_and_deletes_oldest_first(make_store, monkeypatch):
+def test_a_full_disk_refuses_puts_and_deletes_oldest_first(make_store, monkeypatch,
+                                                           manual_scheduler):
     usage = {"now": 0.50}
     monkeypatch.setattr(cleanup, "disk_used_ratio", lambda path: usage["now"])
     store = make_store({"commit_log": {"segment_bytes": SEG},
                         "cleanup": {"interval_ms": 30, "file_reserved_hours": 72,
-                                    "max_segments_per_run": 2}})
+                                    "max_segments_per_run": 2}}, scheduler=manual_scheduler)
     _fill(store, 6)
     first_segments = [s.start for s in store.commit_log.segments.segments]
     usage["now"] = 0.95
-    assert wait_until(lambda: store.running_flags & DISK_FULL)
+    manual_scheduler.run("cleanup")
+    assert store.running_flags & DISK_FULL
     refused = store.put(Message("T", b"no room", queue_id=0))
     assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE
     assert "disk full" in refused.error and "cleanup.disk_warning_ratio" in refused.error
-    # Unexpired, yet deleted oldest first, at most 2 per run, never the newest.
-    assert wait_until(lambda: store.min_phys_offset == first_segments[-1])
+    # Unexpired, yet deleted oldest first, at most 2 per run (three runs for five), never
+    # the newest.
+    manual_scheduler.run("cleanup")
+    manual_scheduler.run("cleanup")
+    assert store.min_phys_offset == first_segments[-1]
     usage["now"] = 0.87  # below the warning ratio, above the forcibly one: still full
-    time.sleep(0.2)
+    manual_scheduler.run("cleanup")
     assert store.running_flags & DISK_FULL
     usage["now"] = 0.60
-    assert wait_until(lambda: not store.running_flags & DISK_FULL)
+    manual_scheduler.run("cleanup")
+    assert not store.running_flags & DISK_FULL
     assert store.put(Message("T", b"room again", queue_id=0)).status is PutStatus.PUT_OK

@@ -161,6 +161,7 @@ def check_workers(writer: FaultWriter) -> None:
 
 
 @pytest.mark.parametrize("kind, mode, batch, fill, seed", _cases())
+@pytest.mark.slow
 def test_full_disk_is_a_status_and_loses_nothing(tmp_path, watchdog, kind, mode, batch, fill,
                                                   seed):
     began = time.monotonic()
@@ -223,14 +224,16 @@ def test_full_disk_is_a_status_and_loses_nothing(tmp_path, watchdog, kind, mode,
             store.close()
 
 
-def test_disk_over_warning_ratio_is_a_status_naming_the_disk(tmp_path, watchdog):
+def test_disk_over_warning_ratio_is_a_status_naming_the_disk(tmp_path, watchdog,
+                                                             manual_scheduler):
     """Default ratios: over ``disk_warning_ratio`` puts are refused (RocketMQ's DISK_FULL
     running flag) with SERVICE_NOT_AVAILABLE and a reason that says the disk is full; once
     space is back they are taken again, and nothing acknowledged went missing."""
     overrides = small_store_overrides(cleanup={"interval_ms": 100})
     with small_filesystem(str(tmp_path / "fs"), FS_BYTES) as fs:
         filler = os.path.join(fs, "filler")
-        store = MessageStore.open(os.path.join(fs, "store"), config=config(overrides))
+        store = MessageStore.open(os.path.join(fs, "store"), config=config(overrides),
+                                  scheduler=manual_scheduler)
         try:
             first = store.put(Message(TOPIC, b"before", queue_id=0))
             assert first.status is PutStatus.PUT_OK, first
@@ -240,22 +243,14 @@ def test_disk_over_warning_ratio_is_a_status_naming_the_disk(tmp_path, watchdog)
             st = os.statvfs(fs)
             assert free_bytes(fs) >= ROOM_UNDER_RATIO - 4096
             assert st.f_bavail / st.f_blocks < 1 - store.config.cleanup.disk_warning_ratio / 100
-            deadline = time.monotonic() + 10.0
-            while True:  # the flush worker looks at the disk every cleanup.interval_ms
-                r = store.put(Message(TOPIC, b"while full", queue_id=0))
-                if r.status is not PutStatus.PUT_OK or time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
+            manual_scheduler.run("cleanup")  # the cleanup job looks at the disk
+            r = store.put(Message(TOPIC, b"while full", queue_id=0))
             assert r.status is PutStatus.SERVICE_NOT_AVAILABLE, r
             assert NAMES_THE_DISK.search(r.error or ""), \
                 f"the refusal does not say the disk is full: {r.error!r}"
             os.unlink(filler)
-            deadline = time.monotonic() + 10.0
-            while True:
-                again = store.put(Message(TOPIC, b"after", queue_id=0))
-                if again.status is PutStatus.PUT_OK or time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
+            manual_scheduler.run("cleanup")
+            again = store.put(Message(TOPIC, b"after", queue_id=0))
             assert again.status is PutStatus.PUT_OK, again
             assert store.message_at(first.phys_offset).body == b"before"
         finally:

@@ -64,6 +64,7 @@ def records(stderr: str) -> list[str]:
     ("dispatch", "signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)"),
     ("flush", "os.kill(os.getpid(), signal.SIGINT)"),
 ])
+@pytest.mark.slow
 def test_ctrl_c_while_an_open_starts_a_worker(tmp_path, worker, ctrl_c):
     # The open is interrupted; the worker it started is stopped before the store lets go of
     # its shared positions and worker lock: nothing is left running, nothing is printed, and

@@ -13,6 +13,7 @@ import pytest
 from mqstore import Message, MessageBatch, MessageStore
 from mqstore.errors import WorkerError
 from mqstore.runtime.workers.supervisor import DISPATCH_CATCH_UP_S, STOP_TIMEOUT_S
+from mqstore.testing import wait_for
 
 WORKER = {"dispatch": {"worker": "process"}}
 
@@ -68,9 +69,7 @@ def test_a_killed_worker_is_reported_restarted_and_loses_nothing(make_store):
     store.wait_dispatched()
     victim = store.supervisor.process.pid
     os.kill(victim, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while store.worker_status()["restarts"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: store.worker_status()["restarts"], what="the worker's restart")
     put_many(store, 100, 100)
     with pytest.raises(WorkerError, match=rf"pid {victim}\) exited with code -9"):
         store.wait_dispatched(timeout=10)
@@ -227,6 +226,7 @@ def test_a_worker_that_cannot_be_restarted_is_logged_and_tried_again(make_store,
         store.wait_dispatched(timeout=1)
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_start_is_given_up_on(make_store, tmp_path, monkeypatch):
     plugin_dir = tmp_path / "plug"
     plugin_dir.mkdir()

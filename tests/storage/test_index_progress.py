@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -31,9 +30,11 @@ WRITER = textwrap.dedent("""
     import sys, time
     from mqstore import MessageBatch, MessageStore, load_config
     from mqstore.storage.index_progress import read_progress
+    from mqstore.testing import ManualScheduler
     root, overrides = sys.argv[1], eval(sys.argv[2])
     FIRST, SECOND = int(sys.argv[3]), int(sys.argv[4])
-    store = MessageStore.open(root, config=load_config(overrides=overrides))
+    scheduler = ManualScheduler()  # the derived files are forced when it says, not on their own
+    store = MessageStore.open(root, config=load_config(overrides=overrides), scheduler=scheduler)
 
     def put(prefix, lo, hi):
         for at in range(lo, hi, 100):
@@ -45,11 +46,9 @@ WRITER = textwrap.dedent("""
     put("a", 0, FIRST)
     store.wait_dispatched()
     end = store.max_phys_offset
-    while True:  # the index records its progress within about a second
-        progress, _ = read_progress(root)
-        if progress is not None and progress.indexed_until >= end:
-            break
-        time.sleep(0.05)
+    scheduler.run("derived_flush")  # the index records its progress, once
+    progress, _ = read_progress(root)
+    assert progress.indexed_until == end, (progress, end)
     print("persisted", progress.indexed_until, flush=True)
     put("b", 0, SECOND)
     store.wait_dispatched()
@@ -181,21 +180,19 @@ def test_roll_back_refuses_a_count_the_file_cannot_hold(tmp_path):
 
 
 @pytest.mark.parametrize("loops", ["thread", "process"])
-def test_progress_is_recorded_while_the_store_runs(tmp_path, loops):
+def test_progress_is_recorded_while_the_store_runs(tmp_path, loops, manual_scheduler):
     root = tmp_path / "store"
     store = MessageStore.open(root, config=load_config(overrides={
-        **OVERRIDES, "dispatch": {"worker": loops}, "flush": {"worker": loops}}))
+        **OVERRIDES, "dispatch": {"worker": loops}, "flush": {"worker": loops}}),
+        scheduler=manual_scheduler)
     try:
         store.put_batch(MessageBatch(topic="T", bodies=[b"x"] * 10, queue_ids=0,
                                      keys=[[f"k{i}"] for i in range(10)]))
         store.wait_dispatched()
-        deadline = time.monotonic() + 10
-        while True:
-            progress, _ = read_progress(str(root))
-            if progress is not None and progress.indexed_until == store.max_phys_offset:
-                break
-            assert time.monotonic() < deadline, progress
-            time.sleep(0.05)
+        assert read_progress(str(root)) == (None, None)  # not before the derived files' pass
+        manual_scheduler.run("derived_flush")
+        progress, _ = read_progress(str(root))
+        assert progress.indexed_until == store.max_phys_offset
         assert progress.file is not None and progress.header.index_count == 11
     finally:
         store.close()

@@ -53,6 +53,7 @@ def _reopened_holds_every_ack(root, a: FaultWriter) -> None:
 
 
 @pytest.mark.parametrize("how", ["removed", "replaced"])
+@pytest.mark.slow
 def test_a_second_writer_is_refused_after_the_lock_file_goes(writer, tmp_path, how):
     root = tmp_path / "store"
     lock = root / "lock"
@@ -78,6 +79,7 @@ def test_a_second_writer_is_refused_after_the_lock_file_goes(writer, tmp_path, h
     _reopened_holds_every_ack(root, writer)
 
 
+@pytest.mark.slow
 def test_demo_force_on_a_live_store_is_refused_and_deletes_nothing(writer, tmp_path):
     root = tmp_path / "store"
     before = sorted(os.listdir(root))
@@ -95,6 +97,7 @@ def test_demo_force_on_a_live_store_is_refused_and_deletes_nothing(writer, tmp_p
     _reopened_holds_every_ack(root, writer)
 
 
+@pytest.mark.slow
 def test_check_fix_init_and_export_refuse_a_live_store(writer, tmp_path):
     root = tmp_path / "store"
     os.unlink(root / "abort")  # the writer's PID gone too: the lock alone tells

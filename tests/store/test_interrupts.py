@@ -160,6 +160,7 @@ def _ctrl_c_cases():
 
 
 @pytest.mark.parametrize("kind, mode, batch, seed", _ctrl_c_cases())
+@pytest.mark.slow
 def test_ctrl_c_during_puts_splits_no_put(tmp_path, watchdog, kind, mode, batch, seed):
     began = time.monotonic()
     rng = random.Random(f"{kind}:{mode}:{batch}:{seed}")
@@ -214,6 +215,7 @@ def _between_cases():
 
 
 @pytest.mark.parametrize("kind, batch, late_handler, seed", _between_cases())
+@pytest.mark.slow
 def test_ctrl_c_between_the_bytes_and_the_offsets(tmp_path, watchdog, kind, batch,
                                                   late_handler, seed):
     """The worst moment, hit on purpose: the ``*_ctrl_c`` writers (``mqstore.testing.faults``)
@@ -257,6 +259,7 @@ def test_ctrl_c_between_the_bytes_and_the_offsets(tmp_path, watchdog, kind, batc
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("batch", BATCHES, ids=["put", "batch"])
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_ctrl_c_outside_a_put_ends_the_writer_and_keeps_every_ack(tmp_path, watchdog, kind,
                                                                   batch, seed):
     """The writer pauses between puts, outside its ``try``: a Ctrl-C there is not caught and
@@ -296,6 +299,7 @@ def _sigterm_cases():
 
 
 @pytest.mark.parametrize("kind, batch, when, seed", _sigterm_cases())
+@pytest.mark.slow
 def test_sigterm_to_the_group_keeps_every_ack(tmp_path, watchdog, kind, batch, when, seed):
     """SIGTERM kills the writer at once (default action); its workers commit (the transient
     pool's staged bytes too) and flush what was written, then exit. Every acknowledgement

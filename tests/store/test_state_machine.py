@@ -1,5 +1,6 @@
 """Model-based test: random puts, batches, reopens and crashes against a list model."""
 
+import pytest
 from hypothesis import settings
 
 from mqstore.testing import StoreStateMachine
@@ -28,7 +29,7 @@ class DispatchWorkerProcess(StoreStateMachine):
                  "dispatch": {"worker": "process"}, "plugins": {"load_entry_points": False}}
 
 
-TestSmallSegments = SmallSegments.TestCase
+TestSmallSegments = pytest.mark.slow(SmallSegments.TestCase)
 TestSmallSegments.settings = settings(max_examples=25, stateful_step_count=15, deadline=None)
 TestSyncFlushMmh3 = SyncFlushMmh3.TestCase
 TestSyncFlushMmh3.settings = settings(max_examples=15, stateful_step_count=15, deadline=None)

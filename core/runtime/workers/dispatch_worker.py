@@ -27,6 +27,7 @@ from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_manifest import ManifestKeeper
 from mqstore.view.directory_view import DirectoryView
+from mqstore.scheduler import Scheduler
 from mqstore.uninterrupted import parent_alive, worker_signals
 from mqstore.runtime.workers import shm
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
@@ -108,19 +109,21 @@ def _after_dispatch(view, hook):
 
 
 def run(root: str, config: StoreConfig, channels: shm.Channels, wake_r, progress_w,
-        parent_pid: int, restarted: bool, clock) -> None:
+        parent_pid: int, restarted: bool, clock, scheduler: Scheduler) -> None:
     """Worker entry point (``multiprocessing`` target)."""
     worker_signals()
     lock_fds = hold_worker_lock(root)
     try:
         os.set_blocking(progress_w.fileno(), False)
-        _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, clock)
+        _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, clock,
+             scheduler)
     finally:
         channels.close()
         release_worker_lock(lock_fds)
 
 
-def _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, clock) -> None:
+def _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, clock,
+         scheduler) -> None:
     ch = channels.dispatch
     hooks = PluginHooks(make_plugin_manager(
         modules=config.plugins.modules, disable=config.plugins.disable,
@@ -150,8 +153,9 @@ def _run(root, config, channels, wake_r, progress_w, parent_pid, restarted, cloc
     flush_derived = DerivedFlush(root, view, dispatchers, view.manifest,
                                  lambda: loop.last_mark, lambda: channels.flush.flushed)
     try:
-        _Serving(view, loop, dispatchers, hooks, channels, wakeup, flush_derived).serve(
-            wake_r, progress_w, parent_pid, config.dispatch.interval_ms / 1000.0)
+        _Serving(view, loop, dispatchers, hooks, channels, wakeup, flush_derived,
+                 scheduler).serve(wake_r, progress_w, parent_pid,
+                                  config.dispatch.interval_ms / 1000.0)
     finally:
         if wakeup is not None:
             wakeup.close()
@@ -167,7 +171,7 @@ class _Serving:
     a second, follow cleanup, dispatch and publish, report failures, and sleep when idle."""
 
     def __init__(self, view, loop, dispatchers, hooks, channels: shm.Channels, wakeup,
-                 flush_derived: DerivedFlush) -> None:
+                 flush_derived: DerivedFlush, scheduler: Scheduler) -> None:
         self.view = view
         self.loop = loop
         self.dispatchers = dispatchers
@@ -176,6 +180,7 @@ class _Serving:
         self.ch = channels.dispatch
         self.wakeup = wakeup
         self.flush_derived = flush_derived
+        self.scheduler = scheduler
 
     def serve(self, wake_r, progress_w, parent_pid: int, nap_s: float) -> None:
         ch, loop, confirmed_of = self.ch, self.loop, self.channels.append
@@ -183,7 +188,7 @@ class _Serving:
         # dispatchers need it: a dispatcher built only here may resume earlier than the store
         # saw).
         opened_end = confirmed_of.confirmed
-        next_flush = time.monotonic() + FLUSH_INTERVAL_S
+        next_flush = self.scheduler.monotonic() + FLUSH_INTERVAL_S
         last_work = time.monotonic()
         while not ch.stop:
             if not parent_alive():
@@ -238,10 +243,11 @@ class _Serving:
     def _flush_files_if_due(self, next_flush: float) -> float:
         """Once a second: the files dispatch derives (``derived_flush``); returns when
         next."""
-        now = time.monotonic()
+        now = self.scheduler.monotonic()
         if now < next_flush:
             return next_flush
         self.flush_derived()
+        self.scheduler.ran("derived_flush", now)
         return now + FLUSH_INTERVAL_S
 
     def _publish(self, progress_w) -> None:

@@ -18,6 +18,7 @@ import time
 import weakref
 from typing import Protocol
 
+from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.runtime.workers import flush_worker, shm, sync_waiters
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
 from mqstore.runtime.workers.supervisor import STOP_TIMEOUT_S, WorkerSupervisor
@@ -55,21 +56,25 @@ def _listen(client_ref) -> None:
     client = client_ref()
     progress_r = client.progress_r
     tick_s = client.tick_s
-    next_tick = time.monotonic() + tick_s
+    scheduler = client.scheduler
+    next_tick = scheduler.monotonic() + tick_s
     del client
     while True:
-        wait_and_drain(progress_r, max(0.0, next_tick - time.monotonic()))
+        poked = wait_and_drain(
+            progress_r, scheduler.wait_s(max(0.0, next_tick - scheduler.monotonic())))
         client = client_ref()
         if client is None or client._stopping:
             return
-        next_tick = client._listen_once(next_tick, tick_s)
+        if poked or scheduler.monotonic() >= next_tick:  # else a look at a hand-moved clock
+            next_tick = client._listen_once(next_tick, tick_s)
         del client
 
 
 class FlushClient:
     def __init__(self, root: str, config, channels: shm.Channels, clock, segment_dir: str,
                  segment_bytes: int, schedule, pool, after_flush,
-                 listener: FlushListener, tick_s: float = TICK_INTERVAL_S) -> None:
+                 listener: FlushListener, tick_s: float = TICK_INTERVAL_S,
+                 scheduler: Scheduler = system_scheduler) -> None:
         self.root = root
         self.config = config
         self.channels = channels
@@ -82,6 +87,7 @@ class FlushClient:
         self.after_flush = after_flush
         self.listener = listener
         self.tick_s = tick_s
+        self.scheduler = scheduler
         self.seen_flushed = channels.flush.flushed
         self.mode = config.flush.worker
         self.supervisor: FlushSupervisor | None = None
@@ -101,7 +107,7 @@ class FlushClient:
         if self.mode == "process":
             sup = self.supervisor = FlushSupervisor(
                 self.root, self.config, self.channels, self.clock, flush_worker.run,
-                (seg_bytes, pool_name, self.waiters.writers))
+                (seg_bytes, pool_name, self.waiters.writers), scheduler=self.scheduler)
             self.wake_w, self.progress_r, self._progress_w = sup.wake_w, sup.progress_r, sup.progress_w
             sup.start()
         else:
@@ -114,7 +120,7 @@ class FlushClient:
             service = flush_worker.FlushService(
                 self.segment_dir, seg_bytes, self.channels, self.schedule,
                 flush_worker.commit_schedule(self.config), self.pool, self.after_flush,
-                sync_waiters.Waker(self.channels, self.waiters.writers))
+                sync_waiters.Waker(self.channels, self.waiters.writers), self.scheduler)
             self._service = service
 
             progress_w = self._progress_w
@@ -134,7 +140,7 @@ class FlushClient:
     def _listen_once(self, next_tick: float, tick_s: float) -> float:
         try:
             self.sync()
-            now = time.monotonic()
+            now = self.scheduler.monotonic()
             if now >= next_tick:
                 next_tick = now + tick_s
                 self.listener.tick()

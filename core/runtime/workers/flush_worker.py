@@ -31,6 +31,7 @@ from mqstore.append.pool_writer import attach_pool
 from mqstore.storage.mapped_file import segment_name
 from mqstore.storage.sealed_json import sync_dir
 from mqstore.storage.transient_pool import TransientPool, nonzero_end
+from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.uninterrupted import parent_alive, worker_signals
 from mqstore.runtime.workers import shm, sync_waiters
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
@@ -47,7 +48,8 @@ def force(fd: int) -> None:
 class FlushService:
     def __init__(self, directory: str, segment_bytes: int, channels: shm.Channels,
                  schedule: FlushSchedule, commit_schedule: FlushSchedule,
-                 pool: TransientPool | None = None, after_flush=None, waker=None) -> None:
+                 pool: TransientPool | None = None, after_flush=None, waker=None,
+                 scheduler: Scheduler = system_scheduler) -> None:
         self.directory = directory
         self.size = segment_bytes
         self.ch = channels.flush
@@ -57,6 +59,7 @@ class FlushService:
         self.pool = pool
         self.after_flush = after_flush
         self.waker = waker  # wakes the sync-flush puts a force covers (workers.sync_waiters)
+        self.scheduler = scheduler
         self._fds: dict[int, int] = {}
         self._unnamed: set[int] = set()  # opened here, its directory entry not forced yet
         self.flushed = self.ch.flushed
@@ -196,8 +199,8 @@ class FlushService:
         poke(progress_w)
 
     def run(self, wake_r, progress_w, parent_pid: int | None = None) -> None:
-        ch = self.ch
-        now = time.monotonic()
+        ch, scheduler = self.ch, self.scheduler
+        now = scheduler.monotonic()
         next_flush, next_thorough = now + self.interval_s, now + self.thorough_s
         next_commit, next_commit_thorough = now + self.commit_s, now + self.commit_thorough_s
         failed_at = 0.0
@@ -208,7 +211,7 @@ class FlushService:
             if parent_pid is not None and not parent_alive():
                 self._finish(progress_w, parent_pid)
                 return
-            now = time.monotonic()
+            now = scheduler.monotonic()
             moved = False
             try:
                 if stop:
@@ -221,6 +224,7 @@ class FlushService:
                 if now >= next_commit_thorough:
                     least, next_commit_thorough = 0, now + self.commit_thorough_s
                 moved |= self.commit(least)  # a put's wake-up commits by the pages rule
+                scheduler.ran("commit", now)
                 next_commit = now + self.commit_s
                 if now >= next_flush:
                     least = self.least_pages
@@ -228,6 +232,7 @@ class FlushService:
                         least, next_thorough = 0, now + self.thorough_s
                     moved |= self.flush(least)
                     next_flush = now + self.interval_s
+                    scheduler.ran("flush", now)
             except OSError as exc:
                 if not ch.error:
                     log.error("commit-log flush failed: %s", exc)
@@ -243,16 +248,16 @@ class FlushService:
             ch.idle = 1
             wait_and_drain(wake_r, 0)
             if not self._asked():
-                due = min(next_flush, next_commit) - time.monotonic()
+                due = min(next_flush, next_commit) - scheduler.monotonic()
                 if failed_at:
                     due, failed_at = max(due, 0.1), 0.0
-                wait_and_drain(wake_r, max(0.0, min(due, PARENT_CHECK_S)))
+                wait_and_drain(wake_r, scheduler.wait_s(max(0.0, min(due, PARENT_CHECK_S))))
             ch.idle = 0
 
 
 def run(root: str, config, channels: shm.Channels, wake_r, progress_w, parent_pid: int,
-        restarted: bool, clock, segment_bytes: int, pool_name: str | None,
-        waiter_pipes) -> None:
+        restarted: bool, clock, scheduler: Scheduler, segment_bytes: int,
+        pool_name: str | None, waiter_pipes) -> None:
     """Worker entry point (``multiprocessing`` target)."""
     from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
     from mqstore.storage.store_lock import hold_worker_lock, release_worker_lock
@@ -272,7 +277,7 @@ def run(root: str, config, channels: shm.Channels, wake_r, progress_w, parent_pi
             hooks.flush_policies.get(config.flush.policy).schedule(config),
             commit_schedule(config), pool,
             hooks.after_flush if hooks.has_after_flush else None,
-            sync_waiters.Waker(channels, waiter_pipes))
+            sync_waiters.Waker(channels, waiter_pipes), scheduler)
         try:
             service.run(wake_r, progress_w, parent_pid)
         finally:

@@ -19,8 +19,9 @@ def poke(conn) -> None:
         pass
 
 
-def wait_and_drain(conn, timeout: float) -> None:
-    """Sleep until a byte arrives or ``timeout`` passes, then empty the pipe.
+def wait_and_drain(conn, timeout: float) -> bool:
+    """Sleep until a byte arrives or ``timeout`` passes, then empty the pipe; True when a
+    byte came.
 
     One ``poll`` on one descriptor and one read (``poll``, unlike ``select``, takes descriptors
     past 1024, which a store with many mapped files reaches). A readable pipe never blocks
@@ -31,3 +32,5 @@ def wait_and_drain(conn, timeout: float) -> None:
     poller.register(fd, select.POLLIN)
     if poller.poll(1000.0 * max(timeout, 0.0)):
         os.read(fd, 65536)
+        return True
+    return False

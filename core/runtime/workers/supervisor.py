@@ -41,6 +41,7 @@ import time
 from multiprocessing import connection, resource_tracker, util
 
 from mqstore.plugin_api.manager import DEFAULT_PLUGINS
+from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.uninterrupted import interrupts_blocked
 from mqstore.runtime.workers import dispatch_worker, logs, shm
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
@@ -130,8 +131,8 @@ def _reap(proc, patience_s: float = 1.0) -> None:
 
 class WorkerSupervisor:
     """One worker process: ``target(root, config, channels, wake_r, progress_w, parent_pid,
-    restarted, clock, *extra)``; ``own_channel`` is the channel of the worker's job (its
-    ``stop`` asks the worker to stop)."""
+    restarted, clock, scheduler, *extra)``; ``own_channel`` is the channel of the worker's job
+    (its ``stop`` asks the worker to stop)."""
 
     name = "worker"
 
@@ -139,11 +140,12 @@ class WorkerSupervisor:
         raise NotImplementedError
 
     def __init__(self, root: str, config, channels: shm.Channels, clock, target=None,
-                 extra: tuple = ()) -> None:
+                 extra: tuple = (), *, scheduler: Scheduler = system_scheduler) -> None:
         self.root = root
         self.config = config
         self.channels = channels
         self.clock = clock
+        self.scheduler = scheduler
         self.target = target
         self.extra = extra
         self.ctx = worker_context()
@@ -181,7 +183,7 @@ class WorkerSupervisor:
             target=_entry, name=f"mqstore-{self.name}", daemon=True,
             args=(dict(os.environ), logs.store_level(), self.name, self.target, self.root,
                   self.config, self.channels, self.wake_r, self.progress_w, os.getpid(),
-                  restarted, self.clock, *self.extra))
+                  restarted, self.clock, self.scheduler, *self.extra))
         # The resource tracker first, if it is not running yet: starting it ends with SIGINT
         # and SIGTERM unblocked in this thread (multiprocessing undoes its own block with
         # SIG_UNBLOCK), and inside the block below that would start the forkserver, and so
@@ -311,8 +313,10 @@ class WorkerSupervisor:
 class DispatchSupervisor(WorkerSupervisor):
     name = "dispatch"
 
-    def __init__(self, root: str, config, channels: shm.Channels, clock) -> None:
-        super().__init__(root, config, channels, clock, dispatch_worker.run)
+    def __init__(self, root: str, config, channels: shm.Channels, clock, *,
+                 scheduler: Scheduler = system_scheduler) -> None:
+        super().__init__(root, config, channels, clock, dispatch_worker.run,
+                         scheduler=scheduler)
 
     def own_channel(self) -> shm.DispatchChannel:
         return self.channels.dispatch

@@ -1,5 +1,5 @@
-"""A consumer in its own process, for the consumer tests:
-``python consumer_proc.py <store dir> <group> <topic> [options]``.
+"""A group consumer in its own process, for tests of consumers across processes:
+``python -m mqstore.testing.consumer_proc <store dir> <group> <topic> [options]``.
 
 Opens the store read-only (beside a writer in the test process) and runs one group consumer
 until told to stop (a line on stdin, or SIGTERM, which also ends a long poll) or killed. Every line it prints is
@@ -10,6 +10,8 @@ flushed at once, so the parent knows what happened before it kills this process:
     polled <queue> <first offset> <last offset> <json list of bodies' first 12 bytes>
     committed <json {queue: offset}>           after each commit returned
     bye
+
+``ConsumerProcess`` is the parent's side: it starts this module and collects what it prints.
 """
 
 from __future__ import annotations
@@ -98,9 +100,10 @@ class ConsumerProcess:
     """The parent's side: starts this script and collects what it prints."""
 
     def __init__(self, root, group: str, topic: str, *options: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, str(root), group, topic, *options],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mqstore.testing.consumer_proc", str(root), group, topic,
+             *options],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[tuple[str, str]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
