@@ -34,6 +34,8 @@ NOT_RUN = {
     ("README.md", "make run"): "the same as docs/quickstart.md's first command, run there, "
                                "where the next commands read the store it makes",
     ("README.md", "make test"): "runs the whole test suite, this test included",
+    ("README.md", '.venv/bin/python -m pytest -m "not slow"'):
+        "runs most of the test suite, this test included",
     ("README.md", "mqstore serve -c deploy.yaml"): "a server: runs until stopped "
                                                    "(tests/ops/test_cli_serve.py runs it)",
     ("README.md", "mqstore export events --to out"): SPARK,
