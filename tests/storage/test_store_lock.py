@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -18,6 +19,7 @@ from mqstore import MessageStore, load_config
 from mqstore.errors import StoreLockedError
 from mqstore.ops.problems import CONSUME_QUEUE, Problem
 from mqstore.ops.repair import repair
+from mqstore.runtime.workers.flush_client import TICK_INTERVAL_S
 from mqstore.testing.faults import FaultWriter, audit, small_store_overrides
 
 from cli_support import env, error_line, mqstore
@@ -67,7 +69,10 @@ def test_a_second_writer_is_refused_after_the_lock_file_goes(writer, tmp_path, h
         MessageStore.open(root, config=load_config(overrides=OVERRIDES))
     b = _second_writer(root)
     assert b.returncode != 0 and "StoreLockedError" in b.stderr and refusal in b.stderr
-    assert writer.read_until(len(writer.acks) + 300)  # A goes on, alone
+    # A goes on alone, for longer than the metadata tick (a second) that looks at the lock
+    alone_until = time.monotonic() + 2 * TICK_INTERVAL_S
+    while time.monotonic() < alone_until:
+        assert writer.read_until(len(writer.acks) + 50)
     assert writer.finish() == 0 and writer.done
     # A saw its lock file change: it says so and leaves no clean marker that could lie.
     stderr = writer.stderr.decode()
@@ -111,6 +116,7 @@ def test_check_fix_init_and_export_refuse_a_live_store(writer, tmp_path):
     init = mqstore("init", root, check=1)
     assert error_line(init).startswith(f"Error: mqstore init: store {str(root)!r} is held by "
                                        f"process {writer.proc.pid}")
+    mqstore("init", tmp_path / "elsewhere")  # a store to export from
     export = mqstore("export", tmp_path / "elsewhere", "--to", root, "--mode", "overwrite",
                      check=1)
     assert error_line(export).startswith(f"Error: export --to {str(root)!r}: that is a store, "
