@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -42,8 +43,11 @@ PRELUDE = """
 def run_program(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
     path = tmp_path / "app.py"
     path.write_text(textwrap.dedent(PRELUDE) + textwrap.dedent(body))
+    # SIGINT as a terminal leaves it: a suite started in the background of a shell without job
+    # control inherits it ignored, and so would the program.
     done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=PROGRAM_TIMEOUT_S)
+                          text=True, timeout=PROGRAM_TIMEOUT_S,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert done.returncode == 0, done.stderr
     return done
 
@@ -93,7 +97,7 @@ def test_ctrl_c_while_an_open_starts_a_worker(tmp_path, worker, ctrl_c):
         with MessageStore.open(root, config=load_config()) as store:
             print("reopened", store.max_offset("T", 0))
     """)
-    assert done.stdout.splitlines() == ["interrupted []", "reopened 1"]
+    assert done.stdout.splitlines() == ["interrupted []", "reopened 1"], done.stderr
     assert records(done.stderr) == []
 
 
