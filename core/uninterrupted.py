@@ -27,6 +27,7 @@ import contextlib
 import multiprocessing
 import select
 import signal
+from _signal import getsignal as _raw_getsignal
 import threading
 
 SHIELDED = tuple(getattr(signal, name) for name in (
@@ -102,8 +103,10 @@ class _Shield:
     def _rewrap(self) -> None:
         """Wrap again a Ctrl-C or SIGTERM handler the program set after the store opened
         (a graceful-shutdown handler, typically): it becomes the handler run after the
-        section. Two lookups per put; the other signals are wrapped at open only."""
-        handle, getsignal = self.handler, signal.getsignal
+        section. Two lookups per put; the other signals are wrapped at open only. The lookups
+        are the C module's: ``signal.getsignal`` turns each answer into an enum member, which
+        cost a put more than the rest of this shield."""
+        handle, getsignal = self.handler, _raw_getsignal
         for signum in LATE:
             current = getsignal(signum)
             if current is not handle and callable(current):
