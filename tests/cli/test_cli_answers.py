@@ -11,18 +11,11 @@ from pathlib import Path
 import pytest
 from rich import filesize
 
-from cli_support import SMALL_CONFIG, mqstore, mqstore_json, mqstore_tty
+from cli_support import mqstore, mqstore_json, mqstore_tty
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
 NOT_A_STORE = ("is not a store directory: it has no mqstore.json, commitlog/, consumequeue/ "
                "or checkpoint (mqstore init makes a store)")
-
-
-@pytest.fixture(scope="module")
-def config(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cfg") / "small.yaml"
-    path.write_text(SMALL_CONFIG)
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -21,13 +21,6 @@ SECOND = f"commitlog/{SEGMENT:020d}"
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cfg") / "small.yaml"
-    path.write_text(SMALL_CONFIG)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def base(tmp_path_factory, config):
     """600 keyed messages over 4 queues and two segments; returns (root, their put results)."""
     root = tmp_path_factory.mktemp("base") / "store"

@@ -31,13 +31,6 @@ FOLLOW_SEES_WITHIN_S = 5.0
 STARTUP_TIMEOUT_S = 60
 
 
-@pytest.fixture(scope="module")
-def config(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cfg") / "small.yaml"
-    path.write_text(SMALL_CONFIG)
-    return str(path)
-
-
 @pytest.fixture
 def store(tmp_path, config):
     """A store with PRODUCED messages of TOPIC over the selector's queues; returns the root

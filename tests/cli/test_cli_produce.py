@@ -10,17 +10,10 @@ import time
 
 import pytest
 
-from cli_support import SMALL_CONFIG, error_line, mqstore, mqstore_json
+from cli_support import error_line, mqstore, mqstore_json
 from mqstore.ops.uniq_keys import COUNTER_SPAN, UniqKeys, month_start_ms
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
-
-
-@pytest.fixture(scope="module")
-def config(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cfg") / "small.yaml"
-    path.write_text(SMALL_CONFIG)
-    return str(path)
 
 
 def stored(root, config, topic: str) -> list[dict]:

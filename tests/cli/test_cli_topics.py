@@ -23,13 +23,6 @@ TOPIC = "orders"
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cfg") / "small.yaml"
-    path.write_text(SMALL_CONFIG)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def template(tmp_path_factory, config):
     root = tmp_path_factory.mktemp("template") / "store"
     mqstore("init", root, "-c", config)

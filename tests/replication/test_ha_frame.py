@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mqstore import MessageBatch
+from mqstore import MessageBatch, testing
 from mqstore.format.ha_frame import (
     FRAME_MAX_BYTES, Frame, FrameDecoder, FrameError, ReportDecoder, encode_header,
     encode_report, first_transfer_offset,
@@ -244,13 +244,8 @@ def test_a_silent_connection_is_closed_after_the_housekeeping_interval(master):
         assert time.monotonic() - began >= 0.9
 
 
-def _wait(condition, timeout: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
+def _wait(condition):
+    return testing.wait_for(condition, timeout=WAIT_S)
 
 
 @pytest.mark.loops("thread")

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from mqstore import Message, MessageBatch, load_config
+from mqstore import Message, MessageBatch, load_config, testing
 from mqstore.append.pool_writer import MapWriter
 from mqstore.errors import ConfigError
 from mqstore.format.ha_frame import Frame, encode_report
@@ -30,13 +30,8 @@ FAST = {"ha_heartbeat_interval_ms": 100, "ha_housekeeping_interval_ms": 3000}
 pytestmark = pytest.mark.loops("thread")
 
 
-def wait_for(condition, timeout: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
+def wait_for(condition):
+    return testing.wait_for(condition, timeout=WAIT_S)
 
 
 @pytest.fixture
