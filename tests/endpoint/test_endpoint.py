@@ -12,21 +12,11 @@ import grpc
 import pytest
 
 from mqstore import MessageStore, load_config
-from endpoint_support import Clients, Served, client_module, deployment_yaml
+from endpoint_support import Clients, Served, deployment_yaml
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
 MAX_BODY = 65536  # commit_log.max_message_bytes of the served store
 LONG_POLL_S = 10
-
-
-@pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    return tmp_path_factory.mktemp("home")
-
-
-@pytest.fixture(scope="module")
-def rocketmq(home):
-    return client_module(home)
 
 
 @pytest.fixture(scope="module")

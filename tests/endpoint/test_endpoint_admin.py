@@ -13,23 +13,13 @@ import pytest
 
 from cli_support import error_line, mqstore
 from mqstore.testing.consumer_proc import ConsumerProcess
-from endpoint_support import Clients, Served, client_module, deployment_yaml
+from endpoint_support import Clients, Served, deployment_yaml
 from mqstore import MessageStore, load_config
 from mqstore.endpoint.auth import signed_metadata
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
 AK, SK = "ops", "ops-secret"
 WAIT_S = 30.0
-
-
-@pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    return tmp_path_factory.mktemp("home")
-
-
-@pytest.fixture(scope="module")
-def rocketmq(home):
-    return client_module(home)
 
 
 @pytest.fixture(scope="module")

@@ -20,21 +20,11 @@ import pytest
 
 from cli_support import env
 from mqstore.endpoint.wire import SYSTEM_PROPERTY_NAMES
-from endpoint_support import Clients, Served, client_module, deployment_yaml
+from endpoint_support import Clients, Served, deployment_yaml
 from paths import SUPPORT
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
 CLIENT_PROC = SUPPORT / "endpoint_client_proc.py"
-
-
-@pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    return tmp_path_factory.mktemp("home")
-
-
-@pytest.fixture(scope="module")
-def rocketmq(home):
-    return client_module(home)
 
 
 def client_env(home: Path, **extra) -> dict:
