@@ -66,6 +66,10 @@ class KeyIndex:
         self._forced_until_ts = 0  # newest store time a full, forced file covers (CHECKPOINTS)
         kept_all = self._load(store.recovery_report)
         self._next_phys = self._indexed_until(store, kept_all)
+        if not self.read_only:
+            # Never past the end recovery left: what the files indexed beyond it is gone (a
+            # lost newest segment), and the next puts take those offsets with other messages.
+            self._next_phys = min(self._next_phys, store.recovery_report.commit_log_end)
 
     # -- open ------------------------------------------------------------------------------
     def _open_file(self, path: str) -> IndexFile:

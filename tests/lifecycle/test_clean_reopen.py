@@ -165,7 +165,7 @@ def assert_worker_key_index_resumes_at(root: Path, overrides: dict, end: int) ->
     config = load_config(overrides={"plugins": {"load_entry_points": False}, **overrides})
     channels = shm.Channels.create()
     try:
-        channels.append.trusted_end = end
+        channels.append.trusted_end = channels.append.written = end  # as Runtime.start
         hooks = PluginHooks(make_plugin_manager(load_entry_points=False))
         view = dispatch_worker._view(str(root), config, channels, time.time, False, hooks,
                                      channels.append.trusted_end)

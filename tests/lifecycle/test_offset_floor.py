@@ -129,15 +129,18 @@ def _highest(acks) -> dict[int, int]:
 
 
 def _put_more_and_read_them(store, highest: dict[int, int]) -> None:
-    """60 new messages: each takes the next offset above the highest acknowledged one, and
-    the group, which committed everything, receives all of them."""
+    """60 new messages: each takes the next offset above the highest acknowledged one, the
+    group, which committed everything, receives all of them, and the key index finds each
+    (the new messages take commit-log offsets the index had given to lost ones)."""
     expected = {q: highest[q] + 1 for q in range(QUEUES)}
     for i in range(60):
         q = i % QUEUES
-        result = store.put(Message(TOPIC, b"new-%02d" % i, queue_id=q))
+        result = store.put(Message(TOPIC, b"new-%02d" % i, queue_id=q, keys=[f"new-{i}"]))
         assert (result.status, result.queue_offset) == (PutStatus.PUT_OK, expected[q]), i
         expected[q] += 1
     store.wait_dispatched(timeout=30)
+    assert [[m.body for m in store.query_by_key(TOPIC, f"new-{i}")] for i in range(60)] == [
+        [b"new-%02d" % i] for i in range(60)]
     with store.consumer(GROUP, TOPIC, auto_commit=False) as group:
         got = []
         while len(got) < 60:

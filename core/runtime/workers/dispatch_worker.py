@@ -82,7 +82,10 @@ def _view(root: str, config: StoreConfig, channels: shm.Channels, clock, abnorma
     return DirectoryView(
         root, config, clock=clock, hash_kind=meta.get("hash", "java"), commit_log=commit_log,
         checkpoint=_SharedCheckpoint(channels.dispatch),
-        recovery_report=RecoveryReport(abnormal=abnormal, trusted_end=trusted_end),
+        # commit_log_end: where the store's recovery left the log (or, for a restarted worker,
+        # where it stands now): dispatchers resume no later than there.
+        recovery_report=RecoveryReport(abnormal=abnormal, trusted_end=trusted_end,
+                                       commit_log_end=channels.append.written),
         cq_file_bytes=cq_bytes,
         consume_queues=queues, filters=hooks.filters, writes_queues=True,
         manifest=ManifestKeeper(root))
