@@ -122,7 +122,7 @@ class HAMaster:
             if full:
                 log.warning("replication: connection from %s refused: %d slaves connected "
                             "already (the most a master takes)", name, MAX_SLAVES)
-                _close(conn)
+                close_socket(conn)
                 continue
             slave.start()
 
@@ -149,7 +149,7 @@ class HAMaster:
     def stop(self) -> None:
         self._stop.set()
         if self._sock is not None:
-            _close(self._sock)
+            close_socket(self._sock)
         if self._thread is not None:
             self._thread.join(JOIN_S)
         for slave in self.connections():
@@ -279,7 +279,7 @@ class SlaveConnection:
             if self._closed.is_set():
                 return
             self._closed.set()
-        _close(self.sock)
+        close_socket(self.sock)
         self.master.forget(self)
 
     def join(self, timeout_s: float) -> None:
@@ -293,7 +293,8 @@ def _peer_name(peer) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _close(sock: socket.socket) -> None:
+def close_socket(sock: socket.socket) -> None:
+    """Shut down and close, whatever state the peer left the connection in."""
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:

@@ -19,7 +19,7 @@ import time
 
 from mqstore.config import parse_listen
 from mqstore.format.ha_frame import FrameDecoder, FrameError, encode_report
-from mqstore.replication.master import HASettings, readable, send_timeout
+from mqstore.replication.master import HASettings, close_socket, readable, send_timeout
 from mqstore.replication.receiver import Receiver, ReplicaDiverged
 
 log = logging.getLogger("mqstore.replication")
@@ -91,7 +91,7 @@ class HAClient:
             return f"{type(exc).__name__}: {exc}"
         finally:
             self._sock = None
-            _close(sock)
+            close_socket(sock)
 
     def _follow(self, sock: socket.socket) -> str | None:
         receiver, settings = self.receiver, self.settings
@@ -146,12 +146,6 @@ class HAClient:
             self._thread.join(JOIN_S)
 
 
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
 
 
 __all__ = ["HAClient"]

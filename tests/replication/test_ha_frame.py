@@ -17,6 +17,8 @@ from mqstore.format.ha_frame import (
 )
 from mqstore.replication.master import MAX_SLAVES
 
+from replication_support import log_bytes
+
 SEG = 65536
 WAIT_S = 10.0
 
@@ -132,17 +134,6 @@ def closed_by_peer(sock: socket.socket, timeout: float = WAIT_S) -> bool:
         return True
     except TimeoutError:
         return False
-
-
-def log_bytes(store, begin: int, end: int) -> bytes:
-    out = b""
-    pos = begin
-    while pos < end:
-        seg = store.commit_log.segments.find(pos)
-        stop = min(end, seg.end)
-        out += bytes(seg.mm[pos - seg.start:stop - seg.start])
-        pos = stop
-    return out
 
 
 @pytest.mark.loops("thread")

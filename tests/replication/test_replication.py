@@ -23,6 +23,8 @@ from mqstore.ops.stats import store_stats
 from mqstore.replication import ReplicaDiverged, SlaveAcks
 from mqstore.replication.status_file import read_status
 
+from replication_support import log_bytes
+
 SEG = 65536
 WAIT_S = 15.0
 FAST = {"ha_heartbeat_interval_ms": 100, "ha_housekeeping_interval_ms": 3000}
@@ -59,16 +61,6 @@ def fill(store, n: int, topic: str = "orders", seed: int = 0) -> None:
                                      tags=["t%d" % (i % 3) for i in range(n)],
                                      keys=[["k%d" % (seed + i)] for i in range(n)]))
     assert r.status.stored
-
-
-def log_bytes(store, begin: int, end: int) -> bytes:
-    out = b""
-    while begin < end:
-        seg = store.commit_log.segments.find(begin)
-        stop = min(end, seg.end)
-        out += bytes(seg.mm[begin - seg.start:stop - seg.start])
-        begin = stop
-    return out
 
 
 def units(store, topic: str, queue_id: int, begin: int) -> np.ndarray:
