@@ -73,6 +73,9 @@ class TlsChannel:
                                      server_hostname=server_hostname)
         self._ssl_lock = threading.Lock()
         self._send_lock = threading.Lock()
+        # Whether the incoming buffer may hold a whole record not yet decrypted (records that
+        # arrived with the handshake's last message, or past what a recv took).
+        self._undrained = False
 
     def handshake(self, deadline: float) -> None:
         """TLS's own handshake, by ``deadline`` (``time.monotonic``): TimeoutError after it,
@@ -98,10 +101,11 @@ class TlsChannel:
                 raise ConnectionError("the peer closed the connection during the TLS handshake")
             with self._ssl_lock:
                 self._in.write(raw)
+                self._undrained = True
 
     def wait_readable(self, timeout_s: float) -> bool:
         with self._ssl_lock:
-            if self._obj.pending():
+            if self._obj.pending() or (self._undrained and self._in.pending):
                 return True
         return readable(self.sock, timeout_s)
 
@@ -111,11 +115,14 @@ class TlsChannel:
                 buffered = self._read_plain(n)
             if buffered:
                 return buffered
+            if not readable(self.sock, 0):
+                return b""  # the buffered bytes end inside a record
             raw = self.sock.recv(RAW_RECV_BYTES)
             if not raw:
                 return None
             with self._ssl_lock:
                 self._in.write(raw)
+                self._undrained = True
                 data = self._read_plain(n)
                 out = self._take_output()
         except ssl.SSLZeroReturnError:  # the peer's close_notify
@@ -148,6 +155,7 @@ class TlsChannel:
             try:
                 chunk = self._obj.read(n - got)
             except ssl.SSLWantReadError:
+                self._undrained = False
                 break
             if not chunk:
                 break

@@ -298,6 +298,36 @@ def test_over_tls_a_slave_shows_a_certificate_of_the_ca(master, ha_certs):
     assert acked(m) == []
 
 
+def test_an_open_arriving_with_the_last_tls_handshake_message_is_answered(master, ha_certs):
+    """The slave's first record can reach the master in one read with its last handshake
+    message: it is answered at once, not after the housekeeping interval."""
+    m = master(**ha_certs["master"])
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(ha_certs["slave"]["ha_tls_ca_file"])
+    context.load_cert_chain(ha_certs["slave"]["ha_tls_cert_file"],
+                            ha_certs["slave"]["ha_tls_key_file"])
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    with dial(m) as sock:
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.sendall(outgoing.read())
+                incoming.write(sock.recv(65536))
+        tls.write(hello.encode_open())
+        sock.sendall(outgoing.read())  # the client's Finished and the open, in one write
+        sock.settimeout(FAST["ha_housekeeping_interval_ms"] / 1000 / 2)
+        plain = b""
+        while len(plain) < hello.HEADER_BYTES:
+            try:
+                plain += tls.read(65536)
+            except ssl.SSLWantReadError:
+                incoming.write(sock.recv(65536))
+        assert hello.parse_header(plain[:hello.HEADER_BYTES]).kind == hello.CHALLENGE
+
+
 # -- a slave facing a master -------------------------------------------------------------------
 class FakeMaster:
     """Accepts one connection, keeps what the slave sends, and answers with ``script`` until
