@@ -7,6 +7,11 @@ same run: the master's own append rate (bytes / time of the puts) and the replic
 (bytes / time from the first put until the slave's consume queues cover the last byte, read
 from the slave's /metrics every 20 ms), with the slave's lag when the puts ended.
 
+With ``--protected``, the throughput run is repeated with master and slave speaking mqstore's
+handshake over TLS (``server.ha_secret_file`` and ``server.ha_tls_*``, certificates made with
+the ``openssl`` command), and the protected replication rate is printed beside the plaintext
+one with their ratio.
+
 Latency: ``--puts`` single ``put`` calls (``WAIT`` true) against an ASYNC_MASTER with a slave
 connected, then against a SYNC_MASTER with one (each answers PUT_OK only once the slave
 acknowledged the put's end): p50 and p99 of each, and what SYNC_MASTER adds.
@@ -41,13 +46,39 @@ def config(role: str, **server) -> dict:
             "server": {"metrics_listen": "127.0.0.1:0", **server}}
 
 
+def protection(d: str) -> tuple[dict, dict]:
+    """The master's and the slave's ``server`` keys for TLS with a shared secret."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    ca, ca_key = os.path.join(d, "ca.pem"), os.path.join(d, "ca.key")
+    openssl("req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=ca",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext",
+            "keyUsage=critical,keyCertSign")
+    ext = os.path.join(d, "leaf.ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\n")
+    secret = os.path.join(d, "ha.secret")
+    with open(secret, "wb") as f:
+        f.write(os.urandom(32).hex().encode())
+    keys = []
+    for serial, name in enumerate(("master", "slave"), start=1):
+        cert, key, csr = (os.path.join(d, f"{name}.{x}") for x in ("pem", "key", "csr"))
+        openssl("req", *ec, "-keyout", key, "-out", csr, "-subj", f"/CN={name}")
+        openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-set_serial",
+                str(serial), "-out", cert, "-days", "1", "-extfile", ext)
+        keys.append({"ha_secret_file": secret, "ha_tls_cert_file": cert,
+                     "ha_tls_key_file": key, "ha_tls_ca_file": ca})
+    return keys[0], keys[1]
+
+
 class Slave:
     """``mqstore serve`` following ``master``, and its /metrics."""
 
-    def __init__(self, root: str, master: str) -> None:
+    def __init__(self, root: str, master: str, server: dict | None = None) -> None:
         yaml = os.path.join(os.path.dirname(root), "slave.yaml")
         with open(yaml, "w") as f:
-            json.dump(config("slave", ha_master=master), f)
+            json.dump(config("slave", ha_master=master, **(server or {})), f)
         self.log = os.path.join(os.path.dirname(root), "slave.log")
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
@@ -83,17 +114,18 @@ class Slave:
         self.proc.wait(60)
 
 
-def pair(d: str, role: str) -> tuple[MessageStore, Slave]:
+def pair(d: str, role: str, protected: bool = False) -> tuple[MessageStore, Slave]:
+    master_keys, slave_keys = protection(d) if protected else ({}, {})
     master = MessageStore.open(os.path.join(d, "master"), config=load_config_compat(
-        config(role, ha_listen="127.0.0.1:0")))
+        config(role, ha_listen="127.0.0.1:0", **master_keys)))
     master.replication.start()
-    return master, Slave(os.path.join(d, "slave"), master.replication.address)
+    return master, Slave(os.path.join(d, "slave"), master.replication.address, slave_keys)
 
 
-def throughput(count: int, size: int, batch: int) -> dict:
+def throughput(count: int, size: int, batch: int, protected: bool = False) -> dict:
     body = b"r" * size
     with tempfile.TemporaryDirectory(prefix="mqstore-bench-repl-") as d:
-        master, slave = pair(d, "async_master")
+        master, slave = pair(d, "async_master", protected)
         try:
             began = time.perf_counter()
             for start in range(0, count, batch):
@@ -150,6 +182,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--puts", type=int, default=2000)
     ap.add_argument("--quick", action="store_true", help="--count 50000 --puts 500")
+    ap.add_argument("--protected", action="store_true",
+                    help="also replicate over TLS with the shared secret, and compare")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -165,6 +199,11 @@ def main() -> None:
     print(f"slave dispatched  {replicated:8.1f} MB/s  (first put to the slave's last unit: "
           f"{t['replicated_s']:.2f} s)")
     print(f"ratio             {replicated / append:8.2f}")
+    if args.protected:
+        p = throughput(args.count, args.size, args.batch, protected=True)
+        protected = p["bytes"] / 1e6 / p["replicated_s"]
+        print(f"over TLS + secret {protected:8.1f} MB/s  (first put to the slave's last unit: "
+              f"{p['replicated_s']:.2f} s); ratio to plaintext {protected / replicated:.2f}")
     lat = {role: latencies(role, args.puts, args.size) for role in ("async_master", "sync_master")}
     for role, values in lat.items():
         print(f"{role:<13} put  p50 {pct(values, 50) * 1e6:8.0f} us   p99 {pct(values, 99) * 1e6:8.0f} us")

@@ -11,6 +11,7 @@ under its old name, with a DeprecationWarning naming the new one.
 from __future__ import annotations
 
 import copy
+import ipaddress
 import warnings
 from typing import Any, Literal, Mapping
 
@@ -265,6 +266,13 @@ class ServerSection(_Section):
     grpc_max_long_polling_ms: int = Field(20_000, ge=0, le=JAVA_INT_MAX)
     ha_listen: str | None = None  # a master's replication port (RocketMQ: broker port + 1)
     ha_master: str | None = None  # the master's ha_listen, which a slave dials
+    # Who may be a slave (docs/replication.md, "Who may connect"): classic slaves by address,
+    # mqstore slaves by a shared secret and/or TLS client certificates.
+    ha_allow: tuple[str, ...] = ()  # "10.0.0.2", "10.0.0.0/24", "fd00::/64"
+    ha_secret_file: str | None = None
+    ha_tls_cert_file: str | None = None
+    ha_tls_key_file: str | None = None
+    ha_tls_ca_file: str | None = None
 
     @field_validator("metrics_listen", "grpc_listen", "ha_listen")
     @classmethod
@@ -281,10 +289,38 @@ class ServerSection(_Section):
                              f"port the master's server.ha_listen binds")
         return value
 
-    @field_validator("grpc_access_keys", mode="before")
+    @field_validator("grpc_access_keys", "ha_allow", mode="before")
     @classmethod
     def _key_list(cls, value):
         return tuple(value) if isinstance(value, list) else value  # YAML gives lists
+
+    @field_validator("ha_allow")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"server.ha_allow entry {entry!r} must be an IP address or a "
+                                 f"network in CIDR form ('10.0.0.2', '10.0.0.0/24', "
+                                 f"'fd00::/64'); host names are not resolved") from None
+        return value
+
+    @model_validator(mode="after")
+    def _ha_tls(self) -> "ServerSection":
+        tls = {"ha_tls_cert_file": self.ha_tls_cert_file,
+               "ha_tls_key_file": self.ha_tls_key_file, "ha_tls_ca_file": self.ha_tls_ca_file}
+        if len({v is None for v in tls.values()}) > 1:
+            given = ", ".join(f"server.{k} ({v!r})" for k, v in tls.items())
+            raise ValueError(f"{given} go together: give all three for TLS between master "
+                             f"and slaves (a certificate, its key, and the CA that signed "
+                             f"the other end's), or none")
+        if self.ha_tls_cert_file is not None and self.ha_allow:
+            raise ValueError(
+                f"server.ha_allow ({list(self.ha_allow)}) admits RocketMQ's classic slaves, "
+                f"which speak no TLS, but server.ha_tls_* makes the port speak only TLS: use "
+                f"one or the other")
+        return self
 
     @model_validator(mode="after")
     def _tls_pair(self) -> "ServerSection":
@@ -343,6 +379,24 @@ class StoreConfig(_Section):
                 f"clients at the master, and read a slave through the API, the CLI or Spark")
         return self
 
+    @model_validator(mode="after")
+    def _master_knows_its_slaves(self) -> "StoreConfig":
+        # A master takes unauthenticated slaves from loopback only unless told otherwise: one
+        # listening beyond loopback, told of no slave, would serve its log (and a sync_master
+        # its PUT_OK) to any peer, or no remote slave at all. Refused, saying what to set.
+        server = self.server
+        if (self.store.role == "slave" or server.ha_listen is None or server.ha_allow
+                or server.ha_secret_file or server.ha_tls_cert_file
+                or is_loopback_host(parse_listen(server.ha_listen)[0])):
+            return self
+        raise ValueError(
+            f"server.ha_listen ({server.ha_listen!r}) is reachable beyond this host, but "
+            f"nothing says which peers are slaves: anyone reaching it could read the commit "
+            f"log and, on a sync_master, acknowledge puts no slave holds. Set "
+            f"server.ha_allow to the slaves' addresses (RocketMQ's slaves), or "
+            f"server.ha_secret_file and/or server.ha_tls_* on master and slaves (mqstore's); "
+            f"server.ha_allow ['0.0.0.0/0', '::/0'] admits every peer, knowingly")
+
     def replace(self, **overrides: Mapping[str, Any]) -> "StoreConfig":
         """A copy with ``{"section": {"key": value}}`` overrides applied and validated."""
         return _build(_deep_merge(self.model_dump(), _renamed(overrides, "overrides")),
@@ -370,6 +424,17 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise ValueError(f"listen address {text!r}: port {port!r} must be 0..65535")
     return host, int(port)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a listen host reaches this machine only (``127.0.0.0/8``, ``::1``,
+    ``localhost``); a host name other than ``localhost`` is not resolved, so it is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 _BYTE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,

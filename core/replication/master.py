@@ -5,38 +5,55 @@ start, every later one is an acknowledgement) and a writer thread (frames of com
 bytes, read through ``CommitLog.read_span``, heartbeats when idle), as RocketMQ's
 ``HAConnection`` has. The format is ``format.ha_frame``'s.
 
-Everything a peer controls is bounded: at most ``MAX_SLAVES`` connections (more are closed at
-once), a report stream that holds at most 7 bytes between reads, nothing read for
-``store.ha_housekeeping_interval_ms`` closes the connection, and a send that makes no progress
-for as long fails. A report that is negative, or beyond this master's end (the slave holds
-bytes this log does not: the two diverged), drops the connection, as does a slave that needs
-bytes this master's cleanup already deleted. None of it touches the store: a connection only
-reads the commit log and tells ``SlaveAcks`` what the slave acknowledged.
+NOTE [ Who counts as a slave ]
+A connection is a slave, sent the log and counted by ``SlaveAcks``, only once it is admitted
+(``access.HAAccess``): from an address in ``server.ha_allow`` speaking the classic protocol, or
+having proven itself in mqstore's handshake (``handshake``). Until then it is *pending*: it is
+sent nothing of the log, and it holds no slave slot. An address the configuration cannot admit
+is closed at the accept, before anything is read. At most ``MAX_PENDING`` connections are
+pending: one more closes the oldest pending connection of the address holding the most, so a
+stranger's connections displace each other before they displace a slave's handshake from
+another address. A pending connection has ``store.ha_housekeeping_interval_ms`` to be admitted.
+Slaves hold at most ``MAX_SLAVES`` slots; strangers never take one.
+
+Everything a peer controls is bounded: the connections above, a report stream that holds at
+most 7 bytes between reads, a handshake message of at most 4 KiB, nothing read for the
+housekeeping interval closes the connection, and a send that makes no progress for as long
+fails. A report that is negative, or beyond this master's end (the slave holds bytes this log
+does not: the two diverged), drops the connection, as does a slave that needs bytes this
+master's cleanup already deleted. None of it touches the store: a connection only reads the
+commit log and tells ``SlaveAcks`` what the slave acknowledged.
 """
 
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import struct
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from mqstore.config import parse_listen
 from mqstore.format.ha_frame import (
     FrameError, ReportDecoder, encode_header, first_transfer_offset,
 )
+from mqstore.format.ha_hello import is_hello
+from mqstore.replication.access import HAAccess, peer_address
 from mqstore.replication.acks import SlaveAcks
+from mqstore.replication.channel import PlainChannel, TlsChannel, close_socket, readable
+from mqstore.replication.handshake import HandshakeRefused, StreamReader, master_handshake
 
 log = logging.getLogger("mqstore.replication")
 MAX_SLAVES = 16
+MAX_PENDING = 16
 ACCEPT_POLL_S = 0.2
 READ_POLL_S = 0.2
 IDLE_WAIT_S = 0.1  # RocketMQ's sender waits 100 ms for new bytes unless a put wakes it
 STAGED_WAIT_S = 0.01  # bytes appended but still in the transient pool: look again sooner
 JOIN_S = 5.0
+REFUSAL_LOG_S = 60.0  # one refusal line per address per minute: strangers cannot flood the log
 
 
 @dataclass(frozen=True)
@@ -60,32 +77,55 @@ def send_timeout(sock: socket.socket, seconds: float) -> None:
                     struct.pack("ll", whole, int((seconds - whole) * 1e6)))
 
 
-def readable(sock: socket.socket, timeout_s: float) -> bool:
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(timeout_s * 1000))
+class Refusals:
+    """Refused connections: counted, and logged at most once per address per minute."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+        self._logged: dict[str, tuple[float, int]] = {}  # host -> (last logged, suppressed)
+
+    def refuse(self, peer: str, why: str) -> None:
+        host = peer.rpartition(":")[0]
+        now = time.monotonic()
+        with self._lock:
+            self.count += 1
+            last, suppressed = self._logged.get(host, (-REFUSAL_LOG_S, 0))
+            if now - last < REFUSAL_LOG_S:
+                self._logged[host] = (last, suppressed + 1)
+                return
+            if len(self._logged) >= 1024:
+                self._logged.clear()
+            self._logged[host] = (now, 0)
+        more = f" ({suppressed} more from {host} since the last line)" if suppressed else ""
+        log.warning("replication: connection from %s refused: %s%s", peer, why, more)
 
 
 class HAMaster:
     """Listens on ``listen`` (``"host:port"``; port 0 picks one) for slaves."""
 
-    def __init__(self, commit_log, acks: SlaveAcks, settings: HASettings, listen: str) -> None:
+    def __init__(self, commit_log, acks: SlaveAcks, settings: HASettings, listen: str,
+                 access: HAAccess | None = None) -> None:
         self.commit_log = commit_log
         self.acks = acks
         self.settings = settings
         self.listen = listen
+        self.access = access if access is not None else HAAccess()
         self.address: str | None = None  # "host:port" bound, once started
+        self.refusals = Refusals()
         self._sock: socket.socket | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._pending: list[SlaveConnection] = []  # in arrival order
         self._connections: set[SlaveConnection] = set()
 
     def start(self) -> None:
         host, port = parse_listen(self.listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            sock = socket.create_server((host, port), family=family, backlog=MAX_SLAVES)
+            sock = socket.create_server((host, port), family=family,
+                                        backlog=MAX_SLAVES + MAX_PENDING)
         except OSError as exc:
             raise OSError(exc.errno, f"replication cannot listen on server.ha_listen "
                                      f"{self.listen!r}: {exc.strerror}") from None
@@ -99,7 +139,8 @@ class HAMaster:
         self._thread = threading.Thread(target=self._accept_loop, name="mqstore-ha-listen",
                                         daemon=True)
         self._thread.start()
-        log.info("replication: master listening for slaves on %s", self.address)
+        log.info("replication: master listening for slaves on %s; it admits: %s", self.address,
+                 self.access.describe())
 
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
@@ -113,27 +154,68 @@ class HAMaster:
                 log.exception("replication: accepting a slave failed")
                 time.sleep(ACCEPT_POLL_S)
                 continue
-            name = _peer_name(peer)
-            with self._lock:
-                full = len(self._connections) >= MAX_SLAVES or self._stop.is_set()
-                if not full:
-                    slave = SlaveConnection(self, conn, name)
-                    self._connections.add(slave)
-            if full:
-                log.warning("replication: connection from %s refused: %d slaves connected "
-                            "already (the most a master takes)", name, MAX_SLAVES)
-                close_socket(conn)
-                continue
-            slave.start()
+            self._take(conn, _peer_name(peer), peer_address(peer[0]))
+
+    def _take(self, conn: socket.socket, name: str, addr) -> None:
+        if not self.access.admits(addr):  # before a byte is read or a slot taken
+            self.refusals.refuse(name, "its address is not in server.ha_allow, and this master "
+                                       "takes no handshake (no server.ha_secret_file or TLS)"
+                                 if not self.access.loopback_only else
+                                 "not a loopback address, and this master was told of no "
+                                 "slave (server.ha_allow, server.ha_secret_file, TLS)")
+            close_socket(conn)
+            return
+        slave = SlaveConnection(self, conn, name, addr)
+        with self._lock:
+            if self._stop.is_set():
+                victim = slave
+            else:
+                victim = self._make_room_locked()
+                self._pending.append(slave)
+        if victim is slave:
+            close_socket(conn)
+            return
+        if victim is not None:
+            self.refusals.refuse(victim.peer, f"closed unadmitted: {MAX_PENDING} connections "
+                                              f"were waiting to be admitted, its address held "
+                                              f"the most, and it was that address's oldest")
+            victim.close()
+        slave.start()
+
+    def _make_room_locked(self) -> "SlaveConnection | None":
+        if len(self._pending) < MAX_PENDING:
+            return None
+        crowd = Counter(c.host for c in self._pending)
+        most = max(crowd.values())
+        victim = next(c for c in self._pending if crowd[c.host] == most)
+        self._pending.remove(victim)
+        return victim
+
+    def promote(self, slave: "SlaveConnection") -> bool:
+        """A pending connection was admitted: it takes a slave slot, if one is free."""
+        with self._lock:
+            if slave.closed or slave not in self._pending \
+                    or len(self._connections) >= MAX_SLAVES:
+                return False
+            self._pending.remove(slave)
+            self._connections.add(slave)
+            return True
 
     def forget(self, slave: "SlaveConnection") -> None:
         with self._lock:
             self._connections.discard(slave)
+            if slave in self._pending:
+                self._pending.remove(slave)
         self.acks.detach(slave)
 
     def connections(self) -> list["SlaveConnection"]:
+        """The admitted slaves' connections (not the pending ones)."""
         with self._lock:
             return list(self._connections)
+
+    def pending(self) -> list["SlaveConnection"]:
+        with self._lock:
+            return list(self._pending)
 
     def status(self) -> dict:
         end = self.commit_log.max_offset
@@ -143,8 +225,10 @@ class HAMaster:
             ack = acked.get(c)
             if ack is not None:
                 slaves.append({"address": c.peer, "ack_offset": ack,
-                               "lag_bytes": max(0, end - ack), "since_ms": c.since_ms})
-        return {"listening": self.address, "max_offset": end, "slaves": slaves}
+                               "lag_bytes": max(0, end - ack), "since_ms": c.since_ms,
+                               "admitted": c.admitted})
+        return {"listening": self.address, "max_offset": end, "slaves": slaves,
+                "pending": len(self.pending()), "refused": self.refusals.count}
 
     def stop(self) -> None:
         self._stop.set()
@@ -152,42 +236,99 @@ class HAMaster:
             close_socket(self._sock)
         if self._thread is not None:
             self._thread.join(JOIN_S)
-        for slave in self.connections():
+        everyone = self.connections() + self.pending()
+        for slave in everyone:
             slave.close()
-        for slave in self.connections():
+        for slave in everyone:
             slave.join(JOIN_S)
         self.acks.stop()
 
 
 class SlaveConnection:
-    """One slave: RocketMQ's ``HAConnection`` with its read and write services."""
+    """One connection: pending until admitted, then a slave, RocketMQ's ``HAConnection``
+    with its read and write services."""
 
-    def __init__(self, master: HAMaster, sock: socket.socket, peer: str) -> None:
+    def __init__(self, master: HAMaster, sock: socket.socket, peer: str, addr) -> None:
         self.master = master
         self.sock = sock
+        self.channel: PlainChannel | TlsChannel = PlainChannel(sock)
         self.peer = peer
+        self.host = peer.rpartition(":")[0]
+        self.addr = addr
+        self.admitted: str | None = None  # how it was admitted, once it was
         self.since_ms = int(time.time() * 1000)
         self.requested = -1  # the first report: where sending starts
         self._started = threading.Event()
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._guard, args=(self._read_loop,), daemon=True,
-                             name=f"mqstore-ha-read-{peer}"),
-            threading.Thread(target=self._guard, args=(self._write_loop,), daemon=True,
-                             name=f"mqstore-ha-write-{peer}")]
+        self._reader = threading.Thread(target=self._serve, daemon=True,
+                                        name=f"mqstore-ha-read-{peer}")
+        self._writer = threading.Thread(target=self._guard, args=(self._write_loop,),
+                                        daemon=True, name=f"mqstore-ha-write-{peer}")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
 
     def start(self) -> None:
         self.sock.settimeout(None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         send_timeout(self.sock, self.master.settings.housekeeping_s)
-        log.info("replication: slave %s connected", self.peer)
-        for thread in self._threads:
-            thread.start()
+        self._reader.start()
 
-    def _guard(self, loop) -> None:
+    def _serve(self) -> None:
         try:
-            why = loop()
+            first = self._admit()
+        except (OSError, FrameError, HandshakeRefused) as exc:
+            if not self.closed:
+                why = str(exc) if isinstance(exc, (FrameError, HandshakeRefused)) else \
+                    f"{type(exc).__name__}: {exc}"
+                self.master.refusals.refuse(self.peer, why)
+            self.close()
+            return
+        except Exception:
+            log.exception("replication: connection from %s failed", self.peer)
+            self.close()
+            return
+        log.info("replication: slave %s connected (%s)", self.peer, self.admitted)
+        self._writer.start()
+        self._guard(self._read_loop, first)
+
+    def _admit(self) -> bytes:
+        """Admit this connection as a slave, or raise why not; returns the bytes read past
+        the admission (the start of the slave's first offset report)."""
+        access = self.master.access
+        housekeeping = self.master.settings.housekeeping_s
+        deadline = time.monotonic() + housekeeping
+        if access.tls is not None:
+            channel = TlsChannel(self.sock, access.tls, server_side=True)
+            channel.handshake(deadline)
+            self.channel = channel
+        reader = StreamReader(self.channel, deadline)
+        try:
+            first = reader.peek(4)
+        except TimeoutError:
+            raise TimeoutError(f"nothing read for {housekeeping:g} s "
+                               f"(store.ha_housekeeping_interval_ms)") from None
+        if is_hello(first):
+            how = master_handshake(reader, access, lambda: self.master.promote(self))
+            cert = self.channel.peer_certificate()
+            self.admitted = how + (f" ({cert})" if cert else "")
+            return reader.rest()
+        if not access.classic_ok(self.addr):
+            raise HandshakeRefused(
+                "it speaks RocketMQ's classic protocol, which this master takes only from "
+                "addresses in server.ha_allow" + (" and not over TLS" if access.tls else ""))
+        if not self.master.promote(self):
+            raise HandshakeRefused(f"{MAX_SLAVES} slaves are connected already (the most a "
+                                   f"master takes)")
+        self.admitted = "classic protocol, " + ("loopback" if access.loopback_only
+                                                 else "server.ha_allow")
+        return reader.rest()
+
+    def _guard(self, loop, *args) -> None:
+        try:
+            why = loop(*args)
         except OSError as exc:
             why = f"{type(exc).__name__}: {exc}"
         except FrameError as exc:
@@ -201,20 +342,24 @@ class SlaveConnection:
         self.close()
 
     # -- the slave's reports -------------------------------------------------------------------
-    def _read_loop(self) -> str | None:
+    def _read_loop(self, first: bytes) -> str | None:
         decoder = ReportDecoder()
         housekeeping = self.master.settings.housekeeping_s
         last_read = time.monotonic()
+        data: bytes | None = first
         while not self._closed.is_set():
-            if not readable(self.sock, READ_POLL_S):
-                if time.monotonic() - last_read > housekeeping:
-                    return f"nothing read for {housekeeping:g} s (store.ha_housekeeping_interval_ms)"
-                continue
-            data = self.sock.recv(4096)
             if not data:
-                return "the slave closed the connection"
-            last_read = time.monotonic()
+                if not self.channel.wait_readable(READ_POLL_S):
+                    if time.monotonic() - last_read > housekeeping:
+                        return (f"nothing read for {housekeeping:g} s "
+                                f"(store.ha_housekeeping_interval_ms)")
+                    continue
+                data = self.channel.recv(4096)
+                if data is None:
+                    return "the slave closed the connection"
+                last_read = time.monotonic()
             offset = decoder.feed(data)
+            data = None
             if offset is None:
                 continue
             if self.requested < 0:
@@ -252,6 +397,7 @@ class SlaveConnection:
         log.info("replication: sending slave %s the commit log from offset %d", self.peer, nxt)
         last_write = time.monotonic()
         seen = master.acks.generation
+        send = self.channel.sendall
         while not self._closed.is_set():
             lowest = commit_log.min_offset
             if 0 <= nxt < lowest or (nxt < segq.write_end and segq.find(nxt) is None):
@@ -262,12 +408,12 @@ class SlaveConnection:
                 return "behind the master's first segment"
             data = commit_log.read_span(nxt, settings.batch_bytes)
             if data:
-                self.sock.sendall(encode_header(nxt, len(data)) + data)
+                send(encode_header(nxt, len(data)) + data)
                 nxt += len(data)
                 last_write = time.monotonic()
                 continue
             if time.monotonic() - last_write >= settings.heartbeat_s:
-                self.sock.sendall(encode_header(nxt, 0))
+                send(encode_header(nxt, 0))
                 last_write = time.monotonic()
             staged = segq.write_end > segq.max_offset
             seen = master.acks.wait_appended(seen, STAGED_WAIT_S if staged else min(
@@ -283,8 +429,8 @@ class SlaveConnection:
         self.master.forget(self)
 
     def join(self, timeout_s: float) -> None:
-        for thread in self._threads:
-            if thread is not threading.current_thread():
+        for thread in (self._reader, self._writer):
+            if thread is not threading.current_thread() and thread.is_alive():
                 thread.join(timeout_s)
 
 
@@ -293,13 +439,5 @@ def _peer_name(peer) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def close_socket(sock: socket.socket) -> None:
-    """Shut down and close, whatever state the peer left the connection in."""
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
-
-
-__all__ = ["HAMaster", "HASettings", "SlaveConnection", "MAX_SLAVES"]
+__all__ = ["HAMaster", "HASettings", "SlaveConnection", "MAX_SLAVES", "MAX_PENDING",
+           "close_socket", "readable", "send_timeout"]

@@ -3,7 +3,8 @@ is.
 
     async_master, sync_master   ``SlaveAcks`` from the open on (the Appender asks it after
                                 every put); ``start`` listens on ``server.ha_listen`` (when
-                                set) for slaves (``master.HAMaster``)
+                                set) for the slaves ``server.ha_*`` admits
+                                (``master.HAMaster``, ``access.HAAccess``)
     slave                       ``start`` dials ``server.ha_master`` (``slave.HAClient``) and
                                 appends what the master sends (``receiver.Receiver``); the
                                 Appender refuses producers' puts
@@ -21,6 +22,7 @@ import time
 
 from mqstore.errors import ConfigError
 from mqstore.format.replica_run import max_record_bytes
+from mqstore.replication.access import HAAccess
 from mqstore.replication.acks import SlaveAcks
 from mqstore.replication.master import HAMaster, HASettings
 from mqstore.replication.receiver import Receiver
@@ -70,7 +72,8 @@ class Replication:
 
     def start(self) -> None:
         """Listen (a master with ``server.ha_listen``) or follow (a slave); ConfigError for a
-        slave without ``server.ha_master``, OSError when the port cannot be bound."""
+        slave without ``server.ha_master`` or a secret or TLS file that cannot be loaded,
+        OSError when the port cannot be bound."""
         with self._lock:
             if self.running:
                 return
@@ -80,11 +83,12 @@ class Replication:
                     raise ConfigError("store.role is slave but server.ha_master is not set: a "
                                       "slave needs the \"host:port\" of its master's "
                                       "server.ha_listen")
-                self.client = HAClient(self.receiver, self.settings, server.ha_master)
+                self.client = HAClient(self.receiver, self.settings, server.ha_master,
+                                       HAAccess.for_slave(server))
                 self.client.start()
             elif server.ha_listen is not None:
                 self.master = HAMaster(self.commit_log, self.acks, self.settings,
-                                       server.ha_listen)
+                                       server.ha_listen, HAAccess.for_master(server))
                 self.master.start()
             elif self.role == "sync_master":
                 log.warning("replication: store.role is sync_master but server.ha_listen is "

@@ -1,6 +1,8 @@
 """A slave's side of RocketMQ's HA protocol: dial the master, take its frames, report.
 
-One thread, as RocketMQ's ``HAClient``: connect to ``server.ha_master``, report this log's end
+One thread, as RocketMQ's ``HAClient``: connect to ``server.ha_master`` (with
+``server.ha_tls_*``, over TLS; with a secret or TLS, through mqstore's handshake first:
+``handshake.slave_handshake``; without, as a RocketMQ slave does), report this log's end
 (the master starts there; an empty slave reports 0 and the master picks), then read frames
 (``format.ha_frame.FrameDecoder``) and hand them to the ``Receiver``, which appends them; after
 each read that moved the log's end, and every ``store.ha_heartbeat_interval_ms`` whatever
@@ -19,7 +21,10 @@ import time
 
 from mqstore.config import parse_listen
 from mqstore.format.ha_frame import FrameDecoder, FrameError, encode_report
-from mqstore.replication.master import HASettings, close_socket, readable, send_timeout
+from mqstore.replication.access import HAAccess
+from mqstore.replication.channel import PlainChannel, TlsChannel, close_socket
+from mqstore.replication.handshake import HandshakeRefused, StreamReader, slave_handshake
+from mqstore.replication.master import HASettings, send_timeout
 from mqstore.replication.receiver import Receiver, ReplicaDiverged
 
 log = logging.getLogger("mqstore.replication")
@@ -29,10 +34,12 @@ JOIN_S = 5.0
 
 
 class HAClient:
-    def __init__(self, receiver: Receiver, settings: HASettings, master: str) -> None:
+    def __init__(self, receiver: Receiver, settings: HASettings, master: str,
+                 access: HAAccess | None = None) -> None:
         self.receiver = receiver
         self.settings = settings
         self.master = master
+        self.access = access if access is not None else HAAccess()
         self.connected = False
         self.since_ms = int(time.time() * 1000)  # of the current state (connected or not)
         self.last_error: str | None = None
@@ -78,10 +85,10 @@ class HAClient:
             send_timeout(sock, self.settings.housekeeping_s)
             if self._stop.is_set():
                 return None
-            return self._follow(sock)
+            return self._follow(*self._open(sock, host))
         except OSError as exc:
             return None if self._stop.is_set() else f"{type(exc).__name__}: {exc}"
-        except (FrameError, ReplicaDiverged) as exc:
+        except (FrameError, ReplicaDiverged, HandshakeRefused) as exc:
             log.error("replication: master %s: %s; connection dropped", self.master, exc)
             return str(exc)
         except Exception as exc:  # the store closing under it, a file it cannot write
@@ -93,35 +100,54 @@ class HAClient:
             self._sock = None
             close_socket(sock)
 
-    def _follow(self, sock: socket.socket) -> str | None:
+    def _open(self, sock: socket.socket, host: str) -> tuple[PlainChannel | TlsChannel, bytes]:
+        """TLS and the handshake, as configured; returns the channel and the master's bytes
+        read past the handshake."""
+        access = self.access
+        channel: PlainChannel | TlsChannel = PlainChannel(sock)
+        deadline = time.monotonic() + self.settings.housekeeping_s
+        if access.tls is not None:
+            channel = TlsChannel(sock, access.tls, server_side=False, server_hostname=host)
+            channel.handshake(deadline)
+        if not access.handshake:
+            return channel, b""  # RocketMQ's classic protocol: the first report opens it
+        reader = StreamReader(channel, deadline)
+        slave_handshake(reader, access.secret)
+        return channel, reader.rest()
+
+    def _follow(self, channel: PlainChannel | TlsChannel, first: bytes) -> str | None:
         receiver, settings = self.receiver, self.settings
         self.reported = receiver.begin()
-        sock.sendall(encode_report(self.reported))
+        channel.sendall(encode_report(self.reported))
         self.connections += 1
         self._state(True, None)
-        log.info("replication: connected to master %s; this log ends at %d", self.master,
-                 self.reported)
+        log.info("replication: connected to master %s%s; this log ends at %d", self.master,
+                 " (mqstore's handshake" + (", TLS" if channel.tls else "") + ")"
+                 if self.access.handshake else "", self.reported)
         decoder = FrameDecoder()
         last_read = last_report = time.monotonic()
         frames = 0
+        data: bytes | None = first
         while not self._stop.is_set():
-            if readable(sock, READ_POLL_S):
-                data = sock.recv(RECV_BYTES)
-                if not data:
+            if not data and channel.wait_readable(READ_POLL_S):
+                data = channel.recv(RECV_BYTES)
+                if data is None:
                     return ("the master closed the connection" + (
                         "" if frames else " before sending a frame (a master drops a slave "
                         "whose log ends past its own: do the logs diverge?)"))
                 last_read = time.monotonic()
+            if data:
                 got = decoder.feed(data)
                 receiver.accept_all(got)
                 frames += len(got)
+                data = None
             now = time.monotonic()
             if now - last_read > settings.housekeeping_s:
                 return (f"nothing from the master for {settings.housekeeping_s:g} s "
                         f"(store.ha_housekeeping_interval_ms)")
             ack = receiver.acknowledged()
             if ack > self.reported or now - last_report >= settings.heartbeat_s:
-                sock.sendall(encode_report(ack))
+                channel.sendall(encode_report(ack))
                 self.reported, last_report = ack, now
         return None
 

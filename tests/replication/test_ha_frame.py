@@ -15,7 +15,7 @@ from mqstore.format.ha_frame import (
     FRAME_MAX_BYTES, Frame, FrameDecoder, FrameError, ReportDecoder, encode_header,
     encode_report, first_transfer_offset,
 )
-from mqstore.replication.master import MAX_SLAVES
+from mqstore.replication.master import MAX_PENDING, MAX_SLAVES
 
 from replication_support import log_bytes
 
@@ -202,6 +202,7 @@ def test_a_report_beyond_the_masters_end_drops_the_connection(master):
 @pytest.mark.loops("thread")
 def test_garbage_scanners_and_crowds_do_not_stop_a_master(master):
     m = master()
+    ha = m.replication.master
     end = m.max_phys_offset
     for _ in range(20):  # a port scanner: connect, go
         dial(m).close()
@@ -211,18 +212,34 @@ def test_garbage_scanners_and_crowds_do_not_stop_a_master(master):
     with dial(m) as sock:
         sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # text: an offset far past the end
         assert closed_by_peer(sock)
-    idle = [dial(m) for _ in range(MAX_SLAVES)]
+    # Slaves hold at most MAX_SLAVES slots: one more is closed once it reported.
+    slaves = [dial(m) for _ in range(MAX_SLAVES)]
     try:
-        assert _wait(lambda: len(m.replication.master.connections()) == MAX_SLAVES)
-        with dial(m) as extra:  # one more than a master takes: closed at once
+        for sock in slaves:
+            sock.sendall(encode_report(end))
+        assert _wait(lambda: len(ha.connections()) == MAX_SLAVES)
+        with dial(m) as extra:
+            extra.sendall(encode_report(end))
             assert closed_by_peer(extra)
     finally:
-        for sock in idle:
+        for sock in slaves:
             sock.close()
-    assert _wait(lambda: not m.replication.master.connections())
-    with dial(m) as sock:  # and a real slave is still served
-        sock.sendall(encode_report(end))
-        assert read_frame(sock) == (end, b"")
+    assert _wait(lambda: not ha.connections() and not ha.pending())
+    # Connections that say nothing wait unadmitted, MAX_PENDING at most, and hold no slave
+    # slot: one more closes the oldest.
+    silent = [dial(m) for _ in range(MAX_PENDING + 3)]
+    try:
+        assert _wait(lambda: len(ha.pending()) == MAX_PENDING)
+        for sock in silent[:3]:
+            assert closed_by_peer(sock)
+        assert not ha.connections()
+        with dial(m) as sock:  # and a real slave is still served
+            sock.sendall(encode_report(end))
+            assert read_frame(sock) == (end, b"")
+            assert len(ha.connections()) == 1
+    finally:
+        for sock in silent:
+            sock.close()
     assert m.put_batch(MessageBatch(topic="ha", bodies=[b"after"])).status.stored
 
 
