@@ -66,6 +66,7 @@ class LeaderLease:
         self.epoch: int | None = None  # the term held, or the last one held
         self.record: bytes | None = None  # the leader key's value while holding
         self.fenced_reason: str | None = None
+        self.fenced_deadline = NEVER  # the write deadline the last term ended with
         self.last_error: str | None = None
         self._revoke: list[int] = []
         self._ttl_warned = False
@@ -282,6 +283,7 @@ class LeaderLease:
         if not self.holding or self.lease_id != lease:
             return
         self.holding = False
+        self.fenced_deadline = self._writable_until
         self._writable_until = NEVER
         self.fenced_reason = reason
         self._abandon_locked()
