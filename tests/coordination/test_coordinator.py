@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -61,6 +62,11 @@ def test_the_most_caught_up_member_wins_and_everyone_learns_where_it_is(coordina
         assert [i.name for i in node.recorder.kinds("leader") if i] == ["z", "c"]
     assert a.recorder.kinds("elected") == b.recorder.kinds("elected") == []
     assert not a.may_write() and not b.may_write()
+    status = c.status()
+    assert (status["leader"], status["leading"], status["epoch"]) == ("c", True, 2)
+    assert 0 < status["writable_for_ms"] <= 2000 - 500
+    assert (a.status()["leader"], a.status()["leading"], a.status()["epoch"]) == ("c", False,
+                                                                                  None)
 
 
 def test_a_behind_node_does_not_campaign_while_a_caught_up_one_lives(coordinators, settings,
@@ -167,3 +173,23 @@ def test_etcd_down_fences_the_leader_and_promotes_nobody_until_it_returns(coordi
     assert len(a.recorder.kinds("elected")) - elected_before + len(
         b.recorder.kinds("elected")) == 1
     assert [a.may_write(), b.may_write()].count(True) == 1
+
+
+@pytest.mark.slow
+def test_a_restarted_node_revokes_the_key_its_killed_process_left(coordinators, settings,
+                                                                  node_procs, observer,
+                                                                  cluster):
+    # The killed process held a 60 s lease: without the revoke, no election for a minute.
+    holder = node_procs(settings("a", ttl_s=60, renew_s=1.0, retry_s=1.5, margin_s=1.0),
+                        offset=1000)
+    wait_for(lambda: holder.of("elected"), timeout=60, what="the process elected")
+    old = leader_of(observer, cluster)
+    holder.proc.send_signal(signal.SIGKILL)
+    holder.proc.wait()
+    killed = time.monotonic()
+    b = coordinators(settings("b"), offset=1000)
+    a = coordinators(settings("a"), offset=1000)  # the same node, started again
+    wait_for(lambda: (a.epoch or b.epoch) == old["epoch"] + 1, timeout=50,
+             what="an election once the stale key is revoked")
+    assert observer.keepalive(int(old["lease"])) is None  # revoked, not expired:
+    assert time.monotonic() - killed < 60
