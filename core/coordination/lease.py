@@ -77,7 +77,8 @@ class LeaderLease:
         return now() < self._writable_until
 
     def writable_until(self) -> float:
-        """The write deadline on ``settings.now``'s clock (-inf when not leading)."""
+        """The write deadline on the fencing clock (``coordination.now``; -inf when not
+        leading)."""
         return self._writable_until
 
     def can_campaign(self) -> bool:

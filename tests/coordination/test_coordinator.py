@@ -83,6 +83,30 @@ def test_a_behind_node_does_not_campaign_while_a_caught_up_one_lives(coordinator
     wait_for(lambda: b.epoch == 3, what="b elected once a is gone")
 
 
+def test_a_leader_that_steps_down_hands_over_though_it_is_ahead(coordinators, settings):
+    a = coordinators(settings("a"), offset=2000)
+    wait_for(lambda: a.epoch == 1, what="a elected")
+    b = coordinators(settings("b"), offset=1000)
+    wait_for(lambda: leader_name(b) == "a", what="b follows a")
+    assert a.step_down()
+    assert not a.may_write()
+    wait_for(lambda: b.epoch == 2, what="b elected")
+    assert a.recorder.kinds("elected") == [1]
+    assert wait_for(lambda: a.recorder.kinds("fenced")) == ["stepped down"]
+    wait_for(lambda: leader_name(a) == "b", what="a follows b")
+
+
+def test_a_node_that_stepped_down_sits_out_one_election(coordinators, settings):
+    a = coordinators(settings("a"), offset=2000)
+    wait_for(lambda: a.epoch == 1, what="a elected")
+    assert a.step_down()
+    # Alone, it would win again at once; it gives others one TTL to take over first.
+    wait_for(lambda: "stepped down" in str(a.waiting_for),
+             what="a sitting out")
+    assert a.recorder.kinds("elected") == [1]
+    wait_for(lambda: a.epoch == 2, what="a elected again after sitting out")
+
+
 def test_a_node_behind_the_confirmed_offset_never_campaigns(coordinators, settings, observer,
                                                             cluster):
     leader = coordinators(settings("a"), offset=5000)
