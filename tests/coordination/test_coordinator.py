@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from coordination_support import fast
 from mqstore.coordination.etcd import EtcdClient
 from mqstore.coordination.records import Keys
 from mqstore.testing import wait_for
@@ -178,7 +179,6 @@ def test_a_stopped_holder_finds_itself_fenced_on_resuming(coordinators, settings
 @pytest.mark.slow
 def test_etcd_down_fences_the_leader_and_promotes_nobody_until_it_returns(coordinators,
                                                                           own_etcd, cluster):
-    from conftest import fast
     a = coordinators(fast([own_etcd.endpoint], cluster, "a"), offset=1000)
     b = coordinators(fast([own_etcd.endpoint], cluster, "b"), offset=1000)
     wait_for(lambda: a.epoch == 1, what="a elected")

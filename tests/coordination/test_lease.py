@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from conftest import Recorder
+from coordination_support import Recorder
 from mqstore.coordination import LeaderLease, now
 from mqstore.coordination.etcd import EtcdClient
 from mqstore.coordination.records import Keys
