@@ -9,10 +9,11 @@ RUN_ROOT ?= .mqstore-data
 # pyspark_mqstore.py: an editable install copies it (see core/spark/packaging/mqstore_build.py).
 # The spark extra builds pyspark from its sdist (about 40 s, once); its tests need Java 17.
 # The grpc extra: the gRPC endpoint of `mqstore serve` and the official RocketMQ client.
+# The ha extra: automatic failover on etcd (mqstore.coordination); the test extra brings etcd.
 $(STAMP): pyproject.toml pyspark_mqstore.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,spark,grpc]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark,grpc,ha]'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+import re
 import warnings
 from typing import Any, Literal, Mapping
 
@@ -340,6 +341,66 @@ class ServerSection(_Section):
         return self
 
 
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+class CoordinationSection(_Section):
+    """Automatic failover on etcd (``mqstore.coordination``; docs/replication.md, "Automatic
+    failover with etcd"): a leader key under a lease, fencing, epochs, elections. Empty
+    ``etcd_endpoints``: no coordination, and promotion stays a manual step."""
+
+    etcd_endpoints: tuple[str, ...] = ()  # "host:port" of etcd's client URLs
+    cluster: str = "mqstore"
+    node: str | None = None
+    lease_ttl_s: int = Field(5, ge=2, le=3600)  # etcd grants whole seconds, 2 at least
+    renew_interval_ms: int = Field(1_000, ge=10, le=3_600_000)
+    retry_timeout_ms: int = Field(1_500, ge=10, le=3_600_000)
+    safety_margin_ms: int = Field(1_000, ge=100, le=3_600_000)
+    priority: int = Field(1, ge=0, le=JAVA_INT_MAX)
+    max_lag_bytes: int = Field(0, ge=0)
+
+    @field_validator("etcd_endpoints", mode="before")
+    @classmethod
+    def _endpoint_list(cls, value):
+        return tuple(value) if isinstance(value, list) else value  # YAML gives lists
+
+    @field_validator("etcd_endpoints")
+    @classmethod
+    def _endpoints(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for text in value:
+            if parse_listen(text)[1] == 0:
+                raise ValueError(f"etcd endpoint {text!r}: port 0 cannot be dialled; give the "
+                                 f"port of etcd's client URL (2379 by default)")
+        return value
+
+    @field_validator("cluster", "node")
+    @classmethod
+    def _name(cls, value: str | None, info) -> str | None:
+        if value is not None and not _NODE_NAME.fullmatch(value):
+            raise ValueError(f"{info.field_name} {value!r} must be 1 to 64 letters, digits, "
+                             f"'.', '_' or '-', starting with a letter or digit (it is part "
+                             f"of etcd keys)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CoordinationSection":
+        if self.etcd_endpoints and self.node is None:
+            raise ValueError("coordination.node is not set but coordination.etcd_endpoints is: "
+                             "each node of the cluster needs its own name")
+        # Two renewal attempts, each bounded by the retry timeout, fit before the write
+        # deadline (Patroni's loop_wait + 2 * retry_timeout <= ttl, with our margin taken off).
+        room = self.lease_ttl_s * 1000 - self.safety_margin_ms
+        need = self.renew_interval_ms + 2 * self.retry_timeout_ms
+        if need > room:
+            raise ValueError(
+                f"coordination.renew_interval_ms ({self.renew_interval_ms}) + 2 * "
+                f"coordination.retry_timeout_ms ({self.retry_timeout_ms}) = {need} must not "
+                f"exceed coordination.lease_ttl_s ({self.lease_ttl_s} s) - "
+                f"coordination.safety_margin_ms ({self.safety_margin_ms}) = {room} ms: a "
+                f"leader must get two renewal attempts in before its write deadline")
+        return self
+
+
 class ConsumerSection(_Section):
     """Group consumers (``store.consumer``): offsets, rebalancing, auto-commit."""
 
@@ -366,6 +427,7 @@ class StoreConfig(_Section):
     plugins: PluginsSection = PluginsSection()
     consumer: ConsumerSection = ConsumerSection()
     server: ServerSection = ServerSection()
+    coordination: CoordinationSection = CoordinationSection()
 
     @model_validator(mode="after")
     def _slave_serves_no_clients(self) -> "StoreConfig":

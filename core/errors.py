@@ -56,3 +56,13 @@ class GroupNotFoundError(MQStoreError, LookupError):
 class InUseError(MQStoreError):
     """Live consumer instances hold what the call would change (a topic, a group's offsets):
     they would go on from what they have in memory, so the call is refused."""
+
+
+class CoordinationError(MQStoreError):
+    """etcd refused a coordination call, or holds a value coordination cannot read (the
+    message names the endpoint or the key and the rule)."""
+
+
+class CoordinationUnavailable(CoordinationError):
+    """No etcd endpoint answered a coordination call in time; the message names each endpoint
+    tried and what failed there."""

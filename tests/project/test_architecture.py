@@ -30,6 +30,8 @@ REQUIRED_CONTRACTS = {
     "plugins use only the plugin API",
     "only serve and the --server commands import mqstore.endpoint",
     "only mqstore.endpoint imports grpc, protobuf and the RocketMQ client",
+    "coordination imports only the kernel",
+    "only mqstore.coordination imports etcd3gw",
 }
 
 # What `lint-imports` (the console script) runs, started from this interpreter.
@@ -102,6 +104,9 @@ def test_contracts_catch_violations(tmp_path):
     (pkg / "_arch_probe_grpc.py").write_text(
         "import grpc\nfrom google.protobuf import duration_pb2\n"
         "from mqstore.endpoint import server\n")
+    # The store's own modules knowing etcd, and coordination knowing the store's files.
+    (pkg / "_arch_probe_etcd.py").write_text("import etcd3gw\n")
+    (pkg / "coordination" / "_arch_probe.py").write_text("from mqstore.storage import commit_log\n")
     code, report = _lint(tmp_path)
     assert code == 1, report
     for name in REQUIRED_CONTRACTS:
@@ -121,6 +126,8 @@ def test_contracts_catch_violations(tmp_path):
         "mqstore._arch_probe_grpc -> grpc (l.1)",
         "mqstore._arch_probe_grpc -> google (l.2)",
         "mqstore._arch_probe_grpc -> mqstore.endpoint.server (l.3)",
+        "mqstore._arch_probe_etcd -> etcd3gw (l.1)",
+        "mqstore.coordination._arch_probe -> mqstore.storage.commit_log (l.1)",
     ):
         assert planted in report, f"{planted!r} not reported:\n{report}"
 
