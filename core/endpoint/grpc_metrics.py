@@ -10,7 +10,7 @@ An RPC's code is the status it ended with: the RocketMQ status of its (first) re
 MessagingService answers refusals inside a successful RPC; else the gRPC status it was
 aborted with (UNIMPLEMENTED, UNAUTHENTICATED ...), CANCELLED when the client went away,
 UNKNOWN when the handler raised. A receive answered MESSAGE_NOT_FOUND (the poll found
-nothing) is no error. ReceiveMessage's responses also count the messages handed to the
+nothing) is no error, nor a telemetry stream the client cancelled (its way of ending it). ReceiveMessage's responses also count the messages handed to the
 group, and those handed out again (``delivery_attempt`` > 1).
 """
 
@@ -29,8 +29,10 @@ from mqstore.endpoint.rpc_metrics import MethodMetrics, RpcMetrics
 PROTOCOL = "grpc"
 MESSAGING = service_pb2.DESCRIPTOR.services_by_name["MessagingService"]
 RECEIVE = f"/{MESSAGING.full_name}/ReceiveMessage"
-# Codes that are not errors, by method; every other method: OK only.
-SUCCESS = {RECEIVE: ("OK", "MESSAGE_NOT_FOUND")}
+# Codes that are not errors, by method; every other method: OK only. A receive that found
+# nothing says MESSAGE_NOT_FOUND; a client ends its telemetry stream by cancelling it.
+SUCCESS = {RECEIVE: ("OK", "MESSAGE_NOT_FOUND"),
+           f"/{MESSAGING.full_name}/Telemetry": ("OK", "CANCELLED")}
 CODE_NAMES = {number: name for name, number in Code.items()}
 
 

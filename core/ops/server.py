@@ -139,11 +139,14 @@ class _Deployment:
             self.endpoint.reload(self.config)
 
 
-def health(store: MessageStore, stopping: bool) -> tuple[int, dict]:
-    """HTTP status and body of ``/healthz``."""
+def health(store: MessageStore, stopping: bool, starting: str | None = None
+           ) -> tuple[int, dict]:
+    """HTTP status and body of ``/healthz``; ``starting``: what is not serving yet."""
     problems = []
     if stopping:
         problems.append("shutting down")
+    elif starting:
+        problems.append(f"starting: {starting}")
     else:
         dispatch, flush = store.worker_status(), store.flush_client.status()
         for name, status in (("dispatch", dispatch), ("flush", flush)):
@@ -163,8 +166,10 @@ def health(store: MessageStore, stopping: bool) -> tuple[int, dict]:
     return (503 if problems else 200), body
 
 
-def make_app(store: MessageStore, stopping: threading.Event, rpc_metrics=None):
-    """``rpc_metrics``: the endpoints' ``RpcMetrics``, served beside the store's."""
+def make_app(store: MessageStore, stopping: threading.Event, rpc_metrics=None,
+             starting: Callable[[], str | None] = lambda: None):
+    """``rpc_metrics``: the endpoints' ``RpcMetrics``, served beside the store's;
+    ``starting()``: what is not serving yet (``/healthz`` fails until it answers None)."""
     # Counters and histograms without a ``_created`` sample each: the store's own never had
     # one, and the series says nothing a restart does not.
     disable_created_metrics()
@@ -179,7 +184,7 @@ def make_app(store: MessageStore, stopping: threading.Event, rpc_metrics=None):
         if path == "/metrics":
             return metrics(environ, start_response)
         if path == "/healthz":
-            code, body = health(store, stopping.is_set())
+            code, body = health(store, stopping.is_set(), starting())
             start_response(f"{code} {'OK' if code == 200 else 'Service Unavailable'}",
                            [("Content-Type", "application/json")])
             return [json.dumps(body).encode()]
@@ -205,13 +210,14 @@ def serve(root: str, config: StoreConfig,
             signal.signal(s, handler)
 
 
-def _start_endpoint(store: MessageStore, config: StoreConfig, rpc_metrics):
+def _endpoint(store: MessageStore, config: StoreConfig, rpc_metrics):
     """The gRPC endpoint when ``server.grpc_listen`` is set (imported only then: it needs the
-    grpc extra), with its admin service running ``mqstore topic|group --server`` on ``store``."""
+    grpc extra), with its admin service running ``mqstore topic|group --server`` on ``store``;
+    not started yet."""
     if config.server.grpc_listen is None:
         return None
-    from mqstore.endpoint.server import start_endpoint
-    return start_endpoint(store, config, admin=ServedAdmin(store), metrics=rpc_metrics)
+    from mqstore.endpoint.server import Endpoint
+    return Endpoint(store, config, admin=ServedAdmin(store), metrics=rpc_metrics)
 
 
 def _rpc_metrics(config: StoreConfig):
@@ -249,7 +255,12 @@ async def _serve_endpoints(store: MessageStore, config: StoreConfig, stop: _Stop
     host, port = parse_listen(config.server.metrics_listen)
     limits = Limits.of(config.server)
     rpc_metrics = _rpc_metrics(config)
-    httpd = HttpServer(make_app(store, stop.flag, rpc_metrics), host, port, limits)
+    endpoint = _endpoint(store, config, rpc_metrics)
+
+    def starting() -> str | None:  # an endpoint has its address once it serves
+        return "the gRPC endpoint" if endpoint is not None and endpoint.address is None \
+            else None
+    httpd = HttpServer(make_app(store, stop.flag, rpc_metrics, starting), host, port, limits)
     await httpd.start()
     deployment = _Deployment(config, reread, debug, httpd)
     try:
@@ -259,8 +270,9 @@ async def _serve_endpoints(store: MessageStore, config: StoreConfig, stop: _Stop
         _check_descriptors(httpd)
         # The gRPC endpoint runs its own loop on its own thread: a flood of RPCs never slows
         # /healthz, and it stops (NOTE [ Endpoint shutdown ]) before the store closes.
-        endpoint = deployment.endpoint = await asyncio.to_thread(_start_endpoint, store,
-                                                                 config, rpc_metrics)
+        if endpoint is not None:
+            await asyncio.to_thread(endpoint.start)
+            deployment.endpoint = endpoint
         reloads = asyncio.ensure_future(hangups.each(deployment.reload))
         try:
             on_ready(url)
