@@ -40,8 +40,9 @@ def parsed(line: str, style: str) -> dict:
 def test_serve_and_its_workers_log_alike(tmp_path, style):
     root = tmp_path / "store"
     yaml_path = tmp_path / "deploy.yaml"
+    chosen = "" if style == "text" else f", log_format: {style}"  # text: the default
     yaml_path.write_text(SMALL_CONFIG + f"store: {{root: {json.dumps(str(root))}}}\n"
-                         f"server: {{metrics_listen: \"127.0.0.1:0\", log_format: {style}}}\n")
+                         f"server: {{metrics_listen: \"127.0.0.1:0\"{chosen}}}\n")
     log_path = tmp_path / "serve.log"
     proc, _url = start(yaml_path, log_path)
     try:
