@@ -95,7 +95,10 @@ class _Hangups:
                 await self._event.wait()
             self._event.clear()
             self.pending = 0
-            await act()
+            try:
+                await act()
+            except Exception:  # noqa: BLE001 - a failed reload never ends serve, nor reloads
+                log.exception("SIGHUP received: the reload failed; serve goes on")
 
 
 class _Deployment:
