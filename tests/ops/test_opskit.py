@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 
 import grpc
+import promql_parser as promql
 import pytest
 import yaml
 
@@ -33,7 +34,6 @@ from endpoint_support import Clients, Served, client_module, deployment_yaml
 from paths import REPO
 from serve_support import STOP_TIMEOUT_S, scrape, start
 
-promql = pytest.importorskip("promql_parser")  # the test extra
 pytestmark = [pytest.mark.usefixtures("no_plugin_env"), pytest.mark.slow]
 
 DASHBOARD = REPO / "config" / "grafana" / "mqstore-dashboard.json"
@@ -267,5 +267,6 @@ def test_the_unit_stops_with_sigterm_restarts_on_failure_and_has_descriptors_for
     assert service["ExecStart"].split()[1:] == ["serve", "-c", "/etc/mqstore/mqstore.yaml"]
     assert (service["KillSignal"], service["Restart"]) == ("SIGTERM", "on-failure")
     assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    # The default caps' connections with as much again seven times over for the store's files.
     assert int(service["LimitNOFILE"]) >= (server.grpc_max_connections + server.max_connections
                                            + FD_HEADROOM) * 8
