@@ -3,8 +3,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_ROOT ?= .mqstore-data
+TOOLS := .tools
+PROMTOOL := $(TOOLS)/usr/bin/promtool
 
-.PHONY: run test bench clean
+.PHONY: run test bench clean tools
 
 # pyspark_mqstore.py: an editable install copies it (see core/spark/packaging/mqstore_build.py).
 # The spark extra builds pyspark from its sdist (about 40 s, once); its tests need Java 17.
@@ -19,11 +21,25 @@ $(STAMP): pyproject.toml pyspark_mqstore.py
 run: $(STAMP)
 	$(BIN)/mqstore demo --config config/mqstore.yaml --root $(RUN_ROOT)
 
-test: $(STAMP)
+test: $(STAMP) tools
 	$(BIN)/python -m pytest -q
+
+# The checkers of config/: promtool (from Debian's prometheus package, unpacked here, not
+# installed) for config/prometheus/, systemd-analyze (Debian's systemd) for config/systemd/.
+# Where apt-get cannot fetch them, their tests skip with the reason, and fail under CI=true.
+tools: $(PROMTOOL)
+	command -v systemd-analyze >/dev/null || apt-get install -y --no-install-recommends systemd \
+		|| echo "systemd-analyze not installed: tests/ops/test_opskit.py skips its unit check"
+
+$(PROMTOOL):
+	rm -rf $(TOOLS)/deb && mkdir -p $(TOOLS)/deb
+	(cd $(TOOLS)/deb && (apt-get download prometheus || (apt-get update && apt-get download \
+		prometheus)) && dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x -C .. ./usr/bin/promtool) \
+		|| echo "promtool not installed: tests/ops/test_opskit.py skips its rule checks"
+	rm -rf $(TOOLS)/deb
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_put_get.py
 
 clean:
-	rm -rf $(VENV) $(RUN_ROOT)
+	rm -rf $(VENV) $(RUN_ROOT) $(TOOLS)

@@ -245,11 +245,13 @@ class PluginsSection(_Section):
 
 class ServerSection(_Section):
     """``mqstore serve``: where the metrics and health endpoints listen, what a client may hold
-    there (connections, time, header bytes), how much it logs, the RocketMQ 5 gRPC endpoint
-    (``grpc_*``, docs/endpoint.md) and replication's addresses (``ha_*``, docs/replication.md)."""
+    there (connections, time, header bytes), how much it logs and how (text or JSON lines),
+    the RocketMQ 5 gRPC endpoint (``grpc_*``, docs/endpoint.md) and replication's addresses
+    (``ha_*``, docs/replication.md)."""
 
     metrics_listen: str = "127.0.0.1:9108"
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    log_format: Literal["text", "json"] = "text"  # json: one object per line, for shippers
     max_connections: int = Field(64, ge=1, le=65_536)
     idle_timeout_ms: int = Field(10_000, ge=1, le=86_400_000)
     request_timeout_ms: int = Field(10_000, ge=1, le=86_400_000)

@@ -138,15 +138,16 @@ shield = _Shield()
 # pending) before unblocking them. The forkserver the workers are forked from is started the
 # same way and keeps them blocked: it lives until its store process is gone, so a signal to the
 # group does not take it down (the exit codes of the workers are read through it, and a
-# restart needs it).
+# restart needs it). SIGHUP, a reload of ``mqstore serve`` (or a terminal's hangup), goes the
+# same way: the store process decides.
 
-WORKER_IGNORED = (signal.SIGINT, signal.SIGTERM)
+WORKER_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
 def interrupts_blocked():
-    """Block SIGINT and SIGTERM in the calling thread (children started meanwhile inherit the
-    mask)."""
+    """Block SIGINT, SIGTERM and SIGHUP in the calling thread (children started meanwhile
+    inherit the mask)."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, set(WORKER_IGNORED))
     try:
         yield

@@ -7,9 +7,9 @@ import logging
 import click
 
 from mqstore.cli.options import load_cli_config, new_or_store_dir
+from mqstore.config import load_config
 from mqstore.ops.server import serve as run_deployment
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+from mqstore.runtime.log_format import formatter
 
 
 @click.command()
@@ -26,7 +26,9 @@ def serve(ctx: click.Context, config_path: str, root: str | None, verbose: bool)
     /metrics and a health check at /healthz on server.metrics_listen, with server.grpc_listen
     RocketMQ 5's gRPC API for the official clients (docs/endpoint.md), and log what it does,
     until SIGTERM or SIGINT: then end the gRPC calls, flush, stop the workers and close
-    cleanly.
+    cleanly. SIGHUP reads the configuration file again and takes what changes without a
+    restart (the log level, the access keys, the connection limits), logging what it took and
+    what needs a restart.
 
     Exit status 0 after a clean close, 1 when the store could not close cleanly.
     """
@@ -37,5 +39,9 @@ def serve(ctx: click.Context, config_path: str, root: str | None, verbose: bool)
                                "configuration")
     new_or_store_dir(root)
     level = logging.DEBUG if verbose else getattr(logging, config.server.log_level.upper())
-    logging.basicConfig(level=level, format=LOG_FORMAT, force=True)
-    ctx.exit(0 if run_deployment(root, config) else 1)
+    handler = logging.StreamHandler()  # stderr, which the worker processes write to as well
+    handler.setFormatter(formatter(config.server.log_format))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    clean = run_deployment(root, config, reread=lambda: load_config(config_path),
+                           debug=verbose)
+    ctx.exit(0 if clean else 1)

@@ -11,6 +11,8 @@ Python client, whose package ships the generated stubs. The store never imports 
     resources    namespaced resource names <-> store topics and groups
     auth         the access-key check (HMAC-SHA1 over x-mq-date-time)
     limits       what one peer may hold: connections, idle clients, request sizes
+    rpc_metrics  the endpoints' RPC metrics, whatever protocol carries the RPCs
+    grpc_metrics the gRPC endpoint's RPCs counted into them (a server interceptor)
     settings     Telemetry: each client's Settings answered as the Apache proxy does
     route        QueryRoute: which topics exist and their queues (one function)
     wire         store records <-> protobuf messages

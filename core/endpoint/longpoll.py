@@ -48,6 +48,11 @@ class DispatchWaiter:
     def stopped(self) -> bool:
         return self._stopped
 
+    @property
+    def waiting(self) -> int:
+        """Receives waiting now (an int read: any thread may ask)."""
+        return self._waiting
+
     def sequence(self) -> int:
         return self._wakeup.sequence()
 

@@ -31,6 +31,7 @@ import grpc
 from mqstore.config import StoreConfig, parse_listen
 from mqstore.endpoint.admin_service import AdminService
 from mqstore.endpoint.auth import AccessKeys
+from mqstore.endpoint.grpc_metrics import PROTOCOL, MetricsInterceptor
 from mqstore.endpoint.limits import Peers, server_options
 from mqstore.endpoint.longpoll import DispatchWaiter
 from mqstore.endpoint.pops import Pops
@@ -90,12 +91,15 @@ class Endpoint:
     """The gRPC endpoint of one open, writable store. ``start`` then ``stop``; ``address`` is
     where it listens (the port chosen when the configuration said 0). ``admin``: the topic and
     group operations its admin service runs (``ops.admin.ServedAdmin``; None: no admin
-    service)."""
+    service). ``metrics``: the ``rpc_metrics.RpcMetrics`` its RPCs are counted in (None: not
+    counted)."""
 
-    def __init__(self, store, config: StoreConfig, admin=None) -> None:
+    def __init__(self, store, config: StoreConfig, admin=None, metrics=None) -> None:
         self._store = store
         self._config = config
         self._admin = admin
+        self._metrics = metrics
+        self._served: Parts | None = None  # once serving
         self._creds = credentials(config.server)
         self.address: str | None = None
         self._ready = threading.Event()
@@ -135,6 +139,26 @@ class Endpoint:
             else:
                 log.exception("the gRPC endpoint failed")
 
+    def _interceptors(self) -> list | None:
+        return None if self._metrics is None else [MetricsInterceptor(self._metrics)]
+
+    def reload(self, config: StoreConfig) -> None:
+        """Take ``config``'s access keys and connection cap for the calls from now on (SIGHUP:
+        ``ops.reload``); the rest of it needs a restart."""
+        loop, parts, server = self._loop, self._served, config.server
+        if loop is None or parts is None or loop.is_closed():
+            return
+        keys = AccessKeys(dict(pair.split(":", 1) for pair in server.grpc_access_keys))
+
+        def apply() -> None:  # on the loop's thread, between two calls' guards
+            parts.access_keys = keys
+            parts.peers.max_connections = server.grpc_max_connections
+            parts.sessions.max_sessions = server.grpc_max_connections * SESSIONS_PER_CONNECTION
+        try:
+            loop.call_soon_threadsafe(apply)
+        except RuntimeError:
+            pass  # the loop ended: the endpoint stopped
+
     def _parts(self, loop, port: int) -> Parts:
         store, config = self._store, self._config
         server = config.server
@@ -160,7 +184,8 @@ class Endpoint:
         server_cfg = self._config.server
         host, port = parse_listen(server_cfg.grpc_listen)
         server = grpc.aio.server(options=server_options(server_cfg),
-                                 maximum_concurrent_rpcs=server_cfg.grpc_max_concurrent_rpcs)
+                                 maximum_concurrent_rpcs=server_cfg.grpc_max_concurrent_rpcs,
+                                 interceptors=self._interceptors())
         try:
             if self._creds is None:
                 bound = server.add_insecure_port(show(host, port))
@@ -171,7 +196,9 @@ class Endpoint:
                           f"{exc}") from None
         if not bound:
             raise OSError(f"cannot listen on server.grpc_listen {server_cfg.grpc_listen!r}")
-        parts = self._parts(loop, bound)
+        parts = self._served = self._parts(loop, bound)
+        if self._metrics is not None:
+            self._metrics.watch_long_polls(PROTOCOL, lambda: parts.waiter.waiting)
         service = MessagingService(parts)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
         admin = None
@@ -208,10 +235,11 @@ class Endpoint:
                 log.debug("forgot idle client %s", client_id)
 
 
-def start_endpoint(store, config: StoreConfig, admin=None) -> Endpoint:
+def start_endpoint(store, config: StoreConfig, admin=None, metrics=None) -> Endpoint:
     """Start the endpoint ``server.grpc_listen`` names over ``store`` (with the admin service
-    running ``admin``'s operations); ``stop`` it before closing the store."""
-    endpoint = Endpoint(store, config, admin)
+    running ``admin``'s operations, its RPCs counted in ``metrics``); ``stop`` it before
+    closing the store."""
+    endpoint = Endpoint(store, config, admin, metrics)
     endpoint.start()
     return endpoint
 

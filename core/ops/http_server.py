@@ -175,11 +175,19 @@ class HttpServer:
         limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self.out_of_fds = _Tally(loop, f"out of file descriptors (RLIMIT_NOFILE {limit}, the "
                                        f"last {fd_headroom(limit)} kept for the store)")
-        self.all_busy = _Tally(loop, f"server.max_connections ({self.limits.max_connections}) "
-                                     f"reached with every connection answering a request")
-        self.evicted = _Tally(loop, f"server.max_connections ({self.limits.max_connections}) "
-                                    f"reached: the connection waiting longest made room")
+        self.all_busy = _Tally(loop, "")
+        self.evicted = _Tally(loop, "")
+        self.set_limits(self.limits)
         loop.add_reader(self._sock.fileno(), self._accept)
+
+    def set_limits(self, limits: Limits) -> None:
+        """New bounds, for the connections and requests from now on (serve's SIGHUP). On the
+        loop's thread."""
+        self.limits = limits
+        self.all_busy.reason = (f"server.max_connections ({limits.max_connections}) reached "
+                                f"with every connection answering a request")
+        self.evicted.reason = (f"server.max_connections ({limits.max_connections}) reached: "
+                               f"the connection waiting longest made room")
 
     async def close(self) -> None:
         """Stop accepting; requests being answered get CLOSE_GRACE_S, other connections

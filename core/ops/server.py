@@ -13,6 +13,13 @@ everything written, stops the workers, unlinks its shared memory and removes ``a
 [ Shutdown ] in ``workers.supervisor``). The workers leave SIGINT and SIGTERM to this process
 (``uninterrupted.worker_signals``): a signal sent to the whole process group, as a terminal,
 systemd or a container runtime sends it, stops them once, in order, through that close.
+
+Reload: SIGHUP (what a service manager sends for a reload) is never a stop. Its handler, too,
+is installed before the store opens and only notes the signal and wakes the loop; the loop
+reads the configuration file again (on a thread) and applies what changes without a restart
+(``ops.reload``: log level, HTTP limits, the endpoint's access keys and connection cap),
+logging each change it took and each one that needs a restart. The workers ignore SIGHUP, so
+one sent to the whole process group reloads once too.
 """
 
 from __future__ import annotations
@@ -25,9 +32,11 @@ import signal
 import threading
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry, disable_created_metrics, make_wsgi_app
 
 from mqstore.config import StoreConfig, parse_listen
+from mqstore.errors import ConfigError
+from mqstore.ops import reload
 from mqstore.ops.admin import ServedAdmin
 from mqstore.ops.http_server import HttpServer, Limits
 from mqstore.ops.metrics import StoreCollector
@@ -38,6 +47,7 @@ from mqstore.store import MessageStore
 
 log = logging.getLogger("mqstore.serve")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+RELOAD_SIGNAL = signal.SIGHUP
 
 
 class _Stop:
@@ -63,11 +73,83 @@ class _Stop:
             await self._event.wait()
 
 
-def health(store: MessageStore, stopping: bool) -> tuple[int, dict]:
-    """HTTP status and body of ``/healthz``."""
+class _Hangups:
+    """SIGHUP: counted by the handler (main thread, any time), acted on by the loop."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self._event: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __call__(self, _signum, _frame) -> None:
+        self.pending += 1
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._event.set)
+
+    async def each(self, act) -> None:
+        """Await ``act()`` once per burst of SIGHUPs (one that came before the loop too)."""
+        self._event = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        while True:
+            if not self.pending:
+                await self._event.wait()
+            self._event.clear()
+            self.pending = 0
+            try:
+                await act()
+            except Exception:  # noqa: BLE001 - a failed reload never ends serve, nor reloads
+                log.exception("SIGHUP received: the reload failed; serve goes on")
+
+
+class _Deployment:
+    """What a reload changes: the running configuration and the servers it configures."""
+
+    def __init__(self, config: StoreConfig, reread, debug: bool, httpd: HttpServer) -> None:
+        self.config = config
+        self.reread = reread  # the configuration file, read again (None: nothing to read)
+        self.debug = debug  # -v: the log level stays debug
+        self.httpd = httpd
+        self.endpoint = None
+
+    async def reload(self) -> None:
+        if self.reread is None:
+            log.warning("SIGHUP received: no configuration file to reload; going on")
+            return
+        try:
+            wanted = await asyncio.to_thread(self.reread)
+        except (ConfigError, OSError) as exc:
+            log.error("SIGHUP received: configuration not reloaded, serve goes on as it "
+                      "was: %s", exc)
+            return
+        changes = reload.changes(self.config, wanted)
+        taken = [c for c in changes if c.reloaded]
+        self.config = reload.applied(self.config, taken)
+        self._apply()
+        log.info("SIGHUP received: configuration reloaded, %d change(s) taken, %d need a "
+                 "restart", len(taken), len(changes) - len(taken))
+        for change in changes:
+            if change.reloaded:
+                log.info("reloaded %s", change.show())
+            else:
+                log.warning("not reloaded, needs a restart: %s", change.show())
+
+    def _apply(self) -> None:
+        server = self.config.server
+        if not self.debug:
+            logging.getLogger().setLevel(server.log_level.upper())
+        self.httpd.set_limits(Limits.of(server))
+        if self.endpoint is not None:
+            self.endpoint.reload(self.config)
+
+
+def health(store: MessageStore, stopping: bool, starting: str | None = None
+           ) -> tuple[int, dict]:
+    """HTTP status and body of ``/healthz``; ``starting``: what is not serving yet."""
     problems = []
     if stopping:
         problems.append("shutting down")
+    elif starting:
+        problems.append(f"starting: {starting}")
     else:
         dispatch, flush = store.worker_status(), store.flush_client.status()
         for name, status in (("dispatch", dispatch), ("flush", flush)):
@@ -87,9 +169,17 @@ def health(store: MessageStore, stopping: bool) -> tuple[int, dict]:
     return (503 if problems else 200), body
 
 
-def make_app(store: MessageStore, stopping: threading.Event):
+def make_app(store: MessageStore, stopping: threading.Event, rpc_metrics=None,
+             starting: Callable[[], str | None] = lambda: None):
+    """``rpc_metrics``: the endpoints' ``RpcMetrics``, served beside the store's;
+    ``starting()``: what is not serving yet (``/healthz`` fails until it answers None)."""
+    # Counters and histograms without a ``_created`` sample each: the store's own never had
+    # one, and the series says nothing a restart does not.
+    disable_created_metrics()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(store))
+    if rpc_metrics is not None:
+        rpc_metrics.register(registry)
     metrics = make_wsgi_app(registry)
 
     def app(environ, start_response):
@@ -97,7 +187,7 @@ def make_app(store: MessageStore, stopping: threading.Event):
         if path == "/metrics":
             return metrics(environ, start_response)
         if path == "/healthz":
-            code, body = health(store, stopping.is_set())
+            code, body = health(store, stopping.is_set(), starting())
             start_response(f"{code} {'OK' if code == 200 else 'Service Unavailable'}",
                            [("Content-Type", "application/json")])
             return [json.dumps(body).encode()]
@@ -107,27 +197,41 @@ def make_app(store: MessageStore, stopping: threading.Event):
 
 
 def serve(root: str, config: StoreConfig,
-          on_ready: Callable[[str], None] = lambda url: None) -> bool:
-    """Run until SIGTERM or SIGINT; True when the store closed cleanly. Main thread only."""
-    stop = _Stop()
+          on_ready: Callable[[str], None] = lambda url: None,
+          reread: Callable[[], StoreConfig] | None = None, debug: bool = False) -> bool:
+    """Run until SIGTERM or SIGINT; True when the store closed cleanly. Main thread only.
+
+    SIGHUP calls ``reread`` for the configuration file's current content and applies it
+    (``ops.reload``); ``debug``: the log level stays DEBUG whatever the file says."""
+    stop, hangups = _Stop(), _Hangups()
     previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    previous[RELOAD_SIGNAL] = signal.signal(RELOAD_SIGNAL, hangups)
     try:
-        return _run(root, config, stop, on_ready)
+        return _run(root, config, stop, on_ready, (hangups, reread, debug))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-def _start_endpoint(store: MessageStore, config: StoreConfig):
+def _endpoint(store: MessageStore, config: StoreConfig, rpc_metrics):
     """The gRPC endpoint when ``server.grpc_listen`` is set (imported only then: it needs the
-    grpc extra), with its admin service running ``mqstore topic|group --server`` on ``store``."""
+    grpc extra), with its admin service running ``mqstore topic|group --server`` on ``store``;
+    not started yet."""
     if config.server.grpc_listen is None:
         return None
-    from mqstore.endpoint.server import start_endpoint
-    return start_endpoint(store, config, admin=ServedAdmin(store))
+    from mqstore.endpoint.server import Endpoint
+    return Endpoint(store, config, admin=ServedAdmin(store), metrics=rpc_metrics)
 
 
-def _run(root, config, stop: _Stop, on_ready) -> bool:
+def _rpc_metrics(config: StoreConfig):
+    """The endpoints' RPC metrics (NOTE [ RPC metrics ]) when an endpoint is configured."""
+    if config.server.grpc_listen is None:
+        return None
+    from mqstore.endpoint.rpc_metrics import RpcMetrics
+    return RpcMetrics()
+
+
+def _run(root, config, stop: _Stop, on_ready, reloading) -> bool:
     log.info("opening store %s (writer %s, flush %s, dispatch worker %s, flush worker %s)",
              root, config.writer.kind, config.flush.policy, config.dispatch.worker,
              config.flush.worker)
@@ -137,7 +241,7 @@ def _run(root, config, stop: _Stop, on_ready) -> bool:
             log.info("recovery: %s", line)
         log.info("store open: commit log [%d, %d)", store.min_phys_offset, store.max_phys_offset)
         store.replication.start()  # by store.role; the store's close stops it
-        asyncio.run(_serve_endpoints(store, config, stop, on_ready))
+        asyncio.run(_serve_endpoints(store, config, stop, on_ready, reloading))
     finally:
         store.close()
     clean = not abort_exists(root)
@@ -149,11 +253,19 @@ def _run(root, config, stop: _Stop, on_ready) -> bool:
 
 
 async def _serve_endpoints(store: MessageStore, config: StoreConfig, stop: _Stop,
-                           on_ready) -> None:
+                           on_ready, reloading) -> None:
+    hangups, reread, debug = reloading
     host, port = parse_listen(config.server.metrics_listen)
     limits = Limits.of(config.server)
-    httpd = HttpServer(make_app(store, stop.flag), host, port, limits)
+    rpc_metrics = _rpc_metrics(config)
+    endpoint = _endpoint(store, config, rpc_metrics)
+
+    def starting() -> str | None:  # an endpoint has its address once it serves
+        return "the gRPC endpoint" if endpoint is not None and endpoint.address is None \
+            else None
+    httpd = HttpServer(make_app(store, stop.flag, rpc_metrics, starting), host, port, limits)
     await httpd.start()
+    deployment = _Deployment(config, reread, debug, httpd)
     try:
         shown = f"[{host}]" if ":" in host else host
         url = f"http://{shown}:{httpd.port}"
@@ -161,12 +273,16 @@ async def _serve_endpoints(store: MessageStore, config: StoreConfig, stop: _Stop
         _check_descriptors(httpd)
         # The gRPC endpoint runs its own loop on its own thread: a flood of RPCs never slows
         # /healthz, and it stops (NOTE [ Endpoint shutdown ]) before the store closes.
-        endpoint = await asyncio.to_thread(_start_endpoint, store, config)
+        if endpoint is not None:
+            await asyncio.to_thread(endpoint.start)
+            deployment.endpoint = endpoint
+        reloads = asyncio.ensure_future(hangups.each(deployment.reload))
         try:
             on_ready(url)
             await stop.wait()
             log.info("%s received: shutting down", stop.received[0] if stop.received else "stop")
         finally:
+            reloads.cancel()
             if endpoint is not None:
                 await asyncio.to_thread(endpoint.stop)
     finally:

@@ -30,6 +30,9 @@ COMMAND_TIMEOUT_S = 180
 
 SPARK = "needs Spark and Java 17 (tests/spark/test_spark_export*.py run the export)"
 SERVER = "needs the running server of the line before (tests/ops/test_cli_serve.py runs serve)"
+RUNBOOK = ("operations.md's runbook acts on the machine (/etc, /opt, /var, systemd): "
+           "tests/ops/test_runbook.py runs it with the paths under a temporary directory")
+PROMTOOL = "needs promtool (make tools unpacks it): tests/ops/test_opskit.py runs it"
 NOT_RUN = {
     ("README.md", "make run"): "the same as docs/quickstart.md's first command, run there, "
                                "where the next commands read the store it makes",
@@ -56,6 +59,28 @@ NOT_RUN = {
                  "--mode overwrite"): SPARK,
     ("spark.md", "python -m mqstore.spark.export /data/broker-* --to /lake/export --topics "
                  "orders,audit --mode overwrite"): SPARK,
+    ("operations.md", "promtool check rules config/prometheus/mqstore-alerts.yml"): PROMTOOL,
+    ("operations.md", "promtool test rules config/prometheus/mqstore-alerts.test.yml"): PROMTOOL,
+    **{("operations.md", command): RUNBOOK for command in (
+        "useradd --system --home-dir /var/lib/mqstore --shell /usr/sbin/nologin mqstore",
+        "python3 -m venv /opt/mqstore",
+        "/opt/mqstore/bin/pip install '.[grpc]'",
+        "install -D -m 0644 config/systemd/mqstore.yaml /etc/mqstore/mqstore.yaml",
+        "install -D -m 0644 config/systemd/mqstore.service /etc/systemd/system/mqstore.service",
+        "systemctl daemon-reload",
+        "systemctl enable --now mqstore",
+        "curl -sf --retry 30 --retry-connrefused --retry-delay 1 localhost:9108/healthz",
+        "/opt/mqstore/bin/mqstore produce --server localhost:8081 -t smoke deployed",
+        "/opt/mqstore/bin/pip install --upgrade '.[grpc]'",
+        "systemctl restart mqstore",
+        "install -d -m 0700 /var/backups/mqstore",
+        "systemctl stop mqstore",
+        "tar -C /var/lib -czf /var/backups/mqstore/mqstore-$(date +%Y%m%d-%H%M%S).tar.gz mqstore",
+        "systemctl start mqstore",
+        "mv /var/lib/mqstore /var/lib/mqstore.replaced",
+        'tar -C /var/lib -xzf "$(ls -t /var/backups/mqstore/*.tar.gz | head -n 1)"',
+        "chown -R mqstore:mqstore /var/lib/mqstore",
+        "/opt/mqstore/bin/mqstore check /var/lib/mqstore")},
 }
 
 

@@ -25,12 +25,14 @@ from mqstore.testing.faults import small_filesystem
 
 PROGRAM_TIMEOUT_S = 120
 # A logging record, as the program's configuration below and every worker write it.
-RECORD = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) mqstore(\.\w+)+\[\d+\]: \S.*")
+RECORD = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
+                    r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) mqstore(\.\w+)+\[\d+\]: \S.*")
 
 PRELUDE = """
     import logging, mmap, os, signal, sys, time
     from mqstore import Message, MessageStore, load_config
-    logging.basicConfig(format="%(levelname)s %(name)s[%(process)d]: %(message)s")
+    from mqstore.runtime.log_format import LINE_FORMAT
+    logging.basicConfig(format=LINE_FORMAT)
 
     def wait_for(what, timeout_s=60.0):
         deadline = time.monotonic() + timeout_s
@@ -53,11 +55,12 @@ def run_program(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
 
 
 def records(stderr: str) -> list[str]:
-    """The lines of ``stderr``, each of which must be one logging record."""
+    """The lines of ``stderr``, each of which must be one logging record, without their
+    timestamps."""
     lines = stderr.splitlines()
     assert "Traceback" not in stderr and "NoneType: None" not in stderr, stderr
     assert [line for line in lines if not RECORD.fullmatch(line)] == [], stderr
-    return lines
+    return [line.split(" ", 2)[2] for line in lines]
 
 
 # A Ctrl-C while an open starts a worker: sent to the store process's main thread it is held

@@ -68,13 +68,13 @@ def worker_context():
     return ctx
 
 
-def _entry(environ: dict, log_level: int, name: str, target, root: str, config,
+def _entry(environ: dict, log_setup: logs.LogSetup, name: str, target, root: str, config,
            channels: shm.Channels, *args) -> None:
     # The server's environment is the one it started with; the worker takes the store
     # process's current one (plugin selection, fault injection and the like read it).
     os.environ.clear()
     os.environ.update(environ)
-    logs.setup(log_level)
+    logs.setup(log_setup)
     worker_log = logging.getLogger(f"{log.name}.{name}")
     if channels.closed:
         worker_log.warning("store %s closed before its %s worker started; the worker exits",
@@ -181,7 +181,7 @@ class WorkerSupervisor:
     def _spawn(self, restarted: bool) -> None:
         proc = self.ctx.Process(
             target=_entry, name=f"mqstore-{self.name}", daemon=True,
-            args=(dict(os.environ), logs.store_level(), self.name, self.target, self.root,
+            args=(dict(os.environ), logs.store_logging(), self.name, self.target, self.root,
                   self.config, self.channels, self.wake_r, self.progress_w, os.getpid(),
                   restarted, self.clock, self.scheduler, *self.extra))
         # The resource tracker first, if it is not running yet: starting it ends with SIGINT
