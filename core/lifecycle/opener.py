@@ -30,7 +30,8 @@ from mqstore.runtime.loops import Runtime
 from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.storage import clean_marker
 from mqstore.storage import store_id as ids
-from mqstore.storage.checkpoint import Checkpoint, abort_exists, create_abort
+from mqstore.storage.abort_file import abort_exists, create_abort
+from mqstore.storage.checkpoint import Checkpoint
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_floor import offsets_without_message

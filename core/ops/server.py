@@ -31,9 +31,9 @@ from mqstore.config import StoreConfig, parse_listen
 from mqstore.ops.admin import ServedAdmin
 from mqstore.ops.http_server import HttpServer, Limits
 from mqstore.ops.metrics import StoreCollector
-from mqstore.ops.repair import describe
+from mqstore.ops.checking.repair import describe
 from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
-from mqstore.storage.checkpoint import abort_exists
+from mqstore.storage.abort_file import abort_exists
 from mqstore.store import MessageStore
 
 log = logging.getLogger("mqstore.serve")

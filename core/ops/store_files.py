@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from mqstore.config import StoreConfig
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
-from mqstore.storage.checkpoint import ABORT_FILE, META_FILE
+from mqstore.storage.abort_file import ABORT_FILE
+from mqstore.storage.meta_file import META_FILE
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
 from mqstore.storage.queue_manifest import read_manifest

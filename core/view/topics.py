@@ -331,7 +331,7 @@ class Topics:
     def dispatch_floors(self) -> dict[str, int]:
         """``{deleted topic: commit-log offset}``: dispatch gives records of the topic below
         it no unit (``storage.deleted_topics``). Read once: topics are deleted only by the
-        store that writes, in this process (``lifecycle.topic_removal``)."""
+        store that writes, in this process (``store.topic_removal``)."""
         if self._deleted is None:
             try:
                 self._deleted = read_deleted(self.root)

@@ -244,7 +244,7 @@ def test_the_end_of_a_full_segments_data_is_found_in_bounded_memory():
     import tracemalloc
     from types import SimpleNamespace
 
-    from mqstore.ops.check_log import _nonzero_end
+    from mqstore.ops.checking.log_walk import _nonzero_end
     size = 32 << 20
     data = bytearray(b"\x01" * size)
     data[-5:] = bytes(5)  # the data ends 5 bytes before the segment does

@@ -21,7 +21,7 @@ from mqstore.dispatch.dispatchers import Dispatchers
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
 from mqstore.plugin_api.recovery_report import RecoveryReport
-from mqstore.storage.checkpoint import read_meta
+from mqstore.storage.meta_file import read_meta
 from mqstore.storage.store_lock import hold_worker_lock, release_worker_lock
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues

@@ -29,7 +29,7 @@ import time
 from mqstore.plugin_api.contracts import FlushSchedule
 from mqstore.append.pool_writer import attach_pool
 from mqstore.storage.mapped_file import segment_name
-from mqstore.storage.sealed_json import sync_dir
+from mqstore.storage.durable_file import sync_dir
 from mqstore.storage.transient_pool import TransientPool, nonzero_end
 from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.uninterrupted import parent_alive, worker_signals

@@ -1,6 +1,6 @@
 """MessageStore: the public facade over one open store directory.
 
-Opening wires the parts together (``opening.Opener``); afterwards the facade only delegates:
+Opening wires the parts together (``lifecycle.opener.Opener``); afterwards the facade only delegates:
 
     Appender   put, put_batch: the put lock, the queue-offset table, the writer
     Reader     pulls and lookups (reads never take the put lock)
@@ -24,19 +24,16 @@ from mqstore.append.appender import Appender
 from mqstore.clock import check_clock, system_clock
 from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import ConsumerService
-from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
+from mqstore.errors import StoreClosedError, WorkerError
 from mqstore.lifecycle.opener import Opener
-from mqstore.lifecycle.topic_calls import TopicCalls
+from mqstore.store.topic_calls import TopicCalls
 from mqstore.message import GetResult, PutCounts, ReadBatch, StoredMessage
 from mqstore.read.reader import check_queue
-from mqstore.running_flags import (  # noqa: F401 - flags are part of the store's API
-    DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,
-    WRITE_LOGICS_QUEUE_ERROR, StoreState,
-)
+from mqstore.running_flags import DISK_FULL, UNWRITABLE, StoreState
 from mqstore.runtime.loops import Runtime
 from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.storage import clean_marker
-from mqstore.storage.checkpoint import remove_abort
+from mqstore.storage.abort_file import remove_abort
 from mqstore.uninterrupted import shield
 from mqstore.runtime.workers import shm
 

@@ -22,9 +22,10 @@ import shutil
 from mqstore.config import StoreConfig
 from mqstore.errors import StoreCorruptError
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
-from mqstore.ops.problems import CONSUME_QUEUE, INDEX, RECORD, SEGMENT, Problem
+from mqstore.ops.checking.problems import CONSUME_QUEUE, INDEX, RECORD, SEGMENT, Problem
 from mqstore.plugin_api.recovery_report import RecoveryReport
-from mqstore.storage.checkpoint import abort_exists, read_meta
+from mqstore.storage.abort_file import abort_exists
+from mqstore.storage.meta_file import read_meta
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, load_consume_queues
 from mqstore.storage.index_file import INDEX_DIR
 from mqstore.storage.queue_manifest import describe as queue_ends

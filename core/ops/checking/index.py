@@ -17,8 +17,8 @@ from mqstore.format import index_layout as L
 from mqstore.format.property_keys import key_ranges
 from mqstore.format.record import SYSFLAG_TX_MASK, TX_ROLLBACK
 from mqstore.hashing import string_hasher
-from mqstore.ops.check_log import LogScan
-from mqstore.ops.problems import INDEX, Problem, runs
+from mqstore.ops.checking.log_walk import LogScan
+from mqstore.ops.checking.problems import INDEX, Problem, runs
 from mqstore.storage.index_file import INDEX_DIR, IndexFile
 
 
