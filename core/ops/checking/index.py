@@ -128,7 +128,8 @@ def _check_file(path: str, slot_count: int, entry_count: int, rel: str, scan: Lo
         phys = int(entries["phys_offset"][first])
         problems.append(Problem(INDEX, rel, L.entry_position(slot_count, first),
                                 f"entries {first}..{last} name no key of the record they point "
-                                f"at (first: commit-log offset {phys})", phys))
+                                f"at (first: commit-log offset {phys})", phys,
+                                int(entries["phys_offset"][last])))
     return problems
 
 
@@ -142,5 +143,5 @@ def _missing(scan: LogScan, missing: list[int], have_files: bool) -> list[Proble
         where = "index/ holds no file" if not have_files else "not in the index"
         problems.append(Problem(INDEX, INDEX_DIR, 0,
                                 f"keys of {last - first + 1} record(s) at commit-log offsets "
-                                f"{begin}..{end}: {where}", begin))
+                                f"{begin}..{end}: {where}", begin, end))
     return problems
