@@ -10,8 +10,8 @@ import zlib
 
 import click
 
-from mqstore.config import StoreConfig, load_config
-from mqstore.errors import ConfigError
+from mqstore.cli.options import load_cli_config
+from mqstore.config import StoreConfig
 from mqstore.message import GetStatus, Message, PutStatus, StoredMessage
 from mqstore.storage.store_lock import exclusive
 from mqstore.store import MessageStore
@@ -125,11 +125,8 @@ def demo(config_path: str | None, root: str, count: int, fresh: bool, force: boo
 
 
 def _load_demo_config(config_path: str | None) -> StoreConfig:
-    try:
-        return load_config(config_path)
-    except ConfigError as exc:
-        # blamed on the option, so click prints usage and the option name
-        raise click.BadParameter(str(exc), param_hint="'--config'") from None
+    # A bad one is blamed on the option, so click prints usage and the option name.
+    return load_cli_config(config_path, "'--config'")
 
 
 def _show_opened(store: MessageStore) -> None:

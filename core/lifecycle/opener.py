@@ -16,7 +16,7 @@ from mqstore.plugin_api.contracts import FOLLOWER, READER, STAGING_WRITER, WRITE
 from mqstore.dispatch.dispatchers import Dispatchers
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.format.hosts import parse_host
-from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
+from mqstore.plugin_api.manager import build_hooks
 from mqstore.append.pool_writer import MapWriter, TransientPoolWriter, salvage_pool
 from mqstore.read.pull import PullLimits
 from mqstore.read.reader import Reader
@@ -73,6 +73,9 @@ class Opener:
 
     def open(self) -> StoreParts:
         parts, state = self.parts, self.state
+        # The one plugin manager of this open, and the names the config picks among its
+        # plugins checked, before anything touches the directory.
+        parts.hooks = build_hooks(self.config)
         if state.read_only:
             if not os.path.isdir(self.root):
                 raise FileNotFoundError(f"store directory {self.root!r} does not exist")
@@ -103,9 +106,6 @@ class Opener:
         # on never finds a marker describing files this open went on to change.
         self.marker, self.marker_problem = clean_marker.take(self.root, remove=not ro)
         meta, meta_problem = load_meta(self.root)
-        parts.hooks = PluginHooks(make_plugin_manager(
-            modules=config.plugins.modules, disable=config.plugins.disable,
-            load_entry_points=config.plugins.load_entry_points))
         # Sizes the store was written with win over the configured ones, which apply to new
         # stores; a read-only store with no segment yet learns the size from the first one.
         parts.commit_log = CommitLog(os.path.join(self.root, COMMIT_LOG_DIR),

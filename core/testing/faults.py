@@ -55,7 +55,7 @@ def tags_for(index: int) -> str | None:
 
 
 def message_for(seed: int, index: int):
-    from mqstore import Message
+    from mqstore.message import Message
 
     return Message(TOPIC, body_for(seed, index), tags=tags_for(index), keys=[f"k{index}"],
                    queue_id=queue_for(seed, index), born_timestamp=BORN_TIMESTAMP)

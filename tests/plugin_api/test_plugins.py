@@ -21,7 +21,7 @@ import pluggy
 import pytest
 
 from mqstore.plugin_api.contracts import READS_STORE, CleanupDecision, StoreReads, Writer
-from mqstore import GetStatus, Message, PutStatus, hookimpl, load_config
+from mqstore import GetStatus, Message, MessageStore, PutStatus, hookimpl, load_config
 from mqstore.errors import ConfigError, PluginError
 from mqstore.plugin_api.manager import DEFAULT_PLUGINS, PluginHooks, make_plugin_manager
 from paths import TESTS
@@ -563,16 +563,17 @@ class ShadowingDispatcherPlugin:
 
 def test_consume_queue_building_cannot_be_disabled(tmp_path):
     with pytest.raises(ConfigError) as caught:
-        load_config(overrides={"plugins": {"disable": ["mqstore.plugins.cq_builder"]}})
+        MessageStore.open(tmp_path / "s", config=load_config(
+            overrides={"plugins": {"disable": ["mqstore.plugins.cq_builder"]}}))
     message = str(caught.value)
     assert "'mqstore.plugins.cq_builder'" in message
     assert "consume queues are built by the core's dispatch" in message
     assert not any(tmp_path.iterdir())
 
 
-def test_a_dispatcher_named_consume_queue_is_refused_at_load(add_plugin):
+def test_a_dispatcher_named_consume_queue_is_refused_at_open(add_plugin, make_store):
     with pytest.raises(ConfigError) as caught:
-        load_config(overrides=with_modules(add_plugin("shadow", ShadowingDispatcherPlugin())))
+        make_store(with_modules(add_plugin("shadow", ShadowingDispatcherPlugin())))
     message = str(caught.value)
     assert "dispatcher name 'consume_queue' (registered by module shadow) is reserved" in message
     assert "the core's consume-queue builder" in message
