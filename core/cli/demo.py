@@ -239,7 +239,7 @@ def _show_workers(store: MessageStore) -> None:
     click.echo(f"dispatch: {status['mode']}"
                + (f" worker pid {status['pid']}, restarts {status['restarts']}"
                   if status["mode"] == "process" else ""))
-    flush = store.flush_client.status()
+    flush = store.internals.flush_client.status()
     click.echo(f"flush: {flush['mode']}"
                + (f" worker pid {flush['pid']}, restarts {flush['restarts']}"
                   if flush["mode"] == "process" else "")

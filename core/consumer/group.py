@@ -53,7 +53,7 @@ class GroupConsumer:
             raise ValueError(f"auto_commit {auto_commit!r} must be True, False or None "
                              f"(None: consumer.auto_commit)")
         strategy_name = cfg.allocation if allocation is None else allocation
-        self._strategy = store.hooks.allocation_strategies.get(strategy_name)()
+        self._strategy = store.internals.hooks.allocation_strategies.get(strategy_name)()
         self._strategy_name = strategy_name
         if expression is not None:
             store.view.compile_filter(expression, expression_type)  # refuse a bad one now

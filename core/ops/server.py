@@ -69,7 +69,7 @@ def health(store: MessageStore, stopping: bool) -> tuple[int, dict]:
     if stopping:
         problems.append("shutting down")
     else:
-        dispatch, flush = store.worker_status(), store.flush_client.status()
+        dispatch, flush = store.worker_status(), store.internals.flush_client.status()
         for name, status in (("dispatch", dispatch), ("flush", flush)):
             if not status["alive"]:
                 problems.append(f"{name} worker is not running")

@@ -16,7 +16,7 @@ import importlib
 import logging
 import os
 from importlib import metadata
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pluggy
 
@@ -26,6 +26,8 @@ from mqstore.plugin_api.registry import Registry
 
 if TYPE_CHECKING:
     from mqstore.config import StoreConfig
+    from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult
+    from mqstore.plugin_api.batch import DispatchBatch
 
 log = logging.getLogger("mqstore.plugins")
 
@@ -176,7 +178,8 @@ class PluginHooks:
         return (self.writers, self.queue_selectors, self.flush_policies, self.cleanup_policies,
                 self.allocation_strategies)
 
-    def _collect(self, kind: str, hook, key=lambda n: n, setting: str | None = None,
+    def _collect(self, kind: str, hook: Any, key: Callable[[str], str] = lambda n: n,
+                 setting: str | None = None,
                  reserved: dict[str, str] | None = None) -> Registry:
         registry = Registry(kind, key=key, setting=setting, reserved=reserved)
         named = sources(self.pm)
@@ -191,15 +194,15 @@ class PluginHooks:
         registry.current_plugin = registry.current_source = "?"
         return registry
 
-    def before_append(self, messages) -> None:
+    def before_append(self, messages: Sequence[Message] | MessageBatch) -> None:
         if self.has_before_append:
             self.pm.hook.before_append(messages=messages)
 
-    def after_append(self, result) -> None:
+    def after_append(self, result: PutResult | BatchPutResult) -> None:
         if self.has_after_append:
             self.pm.hook.after_append(result=result)
 
-    def after_dispatch(self, batch) -> None:
+    def after_dispatch(self, batch: DispatchBatch) -> None:
         if self.has_after_dispatch:
             self.pm.hook.after_dispatch(batch=batch)
 

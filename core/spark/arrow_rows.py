@@ -92,7 +92,7 @@ def _keep(rows: pa.RecordBatch, batch, end: int, settings: ReadSettings):
 def to_record_batch(store, part, batch) -> pa.RecordBatch:
     """One ReadBatch of ``part``'s queue as a record batch of the message schema."""
     n = len(batch)
-    fields = record_fields(store.commit_log, batch)
+    fields = record_fields(store.internals.commit_log, batch)
     schema = arrow_schema()
     keys_type, props_type = schema.field("keys").type, schema.field("properties").type
     props = fields.properties

@@ -18,7 +18,7 @@ import multiprocessing.util  # noqa: F401 - registers its exit handler before ou
 import os
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Callable, overload
+from typing import TYPE_CHECKING, Callable, Sequence, overload
 
 from mqstore.append.appender import Appender
 from mqstore.clock import check_clock, system_clock
@@ -26,8 +26,12 @@ from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import ConsumerService
 from mqstore.errors import StoreClosedError, WorkerError
 from mqstore.lifecycle.opener import Opener
+from mqstore.store.internals import MovedToInternals, StoreInternals
 from mqstore.store.topic_calls import TopicCalls
-from mqstore.message import GetResult, PutCounts, ReadBatch, StoredMessage
+from mqstore.message import (
+    BatchPutResult, GetResult, Message, MessageBatch, PutCounts, PutResult, ReadBatch,
+    StoredMessage,
+)
 from mqstore.read.reader import check_queue
 from mqstore.running_flags import DISK_FULL, UNWRITABLE, StoreState
 from mqstore.runtime.loops import Runtime
@@ -35,7 +39,6 @@ from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.storage import clean_marker
 from mqstore.storage.abort_file import remove_abort
 from mqstore.uninterrupted import shield
-from mqstore.runtime.workers import shm
 
 if TYPE_CHECKING:
     from mqstore.append.appender import ReadOnlyAppender
@@ -47,12 +50,18 @@ if TYPE_CHECKING:
     from mqstore.dispatch.dispatchers import Dispatchers
     from mqstore.format.hosts import Host
     from mqstore.lifecycle.parts import StoreParts
+    from mqstore.plugin_api.contracts import Writer
     from mqstore.plugin_api.manager import PluginHooks
     from mqstore.plugin_api.recovery_report import RecoveryReport
     from mqstore.read.reader import Reader
     from mqstore.replication import Replication
     from mqstore.storage.checkpoint import Checkpoint
+    from mqstore.runtime.workers.flush_client import FlushClient
+    from mqstore.runtime.workers.shm import Channels
+    from mqstore.runtime.workers.supervisor import DispatchSupervisor
     from mqstore.storage.commit_log import CommitLog
+    from mqstore.storage.consume_queue import ConsumeQueue
+    from mqstore.view.subscriptions import Subscriptions
     from mqstore.view.directory_view import DirectoryView
 
 log = logging.getLogger("mqstore.store")
@@ -77,20 +86,27 @@ atexit.register(_close_open_stores)
 class MessageStore(TopicCalls):
     """An open store directory. Create with :meth:`open`; close with :meth:`close` or ``with``."""
 
-    # The parts an open wires together (``lifecycle.parts.StoreParts``), for tools and tests.
     config: StoreConfig
     clock: Callable[[], int]
     scheduler: Scheduler
-    hooks: PluginHooks
-    commit_log: CommitLog
     hash_kind: str
     checkpoint: Checkpoint
     recovery_report: RecoveryReport
     view: DirectoryView
     store_host: Host
-    dispatchers: Dispatchers
+    # The parts tools and tests reach (``store.internals``); the old names warn until 0.3.0.
+    internals: StoreInternals
+    commit_log: MovedToInternals[CommitLog] = MovedToInternals()
+    dispatchers: MovedToInternals[Dispatchers] = MovedToInternals()
+    hooks: MovedToInternals[PluginHooks] = MovedToInternals()
+    flush_client: MovedToInternals[FlushClient | None] = MovedToInternals()
+    writer: MovedToInternals[Writer | None] = MovedToInternals()
+    supervisor: MovedToInternals[DispatchSupervisor | None] = MovedToInternals()
+    channels: MovedToInternals[Channels | None] = MovedToInternals()
     _state: StoreState
     _parts: StoreParts
+    _commit_log: CommitLog
+    _dispatchers: Dispatchers
     _reader: Reader
     _appender: Appender | ReadOnlyAppender
     _runtime: Runtime | None
@@ -130,11 +146,12 @@ class MessageStore(TopicCalls):
         assert parts.dispatchers is not None and parts.reader is not None
         assert parts.appender is not None
         self._parts = parts
-        self.config, self.clock, self.hooks = parts.config, parts.clock, parts.hooks
-        self.scheduler = parts.scheduler
-        self.commit_log, self.hash_kind = parts.commit_log, parts.hash_kind
+        self.internals = StoreInternals(parts)
+        self.config, self.clock = parts.config, parts.clock
+        self.scheduler, self.hash_kind = parts.scheduler, parts.hash_kind
         self.checkpoint, self.recovery_report = parts.checkpoint, parts.recovery_report
-        self.view, self.store_host, self.dispatchers = parts.view, parts.store_host, parts.dispatchers
+        self.view, self.store_host = parts.view, parts.store_host
+        self._commit_log, self._dispatchers = parts.commit_log, parts.dispatchers
         self._reader, self._appender, self._runtime = parts.reader, parts.appender, parts.runtime
 
     # -- state -----------------------------------------------------------------------------
@@ -159,12 +176,12 @@ class MessageStore(TopicCalls):
             raise StoreClosedError(f"store {self.root!r} is closed")
 
     # -- writing ---------------------------------------------------------------------------
-    def put(self, message):
+    def put(self, message: Message) -> PutResult:
         """Append one message. Bad arguments raise ValueError; store-level refusals return a
         status (``PutResult``)."""
         return self._appender.put(message)
 
-    def put_batch(self, messages):
+    def put_batch(self, messages: Sequence[Message] | MessageBatch) -> BatchPutResult:
         """Append many messages (any topics/queues) under one lock.
 
         ``messages`` is a list of Message objects or a columnar ``MessageBatch`` (faster: no
@@ -204,7 +221,7 @@ class MessageStore(TopicCalls):
     def confirm_offset(self) -> int:
         """End of what consumers may see (RocketMQ's confirm offset)."""
         self._check_open()
-        return self._runtime.confirm_offset() if self._runtime else self.commit_log.max_offset
+        return self._runtime.confirm_offset() if self._runtime else self._commit_log.max_offset
 
     def _writable(self) -> Runtime:
         self._check_open()
@@ -297,11 +314,13 @@ class MessageStore(TopicCalls):
         return self._reader.max_phys_offset
 
     @property
-    def consume_queues(self) -> dict:
+    def consume_queues(self) -> dict[tuple[str, int], ConsumeQueue]:
+        """This process's consume queues by ``(topic, queue_id)``."""
         return self.view.consume_queues
 
     @property
-    def subscriptions(self):
+    def subscriptions(self) -> Subscriptions:
+        """The registered subscriptions whose filters dispatch precomputes."""
         return self.view.subscriptions
 
     @property
@@ -396,7 +415,8 @@ class MessageStore(TopicCalls):
     def ack(self, receipt_handle: list[str] | tuple[str, ...]
             ) -> list[ReceiptHandleError | None]: ...
 
-    def ack(self, receipt_handle):
+    def ack(self, receipt_handle: str | list[str] | tuple[str, ...]
+            ) -> list[ReceiptHandleError | None] | None:
         """Acknowledge a popped message; a stale or unknown handle raises
         ``ReceiptHandleError`` and changes nothing. Given a list (or tuple) of handles,
         acknowledges them all in one step per topic and group and returns one result per
@@ -436,28 +456,12 @@ class MessageStore(TopicCalls):
         """Persist consume queues and the checkpoint now (the store does it every second)."""
         self._writable().flush_metadata()
 
-    def consume_queue(self, topic: str, queue_id: int, create: bool = False):
+    def consume_queue(self, topic: str, queue_id: int, create: bool = False
+                      ) -> ConsumeQueue | None:
         """The consume queue of ``topic``/``queue_id`` in this process (None if it has none)."""
         self._check_open()
         check_queue(topic, queue_id)
         return self.view.consume_queue(topic, queue_id, create)
-
-    @property
-    def flush_client(self):
-        return self._runtime.flush_client if self._runtime is not None else None
-
-    @property
-    def writer(self):
-        return self._runtime.writer if self._runtime is not None else None
-
-    @property
-    def supervisor(self):
-        """The dispatch worker's supervisor (``dispatch.worker: process``), or None."""
-        return self._runtime.supervisor if self._runtime is not None else None
-
-    @property
-    def channels(self) -> shm.Channels | None:
-        return self._runtime.channels if self._runtime is not None else None
 
     # -- replication (docs/replication.md) -----------------------------------------------------
     @property
@@ -543,10 +547,10 @@ class MessageStore(TopicCalls):
         """What the clean-shutdown marker records from this process (the rest is read from
         the files once closed): the commit-log end, the segment size and whether a key
         index was built; None when bytes are still staged past the readable end."""
-        segq = self.commit_log.segments
+        segq = self._commit_log.segments
         if segq.max_offset != segq.write_end or segq.segment_bytes is None:
             return None
-        return segq.max_offset, segq.segment_bytes, self.dispatchers.key_lookup() is not None
+        return segq.max_offset, segq.segment_bytes, self._dispatchers.key_lookup() is not None
 
     def _crash(self) -> None:
         """End abruptly, as a killed process would: no final flush, ``abort`` stays."""
@@ -575,7 +579,7 @@ class MessageStore(TopicCalls):
     def __enter__(self) -> "MessageStore":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

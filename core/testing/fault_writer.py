@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
             index += len(msgs)
         if pace_s:
             time.sleep(pace_s)
-    status = {"dispatch": store.worker_status(), "flush": store.flush_client.status(),
+    status = {"dispatch": store.worker_status(), "flush": store.internals.flush_client.status(),
               "interrupted": interrupted}
     try:
         store.wait_dispatched(timeout=spec.get("wait_s", 30.0))

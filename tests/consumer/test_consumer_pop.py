@@ -413,7 +413,7 @@ def _drop_first_segments(make_store, scheduler):
                                     "delete_when": ";".join(str(h) for h in range(24))}},
                        scheduler=scheduler)
     i = 0
-    while len(store.commit_log.segments.segments) < 4:
+    while len(store.internals.commit_log.segments.segments) < 4:
         store.put(Message(TOPIC, b"%05d" % i + b"x" * 300, queue_id=0))
         i += 1
     store.wait_dispatched()

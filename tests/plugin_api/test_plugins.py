@@ -612,7 +612,7 @@ CHILD_PRELUDE = textwrap.dedent("""
             time.sleep(0.002)
 
     def modes(store):
-        return [store.worker_status()["mode"], store.flush_client.status()["mode"]]
+        return [store.worker_status()["mode"], store.internals.flush_client.status()["mode"]]
 """)
 
 
@@ -699,7 +699,7 @@ TAG_COUNTER_PUTS = """
     out = {}
     store = MessageStore.open(root, config)
     out["modes"] = modes(store)
-    out["store_process_dispatchers"] = sorted(type(d).__name__ for d in store.dispatchers)
+    out["store_process_dispatchers"] = sorted(type(d).__name__ for d in store.internals.dispatchers)
     # Every message has a key: the key index then resumes at the log's end after a clean
     # close (with no keyed message it asks for the whole log again at every open).
     store.put(Message("T", b"1", tags="red", keys="k1", queue_id=0))
@@ -787,7 +787,7 @@ FLUSH_SCRIPT = """
     from mqstore.testing import ManualScheduler
     scheduler = ManualScheduler()
     with MessageStore.open(root, config, scheduler=scheduler) as store:
-        status = store.flush_client.status
+        status = store.internals.flush_client.status
         before = status()
         store.put_batch([Message("T", b"x" * 100, queue_id=0) for _ in range(3)])
         end = store.max_phys_offset

@@ -76,3 +76,24 @@ def test_from_the_package_face_and_a_moved_package_submodule():
         f"warned mqstore.hookspecs moved to mqstore.plugin_api.hookspecs; the old path goes "
         f"in mqstore {REMOVED_IN}",
         "True True StoreView"]
+
+
+FACADE_INTERNALS = ["commit_log", "dispatchers", "hooks", "flush_client", "writer",
+                    "supervisor", "channels"]
+
+
+@pytest.mark.loops("thread")
+def test_the_facades_internal_names_warn_and_give_the_internals(make_store):
+    store = make_store()
+    for name in FACADE_INTERNALS:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = getattr(store, name)
+        assert value is getattr(store.internals, name), name
+        assert [str(w.message) for w in caught] == [
+            f"MessageStore.{name} is internal: use MessageStore.internals.{name}; the old "
+            f"name goes in mqstore {REMOVED_IN}"]
+        assert caught[0].filename == __file__
+    assert store.internals.commit_log.max_offset == store.max_phys_offset
+    assert store.internals.supervisor is None  # dispatch runs on a thread here
+    assert store.internals.flush_client is not None and store.internals.writer is not None
