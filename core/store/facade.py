@@ -24,9 +24,11 @@ from mqstore.append.appender import Appender
 from mqstore.clock import check_clock, system_clock
 from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import ConsumerService
+from mqstore.consumer.store_side import ConsumerStore
 from mqstore.errors import StoreClosedError, WorkerError
 from mqstore.lifecycle.opener import Opener
 from mqstore.store.internals import MovedToInternals, StoreInternals
+from mqstore.store.reads import StoreReadsOf
 from mqstore.store.topic_calls import TopicCalls
 from mqstore.message import (
     BatchPutResult, GetResult, Message, MessageBatch, PutCounts, PutResult, ReadBatch,
@@ -128,12 +130,15 @@ class MessageStore(TopicCalls):
             config.dispatch.worker, config.flush.worker))
         store = cls.__new__(cls)
         store._state = StoreState(os.path.abspath(os.fspath(root)), read_only)
-        store._adopt(Opener(store._state, config, clock, scheduler or system_scheduler).open())
-        store._consumers = ConsumerService(store)
+        parts = Opener(store._state, config, clock, scheduler or system_scheduler).open()
+        store._adopt(parts)
         _open_stores.add(store)
         runtime = store._runtime
         if runtime is not None and runtime.cleanup_reads_store:  # checked when built
-            runtime.cleanup_policy.bind(weakref.proxy(store))  # contracts.StoreReads
+            # The plugin protocol's one call once the store has opened; it gets the reads
+            # it declared (contracts.StoreReads), not the facade.
+            runtime.cleanup_policy.bind(StoreReadsOf(store._reader, parts.clock,
+                                                     store._consumers))
         if not read_only:
             shield.install()  # NOTE [ Uninterrupted puts ]
         return store
@@ -153,6 +158,10 @@ class MessageStore(TopicCalls):
         self.view, self.store_host = parts.view, parts.store_host
         self._commit_log, self._dispatchers = parts.commit_log, parts.dispatchers
         self._reader, self._appender, self._runtime = parts.reader, parts.appender, parts.runtime
+        self._consumers = ConsumerService(ConsumerStore(
+            parts.reader, clock=parts.clock, scheduler=parts.scheduler,
+            config=parts.config.consumer, allocation=parts.hooks.allocation_strategies,
+            compile_filter=parts.view.compile_filter, topic_config=parts.view.topics.get))
 
     # -- state -----------------------------------------------------------------------------
     @property
