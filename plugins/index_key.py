@@ -32,7 +32,7 @@ from mqstore.plugin_api.index import (
 )
 from mqstore.plugin_api.index import layout as L
 
-log = logging.getLogger("mqstore.index")
+log = logging.getLogger(__name__)
 
 INT64_MAX = (1 << 63) - 1
 

@@ -31,7 +31,7 @@ from mqstore.errors import PluginError, StoreClosedError
 from mqstore.message import GetStatus
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
 
-log = logging.getLogger("mqstore.consumer")
+log = logging.getLogger(__name__)
 TAKE_RETRY_S = 0.05  # a queue its previous owner still holds is tried again this soon
 _NOTHING_NEW = (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
 

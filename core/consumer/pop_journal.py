@@ -53,7 +53,7 @@ from mqstore.errors import CorruptStateError
 from mqstore.format import pop_record
 from mqstore.storage.durable_file import read_all, replace_file, sync_dir
 
-log = logging.getLogger("mqstore.consumer")
+log = logging.getLogger(__name__)
 
 COMPACT_BYTES = 1 << 20
 LOCK_SUFFIX = ".lock"

@@ -28,7 +28,7 @@ from mqstore.errors import InUseError, TopicNotFoundError
 from mqstore.format.names import INT64_MAX, INT64_MIN, check_int, check_queue_id
 from mqstore.runtime.workers.wakeup import Wakeup
 
-log = logging.getLogger("mqstore.consumer")
+log = logging.getLogger(__name__)
 
 CONSUMER_CALLS = ("consumer", "peek", "consumer_lag", "consumer_groups", "consumed_floor",
                   "delete_consumer_group", "reset_consumer_offsets", "pop", "ack",

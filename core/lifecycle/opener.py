@@ -44,7 +44,7 @@ from mqstore.lifecycle.store_meta import load_meta, settle_meta, settle_record_c
 from mqstore.view.directory_view import DirectoryView
 from mqstore.runtime.workers import shm
 
-log = logging.getLogger("mqstore.store")
+log = logging.getLogger(__name__)
 
 COMMIT_LOG_DIR = "commitlog"
 DEFAULT_PHYSICAL_MEMORY = 24 << 30  # RocketMQ's fallback when total RAM is unknown

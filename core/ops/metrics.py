@@ -21,7 +21,7 @@ from mqstore.consumer import CorruptStateError
 from mqstore.ops.consumer_lag import group_lags
 from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
 
-log = logging.getLogger("mqstore.serve")
+log = logging.getLogger(__name__)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

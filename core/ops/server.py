@@ -36,7 +36,7 @@ from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
 from mqstore.storage.abort_file import abort_exists
 from mqstore.store import MessageStore
 
-log = logging.getLogger("mqstore.serve")
+log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 

@@ -20,7 +20,7 @@ from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
 from mqstore.storage.queue_manifest import read_manifest
 from mqstore.lifecycle.store_meta import load_meta, settle_meta
 
-log = logging.getLogger("mqstore.ops")
+log = logging.getLogger(__name__)
 COMMIT_LOG_DIR = "commitlog"
 
 ABORT_NONE, ABORT_RUNNING, ABORT_STALE = "none", "running", "stale"

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult
     from mqstore.plugin_api.batch import DispatchBatch
 
-log = logging.getLogger("mqstore.plugins")
+log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "mqstore"
 DEFAULT_PLUGINS = (

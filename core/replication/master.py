@@ -30,7 +30,7 @@ from mqstore.format.ha_frame import (
 )
 from mqstore.replication.acks import SlaveAcks
 
-log = logging.getLogger("mqstore.replication")
+log = logging.getLogger(__name__)
 MAX_SLAVES = 16
 ACCEPT_POLL_S = 0.2
 READ_POLL_S = 0.2

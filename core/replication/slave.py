@@ -22,7 +22,7 @@ from mqstore.format.ha_frame import FrameDecoder, FrameError, encode_report
 from mqstore.replication.master import HASettings, close_socket, readable, send_timeout
 from mqstore.replication.receiver import Receiver, ReplicaDiverged
 
-log = logging.getLogger("mqstore.replication")
+log = logging.getLogger(__name__)
 READ_POLL_S = 0.2
 RECV_BYTES = 256 * 1024
 JOIN_S = 5.0

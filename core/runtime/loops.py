@@ -32,7 +32,7 @@ from mqstore.runtime.workers.pipes import wait_and_drain
 from mqstore.runtime.workers.supervisor import DISPATCH_CATCH_UP_S, DispatchSupervisor
 from mqstore.runtime.workers.wakeup import open_wakeup
 
-log = logging.getLogger("mqstore.store")
+log = logging.getLogger(__name__)
 CLEANUP_ACK_TIMEOUT_S = 30.0
 OPEN_CATCH_UP_POLL_S = 0.05
 

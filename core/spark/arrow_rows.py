@@ -21,7 +21,7 @@ from mqstore.spark.pushdown import Pushed
 from mqstore.spark.schema import arrow_schema
 from mqstore.spark.stores import open_read_only, queue_end
 
-log = logging.getLogger("mqstore.spark")
+log = logging.getLogger(__name__)
 # Messages per store.read call, and so at most per record batch. Spark's JVM spends less per
 # row on fewer, larger batches (a noop write of 1M rows: about 2.0 CPU-s at 8192, 1.5 at
 # 16384 to 32768); the reader a little more (its arrays leave the CPU caches sooner).

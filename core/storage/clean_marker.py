@@ -66,7 +66,7 @@ from mqstore.storage.index_file import INDEX_DIR
 from mqstore.storage.durable_file import sync_dir
 from mqstore.storage.sealed_json import seal, unseal, write_sealed
 
-log = logging.getLogger("mqstore.store")
+log = logging.getLogger(__name__)
 
 MARKER_FILE = "mqstore.clean"
 MARKER_FORMAT = 1

@@ -29,7 +29,7 @@ import os
 
 from mqstore.storage.durable_file import replace_file
 
-log = logging.getLogger("mqstore.dispatch")
+log = logging.getLogger(__name__)
 CONFIG_DIR = "config"
 MANIFEST_FILE = "mqstore_queues.json"
 

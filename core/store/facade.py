@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from mqstore.view.subscriptions import Subscriptions
     from mqstore.view.directory_view import DirectoryView
 
-log = logging.getLogger("mqstore.store")
+log = logging.getLogger(__name__)
 
 # Stores still open at interpreter exit are closed before multiprocessing's own exit handler
 # terminates their workers (atexit runs handlers last registered first, and importing

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from mqstore.consumer.service import ConsumerService
     from mqstore.lifecycle.parts import StoreParts
 
-log = logging.getLogger("mqstore.topics")
+log = logging.getLogger(__name__)
 
 DISPATCH_WAIT_S = 60.0
 

@@ -19,7 +19,7 @@ from mqstore.storage.cq_ext import open_ext
 from mqstore.view.subscriptions import Subscriptions
 from mqstore.view.topics import Topics
 
-log = logging.getLogger("mqstore.store")
+log = logging.getLogger(__name__)
 
 
 class DirectoryView:

@@ -44,7 +44,7 @@ from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
 from mqstore.storage.deleted_topics import read_deleted, record_deleted
 from mqstore.storage.topic_file import identity, read_table, topics_path, update_table
 
-log = logging.getLogger("mqstore.topics")
+log = logging.getLogger(__name__)
 
 RELOAD_INTERVAL_S = 1.0  # how stale another process's change to the file may be seen
 _UNREAD = ("unread",)

@@ -181,7 +181,7 @@ def test_a_dry_pool_writes_the_next_segment_through_its_map(tmp_path, make_store
     pid = store.internals.flush_client.supervisor.process.pid
     os.kill(pid, signal.SIGSTOP)
     try:
-        with caplog.at_level("WARNING", logger="mqstore.writer"):
+        with caplog.at_level("WARNING", logger="mqstore.append.pool_writer"):
             results = [store.put_batch(b) for b in batches]
         assert [r.status for r in results] == [PutStatus.PUT_OK] * len(batches)
         assert store.internals.writer.direct_segments >= 1

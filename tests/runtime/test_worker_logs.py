@@ -121,7 +121,8 @@ def test_a_worker_started_after_its_store_let_go_exits_with_one_line(tmp_path):
     """)
     assert done.stdout.split() == ["exit", "0"]
     assert [re.sub(r"\[\d+\]", "", line) for line in records(done.stderr)] == [
-        f"WARNING mqstore.workers.dispatch: store {root} closed before its dispatch worker "
+        f"WARNING mqstore.runtime.workers.dispatch_worker: store {root} closed before its "
+        f"dispatch worker "
         f"started; the worker exits"]
 
 

@@ -210,7 +210,7 @@ def test_a_worker_that_cannot_be_restarted_is_logged_and_tried_again(make_store,
 
     monkeypatch.setattr(sup, "_spawn", refused)
     victim = sup.process.pid
-    caplog.set_level("ERROR", logger="mqstore.workers")
+    caplog.set_level("ERROR", logger="mqstore.runtime.workers.supervisor")
     os.kill(victim, signal.SIGKILL)
     deadline = time.monotonic() + 60
     while sup.gave_up is None:
@@ -218,7 +218,7 @@ def test_a_worker_that_cannot_be_restarted_is_logged_and_tried_again(make_store,
         time.sleep(0.05)
     assert "could not be started (ConnectionRefusedError: [Errno 111] Connection refused)" \
         in sup.gave_up and "dispatch stopped" in sup.gave_up
-    lines = [r for r in caplog.records if r.name == "mqstore.workers"]
+    lines = [r for r in caplog.records if r.name == "mqstore.runtime.workers.supervisor"]
     assert len(lines) >= 3 and all(r.exc_info is None for r in lines)
     assert f"pid {victim}) exited with code -9; restarting it" in lines[0].getMessage()
     assert all("could not be started" in r.getMessage() for r in lines[1:])

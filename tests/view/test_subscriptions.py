@@ -49,7 +49,7 @@ def test_an_entry_written_before_the_type_field_is_sql92(tmp_path):
 def test_a_damaged_file_reads_as_empty_with_its_problem_logged(tmp_path, caplog, content,
                                                                problem):
     (tmp_path / SUBSCRIPTIONS_FILE).write_bytes(content)
-    with caplog.at_level(logging.ERROR, logger="mqstore.subscriptions"):
+    with caplog.at_level(logging.ERROR, logger="mqstore.view.subscriptions"):
         subs = Subscriptions(str(tmp_path))
     path = tmp_path / SUBSCRIPTIONS_FILE
     assert subs.entries == [] and subs.problem == f"{path}: {problem}"

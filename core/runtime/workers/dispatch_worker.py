@@ -33,7 +33,7 @@ from mqstore.runtime.workers import shm
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
 from mqstore.runtime.workers.wakeup import open_wakeup
 
-log = logging.getLogger("mqstore.workers.dispatch")
+log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # wait between checks for stop / parent death while idle
 NAP_PERIOD_S = 0.05  # after its last work the worker naps dispatch.interval_ms at a time...
 FLUSH_INTERVAL_S = 1.0  # consume queues are forced to disk this often, as RocketMQ does

@@ -36,7 +36,7 @@ from mqstore.uninterrupted import parent_alive, worker_signals
 from mqstore.runtime.workers import shm, sync_waiters
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
 
-log = logging.getLogger("mqstore.workers.flush")
+log = logging.getLogger(__name__)
 PAGE = 4096
 PARENT_CHECK_S = 0.5  # longest sleep, so a worker notices its store is gone
 
