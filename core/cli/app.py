@@ -63,7 +63,7 @@ def main() -> None:
 
 
 def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
-    logging.getLogger(__name__).warning("%s: %s", category.__name__, message)
+    logging.getLogger("mqstore").warning("%s: %s", category.__name__, message)
 
 
 def _register() -> None:

@@ -1,10 +1,14 @@
 """MessageStore: the public facade over one open store directory.
 
-Opening wires the parts together (``lifecycle.opener.Opener``); afterwards the facade only delegates:
+Opening builds the parts in dependency order (``lifecycle.opener.Opener``); afterwards the
+facade only delegates:
 
     Appender   put, put_batch: the put lock, the queue-offset table, the writer
     Reader     pulls and lookups (reads never take the put lock)
     Runtime    the dispatch, flush and cleanup loops of a writable store, and their channels
+    ConsumerService  the consumer calls, on what the consumers use of the store
+
+Tools and tests reach the parts beneath through ``internals`` (``store.internals``).
 
 Threads: any number of callers may put and get concurrently. No reference cycle runs through
 the facade: a store its program drops is closed at once (``__del__``).

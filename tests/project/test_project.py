@@ -50,9 +50,9 @@ def test_every_logger_is_named_after_its_module():
     """One scheme everywhere: a module logs as ``mqstore.<package>.<module>`` (its
     ``__name__``), so a package's logger (``mqstore.runtime``) configures all of its modules.
     The worker logging setup names the root (``mqstore``); a worker's failure is logged as
-    its module."""
+    its module; what concerns the whole package (the command line's warnings) is the root's."""
     import ast
-    allowed = {"__name__", "ROOT_LOGGER", "target.__module__"}
+    allowed = {"__name__", "ROOT_LOGGER", "target.__module__", "'mqstore'"}
     found = []
     for path in [*(ROOT / "core").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
