@@ -8,8 +8,6 @@ facade only delegates:
     Runtime    the dispatch, flush and cleanup loops of a writable store, and their channels
     ConsumerService  the consumer calls, on what the consumers use of the store
 
-Tools and tests reach the parts beneath through ``internals`` (``store.internals``).
-
 Threads: any number of callers may put and get concurrently. No reference cycle runs through
 the facade: a store its program drops is closed at once (``__del__``).
 """
@@ -100,8 +98,7 @@ class MessageStore(TopicCalls):
     recovery_report: RecoveryReport
     view: DirectoryView
     store_host: Host
-    # The parts tools and tests reach (``store.internals``); the old names warn until 0.3.0.
-    internals: StoreInternals
+    internals: StoreInternals  # what tools and tests reach; the old names below warn
     commit_log: MovedToInternals[CommitLog] = MovedToInternals()
     dispatchers: MovedToInternals[Dispatchers] = MovedToInternals()
     hooks: MovedToInternals[PluginHooks] = MovedToInternals()
