@@ -29,7 +29,7 @@ def fsync_count(store: MessageStore) -> int | None:
     store does not report it (the count is outside the API the benchmarks rely on, so only the
     msgs/flush column depends on it)."""
     try:
-        return int(store.flush_client.status()["fsyncs"])
+        return int(store.internals.flush_client.status()["fsyncs"])
     except (AttributeError, KeyError, TypeError):
         return None
 

@@ -87,7 +87,7 @@ def main() -> int:
             began = time.perf_counter()
             store.offset_by_time(TOPIC, 0, t0, "lower")
             first_ms = (time.perf_counter() - began) * 1e3
-            cl, cq = store.commit_log, store.consume_queue(TOPIC, 0)
+            cl, cq = store.internals.commit_log, store.consume_queue(TOPIC, 0)
             calls = {
                 "api": lambda ts, b: store.offset_by_time(TOPIC, 0, ts, b),
                 "search": lambda ts, b: time_search.offset_by_time(cl, cq, ts, b),

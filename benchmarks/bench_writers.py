@@ -42,7 +42,7 @@ def make_batches(n: int, body_bytes: int, batch: int) -> list[MessageBatch]:
 def wait_for_workers(store: MessageStore) -> None:
     """Start the clock once both worker processes sleep in their loops (spawned and ready)."""
     deadline = time.monotonic() + 30
-    while not (store.channels.flush.idle and store.channels.dispatch.idle):
+    while not (store.internals.channels.flush.idle and store.internals.channels.dispatch.idle):
         if time.monotonic() > deadline:
             raise RuntimeError("workers did not start within 30 s")
         time.sleep(0.01)
@@ -59,12 +59,12 @@ def run(kind: str, batches: list[MessageBatch], segment_bytes: int) -> tuple[flo
         for b in batches:
             if store.put_batch(b).status is not PutStatus.PUT_OK:
                 raise RuntimeError(f"{kind}: put_batch refused")
-        end = store.commit_log.segments.write_end
+        end = store.internals.commit_log.segments.write_end
         while store.max_phys_offset < end:  # the pool's bytes count once they are in the file
-            store.flush_client.wake()
+            store.internals.flush_client.wake()
             time.sleep(0.0005)
         elapsed = time.perf_counter() - t0
-        return elapsed, end, getattr(store.writer, "direct_segments", 0)
+        return elapsed, end, getattr(store.internals.writer, "direct_segments", 0)
 
 
 def main() -> None:

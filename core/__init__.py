@@ -15,6 +15,6 @@ __all__ = [
     "PutCounts",
     "GetResult", "StoredMessage", "RecoveryReport", "StoreConfig", "load_config", "hookimpl",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _moved.install()  # old import paths warn (DeprecationWarning) for one release

@@ -1,11 +1,14 @@
 """Store configuration: one frozen section per part of the store, loaded from YAML.
 
 Every key, its unit and its default is listed in ``config/mqstore.yaml``. Loading rejects
-unknown keys, wrong types and out-of-range values with the dotted key in the message, and
-names that no plugin registers: ``writer.kind``, ``queue_select.selector``, ``flush.policy``,
-``cleanup.policy`` and ``plugins.disable`` are checked against the plugins this very config loads, so a typo fails
-here rather than when a store opens. A key that was renamed (``RENAMED_KEYS``) still loads
-under its old name, with a DeprecationWarning naming the new one.
+unknown keys, wrong types and out-of-range values with the dotted key in the message. The
+names a config picks among plugins (``writer.kind``, ``queue_select.selector``,
+``flush.policy``, ``cleanup.policy``, ``consumer.allocation``, ``plugins.disable``) are the
+plugin API's to check, against the plugins this very config loads
+(``plugin_api.manager.build_hooks``): a store's open does it first, with the one plugin
+manager it builds, before it touches the directory, and the command line does it when it
+loads a file. A key that was renamed (``RENAMED_KEYS``) still loads under its old name, with a
+DeprecationWarning naming the new one.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mqstore.errors import ConfigError, PluginError
+from mqstore.errors import ConfigError, PluginConfigError  # noqa: F401 - its old home
 from mqstore.format.hosts import parse_host
 from mqstore.format.names import check_topic
 
@@ -35,13 +38,6 @@ RENAMED_KEYS: dict[tuple[str, str], str] = {
     ("flush", "mode"): "policy",  # the flush policy plugin: async | sync
     ("dispatch", "mode"): "worker",  # process | thread, as flush.worker
 }
-
-
-class PluginConfigError(ConfigError, PluginError):
-    """A config value names a plugin, or a strategy, that the configured plugins do not provide.
-
-    Also a PluginError: callers that caught the store's open-time lookup error keep working.
-    """
 
 
 class _Section(BaseModel):
@@ -594,35 +590,7 @@ def _build(data: Any, source: str) -> StoreConfig:
             else:
                 problems.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
         raise ConfigError(f"invalid configuration in {source}: " + "; ".join(problems)) from None
-    problems = _plugin_problems(config)
-    if problems:
-        raise PluginConfigError(f"invalid configuration in {source}: " + "; ".join(problems))
     return config
-
-
-def _plugin_problems(config: StoreConfig) -> list[str]:
-    """Check the names the config picks against the plugins it loads, built the way the store
-    builds them (same modules, disable list, entry points and environment)."""
-    # Imported here: the plugin API's modules import this one (the plugin manager, once built,
-    # validates the names a config picks; the config's parsers serve plugins).
-    from mqstore.plugin_api.manager import CORE_PARTS, PluginHooks, make_plugin_manager, plugin_names
-
-    p = config.plugins
-    known = plugin_names(p.modules)
-    problems = [f"plugins.disable: {name!r} {CORE_PARTS[name]}" if name in CORE_PARTS else
-                f"plugins.disable: no plugin is named {name!r} (known: {', '.join(known)})"
-                for name in dict.fromkeys(p.disable) if name not in known]
-    try:
-        hooks = PluginHooks(make_plugin_manager(modules=p.modules, disable=p.disable,
-                                                load_entry_points=p.load_entry_points))
-    except PluginError as exc:
-        return [*problems, f"plugins: {exc}"]
-    for registry in hooks.selected:
-        section, key = registry.setting.split(".")
-        name = getattr(getattr(config, section), key)
-        if name not in registry:
-            problems.append(registry.unknown_message(name))
-    return problems
 
 
 def load_config(path: str | None = None, overrides: Mapping[str, Any] | None = None

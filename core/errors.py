@@ -27,6 +27,13 @@ class PluginError(MQStoreError):
     """A plugin name is unknown or a plugin registered something invalid."""
 
 
+class PluginConfigError(ConfigError, PluginError):
+    """A config value names a plugin, or a strategy, that the configured plugins do not provide.
+
+    Also a PluginError: callers that caught the store's open-time lookup error keep working.
+    """
+
+
 class WorkerError(MQStoreError):
     """A worker process died; the store restarted it. Raised once per failure."""
 

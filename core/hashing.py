@@ -1,6 +1,6 @@
 """Hash functions used on disk: Java ``String.hashCode``, mmh3 and RocketMQ's masked CRC32.
 
-A store records which string hash it uses (see :mod:`mqstore.storage.store_meta`): RocketMQ
+A store records which string hash it uses (see :mod:`mqstore.lifecycle.store_meta`): RocketMQ
 directories use Java's, new mqstore stores use mmh3 (far fewer collisions). Every hash here
 returns a signed 32-bit int, the width RocketMQ stores in tag codes and index entries.
 """

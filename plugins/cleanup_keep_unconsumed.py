@@ -17,7 +17,7 @@ from mqstore.plugin_api import (
 )
 from mqstore.plugins.cleanup_rocketmq import RocketMQCleanup
 
-log = logging.getLogger("mqstore.cleanup")
+log = logging.getLogger(__name__)
 
 
 class KeepUnconsumedCleanup(RocketMQCleanup):

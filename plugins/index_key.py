@@ -32,7 +32,7 @@ from mqstore.plugin_api.index import (
 )
 from mqstore.plugin_api.index import layout as L
 
-log = logging.getLogger("mqstore.index")
+log = logging.getLogger(__name__)
 
 INT64_MAX = (1 << 63) - 1
 
@@ -262,7 +262,12 @@ class KeyIndex:
         with Java's hash only ASCII keys are (one code unit per byte), the rest key by key."""
         starts, lengths = keys.start[sel], keys.length[sel]
         if self._vector_hash:
-            return hash_ranges(keys.data, starts, lengths, self._prefix(topic))
+            hashes = hash_ranges(keys.data, starts, lengths, self._prefix(topic))
+            for i, key in not_utf8(keys.data, starts, lengths):
+                # Keyed as every read decodes it (bad bytes as U+FFFD), as Java's hash keys
+                # it: a lookup by the key a read shows finds it, and check agrees.
+                hashes[i] = self._hash(f"{topic}#{key}")
+            return hashes
         hashes, ascii_ = java_hash_ranges(keys.data, starts, lengths,
                                           self._hash(topic + "#") & 0xFFFFFFFF)
         if not ascii_.all():
@@ -387,6 +392,26 @@ def java_hash_ranges(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, 
 
 _UNIQ_KEY_NAME = PROPERTY_UNIQ_KEY.encode() + b"\x01"
 _KEYS_NAME = PROPERTY_KEYS.encode() + b"\x01"
+
+
+def not_utf8(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+             ) -> list[tuple[int, str]]:
+    """``(i, key as decoded)`` of the keys holding bytes that are no UTF-8 (damage: producers
+    write UTF-8), found with one array pass when every key is ASCII."""
+    high = np.flatnonzero(data >= 0x80)
+    if not len(high):
+        return []
+    nxt = np.searchsorted(high, starts)  # the first non-ASCII byte at or after each start
+    inside = nxt < len(high)
+    inside[inside] = high[nxt[inside]] < (starts + lengths)[inside]
+    out = []
+    for i in np.flatnonzero(inside).tolist():
+        raw = data[int(starts[i]):int(starts[i]) + int(lengths[i])].tobytes()
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            out.append((i, raw.decode("utf-8", errors="replace")))
+    return out
 
 
 def _may_hold_keys(props) -> bool:

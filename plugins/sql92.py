@@ -59,7 +59,7 @@ from mqstore.plugins.sql92_java import (  # noqa: F401 - part of this module's A
     _clip, compare, compare_doubles, parse_boolean, parse_double, parse_int, parse_long,
 )
 
-log = logging.getLogger("mqstore.sql92")
+log = logging.getLogger(__name__)
 
 CACHE_SIZE = 100
 # A selector is a few hundred characters, a generated IN list tens of KB; 256 KiB compiles in

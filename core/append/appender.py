@@ -9,13 +9,14 @@ only copies and assigns (NOTE [ Uninterrupted puts ]): a put is all or nothing.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from mqstore.append import encoding
 from mqstore.append.columns import columns_from_batch, columns_from_messages, encode_columns
-from mqstore.append.replicas import Replicas
+from mqstore.append.settings import AppendSettings, Loops, PutStrategies
+from mqstore.append.tail import AppendTail
 from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
 from mqstore.errors import CorruptStateError, StoreClosedError
 from mqstore.message import (
@@ -26,6 +27,12 @@ from mqstore.storage.commit_log import BlockTooLargeError
 from mqstore.storage.transient_pool import PoolExhaustedError
 from mqstore.uninterrupted import shield
 from mqstore.view.topics import TopicRefused
+
+if TYPE_CHECKING:
+    from mqstore.plugin_api.contracts import Writer
+    from mqstore.running_flags import StoreState
+    from mqstore.storage.commit_log import CommitLog
+    from mqstore.view.topics import Topics
 
 
 def _explicit_ids(messages, n: int):
@@ -104,46 +111,53 @@ class _Refused(Exception):
 
 
 class Appender:
-    """Owns the put lock, the queue-offset table and the writer."""
+    """Owns the put lock (the tail's), the queue-offset table and the writer."""
 
-    def __init__(self, *, state, commit_log, writer, selector, flush_policy, hooks, config,
-                 put_ctx, store_host, clock, queue_offsets: dict, last_append: tuple[int, int],
-                 failing: Callable[[], str | None], appended: Callable[[int], None],
-                 topics, replicas: Replicas | None = None) -> None:
-        """``failing()``: why the loops cannot do their work (puts wait), or None.
-        ``appended(end)``: called after each append with the new end of the log (publishes
-        it, wakes the loops). ``topics``: the store's ``view.topics.Topics``. ``replicas``: a
-        master's slaves (``append.replicas``), asked after each put; None: no replication."""
+    def __init__(self, *, state: StoreState, commit_log: CommitLog, writer: Writer,
+                 settings: AppendSettings, strategies: PutStrategies, loops: Loops,
+                 tail: AppendTail, topics: Topics, clock: Callable[[], int]) -> None:
+        """``tail``: the lock, last append and queue table this Appender changes (shared
+        with the parts that read them); ``topics``: the store's ``view.topics.Topics``."""
         self.state = state
-        self.slave = config.store.role == "slave"
-        self.busy_timeout_ms = config.store.os_page_cache_busy_timeout_ms
-        self.disk_warning_ratio = config.cleanup.disk_warning_ratio
-        self.failing = failing
+        self.settings = settings
+        self.slave = settings.slave
+        self.busy_timeout_ms = settings.busy_timeout_ms
+        self.disk_warning_ratio = settings.disk_warning_ratio
+        self.failing = loops.failing
+        self.appended = loops.appended
         self.commit_log = commit_log
         self.writer = writer
-        self.selector = selector
-        self.flush_policy = flush_policy
-        self.replicas = replicas
-        self.hooks = hooks
-        self.queues_per_topic = config.queue_select.queues_per_topic
-        self.selector_name = config.queue_select.selector
+        self.selector = strategies.selector
+        self.flush_policy = strategies.flush_policy
+        self.replicas = strategies.replicas
+        self.hooks = strategies.hooks
+        self.queues_per_topic = settings.queues_per_topic
+        self.selector_name = settings.selector_name
         self.topics = topics
-        self.put_ctx = put_ctx
-        self.store_host = store_host
-        self.msg_id_prefix = offset_msg_id(store_host, 0)[:-16]
+        self.put_ctx = settings.put_ctx
+        self.store_host = settings.store_host
+        self.msg_id_prefix = offset_msg_id(settings.store_host, 0)[:-16]
         self.clock = clock
-        self.queue_offsets = queue_offsets
-        self.last_append = last_append  # (end offset, store time) of the newest record
-        self.appended = appended
-        self.lock = threading.Lock()
+        self.tail = tail
+        self.queue_offsets = tail.queue_offsets
+        self.lock = tail.lock
         self.begin_in_lock = 0  # store time the current append took the lock (0: free)
         # put_counts: what was appended (kept under the put lock) and the refusals (their own
         # lock: a refused put never takes the put lock).
         self._appended_messages = self._appended_bytes = 0
         self._refused = 0
         self._refused_lock = threading.Lock()
-        self._last_store_ts = last_append[1]
+        self._last_store_ts = tail.store_ts
         self._limit = commit_log.segment_bytes - END_FILE_MIN_BLANK_BYTES
+
+    @property
+    def last_append(self) -> tuple[int, int]:
+        """``(end offset, store time)`` of the newest record (the tail's)."""
+        return self.tail.end, self.tail.store_ts
+
+    @last_append.setter
+    def last_append(self, value: tuple[int, int]) -> None:
+        self.tail.end, self.tail.store_ts = value
 
     # -- service checks --------------------------------------------------------------------
     def refusal(self) -> tuple[PutStatus, str] | None:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from mqstore.plugin_api.contracts import WriterContext
     from mqstore.storage.segment_queue import SegmentQueue
 
-log = logging.getLogger("mqstore.writer")
+log = logging.getLogger(__name__)
 
 
 class TransientPoolWriter:

@@ -6,8 +6,8 @@ import click
 
 from mqstore.cli import output
 from mqstore.cli.options import config_option, existing_root, json_option, load_cli_config
-from mqstore.ops.check import CheckReport, check_store
-from mqstore.ops.repair import repair
+from mqstore.ops.checking.checker import CheckReport, check_store
+from mqstore.ops.checking.repair import repair
 
 
 @click.command()

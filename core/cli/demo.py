@@ -10,8 +10,8 @@ import zlib
 
 import click
 
-from mqstore.config import StoreConfig, load_config
-from mqstore.errors import ConfigError
+from mqstore.cli.options import load_cli_config
+from mqstore.config import StoreConfig
 from mqstore.message import GetStatus, Message, PutStatus, StoredMessage
 from mqstore.storage.store_lock import exclusive
 from mqstore.store import MessageStore
@@ -125,11 +125,8 @@ def demo(config_path: str | None, root: str, count: int, fresh: bool, force: boo
 
 
 def _load_demo_config(config_path: str | None) -> StoreConfig:
-    try:
-        return load_config(config_path)
-    except ConfigError as exc:
-        # blamed on the option, so click prints usage and the option name
-        raise click.BadParameter(str(exc), param_hint="'--config'") from None
+    # A bad one is blamed on the option, so click prints usage and the option name.
+    return load_cli_config(config_path, "'--config'")
 
 
 def _show_opened(store: MessageStore) -> None:
@@ -242,7 +239,7 @@ def _show_workers(store: MessageStore) -> None:
     click.echo(f"dispatch: {status['mode']}"
                + (f" worker pid {status['pid']}, restarts {status['restarts']}"
                   if status["mode"] == "process" else ""))
-    flush = store.flush_client.status()
+    flush = store.internals.flush_client.status()
     click.echo(f"flush: {flush['mode']}"
                + (f" worker pid {flush['pid']}, restarts {flush['restarts']}"
                   if flush["mode"] == "process" else "")

@@ -15,7 +15,7 @@ def info(root: str) -> None:
     with MessageStore.open(root, read_only=True) as store:
         rep = store.recovery_report
         click.echo(f"commit log [{store.min_phys_offset}, {store.max_phys_offset}), segment "
-                   f"{store.commit_log.segment_bytes} bytes, hash {store.hash_kind}")
+                   f"{store.internals.commit_log.segment_bytes} bytes, hash {store.hash_kind}")
         if rep.truncated_bytes or rep.consume_queue_units_dropped:
             click.echo(f"damage: {rep.truncated_bytes} bytes past the last valid record "
                        f"({rep.stop_reason}); units past it: {rep.consume_queue_units_dropped}")

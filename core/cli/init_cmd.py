@@ -10,7 +10,7 @@ from mqstore.cli import output
 from mqstore.cli.options import config_option, json_option, load_cli_config, short_lived
 from mqstore.errors import StoreLockedError
 from mqstore.ops.store_files import store_marks
-from mqstore.storage.checkpoint import read_meta
+from mqstore.storage.meta_file import read_meta
 from mqstore.storage.store_lock import holder
 from mqstore.store import MessageStore
 

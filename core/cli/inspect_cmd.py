@@ -6,7 +6,7 @@ import click
 
 from mqstore.cli import output
 from mqstore.cli.options import config_option, json_option, load_cli_config
-from mqstore.ops.inspect import KINDS, inspect_path
+from mqstore.ops.inspection.kinds import KINDS, inspect_path
 
 
 @click.command()

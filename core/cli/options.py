@@ -9,6 +9,7 @@ import click
 
 from mqstore.cli.app import BadInput
 from mqstore.config import StoreConfig, load_config
+from mqstore.plugin_api.manager import check_config
 from mqstore.errors import ConfigError
 from mqstore.ops.store_files import store_marks
 
@@ -69,9 +70,12 @@ def load_cli_config(path: str | None, param: str = "'-c' / '--config'",
     """The configuration at ``path`` (or the defaults) with ``overrides``; a bad one is a
     usage error naming the option."""
     try:
-        return load_config(path, overrides=overrides or None)
+        config = load_config(path, overrides=overrides or None)
+        # The names it picks among plugins too, before any command touches a directory.
+        check_config(config, f"{path or 'defaults'}{' + overrides' if overrides else ''}")
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint=param) from None
+    return config
 
 
 def short_lived(config: StoreConfig) -> StoreConfig:

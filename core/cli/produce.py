@@ -18,7 +18,7 @@ from mqstore.cli.produce_input import InputError, Item, read_items
 from mqstore.format.names import check_topic
 from mqstore.format.properties import PROPERTY_UNIQ_KEY
 from mqstore.message import MessageBatch, PutStatus
-from mqstore.ops.uniq_keys import UniqKeys
+from mqstore.cli.uniq_keys import UniqKeys
 from mqstore.store import MessageStore
 
 BATCH = 1000  # messages per put_batch

@@ -31,7 +31,7 @@ from mqstore.errors import PluginError, StoreClosedError
 from mqstore.message import GetStatus
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
 
-log = logging.getLogger("mqstore.consumer")
+log = logging.getLogger(__name__)
 TAKE_RETRY_S = 0.05  # a queue its previous owner still holds is tried again this soon
 _NOTHING_NEW = (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
 
@@ -45,7 +45,7 @@ class GroupConsumer:
                  consume_timestamp: int | None = None, auto_commit: bool | None = None,
                  allocation: str | None = None) -> None:
         store = service.store
-        cfg = service.config
+        cfg = store.config
         names.check_group(group)
         names.check_topic(topic)
         names.check_consume_from(consume_from, consume_timestamp)
@@ -53,10 +53,10 @@ class GroupConsumer:
             raise ValueError(f"auto_commit {auto_commit!r} must be True, False or None "
                              f"(None: consumer.auto_commit)")
         strategy_name = cfg.allocation if allocation is None else allocation
-        self._strategy = store.hooks.allocation_strategies.get(strategy_name)()
+        self._strategy = store.allocation.get(strategy_name)()
         self._strategy_name = strategy_name
         if expression is not None:
-            store.view.compile_filter(expression, expression_type)  # refuse a bad one now
+            store.compile_filter(expression, expression_type)  # refuse a bad one now
         self.group, self.topic = group, topic
         self.expression, self.expression_type = expression, expression_type
         self.consume_from = consume_from

@@ -28,12 +28,12 @@ import contextlib
 import fcntl
 import json
 import os
-import stat
 import struct
 import threading
 from typing import Any, Callable, Iterator
 
 from mqstore.errors import CorruptStateError
+from mqstore.storage.durable_file import read_all, replace_file
 
 _COUNTER = struct.Struct("<Q")
 
@@ -70,7 +70,7 @@ class LockedJson:
             cached = self._cached
             if cached is not None and cached[0] == ident:
                 return cached[2]
-            return self._parse(_read_all(fd, self.path))
+            return self._parse(read_all(fd, self.path))
         finally:
             os.close(fd)
 
@@ -138,7 +138,7 @@ class LockedJson:
             # recycled inode with the same size and coarse mtime could fool the identity.
             if cached is not None and cached[0] == ident and cached[1] == counter:
                 return cached[2], counter
-            doc = self._parse(_read_all(fd, self.path))
+            doc = self._parse(read_all(fd, self.path))
         finally:
             os.close(fd)
         self._cached = (ident, counter, doc)
@@ -146,27 +146,7 @@ class LockedJson:
 
     def _write(self, lock_fd: int, doc: dict, counter: int) -> None:
         data = json.dumps(doc, separators=(",", ":")).encode("utf-8")
-        tmp = self.path + ".tmp"
-        try:
-            os.unlink(tmp)  # left by a writer killed mid-write; rewriting it in place costs more
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if self._fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        if self._fsync:
-            dir_fd = os.open(os.path.dirname(self.path), os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        replace_file(self.path, data, fsync=self._fsync, sync_directory=self._fsync)
         os.pwrite(lock_fd, _COUNTER.pack(counter), 0)
         self._cached = (_identity(os.stat(self.path)), counter, doc)
 
@@ -177,14 +157,3 @@ class LockedJson:
                 self._lock_fd = -1
             self._cached = None
 
-
-def _read_all(fd: int, path: str) -> bytes:
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        raise CorruptStateError(f"{path} is not a file (a directory or a device stands in its "
-                                f"place); it is left as it is: remove it")
-    chunks = []
-    while True:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)

@@ -52,7 +52,7 @@ from mqstore.consumer.offset_schema import TABLE, check_offsets, is_entry
 from mqstore.errors import CorruptStateError
 from mqstore.scheduler import Scheduler, system_scheduler
 
-log = logging.getLogger("mqstore.consumer")
+log = logging.getLogger(__name__)
 
 CONFIG_DIR = "config"
 OFFSET_FILE = "consumerOffset.json"

@@ -42,7 +42,7 @@ class GroupPeek:
         names.check_topic(topic)
         names.check_consume_from(consume_from, consume_timestamp)
         if expression is not None:
-            store.view.compile_filter(expression, expression_type)  # refuse a bad one now
+            store.compile_filter(expression, expression_type)  # refuse a bad one now
         self.group, self.topic = group, topic
         self.expression, self.expression_type = expression, expression_type
         self._store = store

@@ -87,7 +87,7 @@ class PopConsumer:
                              f"{', '.join(map(repr, POP_CONSUME_FROM))} for pops")
         store = self._service.store
         if expression is not None:
-            store.view.compile_filter(expression, expression_type)
+            store.compile_filter(expression, expression_type)
         wakeup = self._service.wakeup()
         deadline = time.monotonic() + wait_ms / 1000.0
         # A queue that appears while this pop waits starts at its first message, even for a

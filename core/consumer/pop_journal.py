@@ -51,8 +51,9 @@ from typing import Iterator
 from mqstore.consumer.pop_state import PopState, journal_path, parse_checkpoint, pop_state_path
 from mqstore.errors import CorruptStateError
 from mqstore.format import pop_record
+from mqstore.storage.durable_file import read_all, replace_file, sync_dir
 
-log = logging.getLogger("mqstore.consumer")
+log = logging.getLogger(__name__)
 
 COMPACT_BYTES = 1 << 20
 LOCK_SUFFIX = ".lock"
@@ -179,7 +180,7 @@ class PopJournal:
             fd = self._open_journal(repair)
         except FileNotFoundError:
             return state
-        data = _read_all(fd)
+        data = read_all(fd)
         try:
             named = pop_record.decode_header(data)
         except ValueError as exc:
@@ -265,7 +266,7 @@ class PopJournal:
             os.close(fd)
             raise
         if self._fsync:
-            _fsync_dir(os.path.dirname(self.journal))
+            sync_dir(os.path.dirname(self.journal))
         self._close_journal()
         st = os.fstat(fd)
         self._fd, self._ino, self._pos = fd, (st.st_dev, st.st_ino), len(data)
@@ -274,14 +275,10 @@ class PopJournal:
     def _compact(self) -> None:
         generation = self._generation + 1
         data = _json_bytes(self._state.to_doc(generation))
-        tmp = self.path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())  # always: the new journal must never land before it
-        os.replace(tmp, self.path)
+        # Forced always: the new journal must never land before it.
+        replace_file(self.path, data, fsync=True)
         try:
-            _fsync_dir(os.path.dirname(self.path))
+            sync_dir(os.path.dirname(self.path))
             self._checkpoint_bytes = len(data)
             self._generation = generation
             self._replace_journal(b"")
@@ -339,19 +336,3 @@ def _json_bytes(doc: dict) -> bytes:
     import json
     return json.dumps(doc, separators=(",", ":")).encode()
 
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while True:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)

@@ -2,8 +2,9 @@
 
 It owns what every consumer of the store shares here: the offset table, the wakeup word, the
 pop consumer, and the consumers to close with the store. ``MessageStore`` delegates the calls
-named in ``CONSUMER_CALLS`` to it (docs/consumers.md). The store holds it; it holds the store
-weakly (no reference cycle through the facade, which is closed when dropped).
+named in ``CONSUMER_CALLS`` to it (docs/consumers.md). It is handed what it uses of the store
+(``consumer.store_side.ConsumerStore``), never the facade, so no reference cycle runs through
+the facade (which is closed when dropped).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mqstore.consumer.membership import live_members, remove_group_files, topics
 from mqstore.consumer.offsets import ConsumerOffsets
 from mqstore.consumer.peek import GroupPeek
 from mqstore.consumer.pop import PopConsumer
+from mqstore.consumer.store_side import ConsumerStore
 from mqstore.consumer.progress import (
     QueueLag, group_offsets, groups, queue_lags, retention_floor,
 )
@@ -26,7 +28,7 @@ from mqstore.errors import InUseError, TopicNotFoundError
 from mqstore.format.names import INT64_MAX, INT64_MIN, check_int, check_queue_id
 from mqstore.runtime.workers.wakeup import Wakeup
 
-log = logging.getLogger("mqstore.consumer")
+log = logging.getLogger(__name__)
 
 CONSUMER_CALLS = ("consumer", "peek", "consumer_lag", "consumer_groups", "consumed_floor",
                   "delete_consumer_group", "reset_consumer_offsets", "pop", "ack",
@@ -66,24 +68,18 @@ def refuse_live(root: str, group: str, topic: str | None, doing: str) -> None:
 
 
 class ConsumerService:
-    def __init__(self, store) -> None:
+    def __init__(self, store: ConsumerStore) -> None:
+        """``store``: what the consumers use of their store (``consumer.store_side``)."""
+        self.store = store
         self.root = store.root
-        self.config = store.config.consumer
+        self.config = store.config
         self.offsets = ConsumerOffsets(self.root, fsync=self.config.commit_fsync,
                                        persist_interval_ms=self.config.persist_interval_ms,
                                        scheduler=store.scheduler)
-        self._store = weakref.ref(store)
         self._wakeup: Wakeup | None = None
         self._pop = None
         self._open: "weakref.WeakSet" = weakref.WeakSet()
         self._lock = threading.Lock()
-
-    @property
-    def store(self):
-        store = self._store()
-        if store is None:
-            raise ReferenceError("the store of these consumers is gone")
-        return store
 
     # -- the store's consumer calls -------------------------------------------------------
     def consumer(self, group: str, topic: str, expression: str | None = None,

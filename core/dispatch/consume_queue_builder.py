@@ -23,7 +23,7 @@ from mqstore.format.record import SYSFLAG_TX_MASK, TX_COMMIT, TX_NOT
 from mqstore.errors import PluginError
 from mqstore.plugin_api.contracts import PRECOMPUTES, capabilities_of
 
-log = logging.getLogger("mqstore.dispatch")
+log = logging.getLogger(__name__)
 
 
 class ConsumeQueueBuilder:

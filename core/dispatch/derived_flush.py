@@ -19,7 +19,7 @@ from typing import Callable
 
 from mqstore.storage.queue_progress import QUEUED_FILE, DispatchMark, write_queued
 
-log = logging.getLogger("mqstore.dispatch")
+log = logging.getLogger(__name__)
 PENDING_MARKS = 64  # one a flush: a minute of marks waiting for the commit log's flush
 
 

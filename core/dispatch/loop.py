@@ -33,7 +33,7 @@ from mqstore.format.record_columns import MIN_RECORD_BYTES, heads, walk
 from mqstore.plugin_api.batch import DispatchBatch  # noqa: F401 - built here, defined for plugins
 from mqstore.storage.queue_progress import DispatchMark
 
-log = logging.getLogger("mqstore.dispatch")
+log = logging.getLogger(__name__)
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 _TAGS = PROPERTY_TAGS.encode()

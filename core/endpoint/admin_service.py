@@ -23,7 +23,7 @@ from mqstore.endpoint.admin_wire import ERROR_KEY, METHODS, SERVICE, code_of, na
 from mqstore.endpoint.protocol import Code
 from mqstore.endpoint.status import EndpointError
 
-log = logging.getLogger("mqstore.endpoint")
+log = logging.getLogger(__name__)
 GUARD_CODES = {Code.UNAUTHORIZED: grpc.StatusCode.UNAUTHENTICATED,
                Code.TOO_MANY_REQUESTS: grpc.StatusCode.RESOURCE_EXHAUSTED}
 

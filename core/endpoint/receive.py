@@ -28,7 +28,7 @@ from mqstore.endpoint.resources import group_name, topic_to_read
 from mqstore.endpoint.status import EndpointError, ok, status
 from mqstore.endpoint.wire import now_timestamp, to_wire
 
-log = logging.getLogger("mqstore.endpoint")
+log = logging.getLogger(__name__)
 
 MAX_BATCH = 32  # RocketMQ's pop hands out at most 32 messages
 MAX_INVISIBLE_MS = 12 * 3600 * 1000  # the proxy's maxInvisibleTimeMills

@@ -42,7 +42,7 @@ from mqstore.endpoint.send import Sender
 from mqstore.endpoint.service import MessagingService
 from mqstore.endpoint.settings import SESSIONS_PER_CONNECTION, Sessions, SettingsPolicy
 
-log = logging.getLogger("mqstore.endpoint")
+log = logging.getLogger(__name__)
 START_TIMEOUT_S = 30.0
 STOP_GRACE_S = 10.0
 STOP_TIMEOUT_S = STOP_GRACE_S + 10.0

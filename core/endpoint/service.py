@@ -28,7 +28,7 @@ from mqstore.endpoint.resources import group_name, topic_to_read
 from mqstore.endpoint.status import EndpointError, ok, status
 from mqstore.errors import StoreClosedError
 
-log = logging.getLogger("mqstore.endpoint")
+log = logging.getLogger(__name__)
 CLIENT_ID = "x-mq-client-id"
 SERVED = ("QueryRoute", "Heartbeat", "SendMessage", "ReceiveMessage", "AckMessage",
           "ChangeInvisibleDuration", "Telemetry", "NotifyClientTermination")

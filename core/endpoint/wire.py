@@ -40,7 +40,7 @@ from mqstore.format.properties import (
 from mqstore.format.record import SYSFLAG_COMPRESSED
 from mqstore.message import Message
 
-log = logging.getLogger("mqstore.endpoint")
+log = logging.getLogger(__name__)
 MessageType = definition_pb2.MessageType
 Encoding = definition_pb2.Encoding
 SHARDING_KEY = "__SHARDINGKEY"

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import logging
 import os
-import weakref
 
-from mqstore.append import encoding
 from mqstore.append.appender import Appender, ReadOnlyAppender
-from mqstore.plugin_api.contracts import FOLLOWER, READER, STAGING_WRITER, WRITER, WriterContext
+from mqstore.append.settings import AppendSettings, PutStrategies
+from mqstore.append.tail import AppendTail
+from mqstore.plugin_api.contracts import FOLLOWER, READER, STAGING_WRITER, WRITER
 from mqstore.dispatch.dispatchers import Dispatchers
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.format.hosts import parse_host
-from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
+from mqstore.plugin_api.manager import build_hooks
 from mqstore.append.pool_writer import MapWriter, TransientPoolWriter, salvage_pool
 from mqstore.read.pull import PullLimits
 from mqstore.read.reader import Reader
@@ -30,7 +30,8 @@ from mqstore.runtime.loops import Runtime
 from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.storage import clean_marker
 from mqstore.storage import store_id as ids
-from mqstore.storage.checkpoint import Checkpoint, abort_exists, create_abort
+from mqstore.storage.abort_file import abort_exists, create_abort
+from mqstore.storage.checkpoint import Checkpoint
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.queue_floor import offsets_without_message
@@ -43,7 +44,7 @@ from mqstore.lifecycle.store_meta import load_meta, settle_meta, settle_record_c
 from mqstore.view.directory_view import DirectoryView
 from mqstore.runtime.workers import shm
 
-log = logging.getLogger("mqstore.store")
+log = logging.getLogger(__name__)
 
 COMMIT_LOG_DIR = "commitlog"
 DEFAULT_PHYSICAL_MEMORY = 24 << 30  # RocketMQ's fallback when total RAM is unknown
@@ -69,9 +70,13 @@ class Opener:
         self.config = config
         self.clock = clock
         self.parts = StoreParts(config, clock, scheduler)
+        self.channels: shm.Channels | None = None  # a writer's shared positions, once made
 
     def open(self) -> StoreParts:
         parts, state = self.parts, self.state
+        # The one plugin manager of this open, and the names the config picks among its
+        # plugins checked, before anything touches the directory.
+        parts.hooks = build_hooks(self.config)
         if state.read_only:
             if not os.path.isdir(self.root):
                 raise FileNotFoundError(f"store directory {self.root!r} does not exist")
@@ -88,6 +93,8 @@ class Opener:
         except BaseException as exc:
             if parts.runtime is not None:
                 parts.runtime.abort_start()
+            elif self.channels is not None:
+                self.channels.close()  # the runtime that would own them was never built
             parts.release_files()
             parts.unlock()
             _note_recovery(exc, parts.recovery_report)
@@ -102,9 +109,6 @@ class Opener:
         # on never finds a marker describing files this open went on to change.
         self.marker, self.marker_problem = clean_marker.take(self.root, remove=not ro)
         meta, meta_problem = load_meta(self.root)
-        parts.hooks = PluginHooks(make_plugin_manager(
-            modules=config.plugins.modules, disable=config.plugins.disable,
-            load_entry_points=config.plugins.load_entry_points))
         # Sizes the store was written with win over the configured ones, which apply to new
         # stores; a read-only store with no segment yet learns the size from the first one.
         parts.commit_log = CommitLog(os.path.join(self.root, COMMIT_LOG_DIR),
@@ -254,15 +258,20 @@ class Opener:
         return None
 
     def _parts(self) -> None:
-        """The view, the dispatchers of this process's role, the reader."""
+        """What appends leave, the view, the dispatchers of this process's role, the shared
+        positions of a writer, the reader."""
         parts, config, ro = self.parts, self.config, self.state.read_only
         in_process = not ro and config.dispatch.worker == "thread"
+        # Where the log ends now, and (from the re-dispatch on) each queue's next offset.
+        self.tail = AppendTail(parts.commit_log.max_offset,
+                               parts.checkpoint.physic_msg_timestamp)
         parts.view = view = DirectoryView(
             self.root, config, clock=self.clock, hash_kind=parts.hash_kind,
             commit_log=parts.commit_log, checkpoint=parts.checkpoint,
             recovery_report=parts.recovery_report,
             cq_file_bytes=self.meta["consume_queue_file_bytes"], consume_queues=self.queues,
-            filters=parts.hooks.filters, writes_queues=in_process, manifest=self.manifest)
+            filters=parts.hooks.filters, writes_queues=in_process, manifest=self.manifest,
+            known_queues=self.tail.queue_offsets)
         parts.store_host = parse_host(config.store.store_host)
         self.role = READER if ro else (WRITER if in_process else FOLLOWER)
         parts.dispatchers = Dispatchers(parts.hooks.dispatchers, view, self.role)
@@ -270,63 +279,48 @@ class Opener:
                   else _physical_memory())
         limits = PullLimits(config.get, memory,
                             config.store.role == "slave" and not config.get.offset_check_in_slave)
+        if not ro:
+            self.channels = shm.Channels.create(
+                store_segment_name(self.meta[ids.ID_KEY], shm.POSITIONS_SEGMENT))
         parts.reader = Reader(self.state, view, limits, parts.dispatchers,
-                               self._follow_limit())
+                              self._follow_limit())
         parts.appender = ReadOnlyAppender(self.state)
         if ro:
             self.state.running_flags |= NOT_WRITEABLE
 
     def _follow_limit(self):
-        """How far this process's consume-queue views may advance (None: it writes them)."""
-        parts = self.parts
+        """How far this process's consume-queue views may advance (None: it writes them):
+        a reader follows the log's tail, a follower what the dispatch worker published."""
         if self.state.read_only:
-            return parts.commit_log.follow_tail
-        return lambda: None  # a follower's limit is the worker's channel, set by _start
+            return self.parts.commit_log.follow_tail
+        if self.role == FOLLOWER:
+            assert self.channels is not None
+            return lambda ch=self.channels.dispatch: ch.dispatched
+        return lambda: None
 
     def _start(self) -> None:
         """Writer, selector, flush policy, the loops; recovery's re-dispatch first."""
         parts, config, hooks = self.parts, self.config, self.parts.hooks
-        runtime_ref: list = []
+        assert self.channels is not None
         factory = hooks.writers.get(config.writer.kind)
         if factory is STAGING_WRITER:
             # As RocketMQ's transient pool, a master's only: a slave's copies are readable
             # (and acknowledged) once copied.
             factory = MapWriter if config.store.role == "slave" else TransientPoolWriter
-        writer = factory(WriterContext(
-            self.root, config, parts.commit_log,
-            lambda: runtime_ref[0]().wake_committer() if runtime_ref else None,
-            self.meta[ids.ID_KEY]))
-        try:
-            flush_factory = hooks.flush_policies.get(config.flush.policy)
-            runtime = parts.runtime = Runtime(
-                state=self.state, config=config, view=parts.view, dispatchers=parts.dispatchers,
-                hooks=hooks, writer=writer, flush_schedule=flush_factory.schedule(config),
-                clock=self.clock, manifest=self.manifest, store_id=self.meta[ids.ID_KEY],
-                scheduler=parts.scheduler)
-        except BaseException:
-            writer.close()
-            raise
-        runtime_ref.append(weakref.ref(runtime))
-        runtime.store_lock = parts.lock
-        if self.role == FOLLOWER:
-            parts.reader.follow(lambda ch=runtime.channels.dispatch: ch.dispatched)
-        policy = flush_factory(config, runtime.flush_client)
-        runtime.visible_after_flush = bool(policy.visible_after_flush)
+        runtime = parts.runtime = Runtime(
+            state=self.state, config=config, view=parts.view, dispatchers=parts.dispatchers,
+            hooks=hooks, writer_factory=factory,
+            flush_factory=hooks.flush_policies.get(config.flush.policy),
+            channels=self.channels, tail=self.tail, store_lock=parts.lock, clock=self.clock,
+            manifest=self.manifest, store_id=self.meta[ids.ID_KEY], scheduler=parts.scheduler)
         acks = slave_acks(config)
-        parts.appender = runtime.appender = Appender(
-            state=self.state, commit_log=parts.commit_log, writer=writer,
-            selector=hooks.queue_selectors.get(config.queue_select.selector)(
-                config, parts.view.string_hash),
-            flush_policy=policy, hooks=hooks, config=config,
-            put_ctx=encoding.PutContext(parts.store_host, config.commit_log.max_message_bytes,
-                                        config.commit_log.auto_v2_on_long_topic,
-                                        parts.store_host.is_v6, config.commit_log.record_crc),
-            store_host=parts.store_host, clock=self.clock, queue_offsets={},
-            last_append=(parts.commit_log.max_offset, parts.checkpoint.physic_msg_timestamp),
-            failing=runtime.failing, appended=runtime.appended, topics=parts.view.topics,
-            replicas=acks)
-        queue_offsets = parts.appender.queue_offsets
-        parts.view.topics.known_queues = lambda: list(queue_offsets)
+        selector = hooks.queue_selectors.get(config.queue_select.selector)(
+            config, parts.view.string_hash)
+        parts.appender = Appender(
+            state=self.state, commit_log=parts.commit_log, writer=runtime.writer,
+            settings=AppendSettings.of(config, parts.store_host),
+            strategies=PutStrategies(selector, runtime.flush_policy, hooks, acks),
+            loops=runtime, tail=self.tail, topics=parts.view.topics, clock=self.clock)
         parts.replication = Replication(self.root, config, parts.commit_log, parts.appender,
                                         acks)
         report = parts.recovery_report
@@ -341,7 +335,7 @@ class Opener:
         create_abort(self.root)
         report.redispatch_bytes, report.redispatch_seconds = runtime.start(
             start, report.abnormal, report.trusted_end, hold=self.holding)
-        parts.appender.queue_offsets.update(self._queue_offsets())
+        self.tail.queue_offsets.update(self._queue_offsets())
         self._report_lost_offsets(report)
         self._declare_topics()  # once every queue recovery re-dispatched is known
 

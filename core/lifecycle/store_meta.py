@@ -31,10 +31,10 @@ from mqstore.format import index_layout as L
 from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, find_property
 from mqstore.format.verify import verify_record
 from mqstore.hashing import HASH_KINDS, string_hasher
-from mqstore.storage.checkpoint import read_meta, write_meta
+from mqstore.storage.meta_file import read_meta, write_meta
 from mqstore.storage.index_file import INDEX_DIR, IndexFile
 
-log = logging.getLogger("mqstore.store")
+log = logging.getLogger(__name__)
 SAMPLE_UNITS = 64  # tagged messages looked at per queue when the hash must be inferred
 SAMPLE_ENTRIES = 32  # index entries looked at from each end of each index file
 META_FORMAT = 1

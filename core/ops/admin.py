@@ -7,7 +7,7 @@ does to a broker, as plain values (dicts and lists, the commands' JSON).
   opening the store: on a closed store, or beside a running writer (which sees the change
   within a second, ``view.topics.RELOAD_INTERVAL_S``);
 * a topic is deleted by opening the closed store for writing, its loops as threads of this
-  process (``lifecycle.topic_removal``): refused while another process has it open for
+  process (``store.topic_removal``): refused while another process has it open for
   writing;
 * groups are read and changed through a read-only open, as consumers in other processes are
   (offsets and pop state are shared files under flocks), so beside a running writer too; a

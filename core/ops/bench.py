@@ -74,8 +74,8 @@ def run_bench(config: StoreConfig, count: int, body_bytes: int, batch: int,
             phases, spans = _write(store, batches, count, progress)
             phases.append(_get(store, count, phases[0].bytes, progress))
         records = _read_records(os.path.join(root, "commitlog"),
-                                store.commit_log.segment_bytes, spans)
-        base = _baseline(records, tmp, store.commit_log.segment_bytes, progress)
+                                store.internals.commit_log.segment_bytes, spans)
+        base = _baseline(records, tmp, store.internals.commit_log.segment_bytes, progress)
     for phase in phases:
         phase.x_base = phase.mb_per_s / base.mb_per_s if base.mb_per_s else None
     base.x_base = 1.0

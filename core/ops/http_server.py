@@ -42,7 +42,7 @@ import h11
 
 from mqstore.ops.wsgi_call import call_wsgi, wsgi_environ
 
-log = logging.getLogger("mqstore.serve")
+log = logging.getLogger(__name__)
 APP_THREADS = 4  # requests answered at once; the rest wait their turn, connections held
 ACCEPT_BATCH = 64  # connections taken off the listen queue per wake-up of the loop
 ACCEPT_PAUSE_S = 0.5  # accepting rests this long when not even the reserve descriptor is free

@@ -21,7 +21,7 @@ from mqstore.consumer import CorruptStateError
 from mqstore.ops.consumer_lag import group_lags
 from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
 
-log = logging.getLogger("mqstore.serve")
+log = logging.getLogger(__name__)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -64,7 +64,7 @@ class StoreCollector(Collector):
                      1 if flags & DISK_FULL else 0)
 
     def _flush(self):
-        status = self.store.flush_client.status()
+        status = self.store.internals.flush_client.status()
         yield _gauge("mqstore_flushed_offset_bytes", "End of the commit-log bytes on disk.",
                      status["flushed"])
         yield _gauge("mqstore_flush_lag_bytes", "Written commit-log bytes not yet on disk.",
@@ -126,7 +126,7 @@ class StoreCollector(Collector):
         restarts = CounterMetricFamily("mqstore_worker_restarts", "Worker processes "
                                        "restarted after dying.", labels=["worker"])
         for name, status in (("dispatch", self.store.worker_status()),
-                             ("flush", self.store.flush_client.status())):
+                             ("flush", self.store.internals.flush_client.status())):
             up.add_metric([name], 1 if status["alive"] else 0)
             restarts.add_metric([name], status.get("restarts", 0))
         yield from (up, restarts)

@@ -40,12 +40,12 @@ from mqstore.ops import reload
 from mqstore.ops.admin import ServedAdmin
 from mqstore.ops.http_server import HttpServer, Limits
 from mqstore.ops.metrics import StoreCollector
-from mqstore.ops.repair import describe
+from mqstore.ops.checking.repair import describe
 from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
-from mqstore.storage.checkpoint import abort_exists
+from mqstore.storage.abort_file import abort_exists
 from mqstore.store import MessageStore
 
-log = logging.getLogger("mqstore.serve")
+log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RELOAD_SIGNAL = signal.SIGHUP
 
@@ -151,7 +151,7 @@ def health(store: MessageStore, stopping: bool, starting: str | None = None
     elif starting:
         problems.append(f"starting: {starting}")
     else:
-        dispatch, flush = store.worker_status(), store.flush_client.status()
+        dispatch, flush = store.worker_status(), store.internals.flush_client.status()
         for name, status in (("dispatch", dispatch), ("flush", flush)):
             if not status["alive"]:
                 problems.append(f"{name} worker is not running")

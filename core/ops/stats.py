@@ -80,10 +80,10 @@ def _store(ctx) -> dict:
 
 def _commit_log(ctx) -> dict:
     store = ctx["store"]
-    segs = store.commit_log.segments.segments
+    segs = store.internals.commit_log.segments.segments
     return {"min_offset": store.min_phys_offset, "max_offset": store.max_phys_offset,
             "bytes": max(0, store.max_phys_offset - max(store.min_phys_offset, 0)),
-            "segments": len(segs), "segment_bytes": store.commit_log.segment_bytes}
+            "segments": len(segs), "segment_bytes": store.internals.commit_log.segment_bytes}
 
 
 def _queue_bytes(cq) -> int:
@@ -174,16 +174,16 @@ def _cleanup(ctx) -> dict:
     store, config, now = ctx["store"], ctx["config"], ctx["now"]
     cfg = config.cleanup
     ratio = cleanup.disk_used_ratio(ctx["root"])
-    decision = store.hooks.cleanup_policies.get(cfg.policy)(config).decide(now, ratio)
+    decision = store.internals.hooks.cleanup_policies.get(cfg.policy)(config).decide(now, ratio)
     reserved_ms = int(cfg.file_reserved_hours * HOUR_MS)
-    segs = store.commit_log.segments.segments
-    oldest = store_time_at(store.commit_log, segs[1].start) if len(segs) > 1 else -1
+    segs = store.internals.commit_log.segments.segments
+    oldest = store_time_at(store.internals.commit_log, segs[1].start) if len(segs) > 1 else -1
     return {"policy": cfg.policy, "delete_when": cfg.delete_when,
             "file_reserved_hours": cfg.file_reserved_hours,
             "disk_used_ratio": ratio,
             **_watermarks(cfg, ratio),
             "would_delete_now": decision.delete, "disk_full": bool(decision.disk_full),
-            "expired_segments": cleanup.expired_count(store.commit_log, now, reserved_ms,
+            "expired_segments": cleanup.expired_count(store.internals.commit_log, now, reserved_ms,
                                                       len(segs)),
             "oldest_segment_age_ms": now - oldest if oldest > 0 else None}
 

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 
 from mqstore.config import StoreConfig
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
-from mqstore.storage.checkpoint import ABORT_FILE, META_FILE
+from mqstore.storage.abort_file import ABORT_FILE
+from mqstore.storage.meta_file import META_FILE
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import ConsumeQueue, load_consume_queues
 from mqstore.storage.queue_manifest import read_manifest
 from mqstore.lifecycle.store_meta import load_meta, settle_meta
 
-log = logging.getLogger("mqstore.ops")
+log = logging.getLogger(__name__)
 COMMIT_LOG_DIR = "commitlog"
 
 ABORT_NONE, ABORT_RUNNING, ABORT_STALE = "none", "running", "stale"

@@ -11,7 +11,7 @@ from urllib.parse import unquote
 
 import h11
 
-log = logging.getLogger("mqstore.serve")
+log = logging.getLogger(__name__)
 
 
 def call_wsgi(app, environ: dict) -> tuple[int, str, list, bytes]:

@@ -30,12 +30,12 @@ class DispatchBatch:
 
     @classmethod
     def concat(cls, begin: int, end: int, parts: list[dict]) -> "DispatchBatch":
-        def col(name, dtype):
+        def col(name: str, dtype: type) -> np.ndarray:
             arrays = [p[name] for p in parts]
             return (arrays[0] if len(arrays) == 1 else np.concatenate(arrays)).astype(
                 dtype, copy=False)
 
-        def joined(name):  # one part per segment touched: usually just one
+        def joined(name: str) -> list:  # one part per segment touched: usually just one
             return parts[0][name] if len(parts) == 1 else list(
                 chain.from_iterable(p[name] for p in parts))
         return cls(

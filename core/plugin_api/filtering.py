@@ -4,7 +4,7 @@ of compiled expressions."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -13,6 +13,8 @@ from mqstore.errors import PluginError
 
 if TYPE_CHECKING:
     from mqstore.message import StoredMessage
+    from mqstore.plugin_api.contracts import Filter
+    from mqstore.plugin_api.registry import Registry
 
 FILTER_CACHE_SIZE = 100
 
@@ -33,12 +35,12 @@ MATCH_ALL = MatchAll()
 class FilterCache:
     """The last FILTER_CACHE_SIZE compiled expressions, by (type, expression)."""
 
-    def __init__(self, factories, string_hash) -> None:
+    def __init__(self, factories: Registry, string_hash: Callable[[str], int]) -> None:
         self.factories = factories  # the filters Registry
         self.string_hash = string_hash
         self._cache: OrderedDict = OrderedDict()
 
-    def compile(self, expression: str | None, expression_type: str):
+    def compile(self, expression: str | None, expression_type: str) -> Filter:
         if not isinstance(expression_type, str):
             raise ValueError(f"expression_type {expression_type!r} must be a string naming a "
                              f"filter type (e.g. 'TAG', 'SQL92')")

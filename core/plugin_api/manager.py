@@ -16,15 +16,20 @@ import importlib
 import logging
 import os
 from importlib import metadata
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pluggy
 
+from mqstore.errors import PluginConfigError, PluginError
 from mqstore.plugin_api import hookspecs
-from mqstore.errors import PluginError
 from mqstore.plugin_api.registry import Registry
 
-log = logging.getLogger("mqstore.plugins")
+if TYPE_CHECKING:
+    from mqstore.config import StoreConfig
+    from mqstore.message import BatchPutResult, Message, MessageBatch, PutResult
+    from mqstore.plugin_api.batch import DispatchBatch
+
+log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "mqstore"
 DEFAULT_PLUGINS = (
@@ -64,8 +69,16 @@ def _env_list(name: str) -> list[str] | None:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def _register(pm: pluggy.PluginManager, plugin, name: str, source: str) -> None:
-    sources(pm)[name] = source
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager, knowing where each registered plugin came from (``sources``)."""
+
+    def __init__(self) -> None:
+        super().__init__(hookspecs.PROJECT)
+        self.sources: dict[str, str] = {}  # plugin name -> module, or entry point and package
+
+
+def _register(pm: PluginManager, plugin: object, name: str, source: str) -> None:
+    pm.sources[name] = source
     try:
         pm.register(plugin, name)
     except (pluggy.PluginValidationError, ValueError) as exc:
@@ -74,11 +87,8 @@ def _register(pm: pluggy.PluginManager, plugin, name: str, source: str) -> None:
 
 def sources(pm: pluggy.PluginManager) -> dict[str, str]:
     """Where each registered plugin came from, by plugin name (module, or entry point and
-    package), for messages that name a plugin."""
-    found = getattr(pm, "_mqstore_sources", None)
-    if found is None:
-        found = pm._mqstore_sources = {}  # type: ignore[attr-defined]
-    return found
+    package), for messages that name a plugin; empty for a manager built elsewhere."""
+    return pm.sources if isinstance(pm, PluginManager) else {}
 
 
 def _entry_point_source(ep: metadata.EntryPoint) -> str:
@@ -97,8 +107,8 @@ def plugin_names(modules: Sequence[str] = ()) -> list[str]:
 
 
 def make_plugin_manager(*, modules: Sequence[str] = (), disable: Sequence[str] = (),
-                        load_entry_points: bool = True) -> pluggy.PluginManager:
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
+                        load_entry_points: bool = True) -> PluginManager:
+    pm = PluginManager()
     pm.add_hookspecs(hookspecs)
     blocked = set(disable) | set(_env_list("MQSTORE_DISABLE_PLUGINS") or ())
     for name in blocked:
@@ -168,7 +178,8 @@ class PluginHooks:
         return (self.writers, self.queue_selectors, self.flush_policies, self.cleanup_policies,
                 self.allocation_strategies)
 
-    def _collect(self, kind: str, hook, key=lambda n: n, setting: str | None = None,
+    def _collect(self, kind: str, hook: Any, key: Callable[[str], str] = lambda n: n,
+                 setting: str | None = None,
                  reserved: dict[str, str] | None = None) -> Registry:
         registry = Registry(kind, key=key, setting=setting, reserved=reserved)
         named = sources(self.pm)
@@ -183,15 +194,15 @@ class PluginHooks:
         registry.current_plugin = registry.current_source = "?"
         return registry
 
-    def before_append(self, messages) -> None:
+    def before_append(self, messages: Sequence[Message] | MessageBatch) -> None:
         if self.has_before_append:
             self.pm.hook.before_append(messages=messages)
 
-    def after_append(self, result) -> None:
+    def after_append(self, result: PutResult | BatchPutResult) -> None:
         if self.has_after_append:
             self.pm.hook.after_append(result=result)
 
-    def after_dispatch(self, batch) -> None:
+    def after_dispatch(self, batch: DispatchBatch) -> None:
         if self.has_after_dispatch:
             self.pm.hook.after_dispatch(batch=batch)
 
@@ -202,3 +213,41 @@ class PluginHooks:
     def after_cleanup(self, min_phys_offset: int) -> None:
         if self.has_after_cleanup:
             self.pm.hook.after_cleanup(min_phys_offset=min_phys_offset)
+
+
+def build_hooks(config: StoreConfig) -> PluginHooks:
+    """The plugins ``config`` loads (``plugins.modules``, ``disable``, entry points), with
+    every name the config picks among them checked: PluginConfigError listing all the
+    problems at once, each naming its key."""
+    p = config.plugins
+    problems = _disable_problems(p.disable, p.modules)
+    try:
+        hooks = PluginHooks(make_plugin_manager(modules=p.modules, disable=p.disable,
+                                                load_entry_points=p.load_entry_points))
+    except PluginError as exc:
+        raise PluginConfigError("; ".join([*problems, f"plugins: {exc}"])) from None
+    for registry in hooks.selected:
+        assert registry.setting is not None  # the selected registries name their key
+        section, key = registry.setting.split(".")
+        name = getattr(getattr(config, section), key)
+        if name not in registry:
+            problems.append(registry.unknown_message(name))
+    if problems:
+        raise PluginConfigError("; ".join(problems))
+    return hooks
+
+
+def check_config(config: StoreConfig, source: str = "the configuration") -> None:
+    """``build_hooks``'s check alone, its error naming ``source`` (a file): for a tool that
+    loads a configuration long before it opens a store."""
+    try:
+        build_hooks(config)
+    except PluginConfigError as exc:
+        raise PluginConfigError(f"invalid configuration in {source}: {exc}") from None
+
+
+def _disable_problems(disable: Sequence[str], modules: Sequence[str]) -> list[str]:
+    known = plugin_names(modules)
+    return [f"plugins.disable: {name!r} {CORE_PARTS[name]}" if name in CORE_PARTS else
+            f"plugins.disable: no plugin is named {name!r} (known: {', '.join(known)})"
+            for name in dict.fromkeys(disable) if name not in known]

@@ -64,7 +64,7 @@ class Registry:
     def names(self) -> list[str]:
         return list(self._factories)
 
-    def items(self):
+    def items(self) -> list[tuple[str, Any]]:
         return list(self._factories.items())
 
     def __contains__(self, name: str) -> bool:

@@ -75,7 +75,8 @@ class ConsumeQueueView(Protocol):
 class ConsumeQueueExtView(Protocol):
     """A consume queue's extension file (``consumequeue_ext``), read-only."""
 
-    def resolve(self, addresses: np.ndarray):
+    def resolve(self, addresses: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The extension units at ``addresses`` (the tags-code column of units that point into
         the extension)."""
 

@@ -27,7 +27,7 @@ from mqstore.format.verify import verify_queue_record
 from mqstore.message import GetResult, GetStatus, StoredMessage
 from mqstore.read.unit_rescue import rescue, warn_once
 
-log = logging.getLogger("mqstore.pull")
+log = logging.getLogger(__name__)
 MAX_PULL_BYTES = 128 * 1024 * 1024
 _MIN_RECORD = served_rows.MIN_RECORD
 

@@ -31,7 +31,7 @@ from mqstore.running_flags import NOT_READABLE
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
 from mqstore.read.time_search import LOWER, UPPER, offset_by_time, store_time_at
 
-log = logging.getLogger("mqstore.read")
+log = logging.getLogger(__name__)
 INT64_MIN, INT64_MAX = names.INT64_MIN, names.INT64_MAX
 
 

@@ -25,7 +25,7 @@ RESCUE_MAX_UNITS = 64
 _UNIT = struct.Struct(">qiq")  # a consume-queue unit: commit-log offset, size, tag code
 _HEAD_IDS = struct.Struct(">i4xq")  # a record's queue id and queue offset, at byte 12
 _MIN_RECORD = served_rows.MIN_RECORD
-log = logging.getLogger("mqstore.pull")
+log = logging.getLogger(__name__)
 _warned: set = set()  # (queue directory, queue offset, unit's offset): warned once each
 
 

@@ -45,7 +45,7 @@ from mqstore.replication.acks import SlaveAcks
 from mqstore.replication.channel import PlainChannel, TlsChannel, close_socket, readable
 from mqstore.replication.handshake import HandshakeRefused, StreamReader, master_handshake
 
-log = logging.getLogger("mqstore.replication")
+log = logging.getLogger(__name__)
 MAX_SLAVES = 16
 MAX_PENDING = 16
 ACCEPT_POLL_S = 0.2

@@ -29,7 +29,7 @@ from mqstore.replication.receiver import Receiver
 from mqstore.replication.slave import HAClient
 from mqstore.replication.status_file import write_status
 
-log = logging.getLogger("mqstore.replication")
+log = logging.getLogger(__name__)
 STATUS_INTERVAL_S = 1.0
 
 

@@ -27,7 +27,7 @@ from mqstore.replication.handshake import HandshakeRefused, StreamReader, slave_
 from mqstore.replication.master import HASettings, send_timeout
 from mqstore.replication.receiver import Receiver, ReplicaDiverged
 
-log = logging.getLogger("mqstore.replication")
+log = logging.getLogger(__name__)
 READ_POLL_S = 0.2
 RECV_BYTES = 256 * 1024
 JOIN_S = 5.0

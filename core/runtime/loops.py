@@ -16,29 +16,37 @@ import weakref
 
 from mqstore.runtime import cleanup
 from mqstore.config import describe_watermark, parse_delay_levels
-from mqstore.plugin_api.contracts import READS_STORE, CapabilityError, check_capabilities
+from mqstore.plugin_api.contracts import (
+    READS_STORE, CapabilityError, WriterContext, check_capabilities,
+)
 from mqstore.dispatch.derived_flush import DerivedFlush
 from mqstore.dispatch.loop import DispatchLoop, DispatchThread, TagsCoder
 from mqstore.errors import PluginError, WorkerError
 from mqstore.append.pool_writer import staging_pool
+from mqstore.append.tail import AppendTail
 from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
 from mqstore.scheduler import Scheduler, system_scheduler
-from mqstore.storage.shared_segment import store_segment_name
 from mqstore.runtime.workers import shm
 from mqstore.runtime.workers.flush_client import FlushClient
 from mqstore.runtime.workers.pipes import wait_and_drain
 from mqstore.runtime.workers.supervisor import DISPATCH_CATCH_UP_S, DispatchSupervisor
 from mqstore.runtime.workers.wakeup import open_wakeup
 
-log = logging.getLogger("mqstore.store")
+log = logging.getLogger(__name__)
 CLEANUP_ACK_TIMEOUT_S = 30.0
 OPEN_CATCH_UP_POLL_S = 0.05
 
 
 class Runtime:
-    def __init__(self, *, state, config, view, dispatchers, hooks, writer, flush_schedule,
-                 clock, manifest, store_id: str,
-                 scheduler: Scheduler = system_scheduler) -> None:
+    def __init__(self, *, state, config, view, dispatchers, hooks, writer_factory,
+                 flush_factory, channels: shm.Channels, tail: AppendTail, store_lock, clock,
+                 manifest, store_id: str, scheduler: Scheduler = system_scheduler) -> None:
+        """Built in dependency order, each part handed what it uses: the writer (from
+        ``writer_factory``, waking the committer through this runtime, weakly), the flush
+        client, then the flush policy (from ``flush_factory``, on that client). ``channels``:
+        the store's shared positions (the opener made them for the reader already);
+        ``tail``: what appends leave (``append.tail``); ``store_lock``: the writer's lock,
+        watched by ``tick`` (None where the directory cannot be locked)."""
         # Built and checked first: a policy refused here leaves nothing to undo.
         self.cleanup_policy = hooks.cleanup_policies.get(config.cleanup.policy)(config)
         try:
@@ -55,17 +63,26 @@ class Runtime:
         self.checkpoint = view.checkpoint
         self.dispatchers = dispatchers
         self.hooks = hooks
-        self.writer = writer
         self.clock = clock
         self.scheduler = scheduler
         self.manifest = manifest
-        self.appender = None  # set by the store once built (the put lock, the last append)
-        self.store_lock = None  # set by the opener: the writer's StoreLock, watched by tick
+        self.tail = tail
+        self.store_lock = store_lock
         self.lock_changed: str | None = None  # what tick found changed (NOTE [ Store lock ])
-        self.visible_after_flush = False
         self.flushed_where = self.commit_log.max_offset
-        self.channels = shm.Channels.create(
-            store_segment_name(store_id, shm.POSITIONS_SEGMENT))
+        self.channels = channels
+        wake = weakref.WeakMethod(self.wake_committer)  # the writer must not keep us alive
+        self.writer = writer = writer_factory(WriterContext(
+            self.root, config, self.commit_log, lambda: _call(wake), store_id))
+        try:
+            self._build(config, view, dispatchers, hooks, writer, flush_factory, clock,
+                        scheduler)
+        except BaseException:
+            writer.close()
+            raise
+
+    def _build(self, config, view, dispatchers, hooks, writer, flush_factory, clock,
+               scheduler: Scheduler) -> None:
         self._append_channel = self.channels.append  # the put path's, looked up once
         self._dispatch_channel = self.channels.dispatch
         self.staging = staging_pool(writer)  # the transient pool, or None (a plain writer)
@@ -77,14 +94,16 @@ class Runtime:
         self._next_cleanup = scheduler.monotonic() + config.cleanup.interval_ms / 1000.0
         self._cleanup_lock = threading.Lock()
         self._flush_derived = DerivedFlush(
-            self.root, view, dispatchers, manifest,
+            self.root, view, dispatchers, self.manifest,
             lambda: None if self.dispatch_loop is None else self.dispatch_loop.last_mark,
             lambda: self.channels.flush.flushed)
         self.flush_client = FlushClient(
             self.root, config, self.channels, clock, self.commit_log.segments.directory,
-            self.commit_log.segment_bytes, flush_schedule, self.staging,
+            self.commit_log.segment_bytes, flush_factory.schedule(config), self.staging,
             hooks.after_flush if hooks.has_after_flush else None, listener=_Listener(self),
             tick_s=min(1.0, config.cleanup.interval_ms / 1000.0), scheduler=scheduler)
+        self.flush_policy = flush_factory(config, self.flush_client)
+        self.visible_after_flush = bool(self.flush_policy.visible_after_flush)
 
     # -- starting ----------------------------------------------------------------------------
     def start(self, start: int, abnormal: bool, trusted_end: int = -1, *,
@@ -203,7 +222,7 @@ class Runtime:
             self.flushed_where = flushed
             # Recovery treats damage below this offset as bit rot, not a torn tail.
             self.checkpoint.confirm_phy_offset = flushed
-            end, store_ts = self.appender.last_append
+            end, store_ts = self.tail.last_append
             if flushed >= end and store_ts:
                 self.checkpoint.physic_msg_timestamp = store_ts
         if failed and not self.state.running_flags & NOT_WRITEABLE:
@@ -282,7 +301,7 @@ class Runtime:
         have the dispatch loop's process drop the derived files below the new minimum;
         returns the deleted commit-log paths."""
         with self._cleanup_lock:
-            with self.appender.lock:
+            with self.tail.lock:
                 segs = self.commit_log.segments.segments
                 count = cleanup.expired_count(self.commit_log, self.clock(), reserved_ms,
                                               max_segments, keep_from_phys)
@@ -437,3 +456,7 @@ class _Listener:
             runtime.tick()
 
 
+def _call(method: weakref.WeakMethod) -> None:
+    bound = method()
+    if bound is not None:
+        bound()

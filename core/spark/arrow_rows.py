@@ -21,7 +21,7 @@ from mqstore.spark.pushdown import Pushed
 from mqstore.spark.schema import arrow_schema
 from mqstore.spark.stores import open_read_only, queue_end
 
-log = logging.getLogger("mqstore.spark")
+log = logging.getLogger(__name__)
 # Messages per store.read call, and so at most per record batch. Spark's JVM spends less per
 # row on fewer, larger batches (a noop write of 1M rows: about 2.0 CPU-s at 8192, 1.5 at
 # 16384 to 32768); the reader a little more (its arrays leave the CPU caches sooner).
@@ -92,7 +92,7 @@ def _keep(rows: pa.RecordBatch, batch, end: int, settings: ReadSettings):
 def to_record_batch(store, part, batch) -> pa.RecordBatch:
     """One ReadBatch of ``part``'s queue as a record batch of the message schema."""
     n = len(batch)
-    fields = record_fields(store.commit_log, batch)
+    fields = record_fields(store.internals.commit_log, batch)
     schema = arrow_schema()
     keys_type, props_type = schema.field("keys").type, schema.field("properties").type
     props = fields.properties

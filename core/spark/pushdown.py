@@ -48,7 +48,7 @@ from pyspark.sql.datasource import (
 
 from mqstore.spark.schema import NEVER_NULL
 
-log = logging.getLogger("mqstore.spark.pushdown")
+log = logging.getLogger(__name__)
 log.setLevel(logging.INFO)  # see the module's docstring
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)

@@ -85,7 +85,7 @@ def marked(store, topics, since: dict, value: str) -> int:
             while offset < end:
                 batch = store.read(topic, q, offset, SCAN_ROWS)
                 if len(batch):
-                    props = record_fields(store.commit_log, batch).properties
+                    props = record_fields(store.internals.commit_log, batch).properties
                     hit = pc.and_(pc.equal(strings_array(props.names), MARKER),
                                   pc.equal(strings_array(props.values), value))
                     count += pc.sum(hit).as_py() or 0

@@ -13,7 +13,8 @@ import os
 from collections import OrderedDict
 from contextlib import contextmanager
 
-from mqstore import MessageStore, load_config
+from mqstore.config import load_config
+from mqstore.store import MessageStore
 from mqstore.errors import StoreLockedError
 from mqstore.spark.options import OptionError
 

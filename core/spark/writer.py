@@ -25,7 +25,7 @@ import os
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
-from mqstore import load_config
+from mqstore.config import load_config
 from mqstore.spark import sink_ledger
 from mqstore.spark.appends import append_rows
 from mqstore.spark.options import OptionError, WriteOptions

@@ -1,4 +1,4 @@
-"""Checkpoint, abort marker, process lock and the store's own metadata file.
+"""The checkpoint: where the last flushes of the commit log, consume queues and index ended.
 
 checkpoint (exactly 4096 bytes, big-endian longs, rest zero):
 
@@ -17,31 +17,22 @@ the writer stores it after every append (a store into the map, no system call), 
 crash it tells a record the writer completed (damaged since: bit rot) from a put the crash
 interrupted (a torn write, to be cut). A clean close zeroes it: the file is RocketMQ's again.
 
-abort: exists while a writer has the store open (holds its PID); a leftover one means the
-last exit was not clean. lock: an exclusive OS lock on byte range [0, 1) while open for
-writing, beside the lock on the directory itself (NOTE [ Store lock ] in
-``storage.store_lock``). mqstore.json: which string hash the store uses; RocketMQ directories
-have none.
+The store's other small files have modules of their own: the abort marker
+(``storage.abort_file``), ``mqstore.json`` (``storage.meta_file``), the lock file
+(``storage.store_lock``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import json
 import mmap
 import os
 import struct
 
-from mqstore.errors import DiskFullError, StoreCorruptError
+from mqstore import _moved
 from mqstore.storage.mapped_file import reserve_file
 
 CHECKPOINT_FILE = "checkpoint"
-ABORT_FILE = "abort"
-LOCK_FILE = "lock"
-META_FILE = "mqstore.json"
 CHECKPOINT_BYTES = 4096
-WORKER_EXIT_WAIT_S = 10.0
 _FIELDS = struct.Struct(">qqqqq")
 _APPENDED = struct.Struct(">q")
 _APPENDED_AT = _FIELDS.size
@@ -109,57 +100,6 @@ class Checkpoint:
             self._mm = None
 
 
-def abort_exists(root: str) -> bool:
-    return os.path.exists(os.path.join(root, ABORT_FILE))
 
-
-def write_small_file(path: str, data: bytes, *, atomic: bool = False) -> None:
-    """Write and fsync a small file (through a renamed temporary one when ``atomic``); a full
-    disk raises DiskFullError naming the file, and leaves no temporary file behind."""
-    target = path + ".tmp" if atomic else path
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if atomic:
-            os.replace(target, path)
-    except OSError as exc:
-        if atomic:
-            with contextlib.suppress(OSError):
-                os.unlink(target)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(f"no space to write {path}: {os.strerror(exc.errno)}") from None
-        raise
-
-
-def create_abort(root: str) -> None:
-    write_small_file(os.path.join(root, ABORT_FILE), str(os.getpid()).encode())
-
-
-def remove_abort(root: str) -> None:
-    try:
-        os.unlink(os.path.join(root, ABORT_FILE))
-    except FileNotFoundError:
-        pass
-
-
-def read_meta(root: str) -> dict | None:
-    path = os.path.join(root, META_FILE)
-    try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise StoreCorruptError(f"cannot read store metadata {path}: {exc}") from None
-    if not isinstance(meta, dict):
-        raise StoreCorruptError(f"store metadata {path} must hold a JSON object")
-    return meta
-
-
-def write_meta(root: str, meta: dict) -> None:
-    write_small_file(os.path.join(root, META_FILE),
-                     json.dumps(meta, indent=2, sort_keys=True).encode(), atomic=True)
+def __getattr__(name: str) -> object:
+    return _moved.moved_attribute(__name__, name)  # the abort, meta and small-file helpers

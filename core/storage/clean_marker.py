@@ -60,12 +60,13 @@ from mqstore.format.record import (
     BLANK_MAGIC, MAGIC_V1, MAGIC_V2, SCAN_BLANK, SCAN_OK, scan_record,
 )
 from mqstore.errors import StoreCorruptError
-from mqstore.storage.checkpoint import read_meta
+from mqstore.storage.meta_file import read_meta
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.index_file import INDEX_DIR
-from mqstore.storage.sealed_json import seal, sync_dir, unseal, write_sealed
+from mqstore.storage.durable_file import sync_dir
+from mqstore.storage.sealed_json import seal, unseal, write_sealed
 
-log = logging.getLogger("mqstore.store")
+log = logging.getLogger(__name__)
 
 MARKER_FILE = "mqstore.clean"
 MARKER_FORMAT = 1

@@ -40,7 +40,7 @@ from mqstore.storage.mapped_file import MappedFile
 
 INDEX_DIR = "index"
 
-log = logging.getLogger("mqstore.index")
+log = logging.getLogger(__name__)
 
 _ROLL_BACK_CHUNK = 1 << 20  # entries read at once when slots are set back (20 MiB)
 

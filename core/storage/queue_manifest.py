@@ -23,15 +23,13 @@ A garbled manifest is reported and ignored (it only ever widens a rebuild).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 
-from mqstore.storage.checkpoint import write_small_file
-from mqstore.storage.sealed_json import sync_dir
+from mqstore.storage.durable_file import replace_file
 
-log = logging.getLogger("mqstore.dispatch")
+log = logging.getLogger(__name__)
 CONFIG_DIR = "config"
 MANIFEST_FILE = "mqstore_queues.json"
 
@@ -80,19 +78,8 @@ def write_manifest(root: str, queues: dict[Key, Entry], *, durable: bool = False
     body = {"format": 1, "queues": {
         f"{t}/{q}": {"first_phys": first, "max_offset": end, "max_phys": phys}
         for (t, q), (first, end, phys) in sorted(queues.items())}}
-    if durable:
-        write_small_file(path, json.dumps(body, separators=(",", ":")).encode(), atomic=True)
-        sync_dir(os.path.dirname(path))
-        return
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(body, f, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    replace_file(path, json.dumps(body, separators=(",", ":")).encode(), fsync=durable,
+                 sync_directory=durable)
 
 
 def describe(queues: dict) -> dict[Key, Entry]:
@@ -148,7 +135,7 @@ class ManifestKeeper:
 
     def forget(self, keys) -> None:
         """Drop the entries of ``keys``, floors included, durably: their topic was deleted
-        (``lifecycle.topic_removal``), so its queues start over at offset 0, as on a broker."""
+        (``store.topic_removal``), so its queues start over at offset 0, as on a broker."""
         entries = {key: entry for key, entry in self.recorded.items() if key not in keys}
         if entries != self.recorded:
             write_manifest(self.root, entries, durable=True)

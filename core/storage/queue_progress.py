@@ -27,7 +27,8 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from mqstore.storage.sealed_json import read_sealed, sync_dir, write_sealed
+from mqstore.storage.durable_file import sync_dir
+from mqstore.storage.sealed_json import read_sealed, write_sealed
 
 QUEUED_FILE = "mqstore.queued"
 QUEUED_FORMAT = 1

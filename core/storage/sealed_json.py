@@ -8,10 +8,10 @@ fsynced, so after a crash the file is the old one or the new one, never a mix.
 from __future__ import annotations
 
 import json
-import os
 import zlib
 
-from mqstore.storage.checkpoint import write_small_file
+from mqstore import _moved
+from mqstore.storage.durable_file import replace_file
 
 
 def _canonical(body: dict) -> bytes:
@@ -50,13 +50,8 @@ def read_sealed(path: str) -> tuple[dict | None, str | None]:
 
 
 def write_sealed(path: str, body: dict) -> None:
-    write_small_file(path, seal(body), atomic=True)
-    sync_dir(os.path.dirname(path))
+    replace_file(path, seal(body), fsync=True, sync_directory=True)
 
 
-def sync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def __getattr__(name: str) -> object:
+    return _moved.moved_attribute(__name__, name)  # sync_dir: storage.durable_file

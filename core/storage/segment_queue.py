@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Callable
 
 from mqstore.storage.mapped_file import MappedFile, segment_name
-from mqstore.storage.sealed_json import sync_dir
+from mqstore.storage.durable_file import sync_dir
 
 
 def _infer_size(starts: list[int], sizes: list[int], known: int | None) -> int:

@@ -27,7 +27,7 @@ import secrets
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
 from mqstore.errors import StoreCorruptError
-from mqstore.storage.checkpoint import read_meta
+from mqstore.storage.meta_file import read_meta
 
 ID_KEY = "store_id"
 HOME_KEY = "directory"

@@ -47,9 +47,11 @@ import time
 
 from mqstore.errors import DiskFullError, StoreLockedError
 from mqstore.storage.file_locks import is_file_at
-from mqstore.storage.checkpoint import ABORT_FILE, LOCK_FILE, WORKER_EXIT_WAIT_S
+from mqstore.storage.abort_file import ABORT_FILE
 
-log = logging.getLogger("mqstore.store")
+log = logging.getLogger(__name__)
+LOCK_FILE = "lock"  # an exclusive OS lock on byte range [0, 1) while open for writing
+WORKER_EXIT_WAIT_S = 10.0
 WORKERS_DIR = "commitlog"  # the directory the workers' lock is on
 PROC_LOCKS = "/proc/locks"
 _RETRY_S = 0.01

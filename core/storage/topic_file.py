@@ -26,8 +26,7 @@ from typing import Callable, Iterator
 
 from mqstore.errors import CorruptStateError
 from mqstore.format.topic_config import TopicTable, decode_table, encode_table
-from mqstore.storage.checkpoint import write_small_file
-from mqstore.storage.sealed_json import sync_dir
+from mqstore.storage.durable_file import replace_file
 
 CONFIG_DIR = "config"
 TOPICS_FILE = "topics.json"
@@ -94,7 +93,7 @@ def update_table(path: str, change: Callable[[TopicTable | None], TopicTable | N
         current = read_table(path)
         new = change(current)
         if new is not None and new is not current:
-            write_small_file(path, encode_table(new).encode("utf-8"), atomic=True)
-            sync_dir(os.path.dirname(path))
+            replace_file(path, encode_table(new).encode("utf-8"), fsync=True,
+                         sync_directory=True)
             current = new
         return current, identity(path)

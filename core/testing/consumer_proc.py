@@ -39,7 +39,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--allocation", default=None)
     args = ap.parse_args(argv[1:])
 
-    from mqstore import MessageStore, load_config
+    from mqstore.config import load_config
+    from mqstore.store import MessageStore
 
     # SIGTERM ends a long poll at once (the futex wait returns on a signal). Anywhere else (a
     # commit, a line being written, the close) it only asks the loop to stop after it.

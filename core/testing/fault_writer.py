@@ -37,7 +37,9 @@ from mqstore.testing.faults import SIGINT_AFTER_WRITES_ENV, message_for
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
     os.environ[SIGINT_AFTER_WRITES_ENV] = ",".join(map(str, spec.get("sigint_after_writes", ())))
-    from mqstore import MessageStore, PutStatus, load_config
+    from mqstore.config import load_config
+    from mqstore.message import PutStatus
+    from mqstore.store import MessageStore
     from mqstore.scheduler import attach_scheduler
 
     scheduler = attach_scheduler(spec["scheduler"]) if spec.get("scheduler") else None
@@ -90,7 +92,7 @@ def main(argv: list[str]) -> int:
             index += len(msgs)
         if pace_s:
             time.sleep(pace_s)
-    status = {"dispatch": store.worker_status(), "flush": store.flush_client.status(),
+    status = {"dispatch": store.worker_status(), "flush": store.internals.flush_client.status(),
               "interrupted": interrupted}
     try:
         store.wait_dispatched(timeout=spec.get("wait_s", 30.0))

@@ -55,7 +55,7 @@ def tags_for(index: int) -> str | None:
 
 
 def message_for(seed: int, index: int):
-    from mqstore import Message
+    from mqstore.message import Message
 
     return Message(TOPIC, body_for(seed, index), tags=tags_for(index), keys=[f"k{index}"],
                    queue_id=queue_for(seed, index), born_timestamp=BORN_TIMESTAMP)
@@ -271,7 +271,7 @@ def stored_records(store) -> list:
             records.append(msg)
             pos += msg.size
             continue
-        head = store.commit_log.read(pos, 8)
+        head = store.internals.commit_log.read(pos, 8)
         size, magic = struct.unpack(">ii", bytes(head)) if head is not None else (0, 0)
         if magic != BLANK_MAGIC or size <= 0:
             raise AssertionError(f"neither a message nor a blank at commit-log offset {pos} "

@@ -139,7 +139,7 @@ def fill(store: MessageStore, count: int | None = None, *, segments: int | None 
     def more() -> bool:
         if count is not None:
             return len(acks) + len(pending) - first < count
-        return len(store.commit_log.segments.segments) < segments
+        return len(store.internals.commit_log.segments.segments) < segments
 
     while more():
         i = len(acks) + len(pending)

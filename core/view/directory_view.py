@@ -19,15 +19,16 @@ from mqstore.storage.cq_ext import open_ext
 from mqstore.view.subscriptions import Subscriptions
 from mqstore.view.topics import Topics
 
-log = logging.getLogger("mqstore.store")
+log = logging.getLogger(__name__)
 
 
 class DirectoryView:
     def __init__(self, root: str, config, *, clock, hash_kind: str, commit_log, checkpoint,
                  recovery_report, cq_file_bytes: int, consume_queues: dict, filters,
-                 writes_queues: bool, manifest=None) -> None:
+                 writes_queues: bool, manifest=None, known_queues=None) -> None:
         """``writes_queues``: this process builds the consume queues (creates them and their
-        extensions); ``manifest`` (a ``ManifestKeeper``) learns of new queues."""
+        extensions); ``manifest`` (a ``ManifestKeeper``) learns of new queues;
+        ``known_queues``: the writer's queue-offset table (``view.topics.Topics``)."""
         self.root = root
         self.config = config
         self.clock = clock
@@ -37,7 +38,7 @@ class DirectoryView:
         self.checkpoint = checkpoint
         self.recovery_report = recovery_report
         self.subscriptions = Subscriptions(root)
-        self.topics = Topics(root, config, clock)
+        self.topics = Topics(root, config, clock, known_queues=known_queues)
         self.consume_queues: dict = consume_queues
         self.consume_queue_exts: dict = {}
         self.writes_queues = writes_queues

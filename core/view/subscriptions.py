@@ -22,6 +22,7 @@ import logging
 import os
 
 from mqstore.format.cq_ext import bloom_positions, subscription_key
+from mqstore.storage.durable_file import replace_file
 
 SUBSCRIPTIONS_FILE = "subscriptions.json"
 DEFAULT_TYPE = "SQL92"
@@ -29,7 +30,7 @@ DEFAULT_TYPE = "SQL92"
 _FIELDS = (("group", (str,), "a string"), ("topic", (str,), "a string"),
            ("expression", (str,), "a string"), ("registered_at", (int, float), "a number"))
 
-log = logging.getLogger("mqstore.subscriptions")
+log = logging.getLogger(__name__)
 
 
 def read_entries(path: str) -> tuple[list[dict], str | None]:
@@ -107,12 +108,8 @@ class Subscriptions:
 
     def _save(self) -> None:
         self._keep_damaged()
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.entries, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        replace_file(self.path, json.dumps(self.entries, indent=1, sort_keys=True).encode(),
+                     fsync=True)
         self.reload()
 
     def register(self, group: str, topic: str, expression: str, registered_at: int,

@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from mqstore.clock import system_clock
 from mqstore.config import MAX_TOPIC_QUEUES, DeclaredTopic
@@ -44,7 +44,7 @@ from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
 from mqstore.storage.deleted_topics import read_deleted, record_deleted
 from mqstore.storage.topic_file import identity, read_table, topics_path, update_table
 
-log = logging.getLogger("mqstore.topics")
+log = logging.getLogger(__name__)
 
 RELOAD_INTERVAL_S = 1.0  # how stale another process's change to the file may be seen
 _UNREAD = ("unread",)
@@ -63,7 +63,11 @@ class TopicRefused(Exception):
 class Topics:
     """The topic configs of the store in ``root`` (open or closed)."""
 
-    def __init__(self, root: str, config, clock: Callable[[], int] = system_clock) -> None:
+    def __init__(self, root: str, config, clock: Callable[[], int] = system_clock, *,
+                 known_queues: Mapping[tuple[str, int], int] | None = None) -> None:
+        """``known_queues``: the queues this process knows messages were put to (the
+        writer's queue-offset table, ``append.tail.AppendTail``), beside those whose consume
+        queues are on disk already."""
         self.root = root
         self.path = topics_path(root)
         self.auto_create = config.topics.auto_create
@@ -75,9 +79,8 @@ class Topics:
         self._ident: object = _UNREAD
         self._checked = float("-inf")
         self._deleted: dict[str, int] | None = None
-        # The queues this process knows messages were put to (the writer's queue-offset
-        # table, set by the opener), beside those whose consume queues are on disk already.
-        self.known_queues: Callable[[], Sequence[tuple[str, int]]] = tuple
+        self._known_queues: Mapping[tuple[str, int], int] = (
+            known_queues if known_queues is not None else {})
 
     # -- reading ---------------------------------------------------------------------------
     def table(self, fresh: bool = False) -> TopicTable | None:
@@ -303,7 +306,7 @@ class Topics:
     def _queue_topics(self) -> dict[str, int]:
         """``{topic: queues it needs}`` for every topic the store has queues of."""
         base = os.path.join(self.root, CONSUME_QUEUE_DIR)
-        names = set(_entries(base)) | {t for t, _q in self.known_queues()}
+        names = set(_entries(base)) | {t for t, _q in list(self._known_queues)}
         out = {}
         for name in sorted(names):
             try:
@@ -317,7 +320,7 @@ class Topics:
         """The queues a topic gets when created without a count: never fewer than it has."""
         ids = [int(q) for q in _entries(os.path.join(self.root, CONSUME_QUEUE_DIR, name))
                if q.isascii() and q.isdigit()]
-        ids += [q for t, q in self.known_queues() if t == name]
+        ids += [q for t, q in list(self._known_queues) if t == name]
         return max([self.default_queues, *(q + 1 for q in ids)])
 
     def _checked_new(self, name, queues, read_queues, write_queues, perm) -> TopicConfig:
@@ -331,7 +334,7 @@ class Topics:
     def dispatch_floors(self) -> dict[str, int]:
         """``{deleted topic: commit-log offset}``: dispatch gives records of the topic below
         it no unit (``storage.deleted_topics``). Read once: topics are deleted only by the
-        store that writes, in this process (``lifecycle.topic_removal``)."""
+        store that writes, in this process (``store.topic_removal``)."""
         if self._deleted is None:
             try:
                 self._deleted = read_deleted(self.root)

@@ -173,7 +173,7 @@ def test_message_list_put_batch_writes_what_single_puts_write(make_store, tmp_pa
     assert a.put_batch(messages).status is PutStatus.PUT_OK
     for m in messages:
         assert b.put(m).status is PutStatus.PUT_OK
-    log = [bytes(s.commit_log.segments.segments[0].mm[:s.max_phys_offset]) for s in (a, b)]
+    log = [bytes(s.internals.commit_log.segments.segments[0].mm[:s.max_phys_offset]) for s in (a, b)]
     assert log[0] == log[1]
     for store in (a, b):
         store.wait_dispatched()

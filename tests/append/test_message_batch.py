@@ -8,7 +8,7 @@ from mqstore import GetStatus, Message, MessageBatch, PutStatus
 
 
 def _log_bytes(store):
-    seg = store.commit_log.segments.segments[0]
+    seg = store.internals.commit_log.segments.segments[0]
     return bytes(seg.mm[:seg.wrote])
 
 
@@ -95,7 +95,7 @@ def test_large_batch_spans_segments_and_reads_back(make_store):
     bodies = [bytes([i % 256]) * 200 for i in range(100)]
     r = store.put_batch(MessageBatch(topic="T", bodies=bodies, queue_ids=0, tags="t"))
     assert r.status is PutStatus.PUT_OK
-    assert len(store.commit_log.segments.segments) > 5
+    assert len(store.internals.commit_log.segments.segments) > 5
     store.wait_dispatched()
     got, offset = [], 0
     while True:

@@ -132,17 +132,17 @@ def test_segments_roll_through_the_pool_and_buffers_come_back(make_store):
     for i in range(8):  # about 10 segments through 2 buffers
         assert store.put_batch(_batch(200, start=i * 200)).status is PutStatus.PUT_OK
     store.wait_dispatched()
-    assert len(store.commit_log.segments.segments) >= 8
+    assert len(store.internals.commit_log.segments.segments) >= 8
     got = store.get("g", "T", 1, 0, 32)
     assert [m.body[:6] for m in got.messages[:2]] == [b"000001", b"000004"]
-    assert store.writer.pool.free_count() >= 1
+    assert store.internals.writer.pool.free_count() >= 1
 
 
 def test_with_fast_fail_a_dry_pool_refuses_the_put_with_a_clear_status(make_store):
     store = make_store({**_pool(transient_pool_buffers=2, commit_interval_ms=50,
                                 fast_fail_no_buffer=True),
                         "flush": {"worker": "process"}})
-    pid = store.flush_client.supervisor.process.pid
+    pid = store.internals.flush_client.supervisor.process.pid
     os.kill(pid, signal.SIGSTOP)
     try:
         results = []
@@ -155,7 +155,7 @@ def test_with_fast_fail_a_dry_pool_refuses_the_put_with_a_clear_status(make_stor
         assert "transient pool exhausted" in refused.error
         assert "transient_pool_buffers" in refused.error
         ok = len(results) - 1
-        ends = store.commit_log.segments.write_end
+        ends = store.internals.commit_log.segments.write_end
     finally:
         os.kill(pid, signal.SIGCONT)
     # The refused batch wrote nothing and took no queue offsets.
@@ -178,19 +178,19 @@ def test_a_dry_pool_writes_the_next_segment_through_its_map(tmp_path, make_store
     mm.close()
     store = make_store({**_pool(transient_pool_buffers=2, commit_interval_ms=50),
                         "flush": {"worker": "process"}}, root=tmp_path / "pool")
-    pid = store.flush_client.supervisor.process.pid
+    pid = store.internals.flush_client.supervisor.process.pid
     os.kill(pid, signal.SIGSTOP)
     try:
-        with caplog.at_level("WARNING", logger="mqstore.writer"):
+        with caplog.at_level("WARNING", logger="mqstore.append.pool_writer"):
             results = [store.put_batch(b) for b in batches]
         assert [r.status for r in results] == [PutStatus.PUT_OK] * len(batches)
-        assert store.writer.direct_segments >= 1
+        assert store.internals.writer.direct_segments >= 1
         assert "transient pool dry" in caplog.text
         assert store.max_phys_offset == 0  # nothing committed yet, the direct segment included
     finally:
         os.kill(pid, signal.SIGCONT)
     store.flush_commit_log()
-    assert store.max_phys_offset == store.commit_log.segments.write_end
+    assert store.max_phys_offset == store.internals.commit_log.segments.write_end
     store.wait_dispatched()
     want = [b"%06d" % (b * 20 + i) for b in range(12) for i in range(0, 20, 3)]
     assert store.max_offset("T", 0) == len(want)
@@ -229,19 +229,19 @@ def test_explicit_flush_honours_least_pages(make_store):
                                   "thorough_interval_ms": 60_000}})
     store.put(Message("T", b"x" * 100, queue_id=0))
     assert store.flush_commit_log(4) == 0
-    assert store.flush_client.status()["fsyncs"] == 0
+    assert store.internals.flush_client.status()["fsyncs"] == 0
     assert store.flush_commit_log(0) > 0
-    assert store.flush_client.status()["fsyncs"] == 1
+    assert store.internals.flush_client.status()["fsyncs"] == 1
 
 
 def test_flush_worker_is_a_separate_process_and_leaves_nothing(tmp_path):
     cfg = load_config(overrides={**_pool(), "plugins": {"load_entry_points": False},
                                  "flush": {"policy": "sync"}})
     store = MessageStore.open(tmp_path / "s", config=cfg)
-    status = store.flush_client.status()
+    status = store.internals.flush_client.status()
     assert status["mode"] == "process" and status["alive"] and status["pid"] != os.getpid()
-    proc = store.flush_client.supervisor.process
-    mine = {store.writer.pool.name.lstrip("/"), store.channels.name.lstrip("/")}
+    proc = store.internals.flush_client.supervisor.process
+    mine = {store.internals.writer.pool.name.lstrip("/"), store.internals.channels.name.lstrip("/")}
     assert mine <= _shm_names()
     assert store.put(Message("T", b"a", queue_id=0)).status is PutStatus.PUT_OK
     store.close()
@@ -253,14 +253,14 @@ def test_a_killed_flush_worker_is_restarted_and_sync_puts_continue(tmp_path):
     cfg = load_config(overrides={"plugins": {"load_entry_points": False},
                                  "flush": {"policy": "sync"}, "commit_log": {"segment_bytes": SEG}})
     store = MessageStore.open(tmp_path / "s", config=cfg)
-    mine = {store.channels.name.lstrip("/")}
+    mine = {store.internals.channels.name.lstrip("/")}
     try:
         first = store.put(Message("T", b"before", queue_id=0))
-        victim = store.flush_client.supervisor.process.pid
+        victim = store.internals.flush_client.supervisor.process.pid
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: store.flush_client.status()["restarts"]
-                 and store.flush_client.status()["alive"], what="the flush worker's restart")
-        status = store.flush_client.status()
+        wait_for(lambda: store.internals.flush_client.status()["restarts"]
+                 and store.internals.flush_client.status()["alive"], what="the flush worker's restart")
+        status = store.internals.flush_client.status()
         assert status["restarts"] == 1 and status["alive"] and status["pid"] != victim
         assert "flush worker" in status["failures"][0] and "restarting" in status["failures"][0]
         second = store.put(Message("T", b"after", queue_id=0))

@@ -244,7 +244,7 @@ def test_the_end_of_a_full_segments_data_is_found_in_bounded_memory():
     import tracemalloc
     from types import SimpleNamespace
 
-    from mqstore.ops.check_log import _nonzero_end
+    from mqstore.ops.checking.log_walk import _nonzero_end
     size = 32 << 20
     data = bytearray(b"\x01" * size)
     data[-5:] = bytes(5)  # the data ends 5 bytes before the segment does
@@ -257,3 +257,39 @@ def test_the_end_of_a_full_segments_data_is_found_in_bounded_memory():
     finally:
         tracemalloc.stop()
     assert peak < 16 << 20, peak  # windows' index arrays, not the segment's (256 MiB)
+
+
+@pytest.mark.parametrize("flip", [0xFF, 0x01], ids=["not-utf8", "another-digit"])
+def test_fix_reindexes_a_record_whose_key_changed_after_it_was_indexed(tmp_path, config, flip):
+    """No CRC covers a record's properties (as in RocketMQ), so a flipped byte in the last
+    record's UNIQ_KEY reads as another key: check finds the index disagreeing with the
+    record, and --fix re-indexes the record as it now reads (a byte that is no UTF-8 reads as
+    U+FFFD, as every read decodes it), says so, and check is clean after it. The message is
+    found by the key it now shows."""
+    root = tmp_path / "store"
+    mqstore("produce", root, "-c", config, "-t", "T", "-l", "-",
+            input="".join(f"m{i}\n" for i in range(50)))
+    segment = root / FIRST
+    data = segment.read_bytes()
+    end = len(data.rstrip(b"\0"))
+    with open(segment, "r+b") as f:
+        f.seek(end - 3)
+        f.write(bytes([data[end - 3] ^ flip]))
+    found = mqstore_json("check", root, "-c", config, check=1)
+    [missing, wrong] = found["problems"]
+    phys = missing["position"]
+    assert (missing["kind"], missing["file"], wrong["kind"], wrong["position"]) == (
+        "index", "index", "index", phys)
+    assert missing["detail"] == (f"keys of 1 record(s) at commit-log offsets {phys}..{phys}: "
+                                 f"not in the index")
+    out = fix(root, config)
+    assert (f"re-indexed the record at commit-log offset {phys} as it now reads: its keys "
+            f"changed after it was indexed (no CRC covers its properties); nothing was "
+            f"quarantined") in out["actions"], out["actions"]
+    assert mqstore_json("check", root, "-c", config)["clean"]
+    [shown] = mqstore_json("query", root, "offset", phys, "-c", config)["messages"]
+    uniq = shown["uniq_key"]
+    assert ("\ufffd" in uniq) == (flip == 0xFF)
+    # (another record may hold that key too: the flip can make one UNIQ_KEY another's)
+    found_by_key = mqstore_json("query", root, "key", "T", uniq, "-c", config)["messages"]
+    assert phys in [m["phys_offset"] for m in found_by_key]

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from cli_support import error_line, mqstore, mqstore_json
-from mqstore.ops.uniq_keys import COUNTER_SPAN, UniqKeys, month_start_ms
+from mqstore.cli.uniq_keys import COUNTER_SPAN, UniqKeys, month_start_ms
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
 

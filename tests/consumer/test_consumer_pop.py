@@ -413,7 +413,7 @@ def _drop_first_segments(make_store, scheduler):
                                     "delete_when": ";".join(str(h) for h in range(24))}},
                        scheduler=scheduler)
     i = 0
-    while len(store.commit_log.segments.segments) < 4:
+    while len(store.internals.commit_log.segments.segments) < 4:
         store.put(Message(TOPIC, b"%05d" % i + b"x" * 300, queue_id=0))
         i += 1
     store.wait_dispatched()
@@ -495,7 +495,8 @@ def test_a_store_not_readable_for_a_moment_loses_no_redelivery(make_store, manua
     popped = store.pop("g", TOPIC, 2, 1_000, consume_from="first")
     manual_clock.advance(1_000)
     with monkeypatch.context() as patch:
-        patch.setattr(store, "read", lambda *args, **kwargs: None)
+        # What the consumers read of the store (consumer.store_side) answers None.
+        patch.setattr(store._consumers.store, "read", lambda *args, **kwargs: None)
         assert store.pop("g", TOPIC, 2, 1_000) == []
     assert keys(store.pop("g", TOPIC, 2, 1_000)) == sorted(
         (m.queue_id, m.queue_offset, 2) for m in popped)

@@ -139,7 +139,7 @@ def _popped_and_acked(store):
 
 def _damage_report(caplog, path: str) -> str:
     warnings = [r.getMessage() for r in caplog.records
-                if r.name == "mqstore.consumer" and r.levelno == logging.WARNING]
+                if r.name == "mqstore.consumer.pop_journal" and r.levelno == logging.WARNING]
     assert any(path in w for w in warnings), warnings
     return " ".join(warnings)
 
@@ -173,7 +173,7 @@ def test_a_damaged_journal_is_reported_and_recovered(make_store, store_dir, manu
         else:
             f.truncate(10)
     size = os.path.getsize(path)
-    caplog.set_level(logging.WARNING, logger="mqstore.consumer")
+    caplog.set_level(logging.WARNING, logger="mqstore.consumer.pop_journal")
     with reader(str(store_dir), manual_clock) as other:
         # A reader (shared flock) passes over the damage and leaves the file alone.
         consumed = other.consumer_groups()[(TOPIC, "g")]

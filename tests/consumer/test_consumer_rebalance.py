@@ -71,7 +71,7 @@ def test_strategies_are_plugins_picked_by_config_or_per_consumer(make_store, mon
     for i in range(4):
         store.put(Message(TOPIC, b"x", queue_id=i))
     store.wait_dispatched()
-    assert store.hooks.allocation_strategies.owner("average") == "mqstore.plugins.allocate_average"
+    assert store.internals.hooks.allocation_strategies.owner("average") == "mqstore.plugins.allocate_average"
     with store.consumer("g", TOPIC) as a, store.consumer("g", TOPIC) as b:
         first, second = sorted([a, b], key=lambda c: c.member_id)
         deadline = time.monotonic() + SETTLE_S

@@ -42,7 +42,7 @@ def _fill(store, segments: int, queues: int = 2, results: list | None = None) ->
 
 
 def _segment_holding(store, phys: int) -> int:
-    return next(s.start for s in store.commit_log.segments.segments if s.start <= phys < s.end)
+    return next(s.start for s in store.internals.commit_log.segments.segments if s.start <= phys < s.end)
 
 
 def test_segments_holding_unconsumed_messages_stay_until_they_are_consumed(make_store,
@@ -72,7 +72,7 @@ def test_segments_holding_unconsumed_messages_stay_until_they_are_consumed(make_
         while c.poll(100):
             pass
         c.commit()
-    newest = store.commit_log.segments.segments[-1].start
+    newest = store.internals.commit_log.segments.segments[-1].start
     manual_scheduler.run("cleanup")
     assert store.min_phys_offset == newest  # consumed: the rule applies again
     assert [lag.lag for lag in store.consumer_lag("slow", TOPIC)] == [0, 0]
@@ -91,7 +91,7 @@ def test_the_disk_wins_past_the_forced_clean_watermark(make_store, monkeypatch,
     manual_scheduler.run("cleanup")
     assert store.min_phys_offset == 0
     usage["now"] = DiskUsage(0.85, 100 * GiB, 15 * GiB)  # under 20 GiB free: forced clean
-    newest = store.commit_log.segments.segments[-1].start
+    newest = store.internals.commit_log.segments.segments[-1].start
     manual_scheduler.run("cleanup")
     assert store.min_phys_offset == newest
     lags = store.consumer_lag("idle", TOPIC)
@@ -110,7 +110,7 @@ def test_messages_a_pop_group_has_not_acknowledged_are_spared(make_store, manual
     results = _fill(store, 5, queues=1)
     popped += store.pop("popper", TOPIC, len(results), 600_000)
     assert len(popped) == len(results) + 1
-    third = store.commit_log.segments.segments[2].start
+    third = store.internals.commit_log.segments.segments[2].start
     held = [popped[0]] + [m for m in popped if m.phys_offset >= third][:1]
     for m in popped:
         if m not in held:
@@ -123,7 +123,7 @@ def test_messages_a_pop_group_has_not_acknowledged_are_spared(make_store, manual
     manual_scheduler.run("cleanup")
     assert store.min_phys_offset == third
     store.ack(held[1].receipt_handle)
-    newest = store.commit_log.segments.segments[-1].start
+    newest = store.internals.commit_log.segments.segments[-1].start
     manual_scheduler.run("cleanup")
     assert store.min_phys_offset == newest
 
@@ -135,7 +135,7 @@ def test_without_groups_the_policy_is_rocketmqs(make_store, manual_clock, manual
     manual_scheduler.run("cleanup")
     assert store.min_phys_offset == 0
     manual_clock.advance(60 * 1000)
-    newest = store.commit_log.segments.segments[-1].start
+    newest = store.internals.commit_log.segments.segments[-1].start
     manual_scheduler.run("cleanup")
     assert store.min_phys_offset == newest
 
@@ -224,7 +224,7 @@ def test_pulls_racing_deletions_answer_statuses_with_the_right_bytes(make_store)
     for t in threads:
         t.start()
     try:
-        while len(store.commit_log.segments.segments) > 1:
+        while len(store.internals.commit_log.segments.segments) > 1:
             store.delete_expired_segments(force=True, max_segments=1)
             time.sleep(0.01)
     finally:

@@ -208,26 +208,38 @@ pytestmark = pytest.mark.usefixtures("no_plugin_env")
     ({"plugins": {"modules": ["no_such_mqstore_module"]}},
      "plugins: plugin module 'no_such_mqstore_module' cannot be imported"),
 ])
-def test_names_no_plugin_provides_are_refused_at_load(overrides, needle):
+def test_names_no_plugin_provides_are_refused_before_the_directory_is_touched(
+        overrides, needle, tmp_path):
     overrides = {**overrides, "plugins": {**NO_EP, **overrides.get("plugins", {})}}
+    cfg = load_config(str(CONFIG), overrides=overrides)  # the model holds; plugins decide
     with pytest.raises(ConfigError) as err:
-        load_config(str(CONFIG), overrides=overrides)
+        plugins_manager.check_config(cfg, str(CONFIG))
+    assert str(err.value).startswith(f"invalid configuration in {CONFIG}: ")
     assert needle in str(err.value)
     # Callers that caught the open-time lookup error still catch this one.
     assert isinstance(err.value, PluginError)
     with pytest.raises(ConfigError) as err:
-        load_config(overrides={"plugins": NO_EP}).replace(**overrides)
+        MessageStore.open(tmp_path / "s", config=cfg)
     assert needle in str(err.value)
+    assert not (tmp_path / "s").exists()
 
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as err:
-        load_config(overrides={"plugins": {**NO_EP, "disable": ["nope"]},
-                               "flush": {"policy": "syncc"}, "writer": {"kind": "nvme"}})
+        plugins_manager.build_hooks(load_config(overrides={
+            "plugins": {**NO_EP, "disable": ["nope"]}, "flush": {"policy": "syncc"},
+            "writer": {"kind": "nvme"}}))
     message = str(err.value)
     assert "plugins.disable: no plugin is named 'nope'" in message
     assert "writer.kind: unknown writer 'nvme'" in message
     assert "flush.policy: unknown flush policy 'syncc'" in message
+
+
+def checked(**params) -> StoreConfig:
+    """``load_config(**params)`` with its plugin names checked, as an open checks them."""
+    cfg = load_config(**params)
+    plugins_manager.build_hooks(cfg)
+    return cfg
 
 
 class ThirdPartyPlugin:
@@ -257,30 +269,30 @@ def third_party(monkeypatch):
 
 
 def test_third_party_names_are_accepted(third_party, monkeypatch):
-    cfg = load_config(overrides={"writer": {"kind": "nvme"}, "flush": {"policy": "fast"}})
+    cfg = checked(overrides={"writer": {"kind": "nvme"}, "flush": {"policy": "fast"}})
     assert (cfg.writer.kind, cfg.flush.policy) == ("nvme", "fast")
-    assert load_config(overrides={"plugins": {"disable": ["thirdparty"]}}).plugins.disable == (
+    assert checked(overrides={"plugins": {"disable": ["thirdparty"]}}).plugins.disable == (
         "thirdparty",)
     # Installed but not loaded: its name may still be disabled, its strategies are unknown.
-    assert load_config(overrides={"plugins": {**NO_EP, "disable": ["thirdparty"]}})
+    assert checked(overrides={"plugins": {**NO_EP, "disable": ["thirdparty"]}})
     with pytest.raises(ConfigError, match="writer.kind: unknown writer 'nvme'; registered: mmap, "
                                           "transient_pool$"):
-        load_config(overrides={"writer": {"kind": "nvme"}, "plugins": NO_EP})
+        checked(overrides={"writer": {"kind": "nvme"}, "plugins": NO_EP})
     with pytest.raises(ConfigError, match=r"writer.kind: unknown writer 'nvme'"):
-        load_config(overrides={"writer": {"kind": "nvme"}, "plugins": {"disable": ["thirdparty"]}})
+        checked(overrides={"writer": {"kind": "nvme"}, "plugins": {"disable": ["thirdparty"]}})
     monkeypatch.setenv("MQSTORE_LOAD_PLUGINS", "")
     with pytest.raises(ConfigError, match=r"writer.kind: unknown writer 'nvme'"):
-        load_config(overrides={"writer": {"kind": "nvme"}})
+        checked(overrides={"writer": {"kind": "nvme"}})
     with pytest.raises(ConfigError, match=r"\(known: .*, mqstore.plugins.cleanup_rocketmq, thirdparty\)"):
-        load_config(overrides={"plugins": {"disable": ["thirdpartee"]}})
+        checked(overrides={"plugins": {"disable": ["thirdpartee"]}})
 
 
 def test_plugin_module_from_config_provides_names(monkeypatch):
     monkeypatch.setitem(sys.modules, "my_writers", ThirdPartyPlugin())
-    cfg = load_config(overrides={"plugins": {**NO_EP, "modules": ["my_writers"],
+    cfg = checked(overrides={"plugins": {**NO_EP, "modules": ["my_writers"],
                                              "disable": ["my_writers"]}})
     assert cfg.plugins.disable == ("my_writers",)
-    cfg = load_config(overrides={"plugins": {**NO_EP, "modules": ["my_writers"]},
+    cfg = checked(overrides={"plugins": {**NO_EP, "modules": ["my_writers"]},
                                  "writer": {"kind": "nvme"}})
     assert cfg.writer.kind == "nvme"
 

@@ -151,11 +151,11 @@ def test_store_without_keys_reopens_without_redispatch(make_store, store_dir, lo
     again = make_store(overrides)
     assert_trusted(again, end)
     # The key index has no file to say where it is; the marker says it for it.
-    assert again.dispatchers.key_lookup().resume_offset() == end
+    assert again.internals.dispatchers.key_lookup().resume_offset() == end
     assert_serves(again, written)
     if loops == "process":
         # The dispatch worker's own key index learns the same end through the channel.
-        assert again.channels.append.trusted_end == end
+        assert again.internals.channels.append.trusted_end == end
     again.close()
     assert_worker_key_index_resumes_at(store_dir, overrides, end)
 

@@ -15,7 +15,7 @@ import pytest
 
 from mqstore import Message, MessageStore, PutStatus
 from mqstore.errors import InUseError, TopicNotFoundError
-from mqstore.ops.check import check_store
+from mqstore.ops.checking.checker import check_store
 from mqstore.storage.deleted_topics import read_deleted
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")

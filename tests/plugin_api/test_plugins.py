@@ -21,7 +21,7 @@ import pluggy
 import pytest
 
 from mqstore.plugin_api.contracts import READS_STORE, CleanupDecision, StoreReads, Writer
-from mqstore import GetStatus, Message, PutStatus, hookimpl, load_config
+from mqstore import GetStatus, Message, MessageStore, PutStatus, hookimpl, load_config
 from mqstore.errors import ConfigError, PluginError
 from mqstore.plugin_api.manager import DEFAULT_PLUGINS, PluginHooks, make_plugin_manager
 from paths import TESTS
@@ -563,16 +563,17 @@ class ShadowingDispatcherPlugin:
 
 def test_consume_queue_building_cannot_be_disabled(tmp_path):
     with pytest.raises(ConfigError) as caught:
-        load_config(overrides={"plugins": {"disable": ["mqstore.plugins.cq_builder"]}})
+        MessageStore.open(tmp_path / "s", config=load_config(
+            overrides={"plugins": {"disable": ["mqstore.plugins.cq_builder"]}}))
     message = str(caught.value)
     assert "'mqstore.plugins.cq_builder'" in message
     assert "consume queues are built by the core's dispatch" in message
     assert not any(tmp_path.iterdir())
 
 
-def test_a_dispatcher_named_consume_queue_is_refused_at_load(add_plugin):
+def test_a_dispatcher_named_consume_queue_is_refused_at_open(add_plugin, make_store):
     with pytest.raises(ConfigError) as caught:
-        load_config(overrides=with_modules(add_plugin("shadow", ShadowingDispatcherPlugin())))
+        make_store(with_modules(add_plugin("shadow", ShadowingDispatcherPlugin())))
     message = str(caught.value)
     assert "dispatcher name 'consume_queue' (registered by module shadow) is reserved" in message
     assert "the core's consume-queue builder" in message
@@ -611,7 +612,7 @@ CHILD_PRELUDE = textwrap.dedent("""
             time.sleep(0.002)
 
     def modes(store):
-        return [store.worker_status()["mode"], store.flush_client.status()["mode"]]
+        return [store.worker_status()["mode"], store.internals.flush_client.status()["mode"]]
 """)
 
 
@@ -698,7 +699,7 @@ TAG_COUNTER_PUTS = """
     out = {}
     store = MessageStore.open(root, config)
     out["modes"] = modes(store)
-    out["store_process_dispatchers"] = sorted(type(d).__name__ for d in store.dispatchers)
+    out["store_process_dispatchers"] = sorted(type(d).__name__ for d in store.internals.dispatchers)
     # Every message has a key: the key index then resumes at the log's end after a clean
     # close (with no keyed message it asks for the whole log again at every open).
     store.put(Message("T", b"1", tags="red", keys="k1", queue_id=0))
@@ -786,7 +787,7 @@ FLUSH_SCRIPT = """
     from mqstore.testing import ManualScheduler
     scheduler = ManualScheduler()
     with MessageStore.open(root, config, scheduler=scheduler) as store:
-        status = store.flush_client.status
+        status = store.internals.flush_client.status
         before = status()
         store.put_batch([Message("T", b"x" * 100, queue_id=0) for _ in range(3)])
         end = store.max_phys_offset

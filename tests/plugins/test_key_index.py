@@ -160,12 +160,12 @@ def test_abnormal_exit_reindexes_every_message(make_store, store_dir, manual_clo
     assert _all_found(again, rs)
     # The kept full files end with the 18th message; its keys may continue in a dropped file, so it
     # is indexed again (queries return it once): 25 messages, 26 entries.
-    entries = sum(f.index_count - 1 for f in again.dispatchers.key_lookup().files)
+    entries = sum(f.index_count - 1 for f in again.internals.dispatchers.key_lookup().files)
     assert entries == 26
     again.close()
     third = make_store(cfg)  # a clean reopen indexes nothing again
     assert _all_found(third, rs)
-    assert sum(f.index_count - 1 for f in third.dispatchers.key_lookup().files) == entries
+    assert sum(f.index_count - 1 for f in third.internals.dispatchers.key_lookup().files) == entries
 
 
 def test_deleted_index_directory_is_rebuilt(make_store, store_dir):
@@ -204,7 +204,7 @@ def test_cleanup_removes_index_files_below_the_log(make_store, store_dir, manual
     assert removed and all("/commitlog/" in p for p in removed)
     # Dropped before the call returns, oldest first, never the newest.
     assert after and len(after) < len(before) and after == before[len(before) - len(after):]
-    files = store.dispatchers.key_lookup().files
+    files = store.internals.dispatchers.key_lookup().files
     for f in files:
         assert f.end_phys_offset >= store.min_phys_offset or f is files[-1]
     assert offsets(store.query_by_key("T", "k59")) == [rs[59].phys_offset]
@@ -261,7 +261,7 @@ def _oracle(manifest, topic, key, max_num, begin, end):
 
 
 def test_fixture_index_needs_no_settings(fixture_store):
-    files = fixture_store.dispatchers.key_lookup().files
+    files = fixture_store.internals.dispatchers.key_lookup().files
     assert [(f.slots, f.entries) for f in files] == [(32, 128)] * 6
 
 
@@ -304,7 +304,7 @@ def test_mmh3_stores_hash_batches_like_key_by_key(make_store, tmp_path):
     files = {}
     for vector in (True, False):
         store = make_store(hash_kind="mmh3", root=tmp_path / str(vector))
-        (index,) = [d for d in store.dispatchers if isinstance(d, KeyIndex)]
+        (index,) = [d for d in store.internals.dispatchers if isinstance(d, KeyIndex)]
         assert index._vector_hash is True
         index._vector_hash = vector
         for batch in _mixed_batches():

@@ -176,3 +176,29 @@ def test_architecture_doc_names_only_modules_that_exist():
     stale = sorted(m for m in named if m not in known and not any(
         m.startswith(k + ".") for k in known))  # attributes: module.Class.method
     assert not stale, f"docs/architecture.md names modules that do not exist: {stale}"
+
+
+def _doc_layers() -> list[list[str]]:
+    """docs/architecture.md's layer table: per row, top first, the modules it names."""
+    section = doc_sections(ARCHITECTURE.read_text(encoding="utf-8"))["Layers"]
+    rows = [line.split("|")[1:-1] for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| layer ")]
+    return [re.findall(r"`([a-z_]+)`", row[1]) for row in rows]
+
+
+def test_architecture_doc_layer_table_is_the_layers_contract():
+    from test_architecture import layer_table
+    assert _doc_layers() == layer_table()
+
+
+def test_the_layer_table_check_catches_a_disagreement(tmp_path, monkeypatch):
+    """The same comparison fails on a copy whose table swaps two rows."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    swapped = text.replace("| spark | `spark` |", "| SPARK |").replace(
+        "| operators | `ops` |", "| spark | `spark` |").replace("| SPARK |", "| operators | `ops` |")
+    assert swapped != text
+    copy = tmp_path / "architecture.md"
+    copy.write_text(swapped, encoding="utf-8")
+    monkeypatch.setattr(sys.modules[__name__], "ARCHITECTURE", copy)
+    with pytest.raises(AssertionError):
+        test_architecture_doc_layer_table_is_the_layers_contract()

@@ -44,3 +44,21 @@ def test_ci_runs_the_readme_test_command():
     ci = [l for l in (ROOT / ".ci" / "run").read_text().splitlines()
           if l.strip() and not l.startswith("#")]
     assert ci[-1].strip() == "make test"
+
+
+def test_every_logger_is_named_after_its_module():
+    """One scheme everywhere: a module logs as ``mqstore.<package>.<module>`` (its
+    ``__name__``), so a package's logger (``mqstore.runtime``) configures all of its modules.
+    The worker logging setup names the root (``mqstore``); a worker's failure is logged as
+    its module; what concerns the whole package (the command line's warnings) is the root's."""
+    import ast
+    allowed = {"__name__", "ROOT_LOGGER", "target.__module__", "'mqstore'"}
+    found = []
+    for path in [*(ROOT / "core").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "getLogger" and node.args):
+                name = ast.unparse(node.args[0])
+                if name not in allowed:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert found == []

@@ -260,10 +260,10 @@ def test_a_chain_cycle_stops_at_the_first_link_that_does_not_go_back(tmp_path, c
     patch(path, L.entry_position(4, 1) + 16, ">i", 3)  # entry 1 -> entry 3: a cycle
     f = IndexFile.load(str(path), slots=4, read_only=True)
     try:
-        with caplog.at_level(logging.WARNING, logger="mqstore.index"):
+        with caplog.at_level(logging.WARNING, logger="mqstore.storage.index_file"):
             assert f.select(1, 1 << 31, 0, LONG_MAX) == [(20, S), (10, S), (0, S)]
             assert f.select(1, 1 << 31, 0, LONG_MAX) == [(20, S), (10, S), (0, S)]
-        warnings = [r for r in caplog.records if r.name == "mqstore.index"]
+        warnings = [r for r in caplog.records if r.name == "mqstore.storage.index_file"]
         assert len(warnings) == 1  # once per file
         assert str(path) in warnings[0].getMessage()
         assert "entry 1: prevIndex 3 is not in [0, 1)" in warnings[0].getMessage()
@@ -300,7 +300,7 @@ def test_every_entry_linking_forward_costs_one_step(tmp_path, caplog):
     f = IndexFile.load(str(path), slots=1, read_only=True)
     try:
         start = time.perf_counter()
-        with caplog.at_level(logging.WARNING, logger="mqstore.index"):
+        with caplog.at_level(logging.WARNING, logger="mqstore.storage.index_file"):
             assert f.select(7, 1 << 31, 0, LONG_MAX) == [(entries - 2, S)]
         assert time.perf_counter() - start < 1
     finally:
@@ -350,7 +350,7 @@ def test_damaged_subscriptions_file_reads_as_empty_and_names_path_and_problem(
         tmp_path, caplog, content, problem):
     path = tmp_path / SUBSCRIPTIONS_FILE
     path.write_bytes(content)
-    with caplog.at_level(logging.ERROR, logger="mqstore.subscriptions"):
+    with caplog.at_level(logging.ERROR, logger="mqstore.view.subscriptions"):
         subs = Subscriptions(str(tmp_path))
     assert subs.entries == [] and subs.lookup("G", "T") is None
     assert subs.problem.startswith(f"{path}: ") and problem in subs.problem
@@ -362,7 +362,7 @@ def test_registering_keeps_the_damaged_file_aside(tmp_path, caplog):
     path = tmp_path / SUBSCRIPTIONS_FILE
     path.write_bytes(b'[{"group": "OLD", "topic": "T", "expression": "a > 1", "regis')
     subs = Subscriptions(str(tmp_path))
-    with caplog.at_level(logging.WARNING, logger="mqstore.subscriptions"):
+    with caplog.at_level(logging.WARNING, logger="mqstore.view.subscriptions"):
         subs.register("G", "T", "a > 2", 5)
     aside = [p for p in tmp_path.iterdir() if p.name.startswith(SUBSCRIPTIONS_FILE + ".damaged.")]
     assert len(aside) == 1 and b'"OLD"' in aside[0].read_bytes()

@@ -152,7 +152,7 @@ def test_damaged_record_is_passed_over_as_get_does(make_store):
     acked = [store.put(Message(TOPIC, b"body-%03d" % i, queue_id=0)) for i in range(200)]
     store.wait_dispatched()
     hit = acked[77]
-    seg = store.commit_log.segments.find(hit.phys_offset)
+    seg = store.internals.commit_log.segments.find(hit.phys_offset)
     at = hit.phys_offset - seg.start + 88 + 2  # a body byte (IPv4 hosts: the body at 88)
     seg.mm[at] ^= 0x10
     batch = store.read(TOPIC, 0, 0, 500)

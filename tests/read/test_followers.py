@@ -221,8 +221,8 @@ def test_a_follower_opened_before_the_first_put_learns_the_segment_size(tmp_path
                 follower.drain()
         writer.wait_dispatched()
         follower.drain()
-        assert reader.commit_log.segment_bytes == 64 * 1024
-        assert len(reader.commit_log.segments.segments) > 3
+        assert reader.internals.commit_log.segment_bytes == 64 * 1024
+        assert len(reader.internals.commit_log.segments.segments) > 3
         assert_saw_exactly(follower, acks)
 
 
@@ -251,12 +251,12 @@ def test_followers_keep_up_while_cleanup_deletes_old_files(tmp_path):
                                    writer.delete_expired_segments(force=True, max_segments=2))
         writer.wait_dispatched()
         follower.drain()
-        assert removed >= 6 and writer.commit_log.min_offset > 0
+        assert removed >= 6 and writer.internals.commit_log.min_offset > 0
         assert_saw_exactly(follower, acks)
         # It forgot the deleted files: no more maps than the writer has files.
-        assert keeping_up.commit_log.min_offset == writer.commit_log.min_offset
-        assert (len(keeping_up.commit_log.segments.segments)
-                == len(writer.commit_log.segments.segments))
+        assert keeping_up.internals.commit_log.min_offset == writer.internals.commit_log.min_offset
+        assert (len(keeping_up.internals.commit_log.segments.segments)
+                == len(writer.internals.commit_log.segments.segments))
         for q in range(QUEUES):
             cq = keeping_up.consume_queues[(TOPIC, q)]
             assert len(cq.segments.segments) <= len(os.listdir(cq.directory)) + 1
@@ -264,7 +264,7 @@ def test_followers_keep_up_while_cleanup_deletes_old_files(tmp_path):
         # One that first looks now is told what is gone and given the rest.
         late = Follower(lagging)
         late.drain()
-        min_phys = writer.commit_log.min_offset
+        min_phys = writer.internals.commit_log.min_offset
         kept = [a for a in acks if a.phys_offset >= min_phys]
         assert {(q, s[0]) for q in range(QUEUES) for s in late.seen[q]} == {
             (a.queue_id, a.queue_offset) for a in kept}

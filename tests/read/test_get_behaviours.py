@@ -402,7 +402,7 @@ def test_b36_units_into_a_dropped_segment_are_message_was_removing(make_store):
     assert in_first == list(range(10))
     store.wait_dispatched()
 
-    store.commit_log.segments.drop_first(1)
+    store.internals.commit_log.segments.drop_first(1)
     assert store.min_phys_offset == 1024
     assert store.min_offset("T", 0) == 0  # not corrected
 
@@ -424,7 +424,7 @@ def test_removed_units_are_skipped_and_later_units_returned(make_store):
     puts = put_n(store, 25)
     assert [p.queue_offset for p in puts if p.phys_offset < 1024] == list(range(10))
     store.wait_dispatched()
-    store.commit_log.segments.drop_first(1)
+    store.internals.commit_log.segments.drop_first(1)
 
     r = store.get(GROUP, "T", 0, 1, 32)
     assert r.status is GetStatus.FOUND
@@ -440,7 +440,7 @@ def test_units_rejected_by_tag_code_after_a_removed_segment_are_no_matched(make_
     puts = put_n(store, 10, tags="B") + put_n(store, 15, tags="A")
     assert [p.queue_offset for p in puts if p.phys_offset < 1024] == list(range(10))
     store.wait_dispatched()
-    store.commit_log.segments.drop_first(1)
+    store.internals.commit_log.segments.drop_first(1)
 
     r = store.get(GROUP, "T", 0, 1, 32, expression="B")
     assert r.messages == []

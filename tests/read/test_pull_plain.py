@@ -107,7 +107,7 @@ def test_damage_is_left_to_the_general_pull(store, monkeypatch):
     body_hit, head_hit, filler, bad_unit = (sized[k] for k in (10, 60, 120, 200))
     for off in (body_hit, head_hit):
         pos = rows[off][1]
-        seg = store.commit_log.segments.find(pos)
+        seg = store.internals.commit_log.segments.find(pos)
         # A body byte, then the queue-offset field (IPv4 hosts: the body at 88).
         seg.mm[pos - seg.start + (88 + 2 if off == body_hit else 20 + 7)] ^= 0x10
     _write_unit(store, 0, filler, 8, FILLER_SIZE.to_bytes(4, "big"))

@@ -168,7 +168,7 @@ def test_runs_inside_segments_are_served_column_wise(uniform, monkeypatch):
 
 def test_only_the_unit_of_a_damaged_record_is_walked(uniform, monkeypatch):
     pos = int(uniform.read(TOPIC, 0, 1234, 1).phys_offsets[0])
-    seg = uniform.commit_log.segments.find(pos)
+    seg = uniform.internals.commit_log.segments.find(pos)
     seg.mm[pos - seg.start + 88 + 2] ^= 0x10  # a body byte (IPv4 hosts: the body at 88)
     walked, _runs = _counting(monkeypatch)
     for expression in (None, "A"):
@@ -188,7 +188,7 @@ def test_damaged_record_across_segments_is_passed_over_as_the_walk_does(rolled, 
     hits = [int(whole.queue_offsets[i]) for i in picked]
     for i in picked:
         pos = int(whole.phys_offsets[i])
-        seg = rolled.commit_log.segments.find(pos)
+        seg = rolled.internals.commit_log.segments.find(pos)
         seg.mm[pos - seg.start + 88 + 2] ^= 0x10  # a body byte (IPv4 hosts: the body at 88)
     batch = rolled.read(TOPIC, 0, 0, 10_000)
     assert [c[0] for c in batch.corrupt] == hits
@@ -203,7 +203,7 @@ def test_damaged_record_across_segments_is_passed_over_as_the_walk_does(rolled, 
 def test_removed_segment_is_answered_as_the_walk_does(rolled, monkeypatch):
     """A reader that finds the log's first segments gone (cleanup ran) passes over their
     units and serves what follows, exactly as the walk answers."""
-    segments = rolled.commit_log.segments
+    segments = rolled.internals.commit_log.segments
     gone = 3 * SEGMENT
     find = type(segments).find
 

@@ -26,7 +26,7 @@ def _lists(lists, n):
 
 def assert_matches_messages(store, batch):
     n = len(batch)
-    got = record_fields(store.commit_log, batch)
+    got = record_fields(store.internals.commit_log, batch)
     msgs = [batch.message(i) for i in range(n)]
     assert got.born_hosts.to_list() == [m.born_host for m in msgs]
     assert got.store_hosts.to_list() == [m.store_host for m in msgs]
@@ -91,7 +91,7 @@ def test_rows_across_segments_and_an_empty_batch(make_store):
     batch = store.read("S", 0, 0, 1000)
     assert len(batch) == 240 and len(set(batch.phys_offsets // (64 * 1024))) > 2
     assert_matches_messages(store, batch)
-    empty = record_fields(store.commit_log, store.read("S", 0, 240, 10))
+    empty = record_fields(store.internals.commit_log, store.read("S", 0, 240, 10))
     assert empty.tags.to_list() == [] and empty.properties.offsets.tolist() == [0]
 
 

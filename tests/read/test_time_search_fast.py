@@ -533,7 +533,7 @@ def _compare_store(store, queues, times):
         for ts in sorted(ts_set):
             for b in BOUNDS:
                 assert store.offset_by_time(topic, q, ts, b) == \
-                    reference(store.commit_log, cq, ts, b), (topic, q, ts, b)
+                    reference(store.internals.commit_log, cq, ts, b), (topic, q, ts, b)
 
 
 def test_store_with_repeated_times_several_files_and_cleanup(make_store, manual_clock):
@@ -584,7 +584,7 @@ def test_concurrent_appends_with_dispatch_in_another_process(make_store, manual_
     # Several reading threads: each search refreshes the queue view the others read.
     store = make_store({"consume_queue": {"file_units": 50},
                         "commit_log": {"segment_bytes": 64 * 1024}})
-    assert store.supervisor is not None  # the queues are written by the dispatch worker
+    assert store.internals.supervisor is not None  # the queues are written by the dispatch worker
     t0, total = 1_800_000_000_000, 3000
     done = threading.Event()
 

@@ -304,7 +304,7 @@ def test_sync_master_with_sync_flush_answers_once_both_hold_the_put(make_store, 
         assert r.status is PutStatus.PUT_OK
         end = r.phys_offset + r.size
         # The flush loop publishes its flushed end before it wakes the puts the force covers.
-        assert m.channels.flush.flushed >= end and s.replication.receiver.end >= end
+        assert m.internals.channels.flush.flushed >= end and s.replication.receiver.end >= end
 
 
 def test_a_slave_that_never_acknowledges_times_a_put_out(make_store, tmp_path):
@@ -352,9 +352,9 @@ def test_a_slave_serves_what_a_master_serves(pair, tmp_path):
 def test_a_slave_writes_through_its_map_whatever_writer_kind_says(make_store, tmp_path):
     s = make_store({"writer": {"kind": "transient_pool"}, "store": {"role": "slave"}},
                    root=tmp_path / "s")
-    assert isinstance(s.writer, MapWriter)
+    assert isinstance(s.internals.writer, MapWriter)
     m = make_store({"writer": {"kind": "transient_pool"}}, root=tmp_path / "m")
-    assert not isinstance(m.writer, MapWriter)
+    assert not isinstance(m.internals.writer, MapWriter)
 
 
 def test_get_on_a_master_suggests_pulling_from_the_slave_past_the_memory_share(make_store):

@@ -62,10 +62,10 @@ def test_expired_segments_go_at_the_delete_hour(make_store, manual_scheduler):
     for q in (0, 1):  # both queues have messages in the newest segment
         store.put(Message("T", b"newest", queue_id=q))
     store.wait_dispatched()
-    last = store.commit_log.segments.segments[-1].start
+    last = store.internals.commit_log.segments.segments[-1].start
     manual_scheduler.run("cleanup")
     assert store.min_phys_offset == last
-    assert len(store.commit_log.segments.segments) == 1  # the newest always stays
+    assert len(store.internals.commit_log.segments.segments) == 1  # the newest always stays
     for q in (0, 1):
         low = store.min_offset("T", q)
         assert low > 0
@@ -93,7 +93,7 @@ def test_a_full_disk_refuses_puts_and_deletes_oldest_first(make_store, monkeypat
                         "cleanup": {"interval_ms": 30, "file_reserved_hours": 72,
                                     "max_segments_per_run": 2}}, scheduler=manual_scheduler)
     _fill(store, 6)
-    first_segments = [s.start for s in store.commit_log.segments.segments]
+    first_segments = [s.start for s in store.internals.commit_log.segments.segments]
     usage["now"] = 0.95
     manual_scheduler.run("cleanup")
     assert store.running_flags & DISK_FULL

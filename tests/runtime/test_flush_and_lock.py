@@ -86,14 +86,14 @@ def test_checkpoint_records_the_last_flushed_store_time(make_store, manual_clock
 def test_put_lock_held_too_long_answers_os_page_cache_busy(make_store, manual_clock, monkeypatch):
     store = make_store()
     entered, release = threading.Event(), threading.Event()
-    real_write = store.writer.write
+    real_write = store.internals.writer.write
 
     def stuck_write(segment, data):
         entered.set()
         release.wait(10)
         return real_write(segment, data)
 
-    monkeypatch.setattr(store.writer, "write", stuck_write)
+    monkeypatch.setattr(store.internals.writer, "write", stuck_write)
     worker = threading.Thread(target=store.put, args=(_msg(),))
     worker.start()
     assert entered.wait(5)
@@ -105,7 +105,7 @@ def test_put_lock_held_too_long_answers_os_page_cache_busy(make_store, manual_cl
     assert "1001 ms" in busy.error
     release.set()
     worker.join(5)
-    monkeypatch.setattr(store.writer, "write", real_write)
+    monkeypatch.setattr(store.internals.writer, "write", real_write)
     assert store.lock_held_ms() == 0
     assert store.put(_msg()).queue_offset == 1  # the busy put wrote nothing
 

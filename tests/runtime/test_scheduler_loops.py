@@ -61,14 +61,14 @@ def test_cleanup_runs_at_its_interval_on_the_scheduler(make_store, manual_schedu
                         "cleanup": {"interval_ms": 60_000, "file_reserved_hours": 0,
                                     "delete_when": ";".join(map(str, range(24)))}},
                        scheduler=manual_scheduler)
-    while len(store.commit_log.segments.segments) < 3:
+    while len(store.internals.commit_log.segments.segments) < 3:
         assert store.put(Message("T", b"x" * 300, queue_id=0)).status is PutStatus.PUT_OK
     store.wait_dispatched()
     manual_scheduler.run("metadata", seconds=1.0)  # a tick that is not yet cleanup's
     assert manual_scheduler.last_run("cleanup") == NEVER
     assert store.min_phys_offset == 0
     manual_scheduler.run("cleanup", seconds=60.0)
-    assert store.min_phys_offset == store.commit_log.segments.segments[-1].start > 0
+    assert store.min_phys_offset == store.internals.commit_log.segments.segments[-1].start > 0
 
 
 def test_a_store_keeps_the_system_scheduler_by_default(make_store):

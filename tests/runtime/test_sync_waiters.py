@@ -178,7 +178,7 @@ def test_sync_puts_from_many_threads_are_all_durable_and_leave_no_descriptors(tm
         flat = [r for rs in results for r in rs]
         assert [r.status for r in flat] == [PutStatus.PUT_OK] * 200
         assert store.flushed_offset >= max(r.phys_offset + r.size for r in flat)
-        assert store.flush_client.status()["fsyncs"] < 200  # producers shared forces
+        assert store.internals.flush_client.status()["fsyncs"] < 200  # producers shared forces
     del store, t, threads
     gc.collect()  # worker process objects keep their sentinels until collected
     assert len(os.listdir("/proc/self/fd")) == fds_before

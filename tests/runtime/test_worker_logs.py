@@ -124,7 +124,8 @@ def test_a_worker_started_after_its_store_let_go_exits_with_one_line(tmp_path):
     """)
     assert done.stdout.split() == ["exit", "0"]
     assert [re.sub(r"\[\d+\]", "", line) for line in records(done.stderr)] == [
-        f"WARNING mqstore.workers.dispatch: store {root} closed before its dispatch worker "
+        f"WARNING mqstore.runtime.workers.dispatch_worker: store {root} closed before its "
+        f"dispatch worker "
         f"started; the worker exits"]
 
 
@@ -158,12 +159,12 @@ def test_a_dispatch_failing_on_damage_logs_one_line(tmp_path):
     failed = [line for line in lines if " failed 1 time(s): " in line]
     assert len(failed) == 1, lines
     assert re.fullmatch(
-        rf"ERROR mqstore\.dispatch\[\d+\]: dispatch of the records at commit-log offset "
+        rf"ERROR mqstore\.dispatch\.loop\[\d+\]: dispatch of the records at commit-log offset "
         rf"{damaged} failed 1 time\(s\): CorruptRecordError: commit-log offset {damaged}: "
         rf"unknown magic 0x00000000; no intact record follows yet; retrying", failed[0])
     # The retried batch begins at the first record the worker had not dispatched.
-    assert any(re.fullmatch(rf"WARNING mqstore\.dispatch\[\d+\]: dispatch at commit-log offset "
-                            rf"{batch} goes on after \d+ failed attempts", line)
+    assert any(re.fullmatch(rf"WARNING mqstore\.dispatch\.loop\[\d+\]: dispatch at commit-log "
+                            rf"offset {batch} goes on after \d+ failed attempts", line)
                for line in lines), lines
 
 
@@ -203,6 +204,6 @@ def test_a_dispatch_failing_on_a_full_disk_logs_one_line(tmp_path):
     lines = records(done.stderr)
     failed = [line for line in lines if " failed 1 time(s): " in line]
     assert len(failed) == 1 and re.fullmatch(
-        r"ERROR mqstore\.dispatch\[\d+\]: dispatch of the records at commit-log offset \d+ "
+        r"ERROR mqstore\.dispatch\.loop\[\d+\]: dispatch of the records at commit-log offset \d+ "
         r"failed 1 time\(s\): DiskFullError: .*No space left on device.*; retrying",
         failed[0]), lines

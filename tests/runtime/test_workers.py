@@ -43,7 +43,7 @@ def test_dispatch_runs_in_another_process_and_close_leaves_nothing(make_store):
     store.wait_dispatched()
     assert bodies(store) == [b"m%d" % i for i in range(50)]
     assert [m.body for m in store.query_by_key("T", "k7")] == [b"m7"]
-    name, proc = store.channels.name, store.supervisor.process
+    name, proc = store.internals.channels.name, store.internals.supervisor.process
     began = time.monotonic()
     store.close()
     assert time.monotonic() - began < STOP_TIMEOUT_S + DISPATCH_CATCH_UP_S
@@ -67,7 +67,7 @@ def test_a_killed_worker_is_reported_restarted_and_loses_nothing(make_store):
     store = make_store(WORKER)
     put_many(store, 0, 100)
     store.wait_dispatched()
-    victim = store.supervisor.process.pid
+    victim = store.internals.supervisor.process.pid
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: store.worker_status()["restarts"], what="the worker's restart")
     put_many(store, 100, 100)
@@ -79,7 +79,7 @@ def test_a_killed_worker_is_reported_restarted_and_loses_nothing(make_store):
     assert bodies(store) == [b"m%d" % i for i in range(200)]
     assert [m.body for m in store.query_by_key("T", "k150")] == [b"m150"]
     assert [m.body for m in store.query_by_key("T", "k50")] == [b"m50"]
-    name = store.channels.name
+    name = store.internals.channels.name
     store.close()
     with pytest.raises(FileNotFoundError):
         shared_memory.SharedMemory(name=name)
@@ -89,7 +89,7 @@ def test_a_worker_killed_mid_stream_resumes_without_gaps_or_duplicates(make_stor
     store = make_store(WORKER)
     for round_ in range(3):
         put_many(store, round_ * 400, 400, queue_id=round_ % 2)
-        os.kill(store.supervisor.process.pid, signal.SIGKILL)
+        os.kill(store.internals.supervisor.process.pid, signal.SIGKILL)
         try:
             store.wait_dispatched(timeout=15)
         except WorkerError:
@@ -127,7 +127,7 @@ def after_flush(flushed_offset):
         store.wait_dispatched()
         store.flush_commit_log()
         dispatch_pid = store.worker_status()["pid"]
-        flush_pid = store.flush_client.status()["pid"]
+        flush_pid = store.internals.flush_client.status()["pid"]
         store.close()
         seen = {tuple(line.split()) for line in out.read_text().splitlines()}
         assert seen == {("dispatch", str(dispatch_pid)), ("flush", str(flush_pid))}
@@ -162,7 +162,7 @@ def test_segments_rolled_while_the_worker_runs(make_store):
                         "consume_queue": {"file_units": 16}})
     put_many(store, 0, 300)
     store.wait_dispatched()
-    assert len(store.commit_log.segments.segments) > 5
+    assert len(store.internals.commit_log.segments.segments) > 5
     assert bodies(store) == [b"m%d" % i for i in range(300)]
     removed = store.delete_expired_segments(force=True, max_segments=3)
     assert removed
@@ -203,14 +203,14 @@ def test_a_worker_that_cannot_be_restarted_is_logged_and_tried_again(make_store,
     it (a dead monitor would leave the worker dead and unreported for good)."""
     monkeypatch.setattr("mqstore.runtime.workers.supervisor.MAX_QUICK_FAILURES", 2)
     store = make_store(WORKER)
-    sup = store.supervisor
+    sup = store.internals.supervisor
 
     def refused(restarted):
         raise ConnectionRefusedError(111, "Connection refused")
 
     monkeypatch.setattr(sup, "_spawn", refused)
     victim = sup.process.pid
-    caplog.set_level("ERROR", logger="mqstore.workers")
+    caplog.set_level("ERROR", logger="mqstore.runtime.workers.supervisor")
     os.kill(victim, signal.SIGKILL)
     deadline = time.monotonic() + 60
     while sup.gave_up is None:
@@ -218,7 +218,7 @@ def test_a_worker_that_cannot_be_restarted_is_logged_and_tried_again(make_store,
         time.sleep(0.05)
     assert "could not be started (ConnectionRefusedError: [Errno 111] Connection refused)" \
         in sup.gave_up and "dispatch stopped" in sup.gave_up
-    lines = [r for r in caplog.records if r.name == "mqstore.workers"]
+    lines = [r for r in caplog.records if r.name == "mqstore.runtime.workers.supervisor"]
     assert len(lines) >= 3 and all(r.exc_info is None for r in lines)
     assert f"pid {victim}) exited with code -9; restarting it" in lines[0].getMessage()
     assert all("could not be started" in r.getMessage() for r in lines[1:])

@@ -65,7 +65,7 @@ def test_batch_write_appends_every_row_in_partition_order(spark, tmp_path, confi
         ("orders", 1, 1, b"b3", "t1", ["k3"], {"n": "3"}),
         ("orders", 1, 2, b"b5", "t1", ["k5"], {"n": "5"})]
     with MessageStore.open(root, read_only=True) as store:
-        assert store.commit_log.segment_bytes == 1 << 20
+        assert store.internals.commit_log.segment_bytes == 1 << 20
         phys = [r["phys_offset"] for r in stored_rows(store)]
     assert sorted(phys)[:3] == [phys[0], phys[3], phys[1]]  # appended b0, b1, b2, ...
     assert staged_files(root) == [] and not os.path.exists(root / "spark-staging")

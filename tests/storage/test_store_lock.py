@@ -17,8 +17,8 @@ import pytest
 
 from mqstore import MessageStore, load_config
 from mqstore.errors import StoreLockedError
-from mqstore.ops.problems import CONSUME_QUEUE, Problem
-from mqstore.ops.repair import repair
+from mqstore.ops.checking.problems import CONSUME_QUEUE, Problem
+from mqstore.ops.checking.repair import repair
 from mqstore.runtime.workers.flush_client import TICK_INTERVAL_S
 from mqstore.testing.faults import FaultWriter, audit, small_store_overrides
 

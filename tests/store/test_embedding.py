@@ -117,7 +117,7 @@ def test_a_program_that_carries_on_after_sigterm_keeps_its_workers(tmp_path):
             sys.stdin.readline()
             status = store.put(Message("T", b"after", queue_id=0)).status.name
             store.wait_dispatched(timeout=30)
-            d, f = store.worker_status(), store.flush_client.status()
+            d, f = store.worker_status(), store.internals.flush_client.status()
             print(status, d["alive"], d["restarts"], f["alive"], f["restarts"],
                   store.max_offset("T", 0), flush=True)
     """))
@@ -220,7 +220,7 @@ def test_a_store_keeps_the_segment_size_it_was_written_with(tmp_path):
     with MessageStore.open(root, config=load_config()) as store:  # configured: 1 GiB
         assert any("written with 65536-byte segments" in note
                    for note in store.recovery_report.notes)
-        assert store.commit_log.segment_bytes == 64 * 1024
+        assert store.internals.commit_log.segment_bytes == 64 * 1024
         r = store.put(Message("T", b"y", queue_id=0))
         assert (r.status, r.queue_offset) == (PutStatus.PUT_OK, 600)
         store.wait_dispatched()

@@ -31,7 +31,7 @@ def test_read_only_open_changes_nothing_on_disk(rocketmq_dir, manifest, store):
 
 
 def test_sizes_come_from_the_files(store):
-    assert store.commit_log.segment_bytes == 32768
+    assert store.internals.commit_log.segment_bytes == 32768
     assert store.consume_queue("OrderEvents", 0).file_bytes == 600
 
 

@@ -44,7 +44,7 @@ def test_fill_goes_on_from_the_acks_it_is_given(make_store):
     store = make_store({"commit_log": {"segment_bytes": 4096}})
     acks: list[Ack] = []
     first = fill(store, segments=2, body=b"y" * 300, tags=lambda i: f"t{i % 3}", acks=acks)
-    assert len(store.commit_log.segments.segments) == 2
+    assert len(store.internals.commit_log.segments.segments) == 2
     assert first[-1].phys_offset >= 4096 > first[-2].phys_offset  # stopped at the first put there
     more = fill(store, 2, acks=acks)
     assert acks == first + more and [a.index for a in more] == [len(first), len(first) + 1]

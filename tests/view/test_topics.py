@@ -525,7 +525,7 @@ def test_selector_choices_past_the_write_queues_are_refused(make_store):
 
 
 def test_check_notes_a_damaged_topics_file(make_store, store_dir):
-    from mqstore.ops.check import check_store
+    from mqstore.ops.checking.checker import check_store
     store = make_store()
     store.create_topic("T")
     store.put(Message("T", b"x"))

@@ -21,7 +21,7 @@ from mqstore.dispatch.dispatchers import Dispatchers
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
 from mqstore.plugin_api.manager import PluginHooks, make_plugin_manager
 from mqstore.plugin_api.recovery_report import RecoveryReport
-from mqstore.storage.checkpoint import read_meta
+from mqstore.storage.meta_file import read_meta
 from mqstore.storage.store_lock import hold_worker_lock, release_worker_lock
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
@@ -33,7 +33,7 @@ from mqstore.runtime.workers import shm
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
 from mqstore.runtime.workers.wakeup import open_wakeup
 
-log = logging.getLogger("mqstore.workers.dispatch")
+log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # wait between checks for stop / parent death while idle
 NAP_PERIOD_S = 0.05  # after its last work the worker naps dispatch.interval_ms at a time...
 FLUSH_INTERVAL_S = 1.0  # consume queues are forced to disk this often, as RocketMQ does

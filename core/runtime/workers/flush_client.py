@@ -23,7 +23,7 @@ from mqstore.runtime.workers import flush_worker, shm, sync_waiters
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
 from mqstore.runtime.workers.supervisor import STOP_TIMEOUT_S, WorkerSupervisor
 
-log = logging.getLogger("mqstore.workers.flush")
+log = logging.getLogger(__name__)
 TICK_INTERVAL_S = 1.0  # the listener's longest sleep: metadata once a second, as RocketMQ's
 ASK_TIMEOUT_S = 60.0
 

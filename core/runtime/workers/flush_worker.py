@@ -29,14 +29,14 @@ import time
 from mqstore.plugin_api.contracts import FlushSchedule
 from mqstore.append.pool_writer import attach_pool
 from mqstore.storage.mapped_file import segment_name
-from mqstore.storage.sealed_json import sync_dir
+from mqstore.storage.durable_file import sync_dir
 from mqstore.storage.transient_pool import TransientPool, nonzero_end
 from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.uninterrupted import parent_alive, worker_signals
 from mqstore.runtime.workers import shm, sync_waiters
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
 
-log = logging.getLogger("mqstore.workers.flush")
+log = logging.getLogger(__name__)
 PAGE = 4096
 PARENT_CHECK_S = 0.5  # longest sleep, so a worker notices its store is gone
 

@@ -46,7 +46,7 @@ from mqstore.uninterrupted import interrupts_blocked
 from mqstore.runtime.workers import dispatch_worker, logs, shm
 from mqstore.runtime.workers.pipes import poke, wait_and_drain
 
-log = logging.getLogger("mqstore.workers")
+log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 5.0
 DISPATCH_CATCH_UP_S = 5.0
 QUICK_FAILURE_S = 2.0  # a worker dying this soon after starting did not get going
@@ -75,7 +75,7 @@ def _entry(environ: dict, log_setup: logs.LogSetup, name: str, target, root: str
     os.environ.clear()
     os.environ.update(environ)
     logs.setup(log_setup)
-    worker_log = logging.getLogger(f"{log.name}.{name}")
+    worker_log = logging.getLogger(target.__module__)
     if channels.closed:
         worker_log.warning("store %s closed before its %s worker started; the worker exits",
                            root, name)

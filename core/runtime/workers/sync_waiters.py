@@ -30,7 +30,7 @@ import numpy as np
 
 from mqstore.runtime.workers import shm
 
-log = logging.getLogger("mqstore.workers.flush")
+log = logging.getLogger(__name__)
 RECHECK_S = 0.01
 OVERFLOW_POLL_S = 0.001
 _fence = threading.Lock()

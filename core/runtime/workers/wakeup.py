@@ -37,7 +37,7 @@ import time
 
 from mqstore.errors import CorruptStateError
 
-log = logging.getLogger("mqstore.workers")
+log = logging.getLogger(__name__)
 
 WAKEUP_DIR = "consumer"
 WAKEUP_FILE = "wakeup"

@@ -25,7 +25,9 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from mqstore.append.appender import Appender
 from mqstore.consumer import pop_state
 from mqstore.consumer.membership import groups_on_topic, live_members, remove_group_files
 from mqstore.errors import InUseError, TopicNotFoundError
@@ -34,7 +36,11 @@ from mqstore.format.topic_config import TopicConfig
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
 from mqstore.storage.cq_ext import CONSUME_QUEUE_EXT_DIR
 
-log = logging.getLogger("mqstore.topics")
+if TYPE_CHECKING:
+    from mqstore.consumer.service import ConsumerService
+    from mqstore.lifecycle.parts import StoreParts
+
+log = logging.getLogger(__name__)
 
 DISPATCH_WAIT_S = 60.0
 
@@ -50,17 +56,19 @@ class TopicRemoval:
     records_below: int = 0  # its records below this commit-log offset stay until cleanup
 
 
-def remove_topic(parts, consumers, name: str) -> TopicRemoval:
+def remove_topic(parts: StoreParts, consumers: ConsumerService, name: str) -> TopicRemoval:
     """Delete topic ``name`` from the open, writable store whose ``StoreParts`` are
     ``parts``; ``consumers``: its ``ConsumerService``."""
     check_stored_topic(name)
-    if parts.runtime is None:
-        raise PermissionError(f"store {parts.view.root!r} is open read-only")
+    view, appender = parts.view, parts.appender
+    assert view is not None  # set by every open that returned
+    if parts.runtime is None or not isinstance(appender, Appender):
+        raise PermissionError(f"store {view.root!r} is open read-only")
     if parts.config.dispatch.worker != "thread":
         raise PermissionError(
             "deleting a topic needs its consume queues written in this process "
             "(dispatch.worker: thread); `mqstore topic delete` opens a closed store that way")
-    view, topics, appender = parts.view, parts.view.topics, parts.appender
+    topics = view.topics
     root = view.root
     _refuse_live_consumers(root, name)
     config = topics.get(name)

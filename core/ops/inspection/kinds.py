@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 from mqstore.format.record import SCAN_BAD, scan_record
-from mqstore.ops.inspect_commitlog import inspect_segment
-from mqstore.ops.inspect_queue import inspect_index_file, inspect_queue_file
-from mqstore.ops.inspect_small import inspect_abort, inspect_checkpoint, inspect_json
-from mqstore.ops.inspection import Inspection
+from mqstore.ops.inspection.commit_log import inspect_segment
+from mqstore.ops.inspection.queue_files import inspect_index_file, inspect_queue_file
+from mqstore.ops.inspection.small_files import inspect_abort, inspect_checkpoint, inspect_json
+from mqstore.ops.inspection.table import Inspection
 
 KINDS = ("commitlog", "consumequeue", "index", "checkpoint", "abort", "json")
 INDEX_NAME_DIGITS = 17  # yyyyMMddHHmmssSSS

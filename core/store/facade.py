@@ -1,10 +1,12 @@
 """MessageStore: the public facade over one open store directory.
 
-Opening wires the parts together (``opening.Opener``); afterwards the facade only delegates:
+Opening builds the parts in dependency order (``lifecycle.opener.Opener``); afterwards the
+facade only delegates:
 
     Appender   put, put_batch: the put lock, the queue-offset table, the writer
     Reader     pulls and lookups (reads never take the put lock)
     Runtime    the dispatch, flush and cleanup loops of a writable store, and their channels
+    ConsumerService  the consumer calls, on what the consumers use of the store
 
 Threads: any number of callers may put and get concurrently. No reference cycle runs through
 the facade: a store its program drops is closed at once (``__del__``).
@@ -18,27 +20,29 @@ import multiprocessing.util  # noqa: F401 - registers its exit handler before ou
 import os
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Callable, overload
+from typing import TYPE_CHECKING, Callable, Sequence, overload
 
 from mqstore.append.appender import Appender
 from mqstore.clock import check_clock, system_clock
 from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import ConsumerService
-from mqstore.errors import StoreClosedError, WorkerError  # noqa: F401 - re-exported
+from mqstore.consumer.store_side import ConsumerStore
+from mqstore.errors import StoreClosedError, WorkerError
 from mqstore.lifecycle.opener import Opener
-from mqstore.lifecycle.topic_calls import TopicCalls
-from mqstore.message import GetResult, PutCounts, ReadBatch, StoredMessage
-from mqstore.read.reader import check_queue
-from mqstore.running_flags import (  # noqa: F401 - flags are part of the store's API
-    DISK_FULL, NOT_READABLE, NOT_WRITEABLE, UNWRITABLE, WRITE_INDEX_FILE_ERROR,
-    WRITE_LOGICS_QUEUE_ERROR, StoreState,
+from mqstore.store.internals import MovedToInternals, StoreInternals
+from mqstore.store.reads import StoreReadsOf
+from mqstore.store.topic_calls import TopicCalls
+from mqstore.message import (
+    BatchPutResult, GetResult, Message, MessageBatch, PutCounts, PutResult, ReadBatch,
+    StoredMessage,
 )
+from mqstore.read.reader import check_queue
+from mqstore.running_flags import DISK_FULL, UNWRITABLE, StoreState
 from mqstore.runtime.loops import Runtime
 from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.storage import clean_marker
-from mqstore.storage.checkpoint import remove_abort
+from mqstore.storage.abort_file import remove_abort
 from mqstore.uninterrupted import shield
-from mqstore.runtime.workers import shm
 
 if TYPE_CHECKING:
     from mqstore.append.appender import ReadOnlyAppender
@@ -50,15 +54,21 @@ if TYPE_CHECKING:
     from mqstore.dispatch.dispatchers import Dispatchers
     from mqstore.format.hosts import Host
     from mqstore.lifecycle.parts import StoreParts
+    from mqstore.plugin_api.contracts import Writer
     from mqstore.plugin_api.manager import PluginHooks
     from mqstore.plugin_api.recovery_report import RecoveryReport
     from mqstore.read.reader import Reader
     from mqstore.replication import Replication
     from mqstore.storage.checkpoint import Checkpoint
+    from mqstore.runtime.workers.flush_client import FlushClient
+    from mqstore.runtime.workers.shm import Channels
+    from mqstore.runtime.workers.supervisor import DispatchSupervisor
     from mqstore.storage.commit_log import CommitLog
+    from mqstore.storage.consume_queue import ConsumeQueue
+    from mqstore.view.subscriptions import Subscriptions
     from mqstore.view.directory_view import DirectoryView
 
-log = logging.getLogger("mqstore.store")
+log = logging.getLogger(__name__)
 
 # Stores still open at interpreter exit are closed before multiprocessing's own exit handler
 # terminates their workers (atexit runs handlers last registered first, and importing
@@ -80,20 +90,26 @@ atexit.register(_close_open_stores)
 class MessageStore(TopicCalls):
     """An open store directory. Create with :meth:`open`; close with :meth:`close` or ``with``."""
 
-    # The parts an open wires together (``lifecycle.parts.StoreParts``), for tools and tests.
     config: StoreConfig
     clock: Callable[[], int]
     scheduler: Scheduler
-    hooks: PluginHooks
-    commit_log: CommitLog
     hash_kind: str
     checkpoint: Checkpoint
     recovery_report: RecoveryReport
     view: DirectoryView
     store_host: Host
-    dispatchers: Dispatchers
+    internals: StoreInternals  # what tools and tests reach; the old names below warn
+    commit_log: MovedToInternals[CommitLog] = MovedToInternals()
+    dispatchers: MovedToInternals[Dispatchers] = MovedToInternals()
+    hooks: MovedToInternals[PluginHooks] = MovedToInternals()
+    flush_client: MovedToInternals[FlushClient | None] = MovedToInternals()
+    writer: MovedToInternals[Writer | None] = MovedToInternals()
+    supervisor: MovedToInternals[DispatchSupervisor | None] = MovedToInternals()
+    channels: MovedToInternals[Channels | None] = MovedToInternals()
     _state: StoreState
     _parts: StoreParts
+    _commit_log: CommitLog
+    _dispatchers: Dispatchers
     _reader: Reader
     _appender: Appender | ReadOnlyAppender
     _runtime: Runtime | None
@@ -115,12 +131,15 @@ class MessageStore(TopicCalls):
             config.dispatch.worker, config.flush.worker))
         store = cls.__new__(cls)
         store._state = StoreState(os.path.abspath(os.fspath(root)), read_only)
-        store._adopt(Opener(store._state, config, clock, scheduler or system_scheduler).open())
-        store._consumers = ConsumerService(store)
+        parts = Opener(store._state, config, clock, scheduler or system_scheduler).open()
+        store._adopt(parts)
         _open_stores.add(store)
         runtime = store._runtime
         if runtime is not None and runtime.cleanup_reads_store:  # checked when built
-            runtime.cleanup_policy.bind(weakref.proxy(store))  # contracts.StoreReads
+            # The plugin protocol's one call once the store has opened; it gets the reads
+            # it declared (contracts.StoreReads), not the facade.
+            runtime.cleanup_policy.bind(StoreReadsOf(store._reader, parts.clock,
+                                                     store._consumers))
         if not read_only:
             shield.install()  # NOTE [ Uninterrupted puts ]
         return store
@@ -133,12 +152,17 @@ class MessageStore(TopicCalls):
         assert parts.dispatchers is not None and parts.reader is not None
         assert parts.appender is not None
         self._parts = parts
-        self.config, self.clock, self.hooks = parts.config, parts.clock, parts.hooks
-        self.scheduler = parts.scheduler
-        self.commit_log, self.hash_kind = parts.commit_log, parts.hash_kind
+        self.internals = StoreInternals(parts)
+        self.config, self.clock = parts.config, parts.clock
+        self.scheduler, self.hash_kind = parts.scheduler, parts.hash_kind
         self.checkpoint, self.recovery_report = parts.checkpoint, parts.recovery_report
-        self.view, self.store_host, self.dispatchers = parts.view, parts.store_host, parts.dispatchers
+        self.view, self.store_host = parts.view, parts.store_host
+        self._commit_log, self._dispatchers = parts.commit_log, parts.dispatchers
         self._reader, self._appender, self._runtime = parts.reader, parts.appender, parts.runtime
+        self._consumers = ConsumerService(ConsumerStore(
+            parts.reader, clock=parts.clock, scheduler=parts.scheduler,
+            config=parts.config.consumer, allocation=parts.hooks.allocation_strategies,
+            compile_filter=parts.view.compile_filter, topic_config=parts.view.topics.get))
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -162,12 +186,12 @@ class MessageStore(TopicCalls):
             raise StoreClosedError(f"store {self.root!r} is closed")
 
     # -- writing ---------------------------------------------------------------------------
-    def put(self, message):
+    def put(self, message: Message) -> PutResult:
         """Append one message. Bad arguments raise ValueError; store-level refusals return a
         status (``PutResult``)."""
         return self._appender.put(message)
 
-    def put_batch(self, messages):
+    def put_batch(self, messages: Sequence[Message] | MessageBatch) -> BatchPutResult:
         """Append many messages (any topics/queues) under one lock.
 
         ``messages`` is a list of Message objects or a columnar ``MessageBatch`` (faster: no
@@ -207,7 +231,7 @@ class MessageStore(TopicCalls):
     def confirm_offset(self) -> int:
         """End of what consumers may see (RocketMQ's confirm offset)."""
         self._check_open()
-        return self._runtime.confirm_offset() if self._runtime else self.commit_log.max_offset
+        return self._runtime.confirm_offset() if self._runtime else self._commit_log.max_offset
 
     def _writable(self) -> Runtime:
         self._check_open()
@@ -300,11 +324,13 @@ class MessageStore(TopicCalls):
         return self._reader.max_phys_offset
 
     @property
-    def consume_queues(self) -> dict:
+    def consume_queues(self) -> dict[tuple[str, int], ConsumeQueue]:
+        """This process's consume queues by ``(topic, queue_id)``."""
         return self.view.consume_queues
 
     @property
-    def subscriptions(self):
+    def subscriptions(self) -> Subscriptions:
+        """The registered subscriptions whose filters dispatch precomputes."""
         return self.view.subscriptions
 
     @property
@@ -399,7 +425,8 @@ class MessageStore(TopicCalls):
     def ack(self, receipt_handle: list[str] | tuple[str, ...]
             ) -> list[ReceiptHandleError | None]: ...
 
-    def ack(self, receipt_handle):
+    def ack(self, receipt_handle: str | list[str] | tuple[str, ...]
+            ) -> list[ReceiptHandleError | None] | None:
         """Acknowledge a popped message; a stale or unknown handle raises
         ``ReceiptHandleError`` and changes nothing. Given a list (or tuple) of handles,
         acknowledges them all in one step per topic and group and returns one result per
@@ -439,28 +466,12 @@ class MessageStore(TopicCalls):
         """Persist consume queues and the checkpoint now (the store does it every second)."""
         self._writable().flush_metadata()
 
-    def consume_queue(self, topic: str, queue_id: int, create: bool = False):
+    def consume_queue(self, topic: str, queue_id: int, create: bool = False
+                      ) -> ConsumeQueue | None:
         """The consume queue of ``topic``/``queue_id`` in this process (None if it has none)."""
         self._check_open()
         check_queue(topic, queue_id)
         return self.view.consume_queue(topic, queue_id, create)
-
-    @property
-    def flush_client(self):
-        return self._runtime.flush_client if self._runtime is not None else None
-
-    @property
-    def writer(self):
-        return self._runtime.writer if self._runtime is not None else None
-
-    @property
-    def supervisor(self):
-        """The dispatch worker's supervisor (``dispatch.worker: process``), or None."""
-        return self._runtime.supervisor if self._runtime is not None else None
-
-    @property
-    def channels(self) -> shm.Channels | None:
-        return self._runtime.channels if self._runtime is not None else None
 
     # -- replication (docs/replication.md) -----------------------------------------------------
     @property
@@ -546,10 +557,10 @@ class MessageStore(TopicCalls):
         """What the clean-shutdown marker records from this process (the rest is read from
         the files once closed): the commit-log end, the segment size and whether a key
         index was built; None when bytes are still staged past the readable end."""
-        segq = self.commit_log.segments
+        segq = self._commit_log.segments
         if segq.max_offset != segq.write_end or segq.segment_bytes is None:
             return None
-        return segq.max_offset, segq.segment_bytes, self.dispatchers.key_lookup() is not None
+        return segq.max_offset, segq.segment_bytes, self._dispatchers.key_lookup() is not None
 
     def _crash(self) -> None:
         """End abruptly, as a killed process would: no final flush, ``abort`` stays."""
@@ -578,7 +589,7 @@ class MessageStore(TopicCalls):
     def __enter__(self) -> "MessageStore":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from mqstore.ops.inspection import Inspection
+from mqstore.ops.inspection.table import Inspection
 from mqstore.ops.messages import ms_to_iso
 from mqstore.ops.store_files import pid_alive
 from mqstore.storage.checkpoint import CHECKPOINT_BYTES, CHECKPOINT_FILE, Checkpoint

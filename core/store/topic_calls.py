@@ -1,14 +1,14 @@
 """The store's topic calls (docs/topics.md): ``MessageStore`` inherits them.
 
 They delegate, as the facade's every call does: lookups and changes to the store's
-``view.topics.Topics`` (``config/topics.json``), deletion to ``lifecycle.topic_removal``.
+``view.topics.Topics`` (``config/topics.json``), deletion to ``store.topic_removal``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mqstore.lifecycle.topic_removal import TopicRemoval, remove_topic
+from mqstore.store.topic_removal import TopicRemoval, remove_topic
 
 if TYPE_CHECKING:
     from mqstore.consumer.service import ConsumerService

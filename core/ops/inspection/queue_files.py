@@ -13,7 +13,7 @@ from mqstore.errors import CorruptRecordError
 from mqstore.format import index_layout as L
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, EXT_ADDRESS_MAX, FILLER_SIZE, decode_units
 from mqstore.format.verify import verify_queue_record
-from mqstore.ops.inspection import Inspection
+from mqstore.ops.inspection.table import Inspection
 from mqstore.ops.messages import ms_to_iso
 from mqstore.storage.commit_log import CommitLog
 

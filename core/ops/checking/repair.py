@@ -22,9 +22,10 @@ import shutil
 from mqstore.config import StoreConfig
 from mqstore.errors import StoreCorruptError
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, round_file_bytes
-from mqstore.ops.problems import CONSUME_QUEUE, INDEX, RECORD, SEGMENT, Problem
+from mqstore.ops.checking.problems import CONSUME_QUEUE, INDEX, RECORD, SEGMENT, Problem
 from mqstore.plugin_api.recovery_report import RecoveryReport
-from mqstore.storage.checkpoint import abort_exists, read_meta
+from mqstore.storage.abort_file import abort_exists
+from mqstore.storage.meta_file import read_meta
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, load_consume_queues
 from mqstore.storage.index_file import INDEX_DIR
 from mqstore.storage.queue_manifest import describe as queue_ends
@@ -51,6 +52,8 @@ def repair(root: str, config: StoreConfig, problems: list[Problem]) -> list[str]
         store.wait_dispatched(timeout=DISPATCH_WAIT_S)
         report = store.recovery_report
     done += describe(report)
+    if INDEX in kinds:
+        done += _reindexed(problems)
     if was_abnormal and not abort_exists(root):
         done.append("closed cleanly: the stale abort marker is gone")
     return done
@@ -76,6 +79,31 @@ def _remove_derived(root: str, config: StoreConfig, kinds: set, invalidating: bo
         if names:
             done.append(f"removed {len(names)} index file(s) to rebuild the index from the "
                         f"commit log")
+
+
+def _reindexed(problems: list[Problem]) -> list[str]:
+    """The records whose index entries named keys they no longer hold, while their keys as
+    they now read were missing: their properties changed after they were indexed (no CRC
+    covers them, as in RocketMQ), so the rebuilt index holds them as they now read."""
+    missing = [(p.position, p.last) for p in problems
+               if p.kind == INDEX and p.file == INDEX_DIR and p.position is not None]
+    out = []
+    for p in problems:
+        if p.kind != INDEX or p.file == INDEX_DIR or p.position is None:
+            continue  # not an index file's entries naming a record
+        first, last = p.position, p.last if p.last is not None else p.position
+        if not any(begin <= last and first <= (end if end is not None else begin)
+                   for begin, end in missing):
+            continue
+        if first == last:
+            out.append(f"re-indexed the record at commit-log offset {first} as it now reads: "
+                       f"its keys changed after it was indexed (no CRC covers its "
+                       f"properties); nothing was quarantined")
+        else:
+            out.append(f"re-indexed the records at commit-log offsets {first}..{last} as they "
+                       f"now read: their keys changed after they were indexed (no CRC covers "
+                       f"their properties); nothing was quarantined")
+    return out
 
 
 def _keep_queue_ends(root: str, config: StoreConfig) -> int:

@@ -1,8 +1,8 @@
 """``mqstore check``: verify every record and cross-check the files derived from the log.
 
 Read-only and without opening the store (no recovery runs): the commit log is walked record
-by record (``check_log``), the consume queues (``check_queues``) and the key index
-(``check_index``) are compared with what the walk found, and a stale ``abort`` marker is
+by record (``log_walk``), the consume queues (``queues``) and the key index
+(``index``) are compared with what the walk found, and a stale ``abort`` marker is
 reported. A store a live writer holds is refused: its tail moves while it is read.
 """
 
@@ -13,12 +13,12 @@ from typing import Callable
 
 from mqstore.config import StoreConfig
 from mqstore.errors import CorruptStateError, StoreLockedError
-from mqstore.ops.check_index import check_index
-from mqstore.ops.check_log import scan_log
-from mqstore.ops.check_queues import check_queues
-from mqstore.ops.problems import ABORT, KINDS, Problem
+from mqstore.ops.checking.index import check_index
+from mqstore.ops.checking.log_walk import scan_log
+from mqstore.ops.checking.queues import check_queues
+from mqstore.ops.checking.problems import ABORT, KINDS, Problem
 from mqstore.ops.store_files import ABORT_RUNNING, ABORT_STALE, abort_state, open_files
-from mqstore.storage.checkpoint import ABORT_FILE
+from mqstore.storage.abort_file import ABORT_FILE
 from mqstore.storage.deleted_topics import read_deleted
 from mqstore.storage.topic_file import read_table, topics_path
 from mqstore.storage.store_lock import holder

@@ -18,7 +18,7 @@ import numpy as np
 
 from mqstore.format.quarantine import find_record
 from mqstore.format.record import SCAN_BLANK, SCAN_OK, scan_record
-from mqstore.ops.problems import RECORD, SEGMENT, TORN_TAIL, Problem
+from mqstore.ops.checking.problems import RECORD, SEGMENT, TORN_TAIL, Problem
 
 CRC_REASON = "CRC"  # body or record CRC mismatch, a record CRC property damaged or missing
 NONZERO_WINDOW = 1 << 20  # bytes looked at a time for the end of a segment's data

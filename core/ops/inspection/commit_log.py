@@ -18,7 +18,7 @@ from mqstore.format.record import (
     SCAN_BAD, SCAN_BLANK, decode_record, offset_msg_id, scan_record,
 )
 from mqstore.hashing import crc32
-from mqstore.ops.inspection import Inspection
+from mqstore.ops.inspection.table import Inspection
 from mqstore.ops.messages import ms_to_iso
 
 COLUMNS = ["offset", "size", "type", "crc", "topic", "queue_id", "queue_offset", "tags",

@@ -21,6 +21,7 @@ class Problem:
     offset: int  # byte offset in ``file``
     detail: str
     position: int | None = None  # commit-log offset, or queue offset for a consume queue
+    last: int | None = None  # with ``position``: the last commit-log offset of a run of records
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -17,8 +17,8 @@ from mqstore.format import index_layout as L
 from mqstore.format.property_keys import key_ranges
 from mqstore.format.record import SYSFLAG_TX_MASK, TX_ROLLBACK
 from mqstore.hashing import string_hasher
-from mqstore.ops.check_log import LogScan
-from mqstore.ops.problems import INDEX, Problem, runs
+from mqstore.ops.checking.log_walk import LogScan
+from mqstore.ops.checking.problems import INDEX, Problem, runs
 from mqstore.storage.index_file import INDEX_DIR, IndexFile
 
 
@@ -128,7 +128,8 @@ def _check_file(path: str, slot_count: int, entry_count: int, rel: str, scan: Lo
         phys = int(entries["phys_offset"][first])
         problems.append(Problem(INDEX, rel, L.entry_position(slot_count, first),
                                 f"entries {first}..{last} name no key of the record they point "
-                                f"at (first: commit-log offset {phys})", phys))
+                                f"at (first: commit-log offset {phys})", phys,
+                                int(entries["phys_offset"][last])))
     return problems
 
 
@@ -142,5 +143,5 @@ def _missing(scan: LogScan, missing: list[int], have_files: bool) -> list[Proble
         where = "index/ holds no file" if not have_files else "not in the index"
         problems.append(Problem(INDEX, INDEX_DIR, 0,
                                 f"keys of {last - first + 1} record(s) at commit-log offsets "
-                                f"{begin}..{end}: {where}", begin))
+                                f"{begin}..{end}: {where}", begin, end))
     return problems

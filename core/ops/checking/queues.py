@@ -16,8 +16,8 @@ import numpy as np
 
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 from mqstore.format.record import SYSFLAG_TX_MASK, TX_COMMIT, TX_NOT
-from mqstore.ops.check_log import LogScan
-from mqstore.ops.problems import CONSUME_QUEUE, Problem, runs
+from mqstore.ops.checking.log_walk import LogScan
+from mqstore.ops.checking.problems import CONSUME_QUEUE, Problem, runs
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
 from mqstore.storage.mapped_file import segment_name
 
