@@ -33,7 +33,7 @@ from mqstore.coordination.records import (
 from mqstore.coordination.settings import CoordinationSettings, now
 from mqstore.errors import CoordinationError
 
-log = logging.getLogger("mqstore.coordination")
+log = logging.getLogger(__name__)
 
 
 class Coordinator:

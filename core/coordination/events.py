@@ -14,7 +14,7 @@ import queue
 import threading
 from typing import Any, Callable
 
-log = logging.getLogger("mqstore.coordination")
+log = logging.getLogger(__name__)
 JOIN_S = 5.0
 
 

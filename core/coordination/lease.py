@@ -34,7 +34,7 @@ from mqstore.coordination.records import Keys, LeaderInfo, parse_epoch
 from mqstore.coordination.settings import CoordinationSettings, now
 from mqstore.errors import CoordinationError, CoordinationUnavailable
 
-log = logging.getLogger("mqstore.coordination")
+log = logging.getLogger(__name__)
 JOIN_S = 5.0
 NEVER = -math.inf
 

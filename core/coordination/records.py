@@ -28,7 +28,7 @@ from typing import Mapping
 from mqstore.coordination.etcd import KeyValue
 from mqstore.errors import CoordinationError
 
-log = logging.getLogger("mqstore.coordination")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
