@@ -73,3 +73,9 @@ class CoordinationError(MQStoreError):
 class CoordinationUnavailable(CoordinationError):
     """No etcd endpoint answered a coordination call in time; the message names each endpoint
     tried and what failed there."""
+
+
+class PromotionRefusedError(MQStoreError):
+    """A slave's promotion is refused: its master still serves it, or it lacks bytes its
+    master had answered PUT_OK for (the message says which, and how many); ``force`` promotes
+    it anyway."""

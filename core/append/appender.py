@@ -30,6 +30,7 @@ from mqstore.view.topics import TopicRefused
 
 if TYPE_CHECKING:
     from mqstore.plugin_api.contracts import Writer
+    from mqstore.roles import RoleState
     from mqstore.running_flags import StoreState
     from mqstore.storage.commit_log import CommitLog
     from mqstore.view.topics import Topics
@@ -115,12 +116,14 @@ class Appender:
 
     def __init__(self, *, state: StoreState, commit_log: CommitLog, writer: Writer,
                  settings: AppendSettings, strategies: PutStrategies, loops: Loops,
-                 tail: AppendTail, topics: Topics, clock: Callable[[], int]) -> None:
+                 tail: AppendTail, topics: Topics, clock: Callable[[], int],
+                 role: RoleState) -> None:
         """``tail``: the lock, last append and queue table this Appender changes (shared
-        with the parts that read them); ``topics``: the store's ``view.topics.Topics``."""
+        with the parts that read them); ``topics``: the store's ``view.topics.Topics``;
+        ``role``: whether this store takes puts now (``mqstore.roles``)."""
         self.state = state
         self.settings = settings
-        self.slave = settings.slave
+        self.role = role
         self.busy_timeout_ms = settings.busy_timeout_ms
         self.disk_warning_ratio = settings.disk_warning_ratio
         self.failing = loops.failing
@@ -165,8 +168,9 @@ class Appender:
         state = self.state
         if state.closed:
             raise StoreClosedError(f"store {state.root!r} is closed")
-        if self.slave:
-            return PutStatus.SERVICE_NOT_AVAILABLE, "store role is slave"
+        refused = self.role.refusal()
+        if refused is not None:  # a slave, or a fenced master (NOTE [ Fencing ])
+            return PutStatus.SERVICE_NOT_AVAILABLE, refused
         if state.running_flags & UNWRITABLE:
             return PutStatus.SERVICE_NOT_AVAILABLE, state.unwritable_reason(self.disk_warning_ratio)
         stuck = self.failing()
@@ -226,6 +230,8 @@ class Appender:
         status = self.flush_policy.complete_put(end, plan.wait)
         if self.replicas is not None:
             status = self.replicas.complete_put(end, plan.wait, status)
+        if status is PutStatus.PUT_OK and self.role.refusal() is not None:
+            status = PutStatus.SERVICE_NOT_AVAILABLE  # fenced meanwhile (NOTE [ Fencing ])
         answer = kind.answer(self, plan, written, status)
         if hooks.has_after_append:
             hooks.after_append(kind.hook_result(self, answer))

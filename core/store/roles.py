@@ -1,0 +1,287 @@
+"""The store's role calls (docs/replication.md, "Failover"): ``MessageStore`` inherits them.
+
+``promote`` makes a slave the master while it runs: it stops following, its epoch file gains
+``(epoch, its end)``, ``role.json`` records the role, the state mirror's files become its
+state (``install_mirror``), its queue offsets are taken from its consume queues, and it
+takes puts, listens for slaves and asks its peers. It is refused (``PromotionRefusedError``)
+while its master still serves it, and while it lacks bytes the master had answered PUT_OK for
+(its confirm offset, heard through mqstore's handshake), unless forced; the result says what it
+lacked.
+
+``demote`` makes a master follow another store: fenced at once (NOTE [ Fencing ] in
+``mqstore.roles``), ``role.json`` names the new master, and the store reopens itself as a
+slave; its handshake with the new master may find records to cut (NOTE [ Rejoining ] in
+``lifecycle.rejoin``), which the store records and reopens again to cut. A master that hears
+of a newer master (NOTE [ Newer epochs ] in ``replication.node``) demotes itself so.
+
+For automatic failover (``mqstore.coordination``): ``promote(epoch=...)`` from an election,
+``fence(why)`` from ``on_fenced``, ``role_state.guard = coordinator.may_write``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Callable
+
+from mqstore.config import master_listen_problem
+from mqstore.errors import ConfigError, PromotionRefusedError
+from mqstore.roles import MASTER_ROLES
+from mqstore.storage.role_file import Cut, RoleRecord, write_role
+
+if TYPE_CHECKING:
+    from mqstore.config import StoreConfig
+    from mqstore.lifecycle.parts import StoreParts
+    from mqstore.roles import RoleState
+    from mqstore.running_flags import StoreState
+    from mqstore.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+DISPATCH_TIMEOUT_S = 30.0
+
+# The state mirror's installer: ``install_mirror(store)``, called by ``promote`` once dispatch
+# covers every byte the slave received and before the store takes a put; it swaps the mirrored
+# copy of the master's state files into place and returns a report for the promotion's result
+# (or None). Until the mirror exists, nothing is installed.
+install_mirror: Callable[[object], dict | None] | None = None
+
+
+class RoleCalls:
+    # What the calls use of the store that inherits them.
+    _parts: StoreParts
+    _role_lock: threading.RLock
+    _state: StoreState
+    root: str
+    config: StoreConfig
+    clock: Callable[[], int]
+    scheduler: Scheduler
+
+    if TYPE_CHECKING:
+        def _check_open(self) -> None: ...
+
+        def _writable(self) -> object: ...
+
+        def close(self) -> None: ...
+
+        def _opened(self, parts: StoreParts) -> None: ...
+
+        def wait_dispatched(self, timeout: float = 5.0) -> None: ...
+
+    @property
+    def role_state(self) -> RoleState:
+        """What the store is now (``mqstore.roles.RoleState``): its role, epoch, the master it
+        follows, whether it is fenced; ``guard`` takes a write guard (coordination's
+        ``may_write``)."""
+        role = self._parts.role
+        assert role is not None
+        return role
+
+    def role_status(self) -> dict:
+        """The role, the epochs, and for a slave what it heard of its master."""
+        self._check_open()
+        parts = self._parts
+        role = self.role_state
+        epochs = parts.epochs.entries if parts.epochs is not None else []
+        out = {**role.snapshot(), "configured_role": parts.config.store.role,
+               "epochs": [list(e) for e in epochs], "max_offset": parts.commit_log.max_offset,
+               "writable": role.writable}
+        if parts.replication is not None:
+            status = parts.replication.status()
+            out["replication"] = {k: v for k, v in status.items() if k != "updated_ms"}
+        return out
+
+    def fence(self, why: str) -> None:
+        """Stop taking puts at once (coordination's ``on_fenced``): until promoted again."""
+        self._writable()
+        self.role_state.fence(why if why.startswith("fenced") else f"fenced: {why}")
+
+    def promote(self, *, epoch: int | None = None, force: bool = False,
+                role: str | None = None, timeout: float = DISPATCH_TIMEOUT_S) -> dict:
+        """Make this slave the master now (the module docstring); ``epoch``: the epoch to be
+        master in (an election's; default: one above every epoch it knows); ``role``:
+        ``async_master`` or ``sync_master`` (default: the configured role when it is a master
+        role, else ``async_master``). Returns what was done."""
+        self._writable()
+        target = role or (self._parts.config.store.role
+                          if self._parts.config.store.role in MASTER_ROLES else "async_master")
+        if target not in MASTER_ROLES:
+            raise ValueError(f"role {target!r}: a store is promoted to one of "
+                             f"{', '.join(MASTER_ROLES)}")
+        with self._role_lock:
+            state = self.role_state
+            if not state.is_slave:
+                return self._reelected(epoch, target)
+            return self._promote(state, epoch, force, target, timeout)
+
+    def _reelected(self, epoch: int | None, target: str) -> dict:
+        """A master promoted again: a fenced one elected in a new epoch takes puts again."""
+        state, epochs = self.role_state, self._parts.epochs
+        if epoch is None:
+            raise ValueError(f"store {self._parts.config.store.role!r} is master already "
+                             f"(epoch {epochs.last_epoch}); only an election's newer epoch "
+                             f"promotes it again")
+        end = self._parts.commit_log.max_offset
+        epochs.append(epoch, end)
+        self._record(RoleRecord(target, None, epoch, _now(), "elected again"))
+        state.change(role=target, epoch=epoch, fenced=None)
+        return {"role": target, "epoch": epoch, "start_offset": end, "followed": None,
+                "lacked": None, "forced": False, "mirror": None}
+
+    def _promote(self, state: RoleState, epoch: int | None, force: bool, target: str,
+                 timeout: float) -> dict:
+        parts = self._parts
+        replication = parts.replication
+        assert replication is not None and parts.epochs is not None
+        client = replication.client
+        followed = state.master
+        if client is not None and client.connected and not force:
+            raise PromotionRefusedError(
+                f"this slave is connected to its master {followed}, which serves it: "
+                f"promoting it now would make two masters; stop the master first (or force)")
+        end = parts.commit_log.max_offset
+        lacked = _lacked(state, end)
+        if lacked is not None and not force:
+            raise PromotionRefusedError(
+                f"this slave's log ends at {end}, but its master {followed} had answered "
+                f"PUT_OK up to {lacked['to']} (its confirm offset, as this slave last heard "
+                f"it): it lacks {lacked['bytes']} bytes [{end}, {lacked['to']}) of "
+                f"acknowledged messages; promote it with force to accept losing them")
+        problem = master_listen_problem(parts.config.server)
+        if problem is not None:
+            raise ConfigError(f"this slave cannot be promoted as configured: {problem}")
+        replication.stop_following()
+        self.wait_dispatched(timeout)
+        end = parts.commit_log.max_offset
+        known = max(parts.epochs.last_epoch, state.master_epoch)
+        new_epoch = known + 1 if epoch is None else epoch
+        if new_epoch <= known:
+            raise ValueError(f"epoch {new_epoch} is not above {known}, the newest this store "
+                             f"knows: epochs only grow")
+        parts.epochs.append(new_epoch, end)
+        self._record(RoleRecord(target, None, new_epoch, _now(),
+                                f"promoted from slave of {followed}"))
+        mirror = install_mirror(self) if install_mirror is not None else None
+        self._take_queue_offsets()
+        state.change(role=target, master=None, epoch=new_epoch, fenced=None)
+        replication.become_master()
+        log.warning("promoted: this store is %s in epoch %d from commit-log offset %d (it "
+                    "followed %s)%s", target, new_epoch, end, followed,
+                    f"; forced, lacking {lacked['bytes']} bytes" if lacked else "")
+        return {"role": target, "epoch": new_epoch, "start_offset": end, "followed": followed,
+                "lacked": lacked, "forced": force, "mirror": mirror}
+
+    def _take_queue_offsets(self) -> None:
+        """A slave's queue-offset table is not kept as its master's records arrive: take each
+        queue's end from its consume queue, under the put lock."""
+        parts = self._parts
+        appender, reader = parts.appender, parts.reader
+        with appender.lock:
+            reader.discover_queues()
+            for key in list(parts.view.consume_queues):
+                cq = reader.queue(*key)
+                if cq is not None:
+                    appender.queue_offsets[key] = cq.max_offset
+
+    def _record(self, record: RoleRecord) -> None:
+        write_role(self.root, record)
+
+    def demote(self, master: str, *, why: str | None = None) -> dict:
+        """Make this store follow ``master`` (its ``server.ha_listen``): a master is fenced at
+        once, ``role.json`` names the master, and the store reopens as its slave (a slave
+        just follows the new master). Returns what was done."""
+        from mqstore.config import parse_listen
+        self._writable()
+        if parse_listen(master)[1] == 0:
+            raise ValueError(f"master address {master!r}: port 0 cannot be dialled")
+        why = why or f"demoted to follow {master}"
+        with self._role_lock:
+            state = self.role_state
+            was = state.role
+            if not state.is_slave:
+                state.fence(f"fenced: {why}")
+            self._record(RoleRecord("slave", master, self._parts.epochs.last_epoch, _now(), why))
+            self._reopen()
+        return {"role": "slave", "master": master, "was": was}
+
+    def _reopen(self) -> None:
+        """Close and open again in place (a role change that rebuilds the parts);
+        replication starts again if it ran, telling peers the same client endpoint."""
+        from mqstore.lifecycle.opener import Opener
+        replication = self._parts.replication
+        running = replication is not None and replication.running
+        endpoint = replication.client_endpoint if replication is not None else ""
+        self.close()
+        self._state.running_flags = 0
+        self._opened(Opener(self._state, self.config, self.clock, self.scheduler).open())
+        if running and self._parts.replication is not None:
+            self._parts.replication.client_endpoint = endpoint
+            self._parts.replication.start()
+
+    # -- what replication tells the store ----------------------------------------------------
+    def _wire_roles(self) -> None:
+        """Called by the facade once the parts are adopted."""
+        replication = self._parts.replication
+        if replication is None:
+            return
+        me = weakref.ref(self)
+        replication.on_cut = lambda cut: _later(me, "_cut", cut)
+        replication.on_replaced = lambda why, peer, address: _later(
+            me, "_replaced", why, peer, address)
+
+    def _cut(self, cut) -> None:
+        """The handshake found records the master lacks: record the cut, reopen to make it."""
+        with self._role_lock:
+            state = self.role_state
+            if not state.is_slave or state.master is None:
+                return
+            record = RoleRecord("slave", state.master, self._parts.epochs.last_epoch, _now(),
+                                f"rejoined {state.master}",
+                                Cut(cut.point, cut.end, state.master, cut.master.last_epoch))
+            self._record(record)
+            self._reopen()
+
+    def _replaced(self, why: str, peer, address: str) -> None:
+        """A newer master exists: follow it when its replication address is known."""
+        peers = self._parts.config.server.ha_peers
+        if address in peers:
+            self.demote(address, why=why)
+        elif peers:
+            from mqstore.replication.access import HAAccess
+            from mqstore.replication.peers import check
+            replication = self._parts.replication
+            check(peers, HAAccess.for_slave(self._parts.config.server), replication.node,
+                  replication.settings.heartbeat_s)  # it demotes through on_replaced
+        else:
+            log.error("replication: %s; its replication address is unknown (no "
+                      "server.ha_peers): `mqstore role demote --master HOST:PORT` makes this "
+                      "store follow it", why)
+
+
+def _lacked(state: RoleState, end: int) -> dict | None:
+    confirmed = state.master_confirmed
+    if confirmed <= end:
+        return None
+    return {"from": end, "to": confirmed, "bytes": confirmed - end}
+
+
+def _later(ref, name: str, *args) -> None:
+    """Run ``ref().name(*args)`` on a thread of its own: replication's threads call it, and
+    what it does (a reopen) stops them."""
+    def run() -> None:
+        store = ref()
+        if store is None:
+            return
+        try:
+            getattr(store, name)(*args)
+        except Exception:  # noqa: BLE001 - logged; the store stays as it was
+            log.exception("replication: %s failed", name.strip("_"))
+    threading.Thread(target=run, name=f"mqstore-role-{name.strip('_')}", daemon=True).start()
+
+
+def _now() -> int:
+    return int(time.time() * 1000)
+
+
+__all__ = ["RoleCalls", "install_mirror"]
