@@ -31,6 +31,7 @@ import grpc
 from mqstore.config import StoreConfig, parse_listen
 from mqstore.endpoint.admin_service import AdminService
 from mqstore.endpoint.auth import AccessKeys
+from mqstore.endpoint.forward import PREFIX, Forwarder, RoleRouter
 from mqstore.endpoint.grpc_metrics import PROTOCOL, MetricsInterceptor
 from mqstore.endpoint.limits import Peers, server_options
 from mqstore.endpoint.longpoll import DispatchWaiter
@@ -200,7 +201,9 @@ class Endpoint:
         if self._metrics is not None:
             self._metrics.watch_long_polls(PROTOCOL, lambda: parts.waiter.waiting)
         service = MessagingService(parts)
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
+        forwarder = self._forwarder(service)
+        server.add_generic_rpc_handlers((RoleRouter(forwarder.local_service, self._store,
+                                                    forwarder),))
         admin = None
         if self._admin is not None:
             admin = AdminService(self._admin, service.enter, service.peers.leave)
@@ -225,7 +228,20 @@ class Endpoint:
                 admin.close()
             parts.sender.close()
             parts.waiter.close()
+            await forwarder.close()
         log.info("gRPC endpoint stopped")
+
+    def _forwarder(self, service: MessagingService) -> Forwarder:
+        """What a store taking no writes forwards to its master (NOTE [ Clients and
+        failover ] in ``forward``), over the servicer's own handlers."""
+        local = _Captured()
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(service, local)
+        config = self._config
+        forwarder = Forwarder((service.enter, service.peers.leave), local.method,
+                              max(config.server.grpc_max_request_bytes,
+                                  config.commit_log.max_message_bytes + (1 << 20)))
+        forwarder.local_service = local.handler
+        return forwarder
 
     @staticmethod
     async def _sweep(parts: Parts) -> None:
@@ -233,6 +249,24 @@ class Endpoint:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             for client_id in parts.sessions.forget_idle():
                 log.debug("forgot idle client %s", client_id)
+
+
+class _Captured:
+    """Takes the servicer's generic handler as gRPC's server would."""
+
+    handler: grpc.GenericRpcHandler
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        (self.handler,) = handlers
+
+    def method(self, name: str) -> grpc.RpcMethodHandler:
+        return self.handler.service(_Details(PREFIX + name, ()))
+
+
+@dataclass(frozen=True)
+class _Details:
+    method: str
+    invocation_metadata: tuple
 
 
 def start_endpoint(store, config: StoreConfig, admin=None, metrics=None) -> Endpoint:

@@ -24,6 +24,13 @@ from mqstore.replication.acks import SlaveAcks
 log = logging.getLogger(__name__)
 
 
+def advertised(address: str) -> str:
+    """A client endpoint as peers are told it: a wildcard host ("0.0.0.0", "::") becomes empty
+    (the peer takes the host it dials for replication)."""
+    host, _, port = address.rpartition(":")
+    return f":{port}" if host.strip("[]") in ("0.0.0.0", "::", "") else address
+
+
 class Node:
     """``role``: the store's ``RoleState``; ``epochs``: its ``EpochFile``;
     ``on_replaced(why, peer, address)``: a newer master exists (after the fence); ``address``
@@ -80,4 +87,4 @@ class Node:
         return why
 
 
-__all__ = ["Node"]
+__all__ = ["Node", "advertised"]

@@ -74,6 +74,7 @@ class Replication:
         self.on_cut = None
         self.on_replaced = None
         self.running = False
+        self.started = False  # start was called (a reopened store starts its replication)
         self._stop = threading.Event()
         self._status_thread: threading.Thread | None = None
         self._lock = threading.RLock()
@@ -104,6 +105,7 @@ class Replication:
         """Listen and check the peers (a master) or follow (a slave); ConfigError for a
         slave without a master address or a secret or TLS file that cannot be loaded,
         OSError when the port cannot be bound."""
+        self.started = True  # before anything it starts can ask the store to reopen
         with self._lock:
             if self.running:
                 return

@@ -119,7 +119,7 @@ class RoleCalls:
         """A master promoted again: a fenced one elected in a new epoch takes puts again."""
         state, epochs = self.role_state, self._parts.epochs
         if epoch is None:
-            raise ValueError(f"store {self._parts.config.store.role!r} is master already "
+            raise ValueError(f"this store is {self.role_state.role} already "
                              f"(epoch {epochs.last_epoch}); only an election's newer epoch "
                              f"promotes it again")
         end = self._parts.commit_log.max_offset
@@ -210,7 +210,7 @@ class RoleCalls:
         replication starts again if it ran, telling peers the same client endpoint."""
         from mqstore.lifecycle.opener import Opener
         replication = self._parts.replication
-        running = replication is not None and replication.running
+        running = replication is not None and replication.started
         endpoint = replication.client_endpoint if replication is not None else ""
         self.close()
         self._state.running_flags = 0

@@ -53,16 +53,19 @@ def deployment_yaml(path: Path, root: Path, server: dict | None = None,
 class Served:
     """A running ``mqstore serve``; ``endpoint`` is "127.0.0.1:PORT" of its gRPC endpoint."""
 
-    def __init__(self, yaml: Path, log_path: Path, home: Path) -> None:
+    def __init__(self, yaml: Path, log_path: Path, home: Path,
+                 argv: list[str] | None = None) -> None:
+        """``argv``: the command to run instead of ``mqstore serve -c yaml``, not waited for
+        (it may end before it serves)."""
         self.log_path = log_path
         log = open(log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mqstore.cli", "serve", "-c", str(yaml)],
+            argv or [sys.executable, "-m", "mqstore.cli", "serve", "-c", str(yaml)],
             stdout=log, stderr=subprocess.STDOUT, env={**env(), "HOME": str(home)},
             start_new_session=True)
         log.close()
-        self.endpoint = self._wait_for(r"serving gRPC \(apache\.rocketmq\.v2\.MessagingService\)"
-                                       r" on ([\d.]+:\d+)")
+        self.endpoint = None if argv else self._wait_for(
+            r"serving gRPC \(apache\.rocketmq\.v2\.MessagingService\) on ([\d.]+:\d+)")
 
     def _wait_for(self, pattern: str) -> str:
         deadline = time.monotonic() + START_TIMEOUT_S
