@@ -165,7 +165,8 @@ class Opener:
         self.manifest = ManifestKeeper(self.root, entries)
         if manifest_problem:
             self.notes.append(manifest_problem)
-        if self._rejoin():  # NOTE [ Rejoining ]: the cut lowered the manifest's entries
+        self.cut = self._rejoin()
+        if self.cut:  # NOTE [ Rejoining ]: the cut lowered the manifest's entries
             entries = dict(self.manifest.recorded)
         known_queues = {key: (first, end) for key, (first, end, _phys) in entries.items()}
         queued, queued_problem = read_queued(self.root)
@@ -189,6 +190,9 @@ class Opener:
         self.holding = False
         if not ro:
             self._floors(floors, report)
+            # After a cut the index files name records past the log's end: the dispatch worker
+            # must take that end before anything is appended (NOTE [ Rejoining ]).
+            self.holding = self.holding or self.cut
         if not ro and queued is not None and report.redispatch_from < queued.phys_offset:
             remove_queued(self.root)  # units rebuilt below it are not on disk yet
         if not ro:

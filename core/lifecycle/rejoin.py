@@ -15,8 +15,8 @@ recovery, runs ``apply_cut``:
    queue, their count and queue offsets (what was cut is never silently dropped);
 2. the positions that would otherwise hold the cut offsets as floors (NOTE [ Offset floors ])
    are lowered: the checkpoint's flushed and appended ends, the queue manifest's entries (a
-   queue first made by cut records is forgotten), ``mqstore.queued``; and the clean-shutdown
-   marker is not used (the caller drops it). As a slave, a queue's offsets are its master's,
+   queue first made by cut records is forgotten), ``mqstore.queued`` and ``mqstore.indexed``
+   go; and the clean-shutdown marker is not used (the caller drops it). As a slave, a queue's offsets are its master's,
    carried in the records: fillers for the cut offsets would collide with them;
 3. the store's own state files are set aside (``lifecycle.state_aside``): the new master's
    consumer and topic state is what counts now;
@@ -32,6 +32,7 @@ re-indexes from the point, as after a lost segment).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -46,6 +47,7 @@ from mqstore.format.record import SCAN_BLANK, SCAN_OK, scan_record
 from mqstore.lifecycle.recovery import nonzero_extent
 from mqstore.lifecycle.state_aside import set_aside
 from mqstore.storage.durable_file import replace_file, sync_dir
+from mqstore.storage.index_progress import progress_path
 from mqstore.storage.queue_manifest import ManifestKeeper
 from mqstore.storage.queue_progress import remove_queued
 from mqstore.storage.role_file import Cut, RoleRecord, write_role
@@ -71,6 +73,7 @@ def apply_cut(root: str, commit_log, queues: dict, checkpoint, manifest: Manifes
     _lower_positions(root, queues, checkpoint, manifest, cut.at)
     step("positions")
     report["set_aside"] = set_aside(root, f"rejoin-{cut.at:020d}")
+    _write_report(root, cut.at, report)
     step("state")
     for cq in queues.values():
         cq.cut_stored(cut.at)
@@ -109,9 +112,13 @@ def _saved(root: str, commit_log, cut: Cut) -> dict:
         saved.flush()
         os.fsync(saved.fileno())
     report["bytes"] = report["to"] - cut.at
-    replace_file(report_path, json.dumps(report, indent=1, sort_keys=True).encode(),
-                 fsync=True, sync_directory=True)
+    _write_report(root, cut.at, report)
     return report
+
+
+def _write_report(root: str, at: int, report: dict) -> None:
+    replace_file(cut_paths(root, at)[1], json.dumps(report, indent=1, sort_keys=True).encode(),
+                 fsync=True, sync_directory=True)
 
 
 def _describe(data: bytes, base: int, report: dict) -> None:
@@ -145,6 +152,8 @@ def _lower_positions(root: str, queues: dict, checkpoint, manifest: ManifestKeep
     checkpoint.note_appended(min(checkpoint.appended_offset, at))
     checkpoint.appended_offset = min(checkpoint.appended_offset, at)
     remove_queued(root)
+    with contextlib.suppress(FileNotFoundError):  # it only narrows the index's re-indexing
+        os.unlink(progress_path(root))
     entries = {}
     for key, (first, end, phys) in manifest.recorded.items():
         if first >= at:

@@ -138,8 +138,8 @@ def master_handshake(reader: StreamReader, access: HAAccess, promote: Callable[[
             channel.sendall(hello.encode_result(version, hello.REFUSED, why, None, b""))
             raise HandshakeRefused(why)
     peer = hello.decode_fields(hello.proof_fields(_body(proved)))
-    fields = peers.fields() if peers is not None and peer is not None else b""
     why = peers.judge(peer, address) if peers is not None else None
+    fields = peers.fields() if peers is not None and peer is not None else b""
     if why is not None:
         channel.sendall(hello.encode_result(version, hello.REFUSED, why, None, b"", fields))
         raise HandshakeRefused(why, peer)
