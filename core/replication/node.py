@@ -79,7 +79,7 @@ class Node:
         why = (f"fenced: peer {address} holds epoch {peer.last_epoch}, newer than this "
                f"master's {mine}: another store was made master after this one, so this one "
                f"takes no writes (it rejoins as a slave)")
-        if self.role.fenced is None:
+        if self.role.fenced != why:
             log.error("replication: %s", why)
             self.role.fence(why)
         if self.on_replaced is not None:

@@ -13,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from cli_support import SMALL_CONFIG, env, mqstore
+import yaml as yamllib
+
+from cli_support import SMALL_CONFIG, mqstore
 from endpoint_support import Served
 
 SECRET = "0123456789abcdef0123456789abcdef\n"
@@ -37,7 +39,8 @@ class Node:
     """One node's directory, configuration and ``serve`` process."""
 
     def __init__(self, base: Path, name: str, role: str, grpc_port: int, ha_port: int,
-                 peer_ha_port: int, home: Path, store: dict | None = None) -> None:
+                 peer_ha_port: int, home: Path, store: dict | None = None,
+                 segment_bytes: int | None = None) -> None:
         self.name = name
         self.root = base / name
         self.home = home
@@ -51,9 +54,12 @@ class Node:
                   "ha_secret_file": str(secret), "ha_peers": [f"127.0.0.1:{peer_ha_port}"]}
         if role == "slave":
             server["ha_master"] = f"127.0.0.1:{peer_ha_port}"
-        store_section = {"root": str(self.root), "role": role, **FAST_HA, **(store or {})}
-        self.yaml.write_text(SMALL_CONFIG + f"store: {json.dumps(store_section)}\n"
-                             f"server: {json.dumps(server)}\n")
+        config = yamllib.safe_load(SMALL_CONFIG)
+        if segment_bytes is not None:
+            config["commit_log"]["segment_bytes"] = segment_bytes
+        config["store"] = {"root": str(self.root), "role": role, **FAST_HA, **(store or {})}
+        config["server"] = server
+        self.yaml.write_text(json.dumps(config))
         self.endpoint = f"127.0.0.1:{grpc_port}"
         self.served: Served | None = None
         self.starts = 0
