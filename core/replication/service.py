@@ -26,12 +26,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
 
 from mqstore.errors import ConfigError
+from mqstore.format.ha_hello import NodeInfo
 from mqstore.format.replica_run import max_record_bytes
 from mqstore.replication.access import HAAccess
 from mqstore.replication.acks import SlaveAcks
-from mqstore.replication.following import Following
+from mqstore.replication.following import CutNeeded, Following
 from mqstore.replication.master import HAMaster, HASettings
 from mqstore.replication.node import Node
 from mqstore.replication.peers import PeerWatch, check
@@ -71,8 +73,8 @@ class Replication:
         self.following = Following(epochs)
         # Set by the store: a cut to make before following (NOTE [ Rejoining ]), and a newer
         # master found (NOTE [ Newer epochs ]): (why, peer info, its replication address).
-        self.on_cut = None
-        self.on_replaced = None
+        self.on_cut: Callable[[CutNeeded], None] | None = None
+        self.on_replaced: Callable[[str, NodeInfo, str], None] | None = None
         self.running = False
         self.started = False  # start was called (a reopened store starts its replication)
         self._stop = threading.Event()

@@ -470,28 +470,20 @@ class ConsumeQueue:
             self._refresh_max_phys()
         return dropped
 
-    def cut_stored(self, phys: int) -> int:
-        """Before recovery (the loaded files count as written whole): drop the first unit
-        naming a record that does not end by ``phys`` and every unit after it, zeroing them,
-        so recovery cannot take them for units again (a rejoining store's cut log,
-        ``lifecycle.rejoin``); returns how many units were dropped."""
-        segs = self.segments.segments
-        for i, seg in enumerate(segs):
+    def cut_stored(self, phys: int) -> None:
+        """Before recovery (loaded files count as written whole): zero and drop the first unit
+        naming a record not ending by ``phys`` and every unit after it (``lifecycle.rejoin``)."""
+        for seg in self.segments.segments:
             units = self.stored_units(seg)
             ends = units["phys_offset"].astype(np.int64) + units["size"].astype(np.int64)
             bad = np.flatnonzero((units["size"] != 0) & (units["size"] != FILLER_SIZE)
                                  & (ends > phys))
-            if not len(bad):
-                continue
-            cut = int(bad[0])
-            dropped = _written(units[cut:]) + sum(_written(self.stored_units(s))
-                                                  for s in segs[i + 1:])
-            self._zero_tail(seg, cut * CQ_UNIT_SIZE)
-            self.segments.truncate_to(seg.start + cut * CQ_UNIT_SIZE)
-            self._prune_arrays()
-            self._refresh_max_phys()
-            return dropped
-        return 0
+            if len(bad):
+                self._zero_tail(seg, int(bad[0]) * CQ_UNIT_SIZE)
+                self.segments.truncate_to(seg.start + int(bad[0]) * CQ_UNIT_SIZE)
+                self._prune_arrays()
+                self._refresh_max_phys()
+                return
 
     def delete_files_below(self, min_phys: int) -> list[str]:
         """Delete leading files (never the last) whose every unit points below ``min_phys``."""

@@ -18,7 +18,6 @@ import atexit
 import logging
 import multiprocessing.util  # noqa: F401 - registers its exit handler before ours (see below)
 import os
-import threading
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Callable, Sequence, overload
@@ -133,7 +132,6 @@ class MessageStore(TopicCalls, RoleCalls):
             config.dispatch.worker, config.flush.worker))
         store = cls.__new__(cls)
         store._state = StoreState(os.path.abspath(os.fspath(root)), read_only)
-        store._role_lock = threading.RLock()
         store._opened(Opener(store._state, config, clock, scheduler or system_scheduler).open())
         return store
 
@@ -459,7 +457,8 @@ class MessageStore(TopicCalls, RoleCalls):
             self._runtime.wait_dispatched(timeout)
 
     def dispatch_behind_bytes(self) -> int:
-        runtime = self._runtime if not self._check_open() else None
+        self._check_open()
+        runtime = self._runtime
         return 0 if runtime is None else max(0, runtime.confirm_offset() - runtime.dispatched())
 
     def worker_status(self) -> dict:

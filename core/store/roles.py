@@ -26,17 +26,26 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Callable
 
+from mqstore.append.appender import Appender
 from mqstore.config import master_listen_problem
 from mqstore.errors import ConfigError, PromotionRefusedError
 from mqstore.roles import MASTER_ROLES
 from mqstore.storage.role_file import Cut, RoleRecord, write_role
 
 if TYPE_CHECKING:
+    from mqstore.append.appender import ReadOnlyAppender
     from mqstore.config import StoreConfig
+    from mqstore.format.ha_hello import NodeInfo
     from mqstore.lifecycle.parts import StoreParts
+    from mqstore.read.reader import Reader
+    from mqstore.replication import Replication
+    from mqstore.replication.following import CutNeeded
     from mqstore.roles import RoleState
     from mqstore.running_flags import StoreState
     from mqstore.scheduler import Scheduler
+    from mqstore.storage.commit_log import CommitLog
+    from mqstore.storage.epoch_file import EpochFile
+    from mqstore.view.directory_view import DirectoryView
 
 log = logging.getLogger(__name__)
 DISPATCH_TIMEOUT_S = 30.0
@@ -51,14 +60,19 @@ install_mirror: Callable[[object], dict | None] | None = None
 class RoleCalls:
     # What the calls use of the store that inherits them.
     _parts: StoreParts
-    _role_lock: threading.RLock
     _state: StoreState
-    root: str
+    _commit_log: CommitLog
+    _reader: Reader
+    _appender: Appender | ReadOnlyAppender
+    view: DirectoryView
     config: StoreConfig
     clock: Callable[[], int]
     scheduler: Scheduler
 
     if TYPE_CHECKING:
+        @property
+        def root(self) -> str: ...
+
         def _check_open(self) -> None: ...
 
         def _writable(self) -> object: ...
@@ -68,6 +82,25 @@ class RoleCalls:
         def _opened(self, parts: StoreParts) -> None: ...
 
         def wait_dispatched(self, timeout: float = 5.0) -> None: ...
+
+    @property
+    def _role_lock(self) -> threading.RLock:
+        """Role changes one at a time (made at the first, kept across reopens)."""
+        lock = self.__dict__.get("_roles_lock")
+        return lock if lock is not None else self.__dict__.setdefault("_roles_lock",
+                                                                       threading.RLock())
+
+    @property
+    def _epochs(self) -> EpochFile:
+        epochs = self._parts.epochs
+        assert epochs is not None
+        return epochs
+
+    @property
+    def _replication(self) -> Replication:
+        replication = self._parts.replication
+        assert replication is not None
+        return replication
 
     @property
     def role_state(self) -> RoleState:
@@ -85,7 +118,8 @@ class RoleCalls:
         role = self.role_state
         epochs = parts.epochs.entries if parts.epochs is not None else []
         out = {**role.snapshot(), "configured_role": parts.config.store.role,
-               "epochs": [list(e) for e in epochs], "max_offset": parts.commit_log.max_offset,
+               "epoch": epochs[-1].epoch if epochs else 0,
+               "epochs": [list(e) for e in epochs], "max_offset": self._commit_log.max_offset,
                "writable": role.writable}
         if parts.replication is not None:
             status = parts.replication.status()
@@ -117,12 +151,12 @@ class RoleCalls:
 
     def _reelected(self, epoch: int | None, target: str) -> dict:
         """A master promoted again: a fenced one elected in a new epoch takes puts again."""
-        state, epochs = self.role_state, self._parts.epochs
+        state, epochs = self.role_state, self._epochs
         if epoch is None:
             raise ValueError(f"this store is {self.role_state.role} already "
                              f"(epoch {epochs.last_epoch}); only an election's newer epoch "
                              f"promotes it again")
-        end = self._parts.commit_log.max_offset
+        end = self._commit_log.max_offset
         epochs.append(epoch, end)
         self._record(RoleRecord(target, None, epoch, _now(), "elected again"))
         state.change(role=target, epoch=epoch, fenced=None)
@@ -131,16 +165,15 @@ class RoleCalls:
 
     def _promote(self, state: RoleState, epoch: int | None, force: bool, target: str,
                  timeout: float) -> dict:
-        parts = self._parts
-        replication = parts.replication
-        assert replication is not None and parts.epochs is not None
+        parts, epochs = self._parts, self._epochs
+        replication = self._replication
         client = replication.client
         followed = state.master
         if client is not None and client.connected and not force:
             raise PromotionRefusedError(
                 f"this slave is connected to its master {followed}, which serves it: "
                 f"promoting it now would make two masters; stop the master first (or force)")
-        end = parts.commit_log.max_offset
+        end = self._commit_log.max_offset
         lacked = _lacked(state, end)
         if lacked is not None and not force:
             raise PromotionRefusedError(
@@ -153,13 +186,13 @@ class RoleCalls:
             raise ConfigError(f"this slave cannot be promoted as configured: {problem}")
         replication.stop_following()
         self.wait_dispatched(timeout)
-        end = parts.commit_log.max_offset
-        known = max(parts.epochs.last_epoch, state.master_epoch)
+        end = self._commit_log.max_offset
+        known = max(epochs.last_epoch, state.master_epoch)
         new_epoch = known + 1 if epoch is None else epoch
         if new_epoch <= known:
             raise ValueError(f"epoch {new_epoch} is not above {known}, the newest this store "
                              f"knows: epochs only grow")
-        parts.epochs.append(new_epoch, end)
+        epochs.append(new_epoch, end)
         self._record(RoleRecord(target, None, new_epoch, _now(),
                                 f"promoted from slave of {followed}"))
         mirror = install_mirror(self) if install_mirror is not None else None
@@ -175,11 +208,11 @@ class RoleCalls:
     def _take_queue_offsets(self) -> None:
         """A slave's queue-offset table is not kept as its master's records arrive: take each
         queue's end from its consume queue, under the put lock."""
-        parts = self._parts
-        appender, reader = parts.appender, parts.reader
+        appender, reader = self._appender, self._reader
+        assert isinstance(appender, Appender)  # a writable store's
         with appender.lock:
             reader.discover_queues()
-            for key in list(parts.view.consume_queues):
+            for key in list(self.view.consume_queues):
                 cq = reader.queue(*key)
                 if cq is not None:
                     appender.queue_offsets[key] = cq.max_offset
@@ -201,7 +234,7 @@ class RoleCalls:
             was = state.role
             if not state.is_slave:
                 state.fence(f"fenced: {why}")
-            self._record(RoleRecord("slave", master, self._parts.epochs.last_epoch, _now(), why))
+            self._record(RoleRecord("slave", master, self._epochs.last_epoch, _now(), why))
             self._reopen()
         return {"role": "slave", "master": master, "was": was}
 
@@ -230,19 +263,19 @@ class RoleCalls:
         replication.on_replaced = lambda why, peer, address: _later(
             me, "_replaced", why, peer, address)
 
-    def _cut(self, cut) -> None:
+    def _cut(self, cut: CutNeeded) -> None:
         """The handshake found records the master lacks: record the cut, reopen to make it."""
         with self._role_lock:
             state = self.role_state
             if not state.is_slave or state.master is None:
                 return
-            record = RoleRecord("slave", state.master, self._parts.epochs.last_epoch, _now(),
+            record = RoleRecord("slave", state.master, self._epochs.last_epoch, _now(),
                                 f"rejoined {state.master}",
                                 Cut(cut.point, cut.end, state.master, cut.master.last_epoch))
             self._record(record)
             self._reopen()
 
-    def _replaced(self, why: str, peer, address: str) -> None:
+    def _replaced(self, why: str, peer: NodeInfo, address: str) -> None:
         """A newer master exists: follow it when its replication address is known."""
         peers = self._parts.config.server.ha_peers
         if address in peers:
@@ -250,7 +283,7 @@ class RoleCalls:
         elif peers:
             from mqstore.replication.access import HAAccess
             from mqstore.replication.peers import check
-            replication = self._parts.replication
+            replication = self._replication
             check(peers, HAAccess.for_slave(self._parts.config.server), replication.node,
                   replication.settings.heartbeat_s)  # it demotes through on_replaced
         else:
@@ -266,7 +299,7 @@ def _lacked(state: RoleState, end: int) -> dict | None:
     return {"from": end, "to": confirmed, "bytes": confirmed - end}
 
 
-def _later(ref, name: str, *args) -> None:
+def _later(ref: weakref.ref, name: str, *args: object) -> None:
     """Run ``ref().name(*args)`` on a thread of its own: replication's threads call it, and
     what it does (a reopen) stops them."""
     def run() -> None:
