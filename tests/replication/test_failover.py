@@ -307,3 +307,24 @@ def test_a_sigkill_during_the_cut_leaves_a_store_that_finishes_rejoining(
     m.start()
     rejoined(m, s)
     check_rejoin(m, s, point, m_end, expected)
+
+
+def test_a_slave_that_cannot_forward_refuses_sends_with_forbidden_and_answers_routes(
+        tmp_path, home, nodes, rocketmq):
+    g, = free_ports(1)
+    h1, h2 = free_ports(2)  # nothing listens on h2: its master never answered
+    s = Node(tmp_path, "s", "slave", g, h1, h2, home)
+    nodes.append(s)
+    s.start()
+    assert s.role("status")["master_endpoint"] is None
+    producer = rocketmq.Producer(configuration(rocketmq, s.endpoint), ("orders",))
+    producer.startup()  # the route query is answered here
+    try:
+        with pytest.raises(Exception) as refused:
+            send(producer, rocketmq, b"nowhere")
+    finally:
+        producer.shutdown()
+    assert type(refused.value).__name__ == "ForbiddenException"
+    assert "40300" in str(refused.value) and "this node takes no writes (store role is " \
+        "slave) and knows no master endpoint to forward to" in str(refused.value)
+    assert s.role("status")["max_offset"] == 0
