@@ -25,6 +25,10 @@ slave); one whose channel was on the slave stays there. Either way, from the mom
 is promoted its calls are served: no client is reconfigured, and none waits for its 30 s route
 refresh.
 
+Over TLS (``server.grpc_tls_*``), the master's certificate is checked against this node's own
+``grpc_tls_cert_file`` (one certificate naming every node, or a chain ending in the CA that
+signed them all) and must name the host this node dials.
+
 Bounds: forwarded calls pass the endpoint's guard (access keys, connection cap) and count
 against ``grpc_max_concurrent_rpcs`` as any call; requests are at most
 ``grpc_max_request_bytes`` already; responses from the master at most that or a message's
@@ -78,10 +82,13 @@ class Forwarder:
     handler of a method (for the calls answered here when the master cannot be reached).
     ``target``: the master's endpoint the next calls go to (``RoleRouter`` sets it)."""
 
-    def __init__(self, guard, local, max_response_bytes: int) -> None:
+    def __init__(self, guard, local, max_response_bytes: int,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        """``credentials``: TLS to the master (None: plaintext)."""
         self._enter, self._leave = guard
         self._local = local
         self._max_response = max_response_bytes
+        self._credentials = credentials
         self.target = ""
         self.local_service: grpc.GenericRpcHandler | None = None  # the servicer's handler
         self._target: str | None = None
@@ -91,11 +98,12 @@ class Forwarder:
     def channel(self, target: str) -> grpc.aio.Channel:
         if target != self._target or self._channel is None:
             old = self._channel
-            self._channel = grpc.aio.insecure_channel(target, options=[
-                ("grpc.max_receive_message_length", self._max_response),
-                ("grpc.max_send_message_length", -1),
-                ("grpc.enable_retries", 0),
-                ("grpc.keepalive_time_ms", CHANNEL_KEEPALIVE_MS)])
+            options = [("grpc.max_receive_message_length", self._max_response),
+                       ("grpc.max_send_message_length", -1), ("grpc.enable_retries", 0),
+                       ("grpc.keepalive_time_ms", CHANNEL_KEEPALIVE_MS)]
+            self._channel = (grpc.aio.insecure_channel(target, options=options)
+                             if self._credentials is None else
+                             grpc.aio.secure_channel(target, self._credentials, options=options))
             self._target = target
             log.info("forwarding MessagingService calls to the master's endpoint %s", target)
             if old is not None:

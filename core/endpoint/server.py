@@ -237,9 +237,12 @@ class Endpoint:
         local = _Captured()
         service_pb2_grpc.add_MessagingServiceServicer_to_server(service, local)
         config = self._config
+        tls = config.server.grpc_tls_cert_file
         forwarder = Forwarder((service.enter, service.peers.leave), local.method,
                               max(config.server.grpc_max_request_bytes,
-                                  config.commit_log.max_message_bytes + (1 << 20)))
+                                  config.commit_log.max_message_bytes + (1 << 20)),
+                              None if tls is None else grpc.ssl_channel_credentials(
+                                  _read(tls, "grpc_tls_cert_file")))
         forwarder.local_service = local.handler
         return forwarder
 

@@ -44,6 +44,7 @@ class Node:
         self.acks = acks
         self.on_replaced = on_replaced
         self.client_endpoint = ""  # this store's gRPC endpoint as peers should dial it
+        self._fenced_for = 0  # the newer epoch this master was fenced for
 
     def _role_code(self) -> int:
         if self.role.is_slave:
@@ -79,7 +80,8 @@ class Node:
         why = (f"fenced: peer {address} holds epoch {peer.last_epoch}, newer than this "
                f"master's {mine}: another store was made master after this one, so this one "
                f"takes no writes (it rejoins as a slave)")
-        if self.role.fenced != why:
+        if self._fenced_for != peer.last_epoch or self.role.fenced is None:
+            self._fenced_for = peer.last_epoch  # logged once per newer epoch
             log.error("replication: %s", why)
             self.role.fence(why)
         if self.on_replaced is not None:

@@ -286,7 +286,8 @@ class RoleCalls:
             replication = self._replication
             check(peers, HAAccess.for_slave(self._parts.config.server), replication.node,
                   replication.settings.heartbeat_s)  # it demotes through on_replaced
-        else:
+        elif self.__dict__.get("_replaced_told") != peer.last_epoch:  # once per epoch
+            self.__dict__["_replaced_told"] = peer.last_epoch
             log.error("replication: %s; its replication address is unknown (no "
                       "server.ha_peers): `mqstore role demote --master HOST:PORT` makes this "
                       "store follow it", why)

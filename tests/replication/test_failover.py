@@ -10,8 +10,10 @@ import json
 import re
 import shutil
 import signal
+import subprocess
 import time
 
+import grpc
 import pytest
 
 from mqstore import MessageStore, load_config
@@ -328,3 +330,37 @@ def test_a_slave_that_cannot_forward_refuses_sends_with_forbidden_and_answers_ro
     assert "40300" in str(refused.value) and "this node takes no writes (store role is " \
         "slave) and knows no master endpoint to forward to" in str(refused.value)
     assert s.role("status")["max_offset"] == 0
+
+
+def test_a_slave_forwards_over_tls_checking_the_masters_certificate(tmp_path, home, nodes,
+                                                                     rocketmq):
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "2", "-subj", "/CN=mqstore", "-addext",
+                    "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    tls = {"grpc_tls_cert_file": str(cert), "grpc_tls_key_file": str(key)}
+    g1, g2 = free_ports(2)
+    h1, h2 = free_ports(2)
+    m = Node(tmp_path, "m", "async_master", g1, h1, h2, home, server=tls)
+    s = Node(tmp_path, "s", "slave", g2, h2, h1, home, server=tls)
+    nodes += [m, s]
+    m.start()
+    s.start()
+    from rocketmq.grpc_protocol import MessagingServiceStub, definition_pb2 as d, service_pb2
+    request = service_pb2.SendMessageRequest(messages=[d.Message(
+        topic=d.Resource(name="orders"), body=b"sealed", system_properties=d.SystemProperties(
+            message_id="0100000000000000000000000001", message_type=d.MessageType.NORMAL,
+            body_encoding=d.Encoding.IDENTITY))])
+    creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    with grpc.secure_channel(s.endpoint, creds) as channel:
+        send_to_slave = MessagingServiceStub(channel).SendMessage
+
+        def stored():  # refused (FORBIDDEN) until the slave was told the master's endpoint
+            response = send_to_slave(request, timeout=10)
+            return response if response.status.code == 20000 else None
+        response = wait_until(stored, WAIT_S, "a send through the slave stored")
+    assert response.entries[0].offset == 0
+    assert f"forwarding MessagingService calls to the master's endpoint {m.endpoint}" in s.log()

@@ -40,7 +40,8 @@ class Node:
 
     def __init__(self, base: Path, name: str, role: str, grpc_port: int, ha_port: int,
                  peer_ha_port: int, home: Path, store: dict | None = None,
-                 segment_bytes: int | None = None) -> None:
+                 segment_bytes: int | None = None, server: dict | None = None) -> None:
+        extra_server = server
         self.name = name
         self.root = base / name
         self.home = home
@@ -54,6 +55,7 @@ class Node:
                   "ha_secret_file": str(secret), "ha_peers": [f"127.0.0.1:{peer_ha_port}"]}
         if role == "slave":
             server["ha_master"] = f"127.0.0.1:{peer_ha_port}"
+        server.update(extra_server or {})
         config = yamllib.safe_load(SMALL_CONFIG)
         if segment_bytes is not None:
             config["commit_log"]["segment_bytes"] = segment_bytes
