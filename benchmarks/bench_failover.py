@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import signal
@@ -89,7 +90,7 @@ class Node:
 
 
 class Sender(threading.Thread):
-    """Sends one message at a time; records when each send was answered OK."""
+    """Sends one message at a time; records when each send answered OK began and ended."""
 
     def __init__(self, rocketmq, endpoints: str) -> None:
         super().__init__(daemon=True)
@@ -97,23 +98,26 @@ class Sender(threading.Thread):
         self.producer = rocketmq.Producer(rocketmq.ClientConfiguration(
             endpoints, rocketmq.Credentials(), request_timeout=3), ("bench",))
         self.producer.startup()
-        self.ok: list[float] = []
+        self.ok: list[tuple[float, float]] = []
         self.stopping = threading.Event()
 
     def run(self) -> None:
         while not self.stopping.is_set():
             msg = self.mq.Message()
             msg.topic, msg.body = "bench", b"x" * 128
+            began = time.monotonic()
             try:
                 self.producer.send(msg)
-                self.ok.append(time.monotonic())
+                self.ok.append((began, time.monotonic()))
             except Exception:  # noqa: BLE001 - refused while there is no master
                 time.sleep(POLL_S)
 
     def first_after(self, t: float, timeout: float = 60.0) -> float:
+        """Seconds from ``t`` to the answer of the first send begun after it and answered
+        OK (one begun before went to the master before it died)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            later = [x for x in self.ok if x > t]
+            later = [end for began, end in self.ok if began > t]
             if later:
                 return later[0] - t
             time.sleep(POLL_S)
@@ -169,6 +173,7 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="mqstore-client-home-")
     os.environ["HOME"] = home  # the client writes its log under ~/logs
     import rocketmq
+    logging.getLogger("rocketmq-python-client").setLevel(logging.CRITICAL)
     promote = [one_round(rocketmq, baseline=False) for _ in range(args.rounds)]
     restart = [one_round(rocketmq, baseline=True) for _ in range(args.rounds)]
     promoted = statistics.median(p for p, _ in promote)
