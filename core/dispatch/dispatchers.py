@@ -1,7 +1,8 @@
 """The dispatchers one process builds, with what each declares it can do.
 
 The core's consume-queue builder comes first wherever consume queues are written (the
-``writer`` role), then every registered dispatcher in the registry's order. Dispatchers report
+``writer`` role), then, on a slave, the state mirror's applier (``mirror.applier``), then
+every registered dispatcher in the registry's order. Dispatchers report
 how far their forced files reach through their contract (``CHECKPOINTS``); only the core writes
 those times into the checkpoint (``view.checkpoint``).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from mqstore.dispatch.consume_queue_builder import ConsumeQueueBuilder
 from mqstore.errors import PluginError
+from mqstore.mirror.applier import StateApplier
 from mqstore.plugin_api.contracts import (
     CHECKPOINTS, DROPS_OLD_FILES, LOOKS_UP_KEYS, PERSISTS, RESUMES, WRITER, CapabilityError, Role,
     check_capabilities,
@@ -29,6 +31,9 @@ class Dispatchers:
             self.queue_builder = ConsumeQueueBuilder(view)
             self.items.append(self.queue_builder)
             self._declared.append(frozenset())
+            if view.config.store.role == "slave":
+                self.items.append(StateApplier(view, following=lambda: True))
+                self._declared.append(StateApplier.capabilities)
         try:
             for name, factory in registry.items():
                 dispatcher = factory(view, role)

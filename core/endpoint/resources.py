@@ -12,6 +12,7 @@ from mqstore.consumer import names
 from mqstore.format import names as put_names
 from mqstore.endpoint.protocol import Code, Resource
 from mqstore.endpoint.status import EndpointError
+from mqstore.errors import SystemTopicError
 
 NAMESPACE_SEPARATOR = "%"
 
@@ -28,20 +29,26 @@ def resource(stored: str) -> Resource:
 
 def topic_to_read(res) -> str:
     """A topic a client reads: the store's rule for topics (a RocketMQ broker's topic names
-    may hold dots), else ILLEGAL_TOPIC."""
+    may hold dots), else ILLEGAL_TOPIC; a system topic is FORBIDDEN (no route either)."""
     topic = full_name(res)
     try:
         return names.check_topic(topic)
+    except SystemTopicError as exc:
+        raise EndpointError(Code.FORBIDDEN, str(exc)) from None
     except ValueError as exc:
         raise EndpointError(Code.ILLEGAL_TOPIC, str(exc)) from None
 
 
 def topic_to_write(topic: str) -> str:
-    """A topic a client sends to: RocketMQ's character rule, else ILLEGAL_TOPIC."""
+    """A topic a client sends to: RocketMQ's character rule, else ILLEGAL_TOPIC; a system
+    topic is FORBIDDEN."""
     try:
-        return put_names.check_topic(topic)
+        put_names.check_topic(topic)
     except ValueError as exc:
         raise EndpointError(Code.ILLEGAL_TOPIC, str(exc)) from None
+    if put_names.is_system_topic(topic):
+        raise EndpointError(Code.FORBIDDEN, put_names.system_topic_refusal(topic, "send to"))
+    return topic
 
 
 def group_name(res) -> str:

@@ -4,10 +4,13 @@ is.
     async_master, sync_master   ``SlaveAcks`` from the open on (the Appender asks it after
                                 every put); ``start`` listens on ``server.ha_listen`` (when
                                 set) for the slaves ``server.ha_*`` admits
-                                (``master.HAMaster``, ``access.HAAccess``)
+                                (``master.HAMaster``, ``access.HAAccess``) and ships the
+                                state files to them (``mirror.shipper``: a snapshot at start
+                                and whenever a slave connects)
     slave                       ``start`` dials ``server.ha_master`` (``slave.HAClient``) and
                                 appends what the master sends (``receiver.Receiver``); the
-                                Appender refuses producers' puts
+                                Appender refuses producers' puts; dispatch applies the state
+                                records to ``replica/`` (``mirror.applier``)
 
 Nothing touches the network until ``start`` (``mqstore serve`` calls it beside its HTTP
 endpoints; an embedding program calls it itself); the store's close stops it first. While it
@@ -22,6 +25,7 @@ import time
 
 from mqstore.errors import ConfigError
 from mqstore.format.replica_run import max_record_bytes
+from mqstore.mirror.shipper import StateShipper
 from mqstore.replication.access import HAAccess
 from mqstore.replication.acks import SlaveAcks
 from mqstore.replication.master import HAMaster, HASettings
@@ -51,8 +55,10 @@ class Replication:
         self.commit_log = commit_log
         self.settings = HASettings.of(config)
         self.acks = acks
+        self.appender = appender
         self.master: HAMaster | None = None
         self.client: HAClient | None = None
+        self.shipper: StateShipper | None = None
         self.receiver = (Receiver(commit_log, appender,
                                   max_record_bytes(config.commit_log.max_message_bytes))
                          if self.role == "slave" else None)
@@ -87,9 +93,12 @@ class Replication:
                                        HAAccess.for_slave(server))
                 self.client.start()
             elif server.ha_listen is not None:
+                self.shipper = self._shipper()
                 self.master = HAMaster(self.commit_log, self.acks, self.settings,
-                                       server.ha_listen, HAAccess.for_master(server))
+                                       server.ha_listen, HAAccess.for_master(server),
+                                       on_slave=self.shipper.request_snapshot)
                 self.master.start()
+                self.shipper.start()
             elif self.role == "sync_master":
                 log.warning("replication: store.role is sync_master but server.ha_listen is "
                             "not set: no slave can connect, and puts that wait answer "
@@ -117,10 +126,30 @@ class Replication:
                 self.client.stop()
             if self.master is not None:
                 self.master.stop()
+            if self.shipper is not None:
+                self.shipper.stop()
+                self.shipper = None
             if self._status_thread is not None:
                 self._status_thread.join(STATUS_INTERVAL_S * 5)
                 self._status_thread = None
                 self._write_status()
+
+    def _shipper(self) -> StateShipper:
+        config = self.config
+        # A chunk of a large state file is a record that must fit a segment with room left.
+        chunk = min(config.commit_log.max_message_bytes, self.commit_log.segment_bytes // 4)
+        return StateShipper(self.root, self.appender.put_state,
+                            interval_s=config.store.ha_state_ship_interval_ms / 1000.0,
+                            chunk_bytes=chunk)
+
+    def state_changed(self) -> None:
+        """A change of the writer process's own state files that a client is told of (an
+        ack, a commit): shipped now; under sync_master this returns once a slave holds it
+        (or the put's wait ran out: ``flush.sync_timeout_ms``)."""
+        shipper = self.shipper
+        if shipper is not None:
+            sync = self.role == "sync_master"
+            shipper.ship_now(wait=sync, timeout_s=2 * self.config.flush.sync_timeout_ms / 1000.0)
 
     # -- what it is doing --------------------------------------------------------------------
     def status(self) -> dict:

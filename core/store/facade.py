@@ -159,10 +159,19 @@ class MessageStore(TopicCalls):
         self.view, self.store_host = parts.view, parts.store_host
         self._commit_log, self._dispatchers = parts.commit_log, parts.dispatchers
         self._reader, self._appender, self._runtime = parts.reader, parts.appender, parts.runtime
-        self._consumers = ConsumerService(ConsumerStore(
+        self._consumers = self._consumer_side()
+
+    def _consumer_side(self) -> ConsumerService:
+        """The consumer side over this store's parts (built at the open, and again when the
+        state files were replaced under it: ``store.mirror_calls``)."""
+        parts = self._parts
+        replication = parts.replication
+        return ConsumerService(ConsumerStore(
             parts.reader, clock=parts.clock, scheduler=parts.scheduler,
             config=parts.config.consumer, allocation=parts.hooks.allocation_strategies,
-            compile_filter=parts.view.compile_filter, topic_config=parts.view.topics.get))
+            compile_filter=parts.view.compile_filter, topic_config=parts.view.topics.get,
+            state_changed=replication.state_changed if replication is not None
+            else lambda: None))
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -286,9 +295,10 @@ class MessageStore(TopicCalls):
         """The store time of the queue's first stored message (-1 when it has none)."""
         return self._reader.earliest_message_time(topic, queue_id)
 
-    def topics(self) -> list[str]:
-        """Every topic with a consume queue."""
-        return self._reader.topics()
+    def topics(self, *, include_system: bool = False) -> list[str]:
+        """Every topic with a consume queue; system topics (``rmq_sys_*``, the store's own)
+        only with ``include_system``."""
+        return self._reader.topics(include_system=include_system)
 
     def queue_ids(self, topic: str) -> list[int]:
         """The queue ids of ``topic``, ascending."""
