@@ -71,3 +71,13 @@ def completeness(root: str) -> tuple[dict | None, str]:
                       f"whenever a slave connects")
     return done, (f"snapshot {done['snapshot']} complete at commit-log offset "
                   f"{done['offset']}")
+
+
+def mirror_status(root: str) -> dict:
+    """What a slave's status says of its mirror: the last complete snapshot (or why there
+    is none) and the state records passed over."""
+    state, problem = read_state(root)
+    done, why = completeness(root)
+    return {"complete": done is not None, "snapshot": done, "detail": why,
+            "rejected": int(state.get("rejected") or 0),
+            "last_rejected": problem or state.get("last_rejected")}

@@ -25,6 +25,7 @@ import time
 
 from mqstore.errors import ConfigError
 from mqstore.format.replica_run import max_record_bytes
+from mqstore.mirror.replica_state import mirror_status
 from mqstore.mirror.shipper import StateShipper
 from mqstore.replication.access import HAAccess
 from mqstore.replication.acks import SlaveAcks
@@ -164,8 +165,11 @@ class Replication:
                 end = self.commit_log.segments.write_end
                 out.update(master=self.config.server.ha_master, connected=False, offset=end,
                            master_offset=end, lag_bytes=0, last_error=None)
+            out["state_mirror"] = mirror_status(self.root)
         elif self.master is not None:
             out.update(self.master.status())
+            if self.shipper is not None:
+                out["state_mirror"] = self.shipper.status()
         else:
             out.update(listening=None, max_offset=self.commit_log.max_offset, slaves=[])
         return out
