@@ -6,8 +6,8 @@ finds their units (``storage.state_files``), reads each under its owner's lock
 (``unit_read``) and puts the operations through the store's put path (``put_state``: queue 0
 of ``rmq_sys_MQSTORE_STATE``, past topic configs), at most about ``BATCH_BYTES`` a put. A pass
 runs every ``interval_s`` (changes of other processes), at once when this process changed a
-state file (the feed's listener), and whenever ``ship_now`` asks. What a put did not store is
-shipped again whole by a snapshot in the next pass.
+state file (the feed's listener), and whenever ``ship_now`` asks (``wait``: in the caller's
+thread). What a put did not store is shipped again whole by a snapshot in the next pass.
 
 A snapshot (every state file as a ``put``, between ``snapshot-begin`` and ``snapshot-end``,
 the end naming every path) is shipped when the shipper starts and after ``request_snapshot``
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 BATCH_BYTES = 1 << 20  # a put carries about this much (more for one large chunk)
 RETRY_PAUSE_S = 1.0
+PASS_POLL_S = 0.05  # a waiting ship_now looks again this often (it is woken when a pass ends)
 JOIN_S = 10.0
 
 
@@ -59,6 +60,7 @@ class StateShipper:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._cond = threading.Condition()
+        self._passing = threading.Lock()  # one pass at a time: the thread's or a caller's
         self._requested = self._done = 0
         self._snapshot_due = True
         self._thread: threading.Thread | None = None
@@ -85,9 +87,10 @@ class StateShipper:
             self._thread = None
         with self._cond:
             self._cond.notify_all()
-        if self._feed is not None:
-            self._feed.close()
-            self._feed = None
+        with self._passing:  # a caller's pass ends before the feed goes
+            if self._feed is not None:
+                self._feed.close()
+                self._feed = None
 
     def request_snapshot(self) -> None:
         """Ship every state file in the next pass (a slave connected)."""
@@ -97,38 +100,65 @@ class StateShipper:
     def ship_now(self, wait: bool = True, timeout_s: float | None = None) -> bool:
         """Ship what changed so far now. With ``wait``, return once every change noted before
         this call is put (under sync_master, the put waited for a slave): True, or False
-        when the shipper stopped or ``timeout_s`` passed first."""
+        when the shipper stopped, a put failed or ``timeout_s`` passed first. The caller
+        runs the pass itself when no other pass runs (no hand-over to the shipper's thread),
+        else waits for that one; callers arriving together share a pass."""
         with self._cond:
             self._requested += 1
             ticket = self._requested
-        self._wake.set()
         if not wait:
+            self._wake.set()
             return True
-        with self._cond:
-            return self._cond.wait_for(lambda: self._done >= ticket or self._stop.is_set(),
-                                       timeout_s) and self._done >= ticket
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._stop.is_set():
+            if self._done >= ticket:
+                return True
+            if self._passing.acquire(blocking=False):
+                try:
+                    if self._done < ticket and not self._stop.is_set() \
+                            and not self._one_pass():
+                        return False
+                finally:
+                    self._passing.release()
+                continue
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            with self._cond:  # another pass runs: it may cover this ticket
+                self._cond.wait(PASS_POLL_S if left is None else min(left, PASS_POLL_S))
+        return False
 
     # -- the passes ----------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            with self._cond:
-                target = self._requested
-            try:
-                self._pass()
-                self.last_error = None
-            except Exception as exc:  # a full disk, a refused put: snapshot when it works again
-                self._snapshot_due = True
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.error("state mirror: shipping failed (%s); every state file is shipped "
-                          "again once it works", self.last_error)
+            self._wake.clear()  # before the pass: a change noted during it brings the next
+            with self._passing:
+                if self._stop.is_set():
+                    return
+                ok = self._one_pass()
+            if not ok:
                 self._stop.wait(RETRY_PAUSE_S)
                 continue
-            with self._cond:
-                self._done = max(self._done, target)
-                self._cond.notify_all()
-            if self._requested == target:
-                self._wake.wait(self.interval_s)
-            self._wake.clear()
+            self._wake.wait(self.interval_s)
+
+    def _one_pass(self) -> bool:
+        """One pass (the caller holds ``_passing``); False when it failed (the next pass
+        ships every file again)."""
+        with self._cond:
+            target = self._requested
+        try:
+            self._pass()
+            self.last_error = None
+        except Exception as exc:  # a full disk, a refused put: snapshot when it works again
+            self._snapshot_due = True
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.error("state mirror: shipping failed (%s); every state file is shipped again "
+                      "once it works", self.last_error)
+            return False
+        with self._cond:
+            self._done = max(self._done, target)
+            self._cond.notify_all()
+        return True
 
     def _pass(self) -> None:
         feed = self._feed

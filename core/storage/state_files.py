@@ -21,6 +21,7 @@ damaged files.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -135,6 +136,7 @@ def unit_of(rel: str) -> tuple[Unit, Member] | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)  # changes repeat their paths (a group's journal)
 def split_path(path: str) -> tuple[str, str] | None:
     """``(store root, relative path)`` of an absolute path of a state file, or None."""
     parts = path.split(os.sep)
