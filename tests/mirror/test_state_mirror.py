@@ -20,6 +20,7 @@ from mqstore.message import PutStatus
 from mqstore.mirror.install import MirrorIncompleteError, install_mirror_files
 from mqstore.mirror.replica_state import read_state
 from mqstore.ops.admin import StoreAdmin
+from mqstore.ops.checking.checker import check_store
 from mqstore.ops.stats import store_stats
 from mqstore.storage import state_feed
 from mqstore.storage.state_files import split_path, state_files, unit_of
@@ -313,6 +314,34 @@ def test_install_mirror_on_an_open_slave(pair, manual_clock, caplog):
         install_mirror(s)
 
 
+@pytest.mark.loops("thread")
+def test_a_deleted_topic_is_deleted_in_the_mirror_and_after_the_install(pair, make_store,
+                                                                        tmp_path):
+    """Deleting needs the consume queues written in the deleting process: threads."""
+    m, s = pair()
+    m.create_topic("orders", queues=8)
+    m.create_topic("old", queues=2)
+    put(m, 20, topic="old", queues=2)
+    m.wait_dispatched()
+    m.pop("g", "old", max_msgs=5, consume_from="first")
+    with m.consumer("c", "old", consume_from="first") as c:
+        c.poll(5)
+        c.commit()
+    wait_for(lambda: "consumer/pop/old@g.journal" in state_files(str(tmp_path / "slave/replica")),
+             "the pop state of the topic")
+    m.delete_topic("old")
+    wait_for(lambda: mirrored(m, s), "the deletion")
+    replica = set(state_files(str(tmp_path / "slave/replica")))
+    assert "config/mqstore_deleted_topics.json" in replica
+    assert not {"consumer/pop/old@g.journal", "consumer/groups/c/old/recorded"} & replica
+    s.close()
+    m.close()
+    install_mirror_files(str(tmp_path / "slave"))
+    p = make_store({"commit_log": {"segment_bytes": SEG}}, root=tmp_path / "slave")
+    assert sorted(p.topic_configs()) == ["orders"]
+    assert p.consumer_groups() == {}
+
+
 # -- garbled records ---------------------------------------------------------------------------
 def test_a_garbled_state_record_is_reported_and_dispatch_goes_on(pair, caplog):
     m, s = pair()
@@ -392,6 +421,10 @@ def test_system_topics_are_refused_to_clients_and_left_out_of_listings(pair, tmp
     assert STATE_TOPIC not in m.topic_configs()
     assert m.consumed_floor() == (-1, None)  # no group: nothing held back
     assert m.consumer_groups() == {}
+    m.close()
+    # Standard records: the checker (every record, its consume-queue unit) finds them right.
+    report = check_store(str(tmp_path / "master"), m.config)
+    assert report.clean and report.records > 0, report.problems
 
 
 class _Msg:

@@ -24,6 +24,7 @@ import pytest
 from cli_support import env, mqstore, mqstore_json
 from endpoint_support import Clients, Served
 from mqstore import MessageStore, load_config
+from mqstore.format.state_record import STATE_TOPIC
 from mqstore.mirror.install import install_mirror_files
 from mqstore.storage.state_files import state_files
 from paths import SUPPORT
@@ -192,6 +193,42 @@ def test_a_promoted_slave_redelivers_only_what_was_in_flight_at_the_masters_sigk
     assert rows["orders"]["write_queues"] == 8 and rows["audit"]["write_queues"] == 2
     after = queue_ends(slave_root, "orders")
     assert sorted(after) == list(range(8)) and all(after[q] > before[q] for q in range(8))
+
+
+def test_the_endpoint_keeps_system_topics_from_clients(tmp_path, home, rocketmq, running):
+    import grpc
+
+    from mqstore.endpoint.protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
+    from mqstore.endpoint.resources import topic_to_write
+    from mqstore.endpoint.status import EndpointError
+
+    master_root = tmp_path / "master"
+    master = Served(master_yaml(tmp_path, master_root, "async_master"), tmp_path / "m.log",
+                    home)
+    running.append(master)
+    mqstore("topic", "create", "orders", "-q", "8", "--server", master.endpoint)
+    wait_for(lambda: STATE_TOPIC in [r["topic"] for r in mqstore_json(
+        "topic", "list", "--system", "--json", "--server", master.endpoint)],
+        "the snapshot's records dispatched")
+    assert [r["topic"] for r in mqstore_json("topic", "list", "--json", "--server",
+                                             master.endpoint)] == ["orders"]
+    with grpc.insecure_channel(master.endpoint) as channel:
+        route = service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(
+            service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name=STATE_TOPIC)),
+            timeout=10)
+    assert route.status.code == Code.FORBIDDEN
+    assert "is a system topic" in route.status.message and not route.message_queues
+    with pytest.raises(EndpointError) as refused:  # what a SendMessage's topic meets
+        topic_to_write(STATE_TOPIC)
+    assert refused.value.code == Code.FORBIDDEN
+    clients = Clients(rocketmq, master.endpoint)
+    try:
+        producer = clients.producer()
+        with pytest.raises(Exception, match="route"):  # the client reports the refused route
+            producer.send(clients.message(STATE_TOPIC, b"x"))
+        assert producer.send(clients.message("orders", b"ok")).message_id
+    finally:
+        clients.close()
 
 
 # -- a new slave, and other processes' changes -----------------------------------------------------
