@@ -13,6 +13,7 @@ from mqstore.cli.options import (
     config_option, json_option, load_cli_config, server_options, store_dir,
 )
 from mqstore.ops.admin import StoreAdmin
+from mqstore.format.names import is_system_topic
 
 COUNT = click.IntRange(1, 65_536)
 PERM = click.Choice(["2", "4", "6"])
@@ -156,7 +157,7 @@ def list_(admin, as_json: bool, system: bool) -> None:
     they take queue_select.queues_per_topic). System topics (rmq_sys_*: the store's own
     state, which the state mirror ships to slaves) only with --system.
     """
-    rows = [r for r in admin.topic_list() if system or not r.get("system")]
+    rows = [r for r in admin.topic_list() if system or not is_system_topic(r["topic"])]
     if as_json:
         output.emit_json(rows)
         return

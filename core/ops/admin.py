@@ -31,7 +31,7 @@ from mqstore.config import StoreConfig
 from mqstore.consumer.names import check_group, check_topic
 from mqstore.consumer.service import live_instances, refuse_live
 from mqstore.errors import GroupNotFoundError, StoreLockedError, TopicNotFoundError
-from mqstore.format.names import check_stored_topic, is_system_topic
+from mqstore.format.names import check_stored_topic
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
 from mqstore.store import MessageStore
 from mqstore.view.topics import Topics, describe
@@ -50,8 +50,8 @@ class StoreAdmin:
 
     def topic_list(self) -> list[dict]:
         """Every topic with a config, and every topic with consume queues but none (its
-        config fields None); ``system`` says which are the store's own (``rmq_sys_*``),
-        which listings leave out unless asked."""
+        config fields None); system topics (``rmq_sys_*``) included, which the command
+        leaves out unless asked."""
         configs = self._topics().all()
         stored = _stored_queues(self.root)
         out = []
@@ -61,8 +61,7 @@ class StoreAdmin:
                 "topic": name, "read_queues": None, "write_queues": None, "perm": None,
                 "perm_text": None, "order": None, "topic_sys_flag": None,
                 "topic_filter_type": None}
-            out.append({**row, "stored_queues": stored.get(name, []),
-                        "system": is_system_topic(name)})
+            out.append({**row, "stored_queues": stored.get(name, [])})
         return out
 
     def topic_create(self, name: str, *, queues: int | None = None,

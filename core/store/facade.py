@@ -26,9 +26,9 @@ from mqstore.append.appender import Appender
 from mqstore.clock import check_clock, system_clock
 from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import ConsumerService
-from mqstore.consumer.store_side import ConsumerStore
 from mqstore.errors import StoreClosedError, WorkerError
 from mqstore.lifecycle.opener import Opener
+from mqstore.store.consumer_side import consumer_side
 from mqstore.store.internals import MovedToInternals, StoreInternals
 from mqstore.store.reads import StoreReadsOf
 from mqstore.store.topic_calls import TopicCalls
@@ -159,19 +159,7 @@ class MessageStore(TopicCalls):
         self.view, self.store_host = parts.view, parts.store_host
         self._commit_log, self._dispatchers = parts.commit_log, parts.dispatchers
         self._reader, self._appender, self._runtime = parts.reader, parts.appender, parts.runtime
-        self._consumers = self._consumer_side()
-
-    def _consumer_side(self) -> ConsumerService:
-        """The consumer side over this store's parts (built at the open, and again when the
-        state files were replaced under it: ``store.mirror_calls``)."""
-        parts = self._parts
-        replication = parts.replication
-        return ConsumerService(ConsumerStore(
-            parts.reader, clock=parts.clock, scheduler=parts.scheduler,
-            config=parts.config.consumer, allocation=parts.hooks.allocation_strategies,
-            compile_filter=parts.view.compile_filter, topic_config=parts.view.topics.get,
-            state_changed=replication.state_changed if replication is not None
-            else lambda: None))
+        self._consumers = consumer_side(parts)
 
     # -- state -----------------------------------------------------------------------------
     @property

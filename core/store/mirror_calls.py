@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from mqstore.mirror.install import InstallReport, check_complete, install_mirror_files
+from mqstore.store.consumer_side import consumer_side
 
 if TYPE_CHECKING:
     from mqstore.store.facade import MessageStore
@@ -52,7 +53,7 @@ def install_mirror(store: "MessageStore", *, timeout_s: float = 30.0) -> Install
     try:
         report = install_mirror_files(store.root)
     finally:
-        store._consumers = store._consumer_side()
+        store._consumers = consumer_side(store._parts)
         store.view.topics.reload()
         store.view.subscriptions.reload()
     log.warning("%s", report.describe())
