@@ -151,9 +151,11 @@ class StateShipper:
             self.last_error = None
         except Exception as exc:  # a full disk, a refused put: snapshot when it works again
             self._snapshot_due = True
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            log.error("state mirror: shipping failed (%s); every state file is shipped again "
-                      "once it works", self.last_error)
+            error = f"{type(exc).__name__}: {exc}"
+            if error != self.last_error:  # once per cause, not once per retry
+                log.error("state mirror: shipping failed (%s); every state file is shipped "
+                          "again once it works", error)
+            self.last_error = error
             return False
         with self._cond:
             self._done = max(self._done, target)

@@ -444,3 +444,47 @@ class _Batch:
     def __init__(self, offsets: list[int]) -> None:
         self.topics = [STATE_TOPIC] * len(offsets)
         self.phys_offsets = offsets
+
+
+def test_what_a_put_did_not_store_goes_again_in_a_snapshot(tmp_path):
+    """The shipper against a put that refuses (a full disk): the wait says so, and once puts
+    work again every state file goes whole, between snapshot markers."""
+    import numpy as np
+
+    from mqstore.message import BatchPutResult
+    from mqstore.mirror.shipper import StateShipper
+
+    root = tmp_path / "m"
+    (root / "config").mkdir(parents=True)
+    (root / "config/topics.json").write_bytes(b"{}")
+    shipped: list[list[dict]] = []
+    refusing = [False]
+
+    def put_state(batch):
+        if refusing[0]:
+            return BatchPutResult.rejected(PutStatus.SERVICE_NOT_AVAILABLE, "disk full")
+        shipped.append([dict(p) for p in batch.properties])
+        n = len(batch.bodies)
+        z = np.zeros(n, dtype=np.int64)
+        return BatchPutResult(PutStatus.PUT_OK, z, z, z, z, 0, None)
+
+    shipper = StateShipper(str(root), put_state, interval_s=60, chunk_bytes=1024)
+    shipper.start()
+    try:
+        assert shipper.ship_now(wait=True, timeout_s=WAIT_S)
+        ops = [p["MQSTATE_OP"] for batch in shipped for p in batch]
+        assert ops == ["snapshot-begin", "put", "snapshot-end"]
+        refusing[0] = True
+        (root / "config/topics.json").write_bytes(b'{"a":1}')
+        state_feed.changed(str(root / "config/topics.json"))
+        assert not shipper.ship_now(wait=True, timeout_s=WAIT_S)
+        assert "disk full" in shipper.status()["last_error"]
+        refusing[0] = False
+        shipped.clear()
+        assert shipper.ship_now(wait=True, timeout_s=WAIT_S)
+        ops = [(p["MQSTATE_OP"], p.get("MQSTATE_PATH")) for batch in shipped for p in batch]
+        assert ops == [("snapshot-begin", None), ("put", "config/topics.json"),
+                       ("snapshot-end", None)]
+        assert shipper.status()["last_error"] is None and shipper.status()["snapshots"] == 2
+    finally:
+        shipper.stop()
