@@ -12,7 +12,9 @@ thread). What a put did not store is shipped again whole by a snapshot in the ne
 A snapshot (every state file as a ``put``, between ``snapshot-begin`` and ``snapshot-end``,
 the end naming every path) is shipped when the shipper starts and after ``request_snapshot``
 (a slave connected: one that started from the master's last segment, or was away, gets
-complete state); the feed is emptied first, since the snapshot carries every file.
+complete state); the feed is emptied first, since the snapshot carries every file. A store
+with no state file at all ships nothing (its log holds only what was put), until its first
+state file appears: that brings the snapshot.
 """
 
 from __future__ import annotations
@@ -166,9 +168,13 @@ class StateShipper:
         feed = self._feed
         assert feed is not None
         if self._snapshot_due or feed.full():
-            self._snapshot_due = False
             feed.restart()
-            self._snapshot()
+            units = units_in(self.root)
+            if any(unit.member_files(self.root) for unit in units):
+                self._snapshot_due = False
+                self._snapshot(units)
+            # else the store has no state yet: nothing to ship, and its first state file
+            # brings the snapshot (a log holding only messages stays as it was)
             return
         units: dict[str, Unit] = {}
         for rel in feed.read():
@@ -177,11 +183,11 @@ class StateShipper:
                 units.setdefault(found[0].name, found[0])
         self._ship_units(list(units.values()), [])
 
-    def _snapshot(self) -> None:
+    def _snapshot(self, units: list[Unit]) -> None:
         sid = next(self._ids)
         self._shipped.clear()
         begin = StateOp(SNAPSHOT_BEGIN, op_id=sid)
-        self._ship_units(units_in(self.root), [begin])
+        self._ship_units(units, [begin])
         paths = sorted(rel for files in self._shipped.values() for rel in files)
         self._put([StateOp(SNAPSHOT_END, op_id=sid, epoch=self._epoch(),
                            body=snapshot_end_body(paths))])

@@ -35,7 +35,10 @@ FEED_FILE = "feed"
 FEED_FULL_BYTES = 16 << 20
 
 _lock = threading.Lock()
-_fds: dict[str, int] = {}  # root -> the feed's descriptor (this process's)
+# root -> this process's descriptor of its feed, kept open for the process's life: closing it
+# while another thread is about to write through it could send a line into whatever file
+# reuses the number (one descriptor per store a process changes).
+_fds: dict[str, int] = {}
 _listeners: dict[str, list[Callable[[], None]]] = {}
 
 
@@ -105,15 +108,6 @@ def unlisten(root: str, listener: Callable[[], None]) -> None:
             _listeners[root] = kept
         else:
             _listeners.pop(root, None)
-
-
-def forget(root: str) -> None:
-    """Let go of this process's descriptor of ``root``'s feed (the store closed, or the
-    feed was removed)."""
-    with _lock:
-        fd = _fds.pop(root, None)
-    if fd is not None:
-        os.close(fd)
 
 
 class FeedReader:

@@ -488,3 +488,17 @@ def test_what_a_put_did_not_store_goes_again_in_a_snapshot(tmp_path):
         assert shipper.status()["last_error"] is None and shipper.status()["snapshots"] == 2
     finally:
         shipper.stop()
+
+
+def test_a_master_without_state_ships_nothing_until_its_first_state_file(pair):
+    m, s = pair()
+    put(m, 10, topic="plain", queues=4)  # auto-created without a topics.json: no state
+    m.wait_dispatched()
+    end = m.max_phys_offset
+    assert end == sum(int(x) for x in [m.read("plain", q, 0).sizes.sum() for q in range(4)])
+    wait_for(lambda: s.max_phys_offset == end, "the slave")
+    assert STATE_TOPIC not in m.topics(include_system=True)
+    assert read_state(s.root)[0]["complete"] is None
+    m.create_topic("orders", queues=8)  # the first state file: the snapshot comes with it
+    wait_for(lambda: mirrored(m, s) and read_state(s.root)[0]["complete"] is not None,
+             "the snapshot")
