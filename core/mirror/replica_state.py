@@ -68,7 +68,8 @@ def completeness(root: str) -> tuple[dict | None, str]:
         more = (f" (snapshot {begun} began but its end was not applied)" if begun else "")
         return None, (f"no complete snapshot of the master's state was applied to "
                       f"{replica_dir(root)}{more}: the master ships one when it starts and "
-                      f"whenever a slave connects")
+                      f"whenever a slave connects, once it has a state file (a master that "
+                      f"never had one ships none, and leaves nothing to install)")
     return done, (f"snapshot {done['snapshot']} complete at commit-log offset "
                   f"{done['offset']}")
 
