@@ -127,6 +127,14 @@ def _start_endpoint(store: MessageStore, config: StoreConfig):
     return start_endpoint(store, config, admin=ServedAdmin(store))
 
 
+def _start_remoting(store: MessageStore, config: StoreConfig):
+    """The RocketMQ remoting server when ``server.remoting_listen`` is set."""
+    if config.server.remoting_listen is None:
+        return None
+    from mqstore.remoting.server import start_remoting
+    return start_remoting(store, config)
+
+
 def _run(root, config, stop: _Stop, on_ready) -> bool:
     log.info("opening store %s (writer %s, flush %s, dispatch worker %s, flush worker %s)",
              root, config.writer.kind, config.flush.policy, config.dispatch.worker,
@@ -162,11 +170,16 @@ async def _serve_endpoints(store: MessageStore, config: StoreConfig, stop: _Stop
         # The gRPC endpoint runs its own loop on its own thread: a flood of RPCs never slows
         # /healthz, and it stops (NOTE [ Endpoint shutdown ]) before the store closes.
         endpoint = await asyncio.to_thread(_start_endpoint, store, config)
+        remoting = None
         try:
+            # The remoting server too (NOTE [ Remoting shutdown ]): its own loop and thread.
+            remoting = await asyncio.to_thread(_start_remoting, store, config)
             on_ready(url)
             await stop.wait()
             log.info("%s received: shutting down", stop.received[0] if stop.received else "stop")
         finally:
+            if remoting is not None:
+                await asyncio.to_thread(remoting.stop)
             if endpoint is not None:
                 await asyncio.to_thread(endpoint.stop)
     finally:
