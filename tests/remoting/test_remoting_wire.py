@@ -16,24 +16,14 @@ from mqstore.format import remoting_frame as rf
 from mqstore.format import remoting_json as fj
 from mqstore.format.record import parse_offset_msg_id
 from mqstore.format.remoting_message import BatchItem, encode_batch
-from mqstore.message import StoredMessage
 from mqstore.testing import wait_for
 
 from cli_support import env
-from remoting_support import Wire, props, pull_ext, send_ext
+from remoting_support import Wire, props, pull_ext, records, send_ext
 
 V2 = {"producerGroup": "a", "topic": "b", "defaultTopic": "c", "defaultTopicQueueNums": "d",
       "queueId": "e", "sysFlag": "f", "bornTimestamp": "g", "flag": "h", "properties": "i",
       "reconsumeTimes": "j", "unitMode": "k", "maxReconsumeTimes": "l", "batch": "m"}
-
-
-def records(body: bytes) -> list[StoredMessage]:
-    out, at = [], 0
-    while at < len(body):
-        size = int.from_bytes(body[at:at + 4], "big")
-        out.append(StoredMessage.from_bytes(body[at:at + size]))
-        at += size
-    return out
 
 
 def send(wire, topic, body=b"x", queue_id=0, code=10, **properties):

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from mqstore.format import remoting_frame as rf
+from mqstore.message import StoredMessage
 
 from cli_support import SMALL_CONFIG, env
 
@@ -152,3 +153,13 @@ def pull_ext(group: str, topic: str, queue_id: int, offset: int, *, max_msgs: in
 
 def props(**values: str) -> str:
     return "".join(f"{k}\x01{v}\x02" for k, v in values.items())
+
+
+def records(body: bytes) -> list[StoredMessage]:
+    """The stored records of a pull's or query's body."""
+    out, at = [], 0
+    while at < len(body):
+        size = int.from_bytes(body[at:at + 4], "big")
+        out.append(StoredMessage.from_bytes(body[at:at + size]))
+        at += size
+    return out
