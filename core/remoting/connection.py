@@ -161,6 +161,11 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
+    def abort(self) -> None:
+        """Close now, dropping what the peer has not read (a close waits for it)."""
+        if self.transport is not None:
+            self.transport.abort()
+
     # -- flow -----------------------------------------------------------------------------
     def started(self) -> None:
         self.in_flight += 1

@@ -188,16 +188,23 @@ class RemotingServer:
 
     async def _sweep(self) -> None:
         while True:
-            await asyncio.sleep(SWEEP_INTERVAL_S)
+            await asyncio.sleep(min(SWEEP_INTERVAL_S, self.idle_s / 2))
             self.sweep()
 
     def sweep(self) -> None:
         """Close idle connections and forget clients that stopped heart-beating."""
         now = time.monotonic()
         for conn in list(self.connections):
-            if conn.idle_for(now) > self.idle_s:
-                log.info("closing %s: idle for %.0f s (server.remoting_client_idle_ms)",
-                         conn.peer, conn.idle_for(now))
+            idle = conn.idle_for(now)
+            if idle <= self.idle_s:
+                continue
+            if conn.write_paused_at is not None:
+                log.warning("closing %s: it has not read its answers for %.1f s "
+                            "(server.remoting_client_idle_ms)", conn.peer, idle)
+                conn.abort()
+            else:
+                log.info("closing %s: idle for %.1f s (server.remoting_client_idle_ms)",
+                         conn.peer, idle)
                 conn.close()
         broker = self.broker
         if broker is not None:

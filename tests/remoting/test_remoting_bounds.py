@@ -1,0 +1,141 @@
+"""What one peer can make the remoting server hold, and the answer it gets past each bound
+(NOTE [ Remoting connection bounds ]): frame size, connections, held pulls, idle peers, a peer
+that never reads; and the shutdown (NOTE [ Remoting shutdown ])."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+
+import pytest
+
+from mqstore.format import remoting_frame as rf
+from mqstore.format.record import parse_offset_msg_id
+from mqstore.testing import wait_for
+
+from remoting_support import Served, Wire, deployment_yaml, pull_ext, send_ext
+
+pytestmark = pytest.mark.slow
+MAX_FRAME = 65536
+LIMITS = {"remoting_max_frame_bytes": MAX_FRAME, "remoting_max_connections": 4,
+          "remoting_max_held_pulls": 1, "remoting_client_idle_ms": 1000}
+SEGMENT = "commit_log: {segment_bytes: 8388608}\n"
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bounded")
+    server = Served(deployment_yaml(tmp / "deploy.yaml", tmp / "root", LIMITS, SEGMENT,
+                                    small=False), tmp / "serve.log")
+    yield server
+    server.stop()
+
+
+def max_offset(wire, topic, queue_id=0) -> int:
+    return int(wire.call(30, {"topic": topic, "queueId": queue_id}).ext["offset"])
+
+
+def test_an_oversized_frame_is_answered_and_read_past(bounded):
+    with Wire(bounded.address) as wire:
+        r = wire.call(10, send_ext("BigT"), b"x" * (MAX_FRAME + 10))
+        assert r.code == 1
+        assert f"exceeds the limit of {MAX_FRAME} bytes (server.remoting_max_frame_bytes)" \
+            in r.remark
+        assert wire.call(10, send_ext("BigT"), b"small").code == 0  # the connection goes on
+        assert max_offset(wire, "BigT") <= 1  # nothing of the big one was stored
+
+
+def test_connections_past_the_cap_are_told_and_closed(bounded):
+    wires = [Wire(bounded.address) for _ in range(4)]
+    try:
+        for w in wires:
+            assert w.call(30, {"topic": "CapT", "queueId": 0}).code == 0
+        with Wire(bounded.address) as extra:
+            r = extra.call(30, {"topic": "CapT", "queueId": 0})
+            assert r.code == 2 and "server.remoting_max_connections" in r.remark
+            with pytest.raises((EOFError, ConnectionError)):
+                extra.read()
+    finally:
+        for w in wires:
+            w.close()
+
+
+def test_held_pulls_past_the_cap_get_system_busy(bounded):
+    with Wire(bounded.address) as wire:
+        assert wire.call(10, send_ext("HeldCapT"), b"x").code == 0
+        wait_for(lambda: max_offset(wire, "HeldCapT") == 1, what="the message dispatched")
+        first = wire.request(11, pull_ext("g", "HeldCapT", 0, 1, sysflag=6, suspend_ms=900))
+        second = wire.call(11, pull_ext("g", "HeldCapT", 0, 1, sysflag=6, suspend_ms=900))
+        assert second.code == 2 and "server.remoting_max_held_pulls" in second.remark
+        assert wire.response(first).code == 19
+
+
+def test_an_idle_peer_is_closed(bounded):
+    with Wire(bounded.address) as wire:
+        assert wire.call(30, {"topic": "IdleT", "queueId": 0}).code == 0
+        start = time.monotonic()
+        with pytest.raises((EOFError, ConnectionError)):
+            wire.read()
+        assert time.monotonic() - start >= 0.9
+    assert "idle for" in bounded.log()
+
+
+def test_a_peer_that_never_reads_is_not_read_then_closed(bounded):
+    with Wire(bounded.address) as wire:
+        r = wire.call(10, send_ext("SlowT"), b"y" * (MAX_FRAME - 1024))
+        offset = parse_offset_msg_id(r.ext["msgId"])[1]
+        wait_for(lambda: max_offset(wire, "SlowT") == 1, what="the message dispatched")
+    requests = 5000  # 20 MiB of requests (each padded with a body), 320 MiB of answers
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", bounded.port))
+        frame = rf.encode(rf.Command(33, opaque=1, ext={"offset": str(offset)},
+                                     body=bytes(4096)))
+        s.settimeout(5)
+        sent = 0
+        try:
+            for _ in range(requests):
+                s.sendall(frame)
+                sent += 1
+        except (socket.timeout, ConnectionError):
+            pass  # the server stopped reading: our send buffer filled
+        assert sent < requests
+        with Wire(bounded.address) as other:  # the server still answers others meanwhile
+            assert other.call(30, {"topic": "SlowT", "queueId": 0}).code == 0
+        wait_for(lambda: "has not read its answers" in bounded.log(), timeout=30,
+                 what="the server giving up on the peer")
+        s.settimeout(30)
+        got = 0
+        try:
+            while True:
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    break
+                got += len(chunk)
+        except ConnectionError:
+            pass
+    assert got < requests * MAX_FRAME // 2  # most answers were never made
+
+
+def test_sigterm_answers_held_pulls_then_closes_the_store(tmp_path):
+    server = Served(deployment_yaml(tmp_path / "deploy.yaml", tmp_path / "root"),
+                    tmp_path / "serve.log")
+    try:
+        with Wire(server.address) as wire:
+            assert wire.call(10, send_ext("StopT"), b"x").code == 0
+            wait_for(lambda: max_offset(wire, "StopT") == 1, what="the message dispatched")
+            held = wire.request(11, pull_ext("g", "StopT", 0, 1, sysflag=6,
+                                             suspend_ms=30_000))
+            # Answered before the pull: the pull was taken and is held.
+            assert wire.call(30, {"topic": "StopT", "queueId": 0}).ext["offset"] == "1"
+            assert not wire.unmatched
+            start = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            r = wire.response(held)
+            assert r.code == 19 and time.monotonic() - start < 10
+        assert server.proc.wait(60) == 0
+        log = server.log()
+        assert log.index("remoting server stopped") < log.index("store closed cleanly")
+    finally:
+        server.kill()
