@@ -56,19 +56,33 @@ SLOW_THREADS = 4
 PROCESSORS = (send, pull, queries, offsets, client_calls, admin, namesrv)
 
 
+def ha_address(store, address: str) -> str | None:
+    """Where the master's replication port listens (``server.ha_listen`` as bound), with the
+    advertised host for a wildcard one; None for a slave or a master without it."""
+    replication = getattr(store, "replication", None)
+    bound = replication.address if replication is not None else None
+    if bound is None:
+        return None
+    host, port = parse_listen(bound)
+    if host in ("0.0.0.0", "::", ""):
+        host = parse_listen(address)[0]
+    return show(host, port)
+
+
 def build_broker(store, config: StoreConfig, port: int) -> Broker:
     server = config.server
     host, _ = parse_listen(server.remoting_listen)
     slave = config.store.role == "slave"
     broker_id = (server.remoting_broker_id if server.remoting_broker_id is not None
                  else (1 if slave else MASTER_ID))
+    address = advertised(host, port, server.remoting_advertise)
     put_pool = None
     if config.flush.policy != NON_WAITING_FLUSH or config.store.role == "sync_master":
         put_pool = ThreadPoolExecutor(PUT_THREADS, thread_name_prefix="mqstore-remoting-put")
     return Broker(store=store, config=config,
-                  address=advertised(host, port, server.remoting_advertise),
-                  name=server.remoting_broker_name, cluster=server.remoting_cluster,
-                  broker_id=broker_id, ha_address=server.ha_listen,
+                  address=address, name=server.remoting_broker_name,
+                  cluster=server.remoting_cluster, broker_id=broker_id,
+                  ha_address=ha_address(store, address),
                   topics=BrokerTopics(store, config), put_pool=put_pool,
                   slow_pool=ThreadPoolExecutor(SLOW_THREADS,
                                                thread_name_prefix="mqstore-remoting-query"))
