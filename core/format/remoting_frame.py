@@ -165,7 +165,10 @@ def _decode_json(header: bytes) -> Command:
     elif not isinstance(ext, dict):
         raise FrameError(f"extFields is a {type(ext).__name__}, not an object")
     else:
-        ext = {k: _text(v) for k, v in ext.items()}
+        for value in ext.values():
+            if type(value) is not str:  # the C++ client's numbers and booleans
+                ext = {k: _text(v) for k, v in ext.items()}
+                break
     language = doc.get("language", "JAVA")
     if isinstance(language, int) and 0 <= language < len(LANGUAGES):
         language = LANGUAGES[language]

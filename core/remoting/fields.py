@@ -52,11 +52,18 @@ class Fields:
                 return default  # type: ignore[return-value]
             raise RemotingError(Resp.SYSTEM_ERROR,
                                 f"the custom field <{name}> is null (a required header field)")
-        digits = text[1:] if text[:1] in ("-", "+") else text
-        if not (digits.isascii() and digits.isdigit()) or not lo <= int(text) <= hi:
+        if text.isdigit() and text.isascii():  # the usual case: plain digits
+            value = int(text)
+        else:
+            digits = text[1:] if text[:1] in ("-", "+") else text
+            if not (digits.isascii() and digits.isdigit()):
+                raise RemotingError(Resp.SYSTEM_ERROR,
+                                    f"header field {name} = {text!r} is not a Java {kind}")
+            value = int(text)
+        if not lo <= value <= hi:
             raise RemotingError(Resp.SYSTEM_ERROR,
                                 f"header field {name} = {text!r} is not a Java {kind}")
-        return int(text)
+        return value
 
     def int(self, name: str, default: int | None = None, *, required: bool = True) -> int:
         return self._number(name, INT_MIN, INT_MAX, default, required, "int")

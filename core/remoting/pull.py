@@ -19,6 +19,15 @@ again without holding; its answer goes out whenever it is ready, after the conne
 requests. Past ``server.remoting_max_held_pulls`` a pull that would be held is answered
 SYSTEM_BUSY (the client waits 3 s before pulling that queue again).
 
+NOTE [ Pull reads ]
+A pull answers with the stored records byte for byte. For a pull of COLUMNS_FROM messages or
+more (a lite consumer's, a tool's) the rows come as columns (``MessageStore.read``) and their
+records are copied from the commit log one run of adjacent records at a time, with no object
+per message. Below that the store itself walks the queue unit by unit (its column-wise checks
+cost a fixed few dozen numpy calls that only pay over longer batches), and its ``get`` hands
+the records over with the least work: measured on a loaded 2-core machine, 32 messages of
+256 bytes take ``get`` 150-200 us against ``read``'s 370-880 us. Push consumers pull 32.
+
 ``suggestWhichBrokerId``: 0 (the master), unless ``server.remoting_slave_read_enable`` and the
 read is so far behind that its records are no longer in memory (the store's
 ``suggest_pulling_from_slave``): then 1, a slave. A slave serves pulls only with
@@ -34,13 +43,14 @@ import numpy as np
 
 from mqstore.errors import PluginError
 from mqstore.format.remoting_frame import Command
-from mqstore.message import GetStatus
+from mqstore.message import GetResult, GetStatus
 from mqstore.remoting.codes import RemotingError, Req, Resp, get_code
 from mqstore.remoting.fields import Fields
 
 log = logging.getLogger("mqstore.remoting")
 FLAG_COMMIT, FLAG_SUSPEND, FLAG_SUBSCRIPTION = 1, 2, 4
 MAX_PULL_MESSAGES = 1024
+COLUMNS_FROM = 64  # NOTE [ Pull reads ]: the store walks shorter reads row by row anyway
 SLAVE_ID = 1  # subscriptionGroupConfig.whichBrokerWhenConsumeSlowly
 
 
@@ -109,6 +119,16 @@ def records(store, batch) -> bytes | None:
     return out[0].tobytes() if len(out) == 1 else b"".join(out)
 
 
+def _read(store, req: PullRequest, max_msgs: int, expression: str | None, kind: str):
+    """The pull's rows: a ``ReadBatch`` (columns) for long pulls; for short ones the store's
+    ``get`` (NOTE [ Pull reads ])."""
+    if max_msgs < COLUMNS_FROM:
+        return store.get(req.group, req.topic, req.queue_id, req.offset, max_msgs,
+                         expression=expression, expression_type=kind)
+    return store.read(req.topic, req.queue_id, req.offset, max_msgs, expression=expression,
+                      expression_type=kind, group=req.group)
+
+
 def run_pull(broker, cmd: Command, req: PullRequest, first: bool) -> tuple[Command, bool]:
     """One run of a pull: ``(response, should hold)``."""
     store = broker.store
@@ -128,8 +148,7 @@ def run_pull(broker, cmd: Command, req: PullRequest, first: bool) -> tuple[Comma
     expression, kind = _expression(broker, req)
     max_msgs = max(0, min(req.max_msgs, MAX_PULL_MESSAGES))
     try:
-        batch = store.read(req.topic, req.queue_id, req.offset, max_msgs, expression=expression,
-                           expression_type=kind, group=req.group)
+        batch = _read(store, req, max_msgs, expression, kind)
     except (ValueError, PluginError) as exc:
         if expression is None:
             raise
@@ -141,11 +160,13 @@ def run_pull(broker, cmd: Command, req: PullRequest, first: bool) -> tuple[Comma
     code = get_code(status, req.offset)
     body = None
     if status is GetStatus.FOUND:
-        body = records(store, batch)
+        rows = len(batch.messages) if isinstance(batch, GetResult) else len(batch)
+        body = (b"".join([m.raw for m in batch.messages]) if isinstance(batch, GetResult)
+                else records(store, batch))
         if body is None:
             code, status = Resp.PULL_RETRY_IMMEDIATELY, GetStatus.MESSAGE_WAS_REMOVING
         else:
-            broker.stats.got(req.group, req.topic, len(batch), len(body))
+            broker.stats.got(req.group, req.topic, rows, len(body))
     suggest = 0
     if broker.slave and not broker.slave_read_enable:
         code = Resp.PULL_RETRY_IMMEDIATELY

@@ -28,6 +28,7 @@ from mqstore.remoting.codes import RemotingError, Resp
 DEFAULT_TOPIC = "TBW102"  # TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC
 RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"
 TABLE_TTL_S = 1.0  # how stale the served table may be (the store re-reads topics.json as often)
+MAX_CACHED_ROUTES = 1 << 16
 
 
 class Route:
@@ -60,6 +61,7 @@ class BrokerTopics:
         self._table: dict[str, Route] | None = None
         self._table_at = 0.0
         self._signature: tuple = ()
+        self._routes: dict[str, tuple[Route, float]] = {}
         self.version_counter = 0
         self.version_timestamp = int(time.time() * 1000)
 
@@ -71,7 +73,20 @@ class BrokerTopics:
             raise RemotingError(Resp.SYSTEM_ERROR, str(exc)) from None
 
     def route(self, name: str) -> Route | None:
-        """The topic's counts; None when the broker does not have it."""
+        """The topic's counts; None when the broker does not have it. A topic's answer is
+        kept for TABLE_TTL_S (sends and pulls ask it every time)."""
+        now = time.monotonic()
+        known = self._routes.get(name)
+        if known is not None and now - known[1] < TABLE_TTL_S:
+            return known[0]
+        route = self._lookup(name)
+        if route is not None:
+            if len(self._routes) >= MAX_CACHED_ROUTES:
+                self._routes.clear()
+            self._routes[name] = (route, now)
+        return route
+
+    def _lookup(self, name: str) -> Route | None:
         config = self._config(name)
         if config is not None:
             return Route.of(config)
@@ -144,7 +159,7 @@ class BrokerTopics:
             config = self._config(name)
             if config is None:
                 raise
-        self._table = None
+        self.changed()
         return Route.of(config)
 
     def ensure(self, name: str, queues: int, perm: int) -> tuple[Route, bool]:
@@ -154,8 +169,9 @@ class BrokerTopics:
         return self.create(name, queues, perm), True
 
     def changed(self) -> None:
-        """A topic config changed here: the next ``table`` reads it again."""
+        """A topic config changed here: the next lookups read it again."""
         self._table = None
+        self._routes.clear()
 
 
 __all__ = ["BrokerTopics", "Route", "DEFAULT_TOPIC", "RETRY_PREFIX", "DLQ_PREFIX"]

@@ -1,38 +1,14 @@
-"""A served store per test module, and RocketMQ's C++ client (PyPI ``rocketmq==0.4.4``, whose
-wheel bundles ``librocketmq.so``) installed once per test session into a directory of its own
-inside the virtualenv: its module is named ``rocketmq`` as the gRPC client's is, so it runs in
-subprocesses with that directory first on their path (``cpp_client``)."""
+"""A served store per test module, and RocketMQ's C++ client installed once per test session
+(``cpp_client_support``)."""
 
 from __future__ import annotations
 
-import fcntl
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cpp_client_support import install_cpp_client
 from remoting_support import Served, deployment_yaml
-
-CPP_CLIENT = "rocketmq==0.4.4"
-CPP_DIR = Path(sys.prefix) / "mqstore-test-cache" / "rocketmq-cpp-0.4.4"
-INSTALL_TIMEOUT_S = 600
-
-
-def install_cpp_client() -> Path:
-    """The directory holding the C++ client's Python package; installed with this
-    interpreter's pip the first time (a file lock keeps parallel workers to one install)."""
-    CPP_DIR.parent.mkdir(parents=True, exist_ok=True)
-    done = CPP_DIR / ".installed"
-    with open(CPP_DIR.parent / "rocketmq-cpp.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target",
-                            str(CPP_DIR), "--no-deps", CPP_CLIENT], check=True,
-                           timeout=INSTALL_TIMEOUT_S)
-            done.touch()
-    return CPP_DIR
 
 
 @pytest.fixture(scope="session")
@@ -46,10 +22,3 @@ def served(tmp_path_factory):
     server = Served(deployment_yaml(tmp / "deploy.yaml", tmp / "root"), tmp / "serve.log")
     yield server
     server.stop()
-
-
-def cpp_env(client_dir: Path, home: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(client_dir)
-    env["HOME"] = str(home)  # the client writes its logs under ~/logs
-    return env

@@ -12,7 +12,7 @@ import pytest
 
 from mqstore.format.remoting_message import decode_batch
 
-from conftest import cpp_env
+from cpp_client_support import cpp_env
 from remoting_support import Wire, pull_ext, records
 
 pytestmark = pytest.mark.slow
