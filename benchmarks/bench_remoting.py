@@ -71,7 +71,10 @@ def client_send(addr: str, count: int, body_bytes: int) -> dict:
     finally:
         producer.shutdown()
     latencies.sort()
-    return {"rate": count / elapsed, "p50_ms": latencies[len(latencies) // 2] * 1000}
+    return {"rate": count / elapsed, "p50_ms": latencies[len(latencies) // 2] * 1000,
+            "p99_ms": latencies[len(latencies) * 99 // 100] * 1000,
+            "slowest_ms": latencies[-1] * 1000,
+            "over_10ms": sum(1 for x in latencies if x > 0.01)}
 
 
 def client_consume(addr: str, count: int, group: str) -> dict:

@@ -18,6 +18,7 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mqstore.config_remoting import RemotingKeys, check_broker_id
 from mqstore.errors import ConfigError, PluginError
 from mqstore.format.hosts import parse_host
 from mqstore.format.names import check_topic
@@ -242,10 +243,11 @@ class PluginsSection(_Section):
     disable: tuple[str, ...] = ()
 
 
-class ServerSection(_Section):
+class ServerSection(_Section, RemotingKeys):
     """``mqstore serve``: where the metrics and health endpoints listen, what a client may hold
     there (connections, time, header bytes), how much it logs, the RocketMQ 5 gRPC endpoint
-    (``grpc_*``, docs/endpoint.md) and replication's addresses (``ha_*``, docs/replication.md)."""
+    (``grpc_*``, docs/endpoint.md), replication's addresses (``ha_*``, docs/replication.md) and
+    RocketMQ 4.x's broker port (``remoting_*``, ``namesrv_addr``: ``config_remoting``)."""
 
     metrics_listen: str = "127.0.0.1:9108"
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
@@ -264,20 +266,6 @@ class ServerSection(_Section):
     grpc_client_idle_ms: int = Field(120_000, ge=1000, le=JAVA_INT_MAX)
     grpc_min_invisible_ms: int = Field(10_000, ge=0, le=JAVA_INT_MAX)
     grpc_max_long_polling_ms: int = Field(20_000, ge=0, le=JAVA_INT_MAX)
-    # RocketMQ 4.x's remoting protocol (docs/remoting.md): the broker port.
-    remoting_listen: str | None = None  # None: no remoting server
-    remoting_advertise: str | None = None  # "ip:port" clients are told; None: the listen address
-    remoting_broker_name: str = Field("mqstore", pattern=r"^[a-zA-Z0-9_.-]{1,127}$")
-    remoting_cluster: str = Field("DefaultCluster", pattern=r"^[a-zA-Z0-9_.-]{1,127}$")
-    remoting_broker_id: int | None = Field(None, ge=0, le=JAVA_INT_MAX)
-    remoting_max_frame_bytes: int = Field(16 << 20, ge=64 << 10, le=16 << 20)
-    remoting_max_connections: int = Field(1024, ge=1, le=65_536)
-    remoting_max_in_flight: int = Field(256, ge=1, le=65_536)
-    remoting_max_held_pulls: int = Field(16_384, ge=0, le=1 << 20)
-    remoting_max_long_polling_ms: int = Field(30_000, ge=0, le=JAVA_INT_MAX)
-    remoting_client_idle_ms: int = Field(120_000, ge=1000, le=JAVA_INT_MAX)
-    remoting_slave_read_enable: bool = False
-    namesrv_addr: str | None = None  # "host:port;host:port"
     ha_listen: str | None = None  # a master's replication port (RocketMQ: broker port + 1)
     ha_master: str | None = None  # the master's ha_listen, which a slave dials
     # Who may be a slave (docs/replication.md, "Who may connect"): classic slaves by address,
@@ -301,34 +289,6 @@ class ServerSection(_Section):
         if value is not None and parse_listen(value)[1] == 0:
             raise ValueError(f"master address {value!r}: port 0 cannot be dialled; give the "
                              f"port the master's server.ha_listen binds")
-        return value
-
-    @field_validator("remoting_advertise")
-    @classmethod
-    def _advertise(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                host = parse_host(value)
-            except ValueError as exc:
-                raise ValueError(f"server.remoting_advertise {value!r}: {exc}; it must be "
-                                 f"'ip:port' (offset message ids carry the address)") from None
-            if host.port == 0:
-                raise ValueError(f"server.remoting_advertise {value!r}: port 0 cannot be "
-                                 f"dialled")
-        return value
-
-    @field_validator("namesrv_addr")
-    @classmethod
-    def _namesrv(cls, value: str | None) -> str | None:
-        if value is not None:
-            entries = [a.strip() for a in value.split(";") if a.strip()]
-            if not entries:
-                raise ValueError(f"server.namesrv_addr {value!r} names no NameServer; give "
-                                 f"'host:port', several separated by ';'")
-            for entry in entries:
-                if parse_listen(entry)[1] == 0:
-                    raise ValueError(f"server.namesrv_addr entry {entry!r}: port 0 cannot be "
-                                     f"dialled")
         return value
 
     @field_validator("grpc_access_keys", "ha_allow", mode="before")
@@ -423,19 +383,7 @@ class StoreConfig(_Section):
 
     @model_validator(mode="after")
     def _broker_id_matches_role(self) -> "StoreConfig":
-        # RocketMQ's brokerId: 0 is the master, any other id a slave; a NameServer routes
-        # writes to id 0 only.
-        broker_id = self.server.remoting_broker_id
-        if broker_id is None:
-            return self
-        slave = self.store.role == "slave"
-        if slave and broker_id == 0:
-            raise ValueError("server.remoting_broker_id 0 is the master's id, but store.role "
-                             "is 'slave': give the slave an id > 0 (or leave it null for 1)")
-        if not slave and broker_id != 0:
-            raise ValueError(f"server.remoting_broker_id {broker_id} is a slave's id, but "
-                             f"store.role is {self.store.role!r}: a master's id is 0 (or "
-                             f"leave it null)")
+        check_broker_id(self.store.role, self.server.remoting_broker_id)
         return self
 
     @model_validator(mode="after")

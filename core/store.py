@@ -378,9 +378,8 @@ class MessageStore(TopicCalls):
             group, topic, offset=offset, timestamp_ms=timestamp_ms, queue_id=queue_id)
 
     def commit_consumer_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
-        """Record ``group``'s committed offsets of ``topic``, ``{queue id: next offset to
-        consume}`` (RocketMQ's updateConsumerOffset), for consumers outside the store (a
-        broker's clients); ``config/consumerOffset.json`` as ``consumer.commit`` writes it."""
+        """Record ``group``'s offsets of ``topic`` (``{queue id: next offset}``) for consumers
+        outside the store (RocketMQ's updateConsumerOffset), as ``consumer.commit`` does."""
         self._check_open()
         self._consumers.commit_consumer_offsets(group, topic, offsets)
 

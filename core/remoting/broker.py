@@ -57,6 +57,7 @@ class Broker:
     slow_pool: ThreadPoolExecutor | None = None  # lookups that read much (queries by key)
     holds: object = None  # pull.HeldPulls
     offsets: object = None  # offsets.Offsets
+    observe: object = None  # (request code, response code, seconds) per answer, or None
     registration: object = None  # registration.Registration, or None without NameServers
     stopping: bool = False
 

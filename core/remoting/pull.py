@@ -36,8 +36,8 @@ read is so far behind that its records are no longer in memory (the store's
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import time
 
 import numpy as np
 
@@ -198,10 +198,11 @@ def handle_pull(broker, conn, cmd: Command):
 
 
 class Held:
-    __slots__ = ("conn", "cmd", "req", "timer")
+    __slots__ = ("conn", "cmd", "req", "timer", "started")
 
     def __init__(self, conn, cmd, req, timer) -> None:
         self.conn, self.cmd, self.req, self.timer = conn, cmd, req, timer
+        self.started = time.perf_counter()
 
 
 class HeldPulls:
@@ -258,6 +259,9 @@ class HeldPulls:
             log.exception("held pull of %s failed", held.conn.peer)
             response = held.cmd.response(Resp.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
         held.conn.send(response)
+        observe = self.broker.observe
+        if observe is not None:
+            observe(held.cmd.code, response.code, time.perf_counter() - held.started)
 
     def forget(self, conn) -> None:
         """``conn`` closed: its held pulls go unanswered."""

@@ -92,9 +92,13 @@ class RemotingServer:
     """RocketMQ's remoting protocol over one open store. ``start`` then ``stop``;
     ``address`` is where it listens (the port chosen when the configuration said 0)."""
 
-    def __init__(self, store, config: StoreConfig) -> None:
+    def __init__(self, store, config: StoreConfig, observe=None) -> None:
+        """``observe(request code, response code, seconds)``, if given, is called on the
+        loop's thread for every request answered (held pulls included): the seam for per-
+        request metrics."""
         self._store = store
         self._config = config
+        self._observe = observe
         server = config.server
         self.max_frame_bytes = server.remoting_max_frame_bytes
         self.max_in_flight = server.remoting_max_in_flight
@@ -156,6 +160,7 @@ class RemotingServer:
                           f"{exc.strerror or exc}") from None
         bound = listener.sockets[0].getsockname()[1]
         broker = self.broker = build_broker(self._store, self._config, bound)
+        broker.observe = self._observe
         watch = DispatchWatch(self._store.root, loop, lambda: broker.holds.on_dispatch())
         broker.holds = pull.HeldPulls(broker, loop, watch, cfg.remoting_max_held_pulls,
                                       cfg.remoting_max_long_polling_ms)
@@ -262,32 +267,38 @@ class RemotingServer:
                 conn.send(cmd.response(Resp.SERVICE_NOT_AVAILABLE,
                                        f"broker {self.broker.name} is shutting down"))
             return
+        started = time.perf_counter()
         try:
             result = handler(self.broker, conn, cmd)
         except Exception as exc:  # noqa: BLE001 - every failure is an answer
-            self._answer(conn, cmd, self._failure_response(conn, cmd, exc))
+            self._answer(conn, cmd, self._failure_response(conn, cmd, exc), started)
             return
         if asyncio.iscoroutine(result):
             conn.started()
-            task = asyncio.ensure_future(self._finish(conn, cmd, result))
+            task = asyncio.ensure_future(self._finish(conn, cmd, result, started))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         elif result is not None:
-            self._answer(conn, cmd, result)
+            self._answer(conn, cmd, result, started)
 
-    async def _finish(self, conn: Connection, cmd: Command, work) -> None:
+    async def _finish(self, conn: Connection, cmd: Command, work, started: float) -> None:
         try:
             response = await work
         except Exception as exc:  # noqa: BLE001 - every failure is an answer
             response = self._failure_response(conn, cmd, exc)
         finally:
             conn.finished()
-        self._answer(conn, cmd, response)
+        self._answer(conn, cmd, response, started)
 
-    @staticmethod
-    def _answer(conn: Connection, cmd: Command, response: Command | None) -> None:
-        if response is not None and not cmd.is_oneway:
+    def _answer(self, conn: Connection, cmd: Command, response: Command | None,
+                started: float) -> None:
+        if response is None:
+            return
+        if not cmd.is_oneway:
             conn.send(response)
+        observe = self.broker.observe
+        if observe is not None:
+            observe(cmd.code, response.code, time.perf_counter() - started)
 
     @staticmethod
     def _failure_response(conn: Connection, cmd: Command, exc: Exception) -> Command:
@@ -299,10 +310,10 @@ class RemotingServer:
         return cmd.response(Resp.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
 
 
-def start_remoting(store, config: StoreConfig) -> RemotingServer:
+def start_remoting(store, config: StoreConfig, observe=None) -> RemotingServer:
     """Start the server ``server.remoting_listen`` names over ``store``; ``stop`` it before
-    closing the store."""
-    server = RemotingServer(store, config)
+    closing the store. ``observe``: ``RemotingServer``'s per-request callback."""
+    server = RemotingServer(store, config, observe)
     server.start()
     return server
 
