@@ -78,7 +78,8 @@ def runtime_table(broker) -> dict[str, str]:
         "commitLogMaxOffset": str(store.max_phys_offset),
         "commitLogDiskRatio": f"{ratio:.4f}",
         "dispatchBehindBytes": str(store.dispatch_behind_bytes()),
-        "earliestMessageTimeStamp": "0", "bootTimestamp": str(stats.started_ms),
+        "earliestMessageTimeStamp": str(_earliest(store)), "bootTimestamp": str(stats.started_ms),
+        "sendThreadPoolQueueHeadWaitTimeMills": "0", "pullThreadPoolQueueHeadWaitTimeMills": "0",
         "runtime": f"[ {(now - stats.started_ms) // 86_400_000} days ]",
         "pageCacheLockTimeMills": str(store.lock_held_ms()),
         "remainHowManyDataToFlush": "0 B", "remainTransientStoreBufferNumbs": "0",
@@ -88,6 +89,16 @@ def runtime_table(broker) -> dict[str, str]:
         "brokerName": broker.name, "brokerId": str(broker.broker_id),
         "brokerAddr": broker.address, "clusterName": broker.cluster,
     }
+
+
+def _earliest(store) -> int:
+    """The store time of the commit log's first record (clusterList's "#Hour" counts from it)."""
+    first = store.min_phys_offset
+    try:
+        msg = store.message_at(first) if first >= 0 else None
+    except ValueError:  # damaged: reported by the store's checks, not here
+        return 0
+    return msg.store_timestamp if msg is not None else 0
 
 
 def handle_runtime_info(broker, conn, cmd: Command) -> Command:

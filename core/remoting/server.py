@@ -179,6 +179,13 @@ class RemotingServer:
                  broker.cluster, broker.address,
                  f"registering with name servers {cfg.namesrv_addr}" if cfg.namesrv_addr
                  else "answering name-server requests itself")
+        store_host = self._config.store.store_host
+        if store_host != broker.address:
+            log.warning("store.store_host is %s but clients are told %s: records carry the "
+                        "store host, and clients take the offset message ids of the messages "
+                        "they consume from it (mqadmin queryMsgById dials it); set "
+                        "store.store_host to the advertised address", store_host,
+                        broker.address)
         self._ready.set()
         try:
             await self._stop.wait()
