@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 
-from mqstore.format.properties import decode_properties
+from mqstore.format.properties import PROPERTY_DELAY, decode_properties
 from mqstore.format.record import SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, offset_msg_id
 from mqstore.format.remoting_frame import Command
 from mqstore.format.remoting_message import decode_batch
@@ -85,6 +85,17 @@ def _topic_of(broker, req: SendRequest) -> tuple[str, int]:
     return topic, queue_id
 
 
+def _refuse_delay(broker, props: dict) -> None:
+    """A delayed message (DELAY level > 0) is refused, not stored for immediate delivery:
+    delay levels (``SCHEDULE_TOPIC_XXXX``) are not served yet. NO_PERMISSION, so a producer
+    in a cluster tries another broker."""
+    level = props.get(PROPERTY_DELAY, "").strip()
+    if level.isdecimal() and int(level) > 0:
+        raise RemotingError(Resp.NO_PERMISSION, (
+            f"the broker[{broker.name}] sending delayed message (delay level {level}) is "
+            f"forbidden: mqstore does not serve delay levels yet"))
+
+
 def messages_of(broker, conn, cmd: Command, req: SendRequest) -> list[Message]:
     if broker.slave:
         raise RemotingError(Resp.SERVICE_NOT_AVAILABLE, (
@@ -98,6 +109,7 @@ def messages_of(broker, conn, cmd: Command, req: SendRequest) -> list[Message]:
     common = {PROPERTY_CLUSTER: broker.cluster}
     if not req.batch:
         props = decode_properties(req.properties)
+        _refuse_delay(broker, props)
         props.update(common)
         return [Message(topic, cmd.body, properties=props, queue_id=queue_id, flag=req.flag,
                         sysflag=sysflag, born_timestamp=req.born, born_host=conn.peer,
@@ -111,6 +123,7 @@ def messages_of(broker, conn, cmd: Command, req: SendRequest) -> list[Message]:
     out = []
     for flag, body, text in items:
         props = decode_properties(text)
+        _refuse_delay(broker, props)
         props.update(common)
         out.append(Message(topic, body, properties=props, queue_id=queue_id, flag=flag,
                            sysflag=sysflag, born_timestamp=req.born, born_host=conn.peer,

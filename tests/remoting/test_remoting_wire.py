@@ -100,6 +100,7 @@ def test_auto_create_follows_the_default_topic_queue_nums(wire):
     ({"queueId": "x1"}, b"x", 1, "queueId = 'x1' is not a Java int"),
     ({"sysFlag": 4}, b"x", 16, "transaction message is forbidden"),
     ({}, None, 13, "body"),
+    ({"properties": props(DELAY="3")}, b"x", 16, "delay level 3"),
     ({"properties": props(**{"bad\x01": "v"})}, b"x", 13, "reserved separator"),
 ])
 def test_send_refusals(wire, ext, body, code, remark):
