@@ -7,6 +7,7 @@ import time
 from collections import deque
 
 WINDOW_S = 60.0
+MAX_GROUP_WINDOWS = 4096  # (group, topic) pairs counted; past it the counts start over
 
 
 class Stats:
@@ -28,7 +29,13 @@ class Stats:
         self.got_messages += n
         self.got_bytes += nbytes
         self._add(self._gets, n)
-        self._add(self._group_gets.setdefault((group, topic), deque()), n)
+        windows = self._group_gets
+        window = windows.get((group, topic))
+        if window is None:
+            if len(windows) >= MAX_GROUP_WINDOWS:
+                windows.clear()
+            window = windows[(group, topic)] = deque()
+        self._add(window, n)
 
     def _add(self, window: deque, n: int) -> None:
         now = self._clock()
