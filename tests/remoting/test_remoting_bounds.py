@@ -139,3 +139,29 @@ def test_sigterm_answers_held_pulls_then_closes_the_store(tmp_path):
         assert log.index("remoting server stopped") < log.index("store closed cleanly")
     finally:
         server.kill()
+
+
+def test_grpc_and_remoting_serve_one_store(tmp_path):
+    from endpoint_support import Clients, client_module
+    rocketmq = client_module(tmp_path / "home")
+    settings = {"grpc_listen": "127.0.0.1:0", "grpc_min_invisible_ms": 1000}
+    server = Served(deployment_yaml(tmp_path / "deploy.yaml", tmp_path / "root", settings),
+                    tmp_path / "serve.log", home=tmp_path / "home")
+    clients = None
+    try:
+        grpc_address = server.wait_for(r"MessagingService\) on ([\d.]+:\d+)")
+        with Wire(server.address) as wire:
+            for i in range(3):
+                r = wire.call(10, send_ext("BothT", i % 2, "TAGS\x01t\x02KEYS\x01k%d\x02" % i),
+                              b"both %d" % i)
+                assert r.code == 0
+        clients = Clients(rocketmq, grpc_address)
+        consumer = clients.consumer("both-g", {"BothT": rocketmq.FilterExpression("t")})
+        got = clients.receive_all(consumer, 3)
+        assert sorted(m.body for m in got) == [b"both 0", b"both 1", b"both 2"]
+        assert sorted(k for m in got for k in m.keys) == ["k0", "k1", "k2"]
+    finally:
+        if clients is not None:
+            clients.close()
+        assert server.stop() == 0
+    assert "store closed cleanly" in server.log()
