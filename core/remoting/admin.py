@@ -159,9 +159,6 @@ def handle_consume_stats(broker, conn, cmd: Command) -> Command:
             last = _time_at(store, topic, q, done - 1) if done > 0 else 0
             table[mq_key(broker, topic, q)] = {"brokerOffset": high, "consumerOffset": done,
                                                "lastTimestamp": last}
-    if not table:
-        raise RemotingError(Resp.CONSUMER_NOT_ONLINE if only is None else Resp.SYSTEM_ERROR,
-                            f"group {group} has no offsets and no online consumer here")
     return cmd.response(Resp.SUCCESS, None, None,
                         _json({"consumeTps": tps, "offsetTable": table}))
 

@@ -149,3 +149,38 @@ def test_a_slave_registers_with_its_id(tmp_path, namesrv):
             assert r.code == 14 and "slave" in r.remark
     finally:
         served.stop()
+
+
+def test_registrations_repeat_first_after_the_first_wait_then_every_interval(namesrv,
+                                                                              monkeypatch):
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from mqstore.remoting import registration
+
+    monkeypatch.setattr(registration, "FIRST_REPEAT_S", 0.3)
+    monkeypatch.setattr(registration, "INTERVAL_S", 0.6)
+    topics = SimpleNamespace(wrapper_doc=lambda: {"dataVersion": {"counter": 1, "timestamp": 2},
+                                                  "topicConfigTable": {}})
+    broker = SimpleNamespace(name="b", address="127.0.0.1:1", cluster="c", broker_id=0,
+                             ha_address=None, topics=topics)
+
+    async def run() -> list[float]:
+        reg = registration.Registration(broker, namesrv.address)
+        start = time.monotonic()
+        reg.start()
+        while len(namesrv.of(103)) < 3:
+            await asyncio.sleep(0.01)
+        at = time.monotonic() - start
+        reg.soon(oneway=True)  # a topic changed: at once, oneway
+        while len(namesrv.of(103)) < 4:
+            await asyncio.sleep(0.01)
+        await reg.stop()
+        return [at, time.monotonic() - start]
+    third, fourth = asyncio.run(run())
+    assert third >= 0.3 + 0.6 - 0.05  # start, +FIRST_REPEAT_S, +INTERVAL_S
+    assert fourth - third < 0.5
+    frames = namesrv.of(103)
+    assert [f.is_oneway for f in frames] == [False, False, False, True]
+    assert namesrv.of(104)[0].ext["brokerName"] == "b"

@@ -339,6 +339,8 @@ def test_topic_admin_and_name_server_answers(wire):
                                            "lastTimestamp": consume["offsetTable"][key][
                                                "lastTimestamp"]}
     assert fj.loads(wire.call(300, {"topic": "AdmT"}).body) == {"groupList": ["ag"]}
+    none = wire.call(208, {"consumerGroup": "nobody-g"})  # no offsets: an empty table
+    assert none.code == 0 and fj.loads(none.body) == {"consumeTps": 0.0, "offsetTable": {}}
     info = fj.loads(wire.call(28, {}).body)["table"]
     assert info["brokerVersionDesc"] == "V4_9_8" and int(info["msgPutTotalTodayNow"]) >= 1
     assert wire.call(203, {"consumerGroup": "nobody"}).code == 206
