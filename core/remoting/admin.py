@@ -32,8 +32,8 @@ def mq_key(broker, topic: str, queue_id: int) -> ObjectKey:
 
 def handle_update_topic(broker, conn, cmd: Command) -> Command:
     f = Fields(cmd.ext)
-    topic = f.str("topic")
-    read, write, perm = f.int("readQueueNums"), f.int("writeQueueNums"), f.int("perm")
+    topic = f.text("topic")
+    read, write, perm = f.int32("readQueueNums"), f.int32("writeQueueNums"), f.int32("perm")
     if broker.slave:
         raise RemotingError(Resp.SYSTEM_ERROR, f"broker {broker.name} is a slave: create "
                                                f"topics on its master")
@@ -114,7 +114,7 @@ def _queues(broker, topic: str) -> list[int]:
 
 
 def handle_topic_stats(broker, conn, cmd: Command) -> Command:
-    topic = Fields(cmd.ext).str("topic")
+    topic = Fields(cmd.ext).text("topic")
     store = broker.store
     table = {}
     for q in _queues(broker, topic):
@@ -137,7 +137,7 @@ def _time_at(store, topic: str, queue_id: int, offset: int) -> int:
 
 def handle_consume_stats(broker, conn, cmd: Command) -> Command:
     f = Fields(cmd.ext)
-    group, only = f.str("consumerGroup"), f.str("topic", required=False)
+    group, only = f.text("consumerGroup"), f.text("topic", required=False)
     store = broker.store
     topics = set(t for (t, g) in store.consumer_groups() if g == group)
     online = broker.clients.group(group)
@@ -164,7 +164,7 @@ def handle_consume_stats(broker, conn, cmd: Command) -> Command:
 
 
 def handle_consumer_connections(broker, conn, cmd: Command) -> Command:
-    name = Fields(cmd.ext).str("consumerGroup")
+    name = Fields(cmd.ext).text("consumerGroup")
     group = broker.clients.group(name)
     if group is None:
         return cmd.response(Resp.CONSUMER_NOT_ONLINE, "the consumer group not online")
@@ -178,7 +178,7 @@ def handle_consumer_connections(broker, conn, cmd: Command) -> Command:
 
 
 def handle_consume_by_who(broker, conn, cmd: Command) -> Command:
-    topic = Fields(cmd.ext).str("topic")
+    topic = Fields(cmd.ext).text("topic")
     groups = {g for (t, g) in broker.store.consumer_groups() if t == topic}
     groups |= set(broker.clients.groups_of_topic(topic))
     return cmd.response(Resp.SUCCESS, None, None, _json({"groupList": sorted(groups)}))

@@ -57,15 +57,15 @@ def handle_heartbeat(broker, conn, cmd: Command) -> Command:
 
 def handle_unregister(broker, conn, cmd: Command) -> Command:
     f = Fields(cmd.ext)
-    client_id = f.str("clientID")
-    changed = broker.clients.unregister(client_id, f.str("producerGroup", required=False),
-                                        f.str("consumerGroup", required=False))
+    client_id = f.text("clientID")
+    changed = broker.clients.unregister(client_id, f.text("producerGroup", required=False),
+                                        f.text("consumerGroup", required=False))
     notify_changed(broker, changed)
     return cmd.response(Resp.SUCCESS)
 
 
 def handle_consumer_list(broker, conn, cmd: Command) -> Command:
-    group = Fields(cmd.ext).str("consumerGroup")
+    group = Fields(cmd.ext).text("consumerGroup")
     ids = broker.clients.member_ids(group)
     if not ids:
         return cmd.response(Resp.SYSTEM_ERROR, f"no consumer for this group, {group}")

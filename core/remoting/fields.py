@@ -35,7 +35,7 @@ class Fields:
     def __init__(self, ext: dict[str, str]) -> None:
         self.ext = ext
 
-    def str(self, name: str, default: str | None = None, *, required: bool = True) -> str:
+    def text(self, name: str, default: str | None = None, *, required: bool = True) -> str:
         value = self.ext.get(name)
         if value is None:
             if default is not None or not required:
@@ -65,13 +65,13 @@ class Fields:
                                 f"header field {name} = {text!r} is not a Java {kind}")
         return value
 
-    def int(self, name: str, default: int | None = None, *, required: bool = True) -> int:
+    def int32(self, name: str, default: int | None = None, *, required: bool = True) -> int:
         return self._number(name, INT_MIN, INT_MAX, default, required, "int")
 
-    def long(self, name: str, default: int | None = None, *, required: bool = True) -> int:
+    def int64(self, name: str, default: int | None = None, *, required: bool = True) -> int:
         return self._number(name, LONG_MIN, LONG_MAX, default, required, "long")
 
-    def bool(self, name: str, default: bool = False) -> bool:
+    def boolean(self, name: str, default: bool = False) -> bool:
         text = self.ext.get(name)
         return default if text is None else text.lower() == "true"
 

@@ -44,8 +44,8 @@ def route_doc(broker, topic: str) -> dict:
 
 def handle_route(broker, conn, cmd: Command) -> Command:
     f = Fields(cmd.ext)
-    doc = route_doc(broker, f.str("topic"))
-    if cmd.version >= STANDARD_JSON_VERSION or f.bool("acceptStandardJsonOnly"):
+    doc = route_doc(broker, f.text("topic"))
+    if cmd.version >= STANDARD_JSON_VERSION or f.boolean("acceptStandardJsonOnly"):
         body = json.dumps(doc, separators=(",", ":")).encode()
     else:
         body = remoting_json.dumps(doc).encode()

@@ -47,7 +47,7 @@ class Offsets:
 
 def handle_query(broker, conn, cmd: Command) -> Command:
     f = Fields(cmd.ext)
-    group, topic, queue_id = f.str("consumerGroup"), f.str("topic"), f.int("queueId")
+    group, topic, queue_id = f.text("consumerGroup"), f.text("topic"), f.int32("queueId")
     offset = broker.offsets.query(group, topic, queue_id)
     if offset is None:
         store = broker.store
@@ -61,8 +61,8 @@ def handle_query(broker, conn, cmd: Command) -> Command:
 
 def handle_update(broker, conn, cmd: Command) -> Command:
     f = Fields(cmd.ext)
-    group, topic = f.str("consumerGroup"), f.str("topic")
-    queue_id, offset = f.int("queueId"), f.long("commitOffset")
+    group, topic = f.text("consumerGroup"), f.text("topic")
+    queue_id, offset = f.int32("queueId"), f.int64("commitOffset")
     broker.offsets.commit(group, topic, queue_id, offset)
     return cmd.response(Resp.SUCCESS)
 

@@ -61,17 +61,17 @@ class PullRequest:
 
     def __init__(self, cmd: Command) -> None:
         f = Fields(cmd.ext)
-        self.group = f.str("consumerGroup")
-        self.topic = f.str("topic")
-        self.queue_id = f.int("queueId")
-        self.offset = f.long("queueOffset")
-        self.max_msgs = f.int("maxMsgNums")
-        self.sysflag = f.int("sysFlag")
-        self.commit_offset = f.long("commitOffset")
-        self.suspend_ms = f.long("suspendTimeoutMillis")
-        self.sub_version = f.long("subVersion")
-        self.subscription = f.str("subscription", required=False)
-        self.expression_type = f.str("expressionType", "TAG")
+        self.group = f.text("consumerGroup")
+        self.topic = f.text("topic")
+        self.queue_id = f.int32("queueId")
+        self.offset = f.int64("queueOffset")
+        self.max_msgs = f.int32("maxMsgNums")
+        self.sysflag = f.int32("sysFlag")
+        self.commit_offset = f.int64("commitOffset")
+        self.suspend_ms = f.int64("suspendTimeoutMillis")
+        self.sub_version = f.int64("subVersion")
+        self.subscription = f.text("subscription", required=False)
+        self.expression_type = f.text("expressionType", "TAG")
 
 
 def _expression(broker, req: PullRequest) -> tuple[str | None, str]:

@@ -22,12 +22,12 @@ MAX_QUERY_MESSAGES = 64  # messageStoreConfig.maxMsgsNumBatch
 
 def _queue(cmd: Command) -> tuple[str, int]:
     f = Fields(cmd.ext)
-    return f.str("topic"), f.int("queueId")
+    return f.text("topic"), f.int32("queueId")
 
 
 def handle_search_by_time(broker, conn, cmd: Command) -> Command:
     topic, queue_id = _queue(cmd)
-    timestamp = Fields(cmd.ext).long("timestamp")
+    timestamp = Fields(cmd.ext).int64("timestamp")
     offset = broker.store.offset_by_time(topic, queue_id, timestamp)
     return cmd.response(Resp.SUCCESS, None, {"offset": str(offset)})
 
@@ -51,7 +51,7 @@ def handle_earliest_time(broker, conn, cmd: Command) -> Command:
 
 
 def handle_view_by_id(broker, conn, cmd: Command) -> Command:
-    offset = Fields(cmd.ext).long("offset")
+    offset = Fields(cmd.ext).int64("offset")
     msg = broker.store.message_at(offset) if offset >= 0 else None
     if msg is None:
         raise RemotingError(Resp.SYSTEM_ERROR,
@@ -68,10 +68,10 @@ def _query(store, topic: str, key: str, max_num: int, begin: int, end: int, uniq
 
 async def _query_message(broker, cmd: Command) -> Command:
     f = Fields(cmd.ext)
-    topic, key = f.str("topic"), f.str("key")
-    max_num = max(0, min(f.int("maxNum"), MAX_QUERY_MESSAGES))
-    begin, end = f.long("beginTimestamp"), f.long("endTimestamp")
-    unique = f.bool("_UNIQUE_KEY_QUERY")
+    topic, key = f.text("topic"), f.text("key")
+    max_num = max(0, min(f.int32("maxNum"), MAX_QUERY_MESSAGES))
+    begin, end = f.int64("beginTimestamp"), f.int64("endTimestamp")
+    unique = f.boolean("_UNIQUE_KEY_QUERY")
     loop = asyncio.get_running_loop()
     found = await loop.run_in_executor(broker.slow_pool, _query, broker.store, topic, key,
                                        max_num, begin, end, unique)
@@ -85,7 +85,7 @@ async def _query_message(broker, cmd: Command) -> Command:
 
 
 def handle_query_message(broker, conn, cmd: Command):
-    Fields(cmd.ext).str("key")  # a missing field is refused before going to a thread
+    Fields(cmd.ext).text("key")  # a missing field is refused before going to a thread
     return _query_message(broker, cmd)
 
 

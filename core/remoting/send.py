@@ -19,6 +19,7 @@ waits for the disk, or a sync_master waiting for its slaves, puts on a thread.
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 from mqstore.format.properties import PROPERTY_DELAY, decode_properties
@@ -42,18 +43,18 @@ class SendRequest:
 
     def __init__(self, cmd: Command) -> None:
         f = Fields(send_fields(cmd.ext, cmd.code != Req.SEND_MESSAGE))
-        self.group = f.str("producerGroup")
-        self.topic = f.str("topic")
-        f.str("defaultTopic")
-        self.default_queues = f.int("defaultTopicQueueNums")
-        self.queue_id = f.int("queueId")
-        self.sysflag = f.int("sysFlag")
-        self.born = f.long("bornTimestamp")
-        self.flag = f.int("flag")
-        self.properties = f.str("properties", required=False) or ""
-        self.reconsume = f.int("reconsumeTimes", 0, required=False)
-        self.max_reconsume = f.int("maxReconsumeTimes", required=False)
-        self.batch = f.bool("batch")
+        self.group = f.text("producerGroup")
+        self.topic = f.text("topic")
+        f.text("defaultTopic")
+        self.default_queues = f.int32("defaultTopicQueueNums")
+        self.queue_id = f.int32("queueId")
+        self.sysflag = f.int32("sysFlag")
+        self.born = f.int64("bornTimestamp")
+        self.flag = f.int32("flag")
+        self.properties = f.text("properties", required=False) or ""
+        self.reconsume = f.int32("reconsumeTimes", 0, required=False)
+        self.max_reconsume = f.int32("maxReconsumeTimes", required=False)
+        self.batch = f.boolean("batch")
 
 
 def _topic_of(broker, req: SendRequest) -> tuple[str, int]:
@@ -169,7 +170,6 @@ def handle_send(broker, conn, cmd: Command):
 
 
 async def _put_on_thread(broker, cmd: Command, messages):
-    import asyncio
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(broker.put_pool, put, broker.store, messages)
     return answer(broker, cmd, result)

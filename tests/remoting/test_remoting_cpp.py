@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mqstore.format.remoting_message import decode_batch
+from mqstore.testing import wait_for
 
 from cpp_client_support import cpp_env
 from remoting_support import Wire, pull_ext, records
@@ -57,10 +58,12 @@ def test_send_batch_is_stored_as_the_java_broker_stores_it(served, cpp_client, t
     # The client sends code 10 with batch "1", false to Java's parser: the whole batch body is
     # one message (its body holds NUL bytes, which the binding cannot hand over: read it raw).
     with Wire(served.address) as wire:
-        bodies = []
-        for q in range(4):
-            pulled = wire.call(11, pull_ext("g", "CppBatchT", q, 0))
-            if pulled.code == 0:
-                bodies += [m.body for m in records(pulled.body)]
-    (body,) = bodies
+        def stored():
+            bodies = []
+            for q in range(4):
+                pulled = wire.call(11, pull_ext("g", "CppBatchT", q, 0))
+                if pulled.code == 0:
+                    bodies += [m.body for m in records(pulled.body)]
+            return bodies
+        (body,) = wait_for(stored, what="the batch dispatched")
     assert [item.body for item in decode_batch(body, 10)] == [b"batch-0", b"batch-1"]

@@ -49,7 +49,6 @@ def test_every_answer_is_observed_and_sync_puts_finish_before_the_stop(tmp_path)
                 assert wire.response(pending).code == 0  # answered before the stop ended
         finally:
             server.stop()
-        assert store.max_offset("ObsT", 0) in (1, 2)
         store.wait_dispatched(10)
         assert store.max_offset("ObsT", 0) == 2
     codes = [(code, answer) for code, answer, _s in seen]
