@@ -11,8 +11,10 @@ What one peer controls, and the answer it gets:
                  processed at once (held pulls apart); past that the connection is not read
                  until one is answered, so a flood waits in the peer's socket, not here;
   unread output  a peer that does not read its responses: once ``WRITE_HIGH_BYTES`` wait in
-                 its socket buffer the connection is not read (it can make no more), and when
-                 it stays so for ``server.remoting_client_idle_ms`` it is closed;
+                 its socket buffer no more of its requests are taken (not even those already
+                 read: small requests with large answers would fill memory) and it is not
+                 read, and when it stays so for ``server.remoting_client_idle_ms`` it is
+                 closed;
   idle           a connection that sent nothing for ``server.remoting_client_idle_ms`` and has
                  nothing in flight or held is closed (RocketMQ's 120 s idle channel close);
   connections    past ``server.remoting_max_connections`` a new connection's first request is
@@ -79,6 +81,8 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.write_paused_at = None
         self._update_reading()
+        if self._buf:
+            self._take_frames()
 
     def data_received(self, data: bytes) -> None:
         self.last_read = time.monotonic()
@@ -88,12 +92,18 @@ class Connection(asyncio.Protocol):
             data = data[n:]
             if not data:
                 return
+        self._buf += data
+        self._take_frames()
+
+    def _take_frames(self) -> None:
+        """Hand the complete frames read so far to the server, until a bound says wait
+        (answers unread by the peer, too many requests in flight): a chunk of small
+        requests whose answers are large must not all be answered into a full socket."""
         buf = self._buf
-        buf += data
         at, end = 0, len(buf)
         limit = self.server.max_frame_bytes
         try:
-            while end - at >= 4 and not self.closed:
+            while end - at >= 4 and not self.closed and not self._must_wait():
                 length = int.from_bytes(buf[at:at + 4], "big", signed=True)
                 if length < 4:
                     raise rf.FrameError(f"frame length {length} is below 4")
@@ -113,6 +123,10 @@ class Connection(asyncio.Protocol):
             return
         if at:
             del buf[:at]
+
+    def _must_wait(self) -> bool:
+        return (self.write_paused_at is not None
+                or self.in_flight >= self.server.max_in_flight)
 
     # -- frames that break a bound ------------------------------------------------------------
     def _oversized(self, buf, at: int, end: int, length: int, limit: int) -> int | None:
@@ -174,13 +188,14 @@ class Connection(asyncio.Protocol):
     def finished(self) -> None:
         self.in_flight -= 1
         self._update_reading()
+        if self._buf and not self.closed:
+            self._take_frames()
 
     def _update_reading(self) -> None:
         transport = self.transport
         if transport is None or self.closed or transport.is_closing():
             return
-        pause = (self.in_flight >= self.server.max_in_flight
-                 or self.write_paused_at is not None)
+        pause = self._must_wait()
         if pause and not self._read_paused:
             self._read_paused = True
             transport.pause_reading()
