@@ -13,6 +13,9 @@ from mqstore.remoting.server import RemotingServer
 from remoting_support import Wire, send_ext
 
 
+pytestmark = pytest.mark.usefixtures("no_plugin_env")
+
+
 @pytest.mark.parametrize("server, store, complaint", [
     ({"remoting_broker_id": 1}, {}, "is a slave's id, but store.role is 'async_master'"),
     ({"remoting_broker_id": 0, "ha_master": "127.0.0.1:1"}, {"role": "slave"},
