@@ -9,15 +9,17 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from mqstore.config.remoting import RemotingKeys
 from mqstore.config.sections import _Section
 from mqstore.config.values import JAVA_INT_MAX, parse_listen
 
 
-class ServerSection(_Section):
+class ServerSection(_Section, RemotingKeys):
     """``mqstore serve``: where the metrics and health endpoints listen, what a client may hold
     there (connections, time, header bytes), how much it logs and how (text or JSON lines),
-    the RocketMQ 5 gRPC endpoint (``grpc_*``, docs/endpoint.md) and replication's addresses
-    (``ha_*``, docs/replication.md)."""
+    the RocketMQ 5 gRPC endpoint (``grpc_*``, docs/endpoint.md), replication's addresses
+    (``ha_*``, docs/replication.md) and RocketMQ 4.x's broker port (``remoting_*``,
+    ``namesrv_addr``: ``config.remoting``)."""
 
     metrics_listen: str = "127.0.0.1:9108"
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
@@ -47,7 +49,7 @@ class ServerSection(_Section):
     ha_tls_key_file: str | None = None
     ha_tls_ca_file: str | None = None
 
-    @field_validator("metrics_listen", "grpc_listen", "ha_listen")
+    @field_validator("metrics_listen", "grpc_listen", "ha_listen", "remoting_listen")
     @classmethod
     def _listen(cls, value: str | None) -> str | None:
         if value is not None:

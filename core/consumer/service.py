@@ -31,8 +31,8 @@ from mqstore.runtime.workers.wakeup import Wakeup
 log = logging.getLogger(__name__)
 
 CONSUMER_CALLS = ("consumer", "peek", "consumer_lag", "consumer_groups", "consumed_floor",
-                  "delete_consumer_group", "reset_consumer_offsets", "pop", "ack",
-                  "change_invisible_duration")
+                  "delete_consumer_group", "reset_consumer_offsets", "commit_consumer_offsets",
+                  "committed_offsets", "pop", "ack", "change_invisible_duration")
 
 
 @dataclass(frozen=True)
@@ -185,6 +185,22 @@ class ConsumerService:
         if (topic, group) in pop_state.pop_groups(self.root):
             self._pop_consumer().remove(topic, group)
         return out
+
+    def commit_consumer_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        """Record ``group``'s offsets of ``topic`` (``{queue id: next offset to consume}``) as a
+        consumer commits them: RocketMQ's updateConsumerOffset, for consumers the store does
+        not run itself (a broker's clients). Other queues and groups stay."""
+        names.check_group(group)
+        names.check_topic(topic)
+        checked = {check_queue_id(q): check_int("offset", o, 0, INT64_MAX)
+                   for q, o in offsets.items()}
+        self.offsets.commit(topic, group, checked)
+
+    def committed_offsets(self, group: str, topic: str) -> dict[int, int]:
+        """``{queue id: offset}`` ``group`` committed for ``topic`` (empty: none)."""
+        names.check_group(group)
+        names.check_topic(topic)
+        return self.offsets.offsets(topic, group)
 
     def pop(self, group: str, topic: str, max_msgs: int = 32, invisible_ms: int = 30_000, *,
             expression: str | None = None, expression_type: str = "TAG",

@@ -403,6 +403,17 @@ class MessageStore(TopicCalls):
         return self._consumers.reset_consumer_offsets(
             group, topic, offset=offset, timestamp_ms=timestamp_ms, queue_id=queue_id)
 
+    def commit_consumer_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        """Record ``group``'s offsets of ``topic`` (``{queue id: next offset}``) for consumers
+        outside the store (RocketMQ's updateConsumerOffset), as ``consumer.commit`` does."""
+        self._check_open()
+        self._consumers.commit_consumer_offsets(group, topic, offsets)
+
+    def committed_offsets(self, group: str, topic: str) -> dict[int, int]:
+        """``{queue id: offset}`` that ``group`` committed for ``topic`` (empty: none)."""
+        self._check_open()
+        return self._consumers.committed_offsets(group, topic)
+
     def pop(self, group: str, topic: str, max_msgs: int = 32, invisible_ms: int = 30000, *,
             expression: str | None = None, expression_type: str = "TAG",
             wait_ms: int | float = 0, consume_from: str = "last") -> list:
