@@ -18,7 +18,7 @@ from mqstore.remoting.codes import RemotingError, Req, Resp
 from mqstore.remoting.fields import Fields
 from mqstore.remoting.topics import RETRY_PREFIX
 
-log = logging.getLogger("mqstore.remoting")
+log = logging.getLogger(__name__)
 _opaques = itertools.count(1)  # the broker's own requests
 
 

@@ -33,7 +33,7 @@ import time
 
 from mqstore.format import remoting_frame as rf
 
-log = logging.getLogger("mqstore.remoting")
+log = logging.getLogger(__name__)
 WRITE_HIGH_BYTES = 4 << 20  # unread responses a peer may leave in its socket buffer
 MAX_HEADER_BYTES = 64 << 10  # the header of an oversized frame we still read to answer it
 REFUSED_GRACE_S = 1.0  # a connection past the cap waits this long for a request to answer

@@ -47,7 +47,7 @@ from mqstore.message import GetResult, GetStatus
 from mqstore.remoting.codes import RemotingError, Req, Resp, get_code
 from mqstore.remoting.fields import Fields
 
-log = logging.getLogger("mqstore.remoting")
+log = logging.getLogger(__name__)
 FLAG_COMMIT, FLAG_SUSPEND, FLAG_SUBSCRIPTION = 1, 2, 4
 MAX_PULL_MESSAGES = 1024
 COLUMNS_FROM = 64  # NOTE [ Pull reads ]: the store walks shorter reads row by row anyway

@@ -24,7 +24,7 @@ from mqstore.format import remoting_json
 from mqstore.hashing import crc32
 from mqstore.remoting.codes import Req, Resp
 
-log = logging.getLogger("mqstore.remoting")
+log = logging.getLogger(__name__)
 FIRST_REPEAT_S = 10.0
 INTERVAL_S = 30.0
 TIMEOUT_S = 6.0  # registerBrokerTimeoutMills

@@ -43,7 +43,7 @@ from mqstore.remoting.registration import Registration
 from mqstore.remoting.topics import BrokerTopics
 from mqstore.remoting.wakeups import DispatchWatch
 
-log = logging.getLogger("mqstore.remoting")
+log = logging.getLogger(__name__)
 START_TIMEOUT_S = 30.0
 STOP_GRACE_S = 10.0
 STOP_TIMEOUT_S = STOP_GRACE_S + 10.0
