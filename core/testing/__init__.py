@@ -94,12 +94,22 @@ def read_queue(store: MessageStore, topic: str, queue_id: int, expression: str |
         offset = res.next_begin_offset
 
 
-try:
-    from hypothesis import strategies as st
-    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
-except ImportError:  # hypothesis is a test dependency only
-    StoreStateMachine = None
-else:
+def __getattr__(name: str):
+    if name == "StoreStateMachine":
+        machine = globals()["StoreStateMachine"] = _state_machine()
+        return machine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _state_machine():
+    """``StoreStateMachine``, made when first asked for: hypothesis (a test dependency only;
+    None without it) is imported then, not by every process that imports this package (the
+    fault writer and the consumer process start many times in a test run)."""
+    try:
+        from hypothesis import strategies as st
+        from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+    except ImportError:
+        return None
     TOPICS = ("A", "B")
     TAGS = (None, "t1", "t2")
     _message = st.builds(
@@ -175,3 +185,6 @@ else:
         def teardown(self):
             self.store.close()
             shutil.rmtree(self.root, ignore_errors=True)
+
+    StoreStateMachine.__qualname__ = "StoreStateMachine"  # as if made at the top level
+    return StoreStateMachine

@@ -14,6 +14,8 @@ import sys
 import termios
 import time
 
+from mqstore.testing import patience
+
 # Small files: a default-config store has 1 GiB segments and 420 MB index files (sparse).
 SMALL_CONFIG = """\
 commit_log: {segment_bytes: 65536}
@@ -35,7 +37,8 @@ def env() -> dict:
 def mqstore(*args, input: str | None = None, check: int | None = 0) -> subprocess.CompletedProcess:
     """Run ``mqstore ARGS``; ``check``: the exit status expected (None: any)."""
     proc = subprocess.run([sys.executable, "-m", "mqstore.cli", *map(str, args)], input=input,
-                          capture_output=True, text=True, env=env(), timeout=CLI_TIMEOUT_S)
+                          capture_output=True, text=True, env=env(),
+                          timeout=patience(CLI_TIMEOUT_S))
     if check is not None:
         assert proc.returncode == check, (f"mqstore {' '.join(map(str, args))} exited "
                                           f"{proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
@@ -57,7 +60,7 @@ def mqstore_tty(*args, columns: int = 80) -> tuple[int, str]:
                                  "TERM": "xterm"})
     os.close(slave)
     sent = []
-    deadline = time.monotonic() + CLI_TIMEOUT_S
+    deadline = time.monotonic() + patience(CLI_TIMEOUT_S)
     try:
         while True:
             ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from cli_support import SMALL_CONFIG, env
+from mqstore.testing import patience
 
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 60
@@ -68,7 +69,7 @@ class Served:
                                        r" on ([\d.]+:\d+)")
 
     def _wait_for(self, pattern: str) -> str:
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + patience(START_TIMEOUT_S)
         while time.monotonic() < deadline:
             found = re.search(pattern, self.log())
             if found:
@@ -89,12 +90,12 @@ class Served:
         endpoint, seen in test_cli_serve's setting too once puts precede the signal)."""
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signum)
-        return self.proc.wait(STOP_TIMEOUT_S)
+        return self.proc.wait(patience(STOP_TIMEOUT_S))
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(STOP_TIMEOUT_S)
+        self.proc.wait(patience(STOP_TIMEOUT_S))
 
 
 class Clients:
