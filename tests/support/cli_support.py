@@ -14,8 +14,6 @@ import sys
 import termios
 import time
 
-from mqstore.testing import patience
-
 # Small files: a default-config store has 1 GiB segments and 420 MB index files (sparse).
 SMALL_CONFIG = """\
 commit_log: {segment_bytes: 65536}
@@ -36,6 +34,8 @@ def env() -> dict:
 
 def mqstore(*args, input: str | None = None, check: int | None = 0) -> subprocess.CompletedProcess:
     """Run ``mqstore ARGS``; ``check``: the exit status expected (None: any)."""
+    from mqstore.testing import patience  # here: the client processes import this module
+
     proc = subprocess.run([sys.executable, "-m", "mqstore.cli", *map(str, args)], input=input,
                           capture_output=True, text=True, env=env(),
                           timeout=patience(CLI_TIMEOUT_S))
@@ -52,6 +52,8 @@ def mqstore_tty(*args, columns: int = 80) -> tuple[int, str]:
     """Run ``mqstore ARGS`` with standard output and error on a terminal ``columns`` wide (a
     pseudo-terminal), as a person at a shell would; returns the exit status and what the
     terminal was sent, colours and cursor movements removed (lines end in \\r\\n)."""
+    from mqstore.testing import patience
+
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     proc = subprocess.Popen([sys.executable, "-m", "mqstore.cli", *map(str, args)],

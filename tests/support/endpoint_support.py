@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 from cli_support import SMALL_CONFIG, env
-from mqstore.testing import patience
 
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 60
@@ -69,6 +68,8 @@ class Served:
                                        r" on ([\d.]+:\d+)")
 
     def _wait_for(self, pattern: str) -> str:
+        from mqstore.testing import patience  # here: the client processes import this module
+
         deadline = time.monotonic() + patience(START_TIMEOUT_S)
         while time.monotonic() < deadline:
             found = re.search(pattern, self.log())
@@ -88,11 +89,15 @@ class Served:
         group SIGTERM within a flush interval of async puts restarts the flush worker with a
         stale flushed offset and the close is then unclean (a store issue apart from the
         endpoint, seen in test_cli_serve's setting too once puts precede the signal)."""
+        from mqstore.testing import patience
+
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signum)
         return self.proc.wait(patience(STOP_TIMEOUT_S))
 
     def kill(self) -> None:
+        from mqstore.testing import patience
+
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(patience(STOP_TIMEOUT_S))
