@@ -1,6 +1,8 @@
 """Work is bounded on hostile input: SQL92 chains and sizes, index-file chains, a garbled
 subscriptions file. Deep but legal input works; beyond a limit it is refused with an error
-naming the rule and the limit; nothing is ever a silent non-match or an endless walk."""
+naming the rule and the limit; nothing is ever a silent non-match or an endless walk. Time
+bounds count this thread's CPU time (``time.thread_time``): a loaded machine stretches the wall
+clock, not the work."""
 
 from __future__ import annotations
 
@@ -139,11 +141,11 @@ def test_nesting_beyond_the_limit_is_refused_naming_rule_and_limit():
 
 def test_expression_length_is_limited_before_any_work():
     huge = "a = '" + "x" * 10_000_000 + "'"
-    start = time.perf_counter()
+    start = time.thread_time()
     for compile_ in (compile_uncached, compile_expression, compile_expression):
         with pytest.raises(FilterLimitError) as info:
             compile_(huge)
-    assert time.perf_counter() - start < 1
+    assert time.thread_time() - start < 1
     err = info.value
     assert (err.rule, err.limit) == ("expression length", MAX_EXPRESSION_CHARS)
     assert "10000006 characters long" in str(err) and str(MAX_EXPRESSION_CHARS) in str(err)
@@ -155,15 +157,15 @@ def test_expression_length_is_limited_before_any_work():
 def test_the_longest_allowed_literal_compiles_quickly():
     expr = "a = '" + "x" * (MAX_EXPRESSION_CHARS - 6) + "'"
     assert len(expr) == MAX_EXPRESSION_CHARS
-    start = time.perf_counter()
+    start = time.thread_time()
     compiled = compile_uncached(expr)
-    assert time.perf_counter() - start < 2
+    assert time.thread_time() - start < 2
     assert compiled.matches({"a": "x" * (MAX_EXPRESSION_CHARS - 6)})
     assert not compiled.matches({"a": "x"})
 
 
 def test_quote_runs_and_open_comments_lex_in_linear_time():
-    start = time.perf_counter()
+    start = time.thread_time()
     assert compile_uncached("a = '" + "''" * 100_000 + "'").matches({"a": "'" * 100_000})
     with pytest.raises(FilterSyntaxError) as info:
         compile_uncached("a = '" + "''" * 100_000)  # unterminated: reported at its quote
@@ -172,7 +174,7 @@ def test_quote_runs_and_open_comments_lex_in_linear_time():
         compile_uncached("a = 1 /* " + "*" * 200_000)
     with pytest.raises(FilterSyntaxError):
         compile_uncached("a = " + "1" * 200_000 + "x")
-    assert time.perf_counter() - start < 2
+    assert time.thread_time() - start < 2
 
 
 def test_huge_numeric_literals_are_compile_errors():
@@ -224,11 +226,11 @@ def test_matches_only_swallows_conversion_failures():
 
 
 def test_number_parsing_of_huge_property_values_is_linear_and_exact():
-    start = time.perf_counter()
+    start = time.thread_time()
     for text in ("1" * 30_000 + "x", "0x" + "1" * 30_000 + "q", "." + "5" * 30_000 + "e"):
         with pytest.raises(EvaluationError):
             parse_double(text)
-    assert time.perf_counter() - start < 1
+    assert time.thread_time() - start < 1
     assert parse_int("0" * 5000 + "7") == 7  # Java accepts any number of leading zeros
     assert parse_int("-" + "0" * 5000 + "7") == -7
     assert parse_int("\u0660" * 5000 + "\u0667") == 7  # and zeros of any script
@@ -299,10 +301,10 @@ def test_every_entry_linking_forward_costs_one_step(tmp_path, caplog):
     path.write_bytes(bytes(raw))
     f = IndexFile.load(str(path), slots=1, read_only=True)
     try:
-        start = time.perf_counter()
+        start = time.thread_time()
         with caplog.at_level(logging.WARNING, logger="mqstore.storage.index_file"):
             assert f.select(7, 1 << 31, 0, LONG_MAX) == [(entries - 2, S)]
-        assert time.perf_counter() - start < 1
+        assert time.thread_time() - start < 1
     finally:
         f.close()
 
