@@ -90,7 +90,8 @@ class Reader:
                     return None
                 # No load: refresh maps the files as they come, so one deleted or still being
                 # created while we look is simply looked at again.
-                cq = ConsumeQueue(self.root, topic, queue_id, None, read_only=True)
+                cq = ConsumeQueue(self.root, topic, queue_id, None, read_only=True,
+                                  budget=self.view.mapped)
                 cq.follow()
                 self.consume_queues[key] = cq
                 self._seen_limit.pop(key, None)

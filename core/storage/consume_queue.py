@@ -5,10 +5,15 @@ size when the first unit lands in them. Positions are byte offsets in the unit s
 offsets are ``position / 20``.
 
 Written only by dispatch (single writer); readers take numpy views of ``[min, max)``.
+
+With a ``MappedBudget`` a queue nobody used lately may be parked (its files unmapped, its
+positions kept) and is mapped again when next used: NOTE [ Mapped budget ] in
+``storage.mapped_budget``. Every method that touches the maps is bracketed (``_maps``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -24,9 +29,26 @@ CONSUME_QUEUE_DIR = "consumequeue"
 RECOVER_LAST_FILES = 3
 
 
+def _maps(method):
+    """Bracket a method that touches the queue's maps: the budget keeps it mapped meanwhile
+    (NOTE [ Mapped budget ])."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        budget = self._budget
+        if budget is None:
+            return method(self, *args, **kwargs)
+        budget.enter(self)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            budget.leave(self)
+    return run
+
+
 class ConsumeQueue:
     def __init__(self, root: str, topic: str, queue_id: int, file_bytes: int | None, *,
-                 read_only: bool = False, on_warning=None, known_bytes: int | None = None) -> None:
+                 read_only: bool = False, on_warning=None, known_bytes: int | None = None,
+                 budget=None) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.directory = os.path.join(root, CONSUME_QUEUE_DIR, topic, str(queue_id))
@@ -37,6 +59,41 @@ class ConsumeQueue:
         self.max_phys = -1  # end (offset + size) of the last real unit
         self._arrays: dict[int, np.ndarray] = {}
         self._doubt: tuple[int, float] | None = None  # a follower's unit that disagreed, since
+        self._budget = budget  # a MappedBudget, or None: always mapped
+        self.parked = False
+
+    # -- the mapped budget (NOTE [ Mapped budget ]) ----------------------------------------
+    def govern(self, budget) -> None:
+        """Count this queue's mapped files in ``budget`` from now on."""
+        self._budget = budget
+        budget.adopt(self)
+
+    def mapped_files(self) -> int:
+        return sum(1 for seg in self.segments.segments if seg.mapped)
+
+    def park(self) -> None:
+        """Unmap the files (positions stay); the next bracketed method maps them again."""
+        self._arrays.clear()
+        for seg in self.segments.segments:
+            seg.park()
+        self.parked = True
+
+    def unpark(self) -> None:
+        """Map the files again. A leading file deleted meanwhile (cleanup: the writer's, when
+        this process follows it) is forgotten, as ``refresh`` forgets it."""
+        segs = self.segments.segments
+        for i, seg in enumerate(segs):
+            try:
+                seg.unpark()
+            except FileNotFoundError:
+                if any(s.mapped or s.parked for s in segs[:i]) or i == len(segs) - 1:
+                    raise
+                seg.close()
+        kept = [seg for seg in segs if seg.mapped]
+        if len(kept) < len(segs):
+            self.segments.segments = kept
+            self.min_logic_offset = max(self.min_logic_offset, self.segments.min_offset)
+        self.parked = False
 
     # -- positions -------------------------------------------------------------------------
     @property
@@ -51,6 +108,7 @@ class ConsumeQueue:
     def min_offset(self) -> int:
         return self.min_logic_offset // CQ_UNIT_SIZE
 
+    @_maps
     def first_phys(self) -> int | None:
         """Commit-log offset of the queue's first stored message, or None when it has none."""
         for seg in self.segments.segments:
@@ -60,11 +118,13 @@ class ConsumeQueue:
                 return int(units[real[0]]["phys_offset"])
         return None
 
+    @_maps
     def stored_units(self, seg: MappedFile) -> np.ndarray:
         """The units of ``seg`` up to its first hole (the rest of a sparse file is zeros and
         must not be read through the map: see ``MappedFile.data_end``)."""
         return self.units_of(seg)[:seg.data_end() // CQ_UNIT_SIZE]
 
+    @_maps
     def units_of(self, seg: MappedFile) -> np.ndarray:
         arr = self._arrays.get(seg.start)
         if arr is None:
@@ -77,6 +137,7 @@ class ConsumeQueue:
     def load(self) -> list[str]:
         return self.segments.load()
 
+    @_maps
     def recover(self) -> int:
         """Cut the queue after its last valid unit (see ``valid_prefix``, checked over the last
         RECOVER_LAST_FILES files); returns how many written units were cut."""
@@ -105,6 +166,7 @@ class ConsumeQueue:
         self._refresh_max_phys()
         return dropped
 
+    @_maps
     def tail(self) -> tuple[int, int]:
         """``(max offset, max phys)`` as the files stand, unchecked: the write position is
         after the last unit ever written (an unwritten unit is zeros; a written one never has
@@ -144,6 +206,7 @@ class ConsumeQueue:
                     self.max_phys = int(last["phys_offset"]) + int(last["size"])
                     return
 
+    @_maps
     def _zero_tail(self, seg: MappedFile, end: int) -> None:
         """Zero cut units so a later recovery cannot take them for valid ones again."""
         if self.segments.read_only:
@@ -175,6 +238,7 @@ class ConsumeQueue:
         self.max_phys = -1
         self.min_logic_offset = max(self.segments.min_offset, 0)
 
+    @_maps
     def refresh(self, limit_phys: int, commit_log=None) -> None:
         """Advance over units appended since the last look whose records end at or below
         ``limit_phys`` (the writer's published position). A unit counts only if it is sane
@@ -190,6 +254,7 @@ class ConsumeQueue:
             if seg is None or not self._admit(seg, limit_phys, commit_log):
                 return
 
+    @_maps
     def follow_min_offset(self, min_phys: int) -> None:
         """Raise the min offset to the first unit whose record is still stored, as the writer
         raises its own (it is in no file). A look reads the unit at the min offset; only when
@@ -375,6 +440,7 @@ class ConsumeQueue:
             self.max_phys = int(real["phys_offset"][-1]) + int(real["size"][-1])
 
     # -- writing (dispatch only) -----------------------------------------------------------
+    @_maps
     def put_units(self, first_queue_offset: int, units: np.ndarray) -> int:
         """Append ``units`` (CQ_DTYPE) meant for queue offsets ``first_queue_offset ...``.
 
@@ -412,6 +478,7 @@ class ConsumeQueue:
         self.max_phys = int(last["phys_offset"]) + int(last["size"])
         return len(units)
 
+    @_maps
     def hold_offsets(self, floor: int) -> int:
         """Fillers for the offsets up to ``floor`` that the queue has no unit for: their
         messages are gone, and the next unit must take ``floor`` (NOTE [ Offset floors ] in
@@ -445,6 +512,7 @@ class ConsumeQueue:
             seg.write(raw[at:at + take])
             at += take
 
+    @_maps
     def truncate_to_phys(self, phys: int) -> int:
         """Drop every unit whose record does not end at or below ``phys`` (one that straddles
         it names a record the log no longer holds whole); returns how many were dropped."""
@@ -470,6 +538,7 @@ class ConsumeQueue:
             self._refresh_max_phys()
         return dropped
 
+    @_maps
     def delete_files_below(self, min_phys: int) -> list[str]:
         """Delete leading files (never the last) whose every unit points below ``min_phys``."""
         count = 0
@@ -486,6 +555,7 @@ class ConsumeQueue:
             self.min_logic_offset = max(self.min_logic_offset, self.segments.min_offset)
         return removed
 
+    @_maps
     def correct_min_offset(self, min_phys: int) -> None:
         """Raise ``min`` to the first unit whose commit-log offset is still stored."""
         segs = self.segments.segments
@@ -512,10 +582,14 @@ class ConsumeQueue:
     def close(self) -> None:
         self._arrays.clear()
         self.segments.close()
+        if self._budget is not None:
+            self._budget.forget(self)
 
     def destroy(self) -> None:
         self._arrays.clear()
         self.segments.destroy()
+        if self._budget is not None:
+            self._budget.forget(self)
 
 
 def _unwritten(unit) -> bool:

@@ -3,7 +3,8 @@
 Every process that opens a store directory (the store process, its dispatch worker, read-only
 stores) builds one view over its own maps of the files, and hands it to the dispatchers it
 builds, with that process's role. The view owns the table of consume queues and their
-extensions in that process.
+extensions in that process, and the budget of their files it keeps mapped
+(``consume_queue.max_mapped_files``: NOTE [ Mapped budget ] in ``storage.mapped_budget``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from mqstore.hashing import string_hasher
 from mqstore.view.checked_read import read_message
 from mqstore.storage.consume_queue import ConsumeQueue
 from mqstore.storage.cq_ext import open_ext
+from mqstore.storage.mapped_budget import MappedBudget
 from mqstore.view.subscriptions import Subscriptions
 from mqstore.view.topics import Topics
 
@@ -39,6 +41,9 @@ class DirectoryView:
         self.subscriptions = Subscriptions(root)
         self.topics = Topics(root, config, clock)
         self.consume_queues: dict = consume_queues
+        self.mapped = MappedBudget(config.consume_queue.max_mapped_files)
+        for cq in consume_queues.values():
+            cq.govern(self.mapped)
         self.consume_queue_exts: dict = {}
         self.writes_queues = writes_queues
         self.manifest = manifest
@@ -54,7 +59,7 @@ class DirectoryView:
                 cq = self.consume_queues.get(key)
                 if cq is None:
                     cq = ConsumeQueue(self.root, topic, queue_id, self._cq_file_bytes,
-                                      on_warning=log.warning)
+                                      on_warning=log.warning, budget=self.mapped)
                     self.consume_queues[key] = cq
                     if self.manifest is not None:
                         self.manifest.mark()

@@ -1,0 +1,105 @@
+"""How many consume-queue files one process keeps mapped: a bounded set, least recently used
+first out.
+
+NOTE [ Mapped budget ]
+Every mapped segment costs two descriptors (Python's mmap keeps a duplicate of the one it was
+made from), so a process that kept every queue it ever touched mapped would run out of
+descriptors with the number of topics: a server taking sends to ten thousand new topics, or a
+store holding them, would need twenty thousand. A ``MappedBudget`` governs the consume queues
+of one process (the view's, ``DirectoryView``): each queue counts the files it has mapped, and
+once the total passes ``capacity`` the queues used least recently are parked (their files
+unmapped, their positions kept: ``MappedFile.park``) until it fits again. A parked queue maps
+its files again when next used, so parking changes how many descriptors a process holds,
+never what a read or a write sees.
+
+A queue is in use from ``enter`` to ``leave`` (``ConsumeQueue`` brackets every method that
+touches its maps): a queue in use is never parked, so a write never meets an unmapped file.
+Arrays a read handed out may outlive that bracket; they pin their file's map (``park`` finds
+it exported and leaves that file mapped), so the bound is ``capacity`` plus the files such
+arrays still hold. Reads that take the map directly (``read.plain_pull``) treat a closed map
+as "look the slow way", which unparks it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+
+class MappedBudget:
+    """At most ``capacity`` mapped files among the queues that ``enter`` it (plus those in use).
+    Thread-safe."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity {capacity!r} must be at least 1")
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._mapped: OrderedDict = OrderedDict()  # queue -> files it has mapped, LRU first
+        self._users: dict = {}  # queue -> brackets open on it
+        self._total = 0
+        self.parked = 0  # queues parked so far (for the curious: tests and metrics)
+
+    @property
+    def mapped_files(self) -> int:
+        return self._total
+
+    def enter(self, queue) -> None:
+        """``queue`` is about to touch its maps: unpark it if it was parked."""
+        with self._lock:
+            self._users[queue] = self._users.get(queue, 0) + 1
+            if queue.parked:
+                try:
+                    queue.unpark()
+                except BaseException:
+                    self._release(queue)
+                    raise
+            self._count(queue)
+
+    def leave(self, queue) -> None:
+        """``queue`` is done for now: count what it maps, park others past the capacity."""
+        with self._lock:
+            self._release(queue)
+            self._count(queue)
+            if self._total > self.capacity:
+                self._park_idle()
+
+    def adopt(self, queue) -> None:
+        """Count a queue mapped before the budget knew it (loaded at open); park past the
+        capacity."""
+        with self._lock:
+            self._count(queue)
+            if self._total > self.capacity:
+                self._park_idle()
+
+    def forget(self, queue) -> None:
+        """``queue`` was closed or dropped."""
+        with self._lock:
+            self._total -= self._mapped.pop(queue, 0)
+            self._users.pop(queue, None)
+
+    def _release(self, queue) -> None:
+        users = self._users.get(queue, 0) - 1
+        if users > 0:
+            self._users[queue] = users
+        else:
+            self._users.pop(queue, None)
+
+    def _count(self, queue) -> None:
+        files = queue.mapped_files()
+        self._total += files - self._mapped.pop(queue, 0)
+        if files:
+            self._mapped[queue] = files  # most recently used last
+
+    def _park_idle(self) -> None:
+        for queue in list(self._mapped):
+            if self._total <= self.capacity:
+                return
+            if queue in self._users:
+                continue
+            queue.park()
+            self.parked += 1
+            self._count(queue)
+
+
+__all__ = ["MappedBudget"]

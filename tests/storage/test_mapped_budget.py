@@ -1,0 +1,119 @@
+"""NOTE [ Mapped budget ]: a process keeps at most ``consume_queue.max_mapped_files`` consume-queue
+files mapped (two descriptors each), however many queues it writes or reads: the store process
+following the dispatch worker's queues, the worker writing them, and a store whose loops run in
+its own process. Parking changes descriptors only: every read sees what it saw, across reopens,
+and a queue parked while a read holds its units keeps them readable."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mqstore import Message
+from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
+from mqstore.storage.mapped_budget import MappedBudget
+
+TOPICS = 60
+LIMIT = 4
+
+
+def queue_descriptors(root, pid="self") -> int:
+    """Descriptors of process ``pid`` open on consume-queue files of the store in ``root``."""
+    folder = os.path.join(str(root), CONSUME_QUEUE_DIR) + os.sep
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(folder):
+                count += 1
+        except OSError:  # closed since the listing
+            pass
+    return count
+
+
+def fill_topics(store) -> None:
+    for i in range(TOPICS):
+        store.put_batch([Message(f"t{i}", b"t%d-%d" % (i, j), queue_id=j % 2)
+                         for j in range(4)])
+    store.wait_dispatched(30)
+
+
+def read_back(store, topic: str) -> list[bytes]:
+    got = []
+    for q in store.queue_ids(topic):
+        batch = store.read(topic, q, 0, 10)
+        got += [bytes(batch.body(k)) for k in range(len(batch))]
+    return sorted(got)
+
+
+def check_all(store) -> None:
+    for i in range(TOPICS):
+        assert read_back(store, f"t{i}") == [b"t%d-%d" % (i, j) for j in range(4)]
+        assert queue_descriptors(store.root) <= 2 * LIMIT + 2  # + the one read right now
+
+
+@pytest.mark.parametrize("loops", ["process", "thread"])
+def test_mapped_consume_queue_files_are_bounded(make_store, loops):
+    store = make_store({"consume_queue": {"max_mapped_files": LIMIT},
+                        "dispatch": {"worker": loops}})
+    fill_topics(store)
+    check_all(store)
+    assert store.view.mapped.parked > 0
+    if loops == "process":
+        worker = store.worker_status()["pid"]
+        assert queue_descriptors(store.root, worker) <= 2 * LIMIT + 2
+    store.close()
+    # The open maps what recovery checks, then keeps the budget.
+    store = make_store({"consume_queue": {"max_mapped_files": LIMIT},
+                        "dispatch": {"worker": loops}})
+    assert queue_descriptors(store.root) <= 2 * LIMIT + 2
+    check_all(store)
+    store.put(Message("t0", b"t0-4", queue_id=0))
+    store.wait_dispatched(30)
+    assert read_back(store, "t0") == [b"t0-%d" % j for j in range(5)]
+
+
+def test_a_parked_queue_keeps_the_units_a_read_holds(make_store):
+    store = make_store({"consume_queue": {"max_mapped_files": 1}, "dispatch": {"worker": "thread"}})
+    store.put_batch([Message("A", b"a"), Message("B", b"b")])
+    store.wait_dispatched(30)
+    queue = store.view.consume_queue("A", store.queue_ids("A")[0])
+    seg = queue.segments.segments[0]
+    units = queue.units_of(seg)  # held past the bracket: it pins the map
+    before = units.copy()
+    read_back(store, "B")  # B maps its file: A is over the budget
+    queue.park()
+    assert seg.mapped and (units == before).all()  # the held array stays readable
+    del units
+    queue.park()
+    assert not seg.mapped
+    assert read_back(store, "A") == [b"a"]  # mapped again when used
+
+
+def test_the_budget_parks_the_least_recently_used_queue_not_in_use():
+    class Queue:
+        def __init__(self, files):
+            self.files, self.parked = files, False
+
+        def mapped_files(self):
+            return 0 if self.parked else self.files
+
+        def park(self):
+            self.parked = True
+
+        def unpark(self):
+            self.parked = False
+
+    budget = MappedBudget(3)
+    a, b, c = Queue(1), Queue(1), Queue(2)
+    budget.enter(a)  # a in use
+    budget.enter(b)
+    budget.leave(b)
+    budget.enter(c)
+    budget.leave(c)  # 4 > 3: b goes (a is in use, c the most recent)
+    assert (a.parked, b.parked, c.parked) == (False, True, False)
+    budget.leave(a)  # used until now: c is the least recent
+    budget.enter(b)  # b again: mapped
+    budget.leave(b)
+    assert (a.parked, b.parked, c.parked) == (False, False, True)
+    assert budget.mapped_files == 2
