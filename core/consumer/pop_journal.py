@@ -348,6 +348,13 @@ class PopJournal:
             self._state = None
 
 
+def state_exists(root: str, topic: str, group: str) -> bool:
+    """Whether ``group`` has pop state for ``topic`` in the store at ``root`` (a checkpoint or
+    a journal; the lock file alone is not state), without opening anything."""
+    return (os.path.exists(journal_path(root, topic, group))
+            or os.path.exists(pop_state_path(root, topic, group)))
+
+
 def _json_bytes(doc: dict) -> bytes:
     import json
     return json.dumps(doc, separators=(",", ":")).encode()

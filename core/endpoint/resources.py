@@ -4,6 +4,10 @@ group name.
 As RocketMQ's NamespaceUtil, a namespaced resource is stored as ``<namespace>%<name>`` (``%``
 is allowed in topic and group names, so a RocketMQ broker's store directory reads the same),
 and a stored name splits back at its first ``%``.
+
+Every name a request carries is checked here, namespace and all, before anything looks it up:
+a bad topic is ILLEGAL_TOPIC (40002), a bad group ILLEGAL_CONSUMER_GROUP (40003), each naming
+the value (cut short when long) and the rule, never the store's ValueError as a failure.
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ def topic_to_read(res) -> str:
 
 
 def topic_to_write(topic: str) -> str:
-    """A topic a client sends to: RocketMQ's character rule, else ILLEGAL_TOPIC."""
+    """A topic a client sends to: RocketMQ's character rule, and at most the longest topic a
+    record holds (``MAX_TOPIC_BYTES``), else ILLEGAL_TOPIC."""
     try:
-        return put_names.check_topic(topic)
+        put_names.check_topic(topic)
+        return put_names.check_stored_topic(topic)
     except ValueError as exc:
         raise EndpointError(Code.ILLEGAL_TOPIC, str(exc)) from None
 

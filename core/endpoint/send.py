@@ -190,8 +190,9 @@ _STORED_ONE = service_pb2.SendMessageResponse(status=ok(),
 
 
 class Sender:
-    def __init__(self, store, topics, config) -> None:
+    def __init__(self, store, topics, config, creations) -> None:
         self._topics = topics
+        self._creations = creations  # a send that creates a topic counts against its host
         self._max_body = config.commit_log.max_message_bytes
         self._pool = None
         if config.flush.policy != NON_WAITING_FLUSH:
@@ -208,8 +209,10 @@ class Sender:
         out = []
         for m in request.messages:
             topic = topic_to_write(full_name(m.topic))
-            topics.for_send(topic)
+            exists = topics.for_send(topic)
             msg = wire.to_store(m, topic, born_host, self._max_body)
+            if not exists:
+                self._creations.topic(peer, topic)
             group = m.system_properties.message_group
             if group:
                 queues = topics.queues(topic) or range(topics.queues_per_topic)

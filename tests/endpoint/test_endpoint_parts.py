@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from mqstore import Message
-from mqstore.endpoint.auth import AccessKeys, sign
+from mqstore.endpoint.auth import AccessKeys, AdminAccess, sign, signed_at, signed_metadata
 from mqstore.endpoint.limits import Peers
 from mqstore.endpoint.protocol import Code, definition_pb2, service_pb2
 from mqstore.endpoint.route import Topics
+from mqstore.endpoint.creations import Creations
 from mqstore.endpoint.send import QUIET_GROUPS, PutBatcher, Sender, put_all
 from mqstore.endpoint.settings import Sessions
 from mqstore.endpoint.status import EndpointError, put_status
@@ -173,8 +174,8 @@ def test_hosts_read_as_javas_getHostAddress_and_digests_as_the_proxys():
 
 
 def test_signatures_are_checked_against_the_access_keys_secret():
-    keys = AccessKeys({"app": "s3cret"})
     stamp = "20260101T000000Z"
+    keys = AccessKeys({"app": "s3cret"}, clock=lambda: signed_at(stamp) + 10)
     good = (f"MQv2-HMAC-SHA1 Credential=app, SignedHeaders=x-mq-date-time, "
             f"Signature={sign('s3cret', stamp)}")
     assert sign("s3cret", stamp) == hmac.new(b"s3cret", stamp.encode(), hashlib.sha1).hexdigest()
@@ -189,6 +190,43 @@ def test_signatures_are_checked_against_the_access_keys_secret():
             keys.check(metadata)
         assert err.value.code == Code.UNAUTHORIZED and needle in err.value.message
     assert AccessKeys({}).check({}) is None  # no keys: every call passes
+
+
+@pytest.mark.parametrize("signed, now, ok", [
+    ("20260101T000000Z", "20260101T001500Z", True),  # 15 minutes late: the window's edge
+    ("20260101T000000Z", "20260101T001501Z", False),
+    ("20260101T001500Z", "20260101T000000Z", True),  # 15 minutes ahead
+    ("20260101T001501Z", "20260101T000000Z", False),
+    ("20200101T000000Z", "20260101T000000Z", False),  # a signature seen years ago
+    ("2026-01-01T00:00:00Z", "20260101T000000Z", False),  # not RocketMQ's format
+])
+def test_a_signature_is_good_only_near_the_servers_clock(signed, now, ok):
+    keys = AccessKeys({"app": "s3cret"}, clock=lambda: signed_at(now))
+    metadata = dict(signed_metadata("app", "s3cret", signed))
+    if ok:
+        assert keys.check(metadata) == "app"
+        return
+    with pytest.raises(EndpointError) as err:
+        keys.check(metadata)
+    assert err.value.code == Code.UNAUTHORIZED
+    assert ("server.grpc_signature_skew_ms" in err.value.message
+            or "is not yyyyMMddTHHmmssZ" in err.value.message)
+
+
+def test_client_keys_never_open_the_admin_service():
+    now = lambda: signed_at("20260101T000000Z")  # noqa: E731
+    client = AccessKeys({"app": "s3cret"}, clock=now)
+    admins = AccessKeys({"ops": "0ps"}, clock=now, setting="server.grpc_admin_keys")
+    app = dict(signed_metadata("app", "s3cret", "20260101T000000Z"))
+    ops = dict(signed_metadata("ops", "0ps", "20260101T000000Z"))
+    AdminAccess(admins, client).check(ops)
+    with pytest.raises(EndpointError) as err:
+        AdminAccess(admins, client).check(app)
+    assert err.value.message == "access key 'app' is not one of server.grpc_admin_keys"
+    with pytest.raises(EndpointError) as err:  # client keys and no admin keys: nobody
+        AdminAccess(AccessKeys({}), client).check(app)
+    assert "set server.grpc_admin_keys" in err.value.message
+    AdminAccess(AccessKeys({}), AccessKeys({})).check({})  # no keys at all: loopback only
 
 
 def test_connections_and_clients_are_bounded_and_idle_ones_forgotten():
@@ -231,8 +269,8 @@ def test_topics_with_configs_are_routed_and_sent_to_their_write_queues(make_stor
     assert topics.queues("Archive") == [0, 1, 2]
     assert topics.queues("Legacy") == [0, 1, 2, 3, 4, 5, 6]  # adopted with 7 queues
     topics.for_receive("Orders")  # exists: no TOPIC_NOT_FOUND before its first message
-    topics.for_send("Orders")
-    sender = Sender(store, topics, store.config)
+    assert topics.for_send("Orders")  # it exists: the send creates nothing
+    sender = Sender(store, topics, store.config, Creations(0, 0, lambda t, g: False))
     try:
         request = service_pb2.SendMessageRequest(messages=[
             wire_message(message_group=f"group-{i}") for i in range(16)])
