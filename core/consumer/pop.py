@@ -136,11 +136,14 @@ class PopConsumer:
 
     # -- pop ------------------------------------------------------------------------------
     def pop(self, group, topic, max_msgs, invisible_ms, *, expression=None,
-            expression_type="TAG", wait_ms=0, consume_from=names.LAST) -> list[PoppedMessage]:
+            expression_type="TAG", wait_ms=0, consume_from=names.LAST,
+            max_bytes=None) -> list[PoppedMessage]:
         names.check_group(group)
         names.check_topic(topic)
         names.check_int("max_msgs", max_msgs, 1)
         names.check_int("invisible_ms", invisible_ms, 0)
+        if max_bytes is not None:
+            names.check_int("max_bytes", max_bytes, 1)
         if isinstance(wait_ms, bool) or not isinstance(wait_ms, (int, float)) or not wait_ms >= 0:
             raise ValueError(f"wait_ms {wait_ms!r} must be a number >= 0")
         if consume_from not in POP_CONSUME_FROM:
@@ -158,8 +161,8 @@ class PopConsumer:
         while True:
             seen = wakeup.sequence()  # NOTE [ Long polling ]
             got, next_due_ms = self._retrying(
-                self._pop_once, store, group, topic, queues, max_msgs, invisible_ms,
-                expression, expression_type, consume_from, existing)
+                self._pop_once, store, group, topic, queues, _Room(max_msgs, max_bytes),
+                invisible_ms, expression, expression_type, consume_from, existing)
             left = deadline - time.monotonic()
             if got or left <= 0:
                 return got
@@ -168,14 +171,13 @@ class PopConsumer:
             wakeup.wait(seen, min(left, slice_s))
             queues = store.queue_ids(topic)
 
-    def _pop_once(self, store, group, topic, queues, max_msgs, invisible_ms, expression,
+    def _pop_once(self, store, group, topic, queues, room, invisible_ms, expression,
                   expression_type, consume_from, existing):
         with self._using(topic, group) as journal:
-            return self._pop_with(journal, store, group, topic, queues, max_msgs,
-                                  invisible_ms, expression, expression_type, consume_from,
-                                  existing)
+            return self._pop_with(journal, store, group, topic, queues, room, invisible_ms,
+                                  expression, expression_type, consume_from, existing)
 
-    def _pop_with(self, journal, store, group, topic, queues, max_msgs, invisible_ms,
+    def _pop_with(self, journal, store, group, topic, queues, room, invisible_ms,
                   expression, expression_type, consume_from, existing):
         picked: list = []  # (queue, batch, row, attempt, delivery, queue offset)
         with journal.changing() as state:
@@ -184,7 +186,7 @@ class PopConsumer:
             first_delivery = delivery = state.next_delivery(now)
             rows: list = []  # the record: format.pop_record.ENTRY tuples
             # Deliveries that ran out come back first, oldest deadline first.
-            taken = state.take_due(now, max_msgs)
+            taken = state.take_due(now, room.msgs)
             try:
                 for i, (q, o, attempt, old) in enumerate(taken):
                     batch = store.read(topic, q, o, 1, verify=True)
@@ -195,11 +197,15 @@ class PopConsumer:
                     if not len(batch) or int(batch.queue_offsets[0]) != o:
                         rows.append((DONE, q, o, 0, old, 0, 0))  # its record is gone
                         continue
+                    if not room.take(int(batch.sizes[0])):  # past max_bytes: they wait
+                        state.requeue(taken[i:])
+                        taken = taken[:i]
+                        break
                     rows.append((INFLIGHT, q, o, until, delivery, attempt + 1, 0))
                     picked.append((q, batch, 0, attempt + 1, delivery, o))
                     delivery += 1
                 rotate = state.rotate
-                if queues and len(picked) < max_msgs:
+                if queues and not room.full:
                     first = rotate % len(queues)
                     rotate = first + 1
                     order = queues[first:] + queues[:first]
@@ -210,8 +216,7 @@ class PopConsumer:
                     # One read per queue that has messages: splitting a pop into shares of
                     # every queue costs a read's fixed cost per share.
                     for q in order:
-                        room = max_msgs - len(picked)
-                        if room <= 0:
+                        if room.full:
                             break
                         delivery = self._take_new(
                             store, state, topic, group, q, room, until, delivery, picked,
@@ -235,26 +240,27 @@ class PopConsumer:
     @staticmethod
     def _take_new(store, state, topic, group, q, room, until, delivery, picked, rows,
                   expression, expression_type, start, positions) -> int:
-        """Pop up to ``room`` never-popped messages of queue ``q`` (from ``positions[q]``,
-        which it moves on); returns the next delivery number."""
+        """Pop never-popped messages of queue ``q`` while ``room`` lasts (from
+        ``positions[q]``, which it moves on); returns the next delivery number."""
         offset = positions.get(q)
         if offset is None:
             offset = state.next.get(q)
             if offset is None:
                 offset = start.offset(q)
-        taken = 0
-        while taken < room:
-            batch = store.read(topic, q, offset, room - taken, expression=expression,
-                               expression_type=expression_type, group=group)
+        while not room.full:
+            batch = store.read(topic, q, offset, room.msgs, expression=expression,
+                               expression_type=expression_type, group=group,
+                               max_total_bytes=room.bytes)
             if batch is None:
                 break
-            n = len(batch)
-            if n:
-                for row, o in enumerate(batch.queue_offsets.tolist()):
-                    rows.append((INFLIGHT, q, o, until, delivery + row, 1, 0))
-                    picked.append((q, batch, row, 1, delivery + row, o))
-                delivery += n
-                taken += n
+            offsets, sizes = batch.queue_offsets.tolist(), batch.sizes.tolist()
+            for row, o in enumerate(offsets):
+                if not room.take(sizes[row]):  # past max_bytes: the rest stays for later
+                    positions[q] = o
+                    return delivery
+                rows.append((INFLIGHT, q, o, until, delivery, 1, 0))
+                picked.append((q, batch, row, 1, delivery, o))
+                delivery += 1
             moved = batch.next_begin_offset
             if batch.status in _NOTHING_NEW or moved == offset:
                 offset = moved
@@ -341,6 +347,31 @@ class PopConsumer:
             journals, self._journals = list(self._journals.values()), OrderedDict()
         for journal in journals:
             journal.close()
+
+
+class _Room:
+    """What a pop may still hand out: ``msgs`` messages and ``bytes`` bytes of records (None:
+    no byte limit); the first message goes whatever its size."""
+
+    __slots__ = ("msgs", "bytes", "taken")
+
+    def __init__(self, msgs: int, max_bytes: int | None) -> None:
+        self.msgs, self.bytes, self.taken = msgs, max_bytes, 0
+
+    @property
+    def full(self) -> bool:
+        return self.msgs <= 0 or (self.bytes is not None and self.taken > 0 and self.bytes <= 0)
+
+    def take(self, size: int) -> bool:
+        """Count a message of ``size`` bytes in; False (nothing counted) when it does not
+        fit."""
+        if self.bytes is not None:
+            if self.taken and size > self.bytes:
+                return False
+            self.bytes -= size
+        self.msgs -= 1
+        self.taken += 1
+        return True
 
 
 class _Start:

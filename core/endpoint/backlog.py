@@ -13,9 +13,8 @@ its stream stays open (the idle timeout does not apply to an active RPC). So:
   * a receive starts only while its connection holds less than
     ``server.grpc_max_unwritten_bytes_per_connection`` and the endpoint less than
     ``server.grpc_max_unwritten_bytes``, else TOO_MANY_REQUESTS (the proxy's "polling full");
-  * it hands out what fits the room left under both (``room``), at least one message, and
-    gives the rest back at once, as the proxy gives back what it cannot write: a new invisible
-    time of one second (``NACK_INVISIBLE_MS``), so they come again soon, attempt + 1;
+  * its pop takes no more bytes of records than the room left under both (``room``: the
+    store's ``pop(max_bytes=...)``), at least one message;
   * a write that waits longer than ``server.grpc_write_stall_ms`` means the peer stopped
     reading: its connection is closed (``connections.close``: gRPC's Python server cannot
     cancel one stream), which ends the call and frees what gRPC held; the messages not yet
@@ -30,9 +29,6 @@ from __future__ import annotations
 
 from mqstore.endpoint.protocol import Code
 from mqstore.endpoint.status import EndpointError
-
-NACK_INVISIBLE_MS = 1000  # the proxy's NACK_INVISIBLE_TIME for what it cannot write
-
 
 class Backlog:
     """The charges. Only the event loop's thread calls it."""
@@ -78,4 +74,4 @@ class Backlog:
         self.held -= size
 
 
-__all__ = ["Backlog", "NACK_INVISIBLE_MS"]
+__all__ = ["Backlog"]

@@ -67,11 +67,13 @@ class Pops:
         self._compiler.shutdown(wait=True)
 
     def pop(self, group: str, topic: str, max_msgs: int, invisible_ms: int,
-            expression: str | None, expression_type: str) -> list:
-        """Popped messages (each with ``receipt_handle`` and ``delivery_attempt``), without
-        waiting: the endpoint's own long poll waits between pops."""
+            expression: str | None, expression_type: str, max_bytes: int) -> list:
+        """Popped messages (each with ``receipt_handle`` and ``delivery_attempt``), at most
+        ``max_bytes`` of records but one at least, without waiting: the endpoint's own long
+        poll waits between pops."""
         return self._store.pop(group, topic, max_msgs, invisible_ms, expression=expression,
-                               expression_type=expression_type, consume_from=names.MAX)
+                               expression_type=expression_type, consume_from=names.MAX,
+                               max_bytes=max(1, max_bytes))
 
     def ack(self, group: str, topic: str, handles: list[str]) -> list[str | None]:
         """Acknowledge the handles in one batch (``store.ack([...])``); per handle None, or why

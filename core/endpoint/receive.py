@@ -14,9 +14,9 @@ so the answer arrives before the client gives up (it allows request_timeout + aw
 A stopping endpoint ends every poll at once with what it has.
 
 What a receive holds is bounded (NOTE [ Unwritten bytes ] in ``backlog``): each pop first asks
-the backlog for room, the messages popped are handed out as far as they fit (the rest go back
-at once), and they stay charged until the stream is done; a stream whose peer stops reading
-for ``server.grpc_write_stall_ms`` has its connection closed (``write``). A group new to the
+the backlog for room and pops no more bytes than that, and what it hands out stays charged
+until the stream is done; a stream whose peer stops reading for ``server.grpc_write_stall_ms``
+has its connection closed (``write``). A group new to the
 store counts against its client host's allowance (``creations``), and a filter is compiled off
 the event loop (``Pops.check_filter``).
 
@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 from mqstore.endpoint import connections
-from mqstore.endpoint.backlog import NACK_INVISIBLE_MS, Backlog
+from mqstore.endpoint.backlog import Backlog
 from mqstore.endpoint.pops import Pops, filter_of
 from mqstore.endpoint.protocol import Code, service_pb2
 from mqstore.endpoint.resources import group_name, topic_to_read
@@ -45,6 +45,7 @@ MAX_BATCH = 32  # RocketMQ's pop hands out at most 32 messages
 MAX_INVISIBLE_MS = 12 * 3600 * 1000  # the proxy's maxInvisibleTimeMills
 DEADLINE_MARGIN_S = 0.5
 REDELIVERY_CHECK_S = 1.0
+POP_CHUNK_BYTES = 4 << 20  # most record bytes one pop of a receive reads
 Response = service_pb2.ReceiveMessageResponse
 
 
@@ -93,8 +94,11 @@ class Receiver:
             poll = min(poll, time_remaining - DEADLINE_MARGIN_S)
         return poll
 
-    async def receive(self, request, time_remaining: float | None, peer: str) -> Handed:
-        """The messages of one receive, charged to ``peer`` (refusals raise EndpointError)."""
+    async def receive(self, request, time_remaining: float | None, handed: Handed) -> None:
+        """The messages of one receive into ``handed``, charged to its peer as they are popped
+        (refusals raise EndpointError: what ``handed`` holds then stays charged until the
+        call is done, never handed out: it comes back at its invisible time)."""
+        peer = handed.peer
         group = group_name(request.group)
         topic = topic_to_read(request.message_queue.topic)
         self._topics.for_receive(topic)
@@ -113,21 +117,37 @@ class Receiver:
         while True:
             seen = waiter.sequence()  # NOTE [ Long polling ]
             self.backlog.admit(peer)  # no await from here to the charge
-            popped = self._pops.pop(group, topic, request.batch_size, invisible_ms, expression,
-                                    kind)
+            self._pop_into(handed, group, topic, request.batch_size, invisible_ms, expression,
+                           kind)
             left = deadline - time.monotonic()
-            if popped or left <= 0 or waiter.stopped:
-                break
+            if handed.messages or left <= 0 or waiter.stopped:
+                return
             await waiter.wait(seen, min(left, REDELIVERY_CHECK_S))
-        return self._hand_out(group, topic, popped, peer)
 
-    def _hand_out(self, group: str, topic: str, popped: list, peer: str) -> Handed:
-        """Wire messages of what fits the backlog's room (at least one), charged; the rest
-        given back at once, as the proxy gives back what it cannot write."""
-        handed = Handed(peer)
-        room = self.backlog.room(peer)
-        rest = len(popped)
-        for i, m in enumerate(popped):
+    def _pop_into(self, handed: Handed, group: str, topic: str, batch_size: int,
+                  invisible_ms: int, expression: str | None, kind: str) -> None:
+        """Pop up to ``batch_size`` messages into ``handed`` (wire messages, charged as
+        converted), at most the backlog's room of bytes (one message at least), in pops of
+        at most POP_CHUNK_BYTES: a pop reads its messages' bodies into one buffer, which
+        lives until every one of them is converted, so big messages come a few at a time."""
+        backlog, peer = self.backlog, handed.peer
+        while len(handed.messages) < batch_size:
+            room = backlog.room(peer)
+            if handed.messages and room <= 0:
+                return
+            chunk = max(1, min(room, POP_CHUNK_BYTES))
+            popped = self._pops.pop(group, topic, batch_size - len(handed.messages),
+                                    invisible_ms, expression, kind, chunk)
+            read = sum(m.size for m in popped)
+            self._convert(handed, popped)
+            if read * 2 < chunk:  # not cut short by the chunk: the topic has no more now
+                return
+
+    def _convert(self, handed: Handed, popped: list) -> None:
+        """Wire messages of ``popped``, charged to the receive (NOTE [ Unwritten bytes ])."""
+        popped.reverse()
+        while popped:  # each message (and the record it decoded) goes once converted
+            m = popped.pop()
             try:
                 wire = to_wire(m, m.receipt_handle, m.delivery_attempt)
             except (LookupError, ValueError) as exc:  # its record went (cleanup) or is damaged
@@ -135,22 +155,9 @@ class Receiver:
                             m, exc)
                 continue
             size = wire.ByteSize()
-            if handed.messages and handed.charged + size > room:
-                rest = i
-                break
             handed.messages.append(wire)
             handed.charged += size
-        self.backlog.charge(peer, handed.charged)
-        for m in popped[rest:]:
-            try:
-                self._pops.change_invisible(group, topic, m.receipt_handle, NACK_INVISIBLE_MS)
-            except EndpointError:  # acknowledged or changed meanwhile: nothing to give back
-                pass
-            except Exception as exc:  # noqa: BLE001 - it comes back at its invisible time
-                log.warning("could not give back %r at once (it comes back at its invisible "
-                            "time): %s", m, exc)
-        return handed
-
+            self.backlog.charge(handed.peer, size)
 
     async def answer(self, context, handed: Handed | None, responses: list) -> bool:
         """Write a receive's ``responses``; what ``handed`` charged stays charged until the
@@ -167,8 +174,10 @@ class Receiver:
 async def write(context, responses: list, stall_s: float, local_port: int) -> bool:
     """Write ``responses`` in order; False when the peer stopped reading for ``stall_s`` (its
     connection is then closed: NOTE [ Unwritten bytes ]) or went away."""
-    for response in responses:
+    for i, response in enumerate(responses):
+        responses[i] = None  # once written gRPC holds its copy: ours goes
         task = asyncio.ensure_future(context.write(response))
+        del response
         task.add_done_callback(_retrieved)  # a write that fails after we gave up is no news
         try:
             done, _pending = await asyncio.wait((task,), timeout=stall_s)
@@ -196,11 +205,16 @@ def _retrieved(task: asyncio.Task) -> None:
 
 
 def responses(messages: list, now_ms: int) -> list:
-    """The stream of a receive's answer, in the order the clients read it."""
-    head = Response(status=ok() if messages else status(Code.MESSAGE_NOT_FOUND,
-                                                        "no new message"))
-    return [head, *(Response(message=m) for m in messages),
-            Response(delivery_timestamp=now_timestamp(now_ms))]
+    """The stream of a receive's answer, in the order the clients read it. Takes the
+    messages out of ``messages`` (a response holds a copy of its message: two would hold
+    every message twice)."""
+    out = [Response(status=ok() if messages else status(Code.MESSAGE_NOT_FOUND,
+                                                        "no new message"))]
+    messages.reverse()
+    while messages:
+        out.append(Response(message=messages.pop()))
+    out.append(Response(delivery_timestamp=now_timestamp(now_ms)))
+    return out
 
 
 def refusal(code: int, message: str) -> list:

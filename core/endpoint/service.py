@@ -168,9 +168,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             await receiver.answer(context, None, receive.refusal(exc.code, exc.message))
             return
         try:
-            handed = None
+            handed = receive.Handed(peer)
             try:
-                handed = await receiver.receive(request, context.time_remaining(), peer)
+                await receiver.receive(request, context.time_remaining(), handed)
                 answer = receive.responses(handed.messages, self.parts.store.clock())
             except Exception as exc:  # noqa: BLE001 - every failure is an answer
                 answer = receive.refusal(*_failure("ReceiveMessage", exc))

@@ -71,6 +71,11 @@ class ConsumeQueue:
     def mapped_files(self) -> int:
         return sum(1 for seg in self.segments.segments if seg.mapped)
 
+    def dirty(self) -> bool:
+        """Units written and not yet forced to disk (parking forces them first)."""
+        return any(seg.flushed < seg.wrote for seg in self.segments.segments
+                   if seg.mapped and not seg.read_only)
+
     def park(self) -> None:
         """Unmap the files (positions stay); the next bracketed method maps them again."""
         self._arrays.clear()
