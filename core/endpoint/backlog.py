@@ -20,9 +20,14 @@ its stream stays open (the idle timeout does not apply to an active RPC). So:
     cancel one stream), which ends the call and frees what gRPC held; the messages not yet
     read are not acknowledged and come back at their invisible time.
 
-The charges are therefore an upper bound of the memory those messages take (one serialized
-copy each), so what every connection together can pin is the endpoint's bound plus one message
-per connection (the one a receive always hands out).
+The charges are therefore an upper bound of the memory those messages take (one copy each:
+a receive converts and drops each popped record in turn, and a response leaves our hands as
+gRPC takes its copy), and receives are served one at a time on the event loop, so what every
+connection together holds is the endpoint's bound plus one message (a pop always takes one).
+The process gives big buffers back to the system when freed (``limits.return_big_buffers``), so
+its RSS follows: twenty receives of 32 x 1 MiB nobody reads, under a 64 MiB bound, add 64 MiB
+(``tests/endpoint/test_endpoint_bounds.py``; 73 MiB with glibc's default, which keeps freed
+buffers in its heap).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 
+import ctypes
 import ipaddress
 
 from mqstore.config import parse_listen
@@ -38,6 +39,23 @@ KEEPALIVE_TIMEOUT_MS = 20_000  # and close it when the ping is not answered in t
 MAX_METADATA_BYTES = 16 * 1024  # request headers (the clients send about 400 bytes)
 # gRPC's own logger (a traceback per malformed request, per call cancelled mid-write) and ours.
 LIMITED_LOGGERS = ("grpc._cython.cygrpc", "grpc.aio._server", "mqstore.endpoint")
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+BIG_BUFFER_BYTES = 1 << 20
+
+
+def return_big_buffers() -> bool:
+    """Have glibc give every allocation of BIG_BUFFER_BYTES or more memory of its own, returned
+    to the system when freed (NOTE [ Unwritten bytes ]: what a receive held goes when its
+    stream is done). Left alone, glibc raises that threshold to the size of the first such
+    buffer freed and keeps later ones in its heap, so the process's RSS stays at the highest
+    it ever held. False where there is no glibc."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, BIG_BUFFER_BYTES))
 
 
 def is_loopback(host: str) -> bool:
@@ -118,4 +136,5 @@ class Peers:
         return len(self._peers)
 
 
-__all__ = ["Peers", "server_options", "check_exposure", "is_loopback", "LIMITED_LOGGERS"]
+__all__ = ["Peers", "server_options", "check_exposure", "is_loopback", "return_big_buffers",
+           "LIMITED_LOGGERS"]

@@ -131,16 +131,18 @@ class Receiver:
         at most POP_CHUNK_BYTES: a pop reads its messages' bodies into one buffer, which
         lives until every one of them is converted, so big messages come a few at a time."""
         backlog, peer = self.backlog, handed.peer
+        biggest = 0  # a pop always takes one message: another only with room for the biggest
         while len(handed.messages) < batch_size:
             room = backlog.room(peer)
-            if handed.messages and room <= 0:
+            if handed.messages and room < biggest:
                 return
             chunk = max(1, min(room, POP_CHUNK_BYTES))
             popped = self._pops.pop(group, topic, batch_size - len(handed.messages),
                                     invisible_ms, expression, kind, chunk)
-            read = sum(m.size for m in popped)
+            sizes = [m.size for m in popped]
+            biggest = max([biggest, *sizes])
             self._convert(handed, popped)
-            if read * 2 < chunk:  # not cut short by the chunk: the topic has no more now
+            if sum(sizes) * 2 < chunk:  # not cut short by the chunk: the topic has no more
                 return
 
     def _convert(self, handed: Handed, popped: list) -> None:

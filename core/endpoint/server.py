@@ -36,7 +36,9 @@ from mqstore.endpoint.admin_service import AdminService
 from mqstore.endpoint.auth import AccessKeys, AdminAccess
 from mqstore.endpoint.backlog import Backlog
 from mqstore.endpoint.creations import Creations
-from mqstore.endpoint.limits import LIMITED_LOGGERS, Peers, check_exposure, server_options
+from mqstore.endpoint.limits import (
+    LIMITED_LOGGERS, Peers, check_exposure, return_big_buffers, server_options,
+)
 from mqstore.endpoint.longpoll import DispatchWaiter
 from mqstore.endpoint.pops import Pops
 from mqstore.endpoint.protocol import service_pb2_grpc
@@ -195,6 +197,7 @@ class Endpoint:
             admin = AdminService(self._admin, service.enter_admin, service.peers.leave)
             server.add_generic_rpc_handlers(admin.handlers())
         await server.start()
+        return_big_buffers()
         parts.waiter.start()
         sweeper = asyncio.ensure_future(self._sweep(parts))
         limited = [(logger, log_limit.limit(logger, level=logging.WARNING))

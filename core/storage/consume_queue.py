@@ -61,6 +61,7 @@ class ConsumeQueue:
         self._doubt: tuple[int, float] | None = None  # a follower's unit that disagreed, since
         self._budget = budget  # a MappedBudget, or None: always mapped
         self.parked = False
+        self._first: tuple | None = None  # first_phys, and where it was found
 
     # -- the mapped budget (NOTE [ Mapped budget ]) ----------------------------------------
     def govern(self, budget) -> None:
@@ -70,11 +71,6 @@ class ConsumeQueue:
 
     def mapped_files(self) -> int:
         return sum(1 for seg in self.segments.segments if seg.mapped)
-
-    def dirty(self) -> bool:
-        """Units written and not yet forced to disk (parking forces them first)."""
-        return any(seg.flushed < seg.wrote for seg in self.segments.segments
-                   if seg.mapped and not seg.read_only)
 
     def park(self) -> None:
         """Unmap the files (positions stay); the next bracketed method maps them again."""
@@ -113,14 +109,30 @@ class ConsumeQueue:
     def min_offset(self) -> int:
         return self.min_logic_offset // CQ_UNIT_SIZE
 
-    @_maps
     def first_phys(self) -> int | None:
-        """Commit-log offset of the queue's first stored message, or None when it has none."""
-        for seg in self.segments.segments:
+        """Commit-log offset of the queue's first stored message, or None when it has none.
+        Remembered once found, while the files before it and its unit stand (units are only
+        appended; cleanup drops whole files, a cut lowers ``wrote``): the manifest asks every
+        queue each time it is written, and a parked queue answers without being mapped."""
+        known = self._first
+        if known is not None:
+            first_seg, seg, end, phys = known
+            segs = self.segments.segments
+            if segs and segs[0] is first_seg and seg.wrote >= end and (
+                    seg is first_seg or seg in segs):
+                return phys
+        return self._find_first()
+
+    @_maps
+    def _find_first(self) -> int | None:
+        segs = self.segments.segments
+        for seg in segs:
             units = self.units_of(seg)[:seg.wrote // CQ_UNIT_SIZE]
             real = np.flatnonzero((units["size"] != FILLER_SIZE) & (units["size"] > 0))
             if len(real):
-                return int(units[real[0]]["phys_offset"])
+                phys = int(units[real[0]]["phys_offset"])
+                self._first = (segs[0], seg, (int(real[0]) + 1) * CQ_UNIT_SIZE, phys)
+                return phys
         return None
 
     @_maps

@@ -92,17 +92,15 @@ class MappedBudget:
             self._mapped[queue] = files  # most recently used last
 
     def _park_idle(self) -> None:
-        """Park the least recently used queues not in use until the total fits: those with
-        nothing to flush first (parking one that has forces its file to disk first)."""
-        for clean in (True, False):
-            for queue in list(self._mapped):
-                if self._total <= self.capacity:
-                    return
-                if queue in self._users or (clean and queue.dirty()):
-                    continue
-                queue.park()
-                self.parked += 1
-                self._count(queue)
+        """Park the least recently used queues not in use until the total fits."""
+        for queue in list(self._mapped):
+            if self._total <= self.capacity:
+                return
+            if queue in self._users:
+                continue
+            queue.park()
+            self.parked += 1
+            self._count(queue)
 
 
 __all__ = ["MappedBudget"]

@@ -187,8 +187,17 @@ class MappedFile:
         producers keep appending and the next flush covers all of them (group commit).
         """
         wrote = self.wrote
-        if wrote > self.flushed and not self.read_only and self._fd >= 0:
-            os.fdatasync(self._fd)
+        if wrote > self.flushed and not self.read_only:
+            if self._fd >= 0:
+                os.fdatasync(self._fd)
+            elif self.parked:  # unmapped since it was written: its pages wait in the cache
+                fd = os.open(self.path, os.O_RDWR)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+            else:
+                return self.flushed
             self.flushed = wrote
         return self.flushed
 
@@ -226,12 +235,12 @@ class MappedFile:
         return self._fd >= 0
 
     def park(self) -> bool:
-        """Force what was written (a parked file is never dirty), then unmap the file and close
-        its descriptor, keeping every position; ``unpark`` maps it again. False, and the file
-        still mapped, while a caller holds a slice of the map (it would outlive the unmap)."""
+        """Unmap the file and close its descriptor, keeping every position; ``unpark`` maps it
+        again. What was written stays in the page cache, and ``flush`` forces it through a
+        descriptor of its own. False, and the file still mapped, while a caller holds a slice
+        of the map (it would outlive the unmap)."""
         if self._fd < 0:
             return not self.parked
-        self.flush()
         self.view.release()
         try:
             self.mm.close()

@@ -4,14 +4,22 @@ edge cases, the signature check, and the bounds on connections and clients."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import gzip
 import hashlib
 import hmac
+import threading
 
 import numpy as np
 import pytest
 
 from mqstore import Message
+from mqstore.config import ServerSection
+from mqstore.endpoint.backlog import Backlog
+from mqstore.endpoint.limits import check_exposure
+from mqstore.endpoint.pops import Pops, filter_of
+from mqstore.endpoint.service import _failure as service_failure
+from mqstore.errors import ConfigError
 from mqstore.endpoint.auth import AccessKeys, AdminAccess, sign, signed_at, signed_metadata
 from mqstore.endpoint.limits import Peers
 from mqstore.endpoint.protocol import Code, definition_pb2, service_pb2
@@ -286,3 +294,90 @@ def test_the_brokers_topic_refusals_answer_the_proxys_codes():
     assert put_status(PutStatus.NO_PERMISSION, "perm 4").code == Code.FORBIDDEN
     assert put_status(PutStatus.NO_PERMISSION, "perm 4").message == \
         "send failed, NO_PERMISSION: perm 4"
+
+
+def test_filters_compile_on_a_thread_of_their_own(make_store, monkeypatch):
+    """A long SQL92 expression compiles off the event loop (which stays free for every other
+    call); a bad one is refused with ILLEGAL_FILTER_EXPRESSION, its text cut short."""
+    store = make_store({"plugins": {"modules": ["mqstore.plugins.filter_sql92"]}})
+    pops = Pops(store)
+    threads = []
+    compile_filter = store.view.compile_filter
+
+    def spy(expression, expression_type):
+        threads.append(threading.current_thread().name)
+        return compile_filter(expression, expression_type)
+
+    monkeypatch.setattr(store.view, "compile_filter", spy)
+
+    async def check(expression):
+        loop_thread = threading.current_thread().name
+        await pops.check_filter(expression, "SQL92")
+        return loop_thread
+
+    try:
+        loop_thread = asyncio.run(check("a = 1 AND b = 'x'"))
+        assert threads and threads[0].startswith("mqstore-grpc-filter")
+        assert loop_thread not in threads
+        with pytest.raises(EndpointError) as err:
+            asyncio.run(check("a = " + "'x" * 5000))
+        assert err.value.code == Code.ILLEGAL_FILTER_EXPRESSION
+        assert len(err.value.message) < 600
+    finally:
+        pops.close()
+
+
+def test_a_filter_longer_than_the_endpoint_compiles_is_refused_unread():
+    text = "TagA || " * 3000
+    with pytest.raises(EndpointError) as err:
+        filter_of(definition_pb2.FilterExpression(type=definition_pb2.FilterType.TAG,
+                                                  expression=text))
+    assert err.value.code == Code.ILLEGAL_FILTER_EXPRESSION
+    assert err.value.message == (f"TAG filter {text[:32]!r}... ({len(text)} characters) is "
+                                 f"longer than 16384 characters, the longest this endpoint "
+                                 f"compiles")
+
+
+def test_the_backlog_admits_while_both_bounds_have_room():
+    backlog = Backlog(per_connection=100, total=150)
+    backlog.admit("a")
+    assert backlog.room("a") == 100
+    backlog.charge("a", 100)
+    with pytest.raises(EndpointError) as err:
+        backlog.admit("a")
+    assert err.value.code == Code.TOO_MANY_REQUESTS
+    assert "server.grpc_max_unwritten_bytes_per_connection (100)" in err.value.message
+    assert backlog.room("b") == 50  # the endpoint's room is less than b's own
+    backlog.charge("b", 60)
+    with pytest.raises(EndpointError) as err:
+        backlog.admit("c")
+    assert "server.grpc_max_unwritten_bytes (150)" in err.value.message
+    backlog.release("a", 100)
+    backlog.admit("c")
+    assert (backlog.held, backlog.of("a"), backlog.of("b")) == (60, 0, 60)
+
+
+def test_running_out_of_descriptors_is_a_refusal_to_retry():
+    code, message = service_failure("ReceiveMessage", OSError(errno.EMFILE,
+                                                             "Too many open files"))
+    assert code == Code.TOO_MANY_REQUESTS
+    assert message == ("ReceiveMessage refused: the server is out of file descriptors for "
+                       "now; try again later")
+
+
+@pytest.mark.parametrize("listen, open_ok", [
+    ("127.0.0.1:8081", True), ("127.8.9.10:0", True), ("localhost:8081", True),
+    ("[::1]:8081", True), ("0.0.0.0:8081", False), ("[::]:8081", False),
+    ("10.0.0.5:8081", False), ("mq.example.com:8081", False),
+])
+def test_an_open_admin_service_is_refused_beyond_loopback(listen, open_ok):
+    server = ServerSection(grpc_listen=listen)
+    if open_ok:
+        check_exposure(server, admin_served=True)
+    else:
+        with pytest.raises(ConfigError, match="set server.grpc_admin_keys"):
+            check_exposure(server, admin_served=True)
+    # Admin keys, or no admin service, are fine anywhere.
+    check_exposure(ServerSection(grpc_listen=listen, grpc_admin_keys=["ops:s"]), True)
+    check_exposure(ServerSection(grpc_listen=listen, grpc_admin_enabled=False), True)
+    check_exposure(server, admin_served=False)

@@ -117,3 +117,28 @@ def test_the_budget_parks_the_least_recently_used_queue_not_in_use():
     budget.leave(b)
     assert (a.parked, b.parked, c.parked) == (False, False, True)
     assert budget.mapped_files == 2
+
+
+@pytest.mark.loops("thread")
+def test_a_queue_parked_with_units_not_yet_forced_is_forced_later(make_store, monkeypatch,
+                                                                  manual_scheduler):
+    """Parking unmaps without forcing (no fsync per queue let go); the next flush forces the
+    parked file through a descriptor of its own."""
+    store = make_store({"consume_queue": {"max_mapped_files": 1},
+                        "dispatch": {"worker": "thread"}, "flush": {"worker": "thread"}},
+                       scheduler=manual_scheduler)
+    synced = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(os.readlink(
+        f"/proc/self/fd/{fd}")), real(fd))[1])
+    store.put(Message("A", b"a", queue_id=0))
+    store.wait_dispatched(30)
+    queue = store.view.consume_queue("A", 0)
+    seg = queue.segments.segments[0]
+    store.put(Message("B", b"b", queue_id=0))
+    store.wait_dispatched(30)  # B's file mapped: A's parked
+    assert seg.parked and seg.flushed < seg.wrote
+    synced.clear()
+    store.view.flush_queues()
+    assert seg.flushed == seg.wrote and seg.path in synced
+    assert seg.parked  # forced without being mapped again
