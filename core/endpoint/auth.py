@@ -138,6 +138,13 @@ class AdminAccess:
     def open(self) -> bool:
         return not self.admin_keys.enabled and not self._client_keys.enabled
 
+    def describe(self, served: bool) -> str:
+        if not served:
+            return "off"
+        if self.admin_keys.enabled:
+            return "admin keys checked"
+        return "open (loopback)" if self.open else "closed (no admin keys)"
+
     def check(self, metadata: Mapping[str, str]) -> None:
         if self.admin_keys.enabled:
             self.admin_keys.check(metadata)

@@ -25,7 +25,7 @@ a receive converts and drops each popped record in turn, and a response leaves o
 gRPC takes its copy), and receives are served one at a time on the event loop, so what every
 connection together holds is the endpoint's bound plus one message (a pop always takes one).
 The process gives big buffers back to the system when freed (``limits.return_big_buffers``), so
-its RSS follows: twenty receives of 32 x 1 MiB nobody reads, under a 64 MiB bound, add 64 MiB
+its RSS follows: twenty receives of 32 x 1 MiB nobody reads, under a 64 MiB bound, add 63 to 67 MiB
 (``tests/endpoint/test_endpoint_bounds.py``; 73 MiB with glibc's default, which keeps freed
 buffers in its heap).
 """

@@ -28,7 +28,9 @@ import time
 
 import ctypes
 import ipaddress
+import logging
 
+from mqstore import log_limit
 from mqstore.config import parse_listen
 from mqstore.endpoint.protocol import Code
 from mqstore.endpoint.status import EndpointError
@@ -56,6 +58,19 @@ def return_big_buffers() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, BIG_BUFFER_BYTES))
+
+
+class limit_logs:
+    """Rate-limit the warnings and errors of ``LIMITED_LOGGERS`` (``mqstore.log_limit``) until
+    ``remove``."""
+
+    def __init__(self) -> None:
+        self._limited = [(logger, log_limit.limit(logger, level=logging.WARNING))
+                         for logger in map(logging.getLogger, LIMITED_LOGGERS)]
+
+    def remove(self) -> None:
+        for logger, limiter in self._limited:
+            log_limit.remove(logger, limiter)
 
 
 def is_loopback(host: str) -> bool:
@@ -137,4 +152,4 @@ class Peers:
 
 
 __all__ = ["Peers", "server_options", "check_exposure", "is_loopback", "return_big_buffers",
-           "LIMITED_LOGGERS"]
+           "limit_logs", "LIMITED_LOGGERS"]

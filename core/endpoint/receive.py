@@ -16,9 +16,9 @@ A stopping endpoint ends every poll at once with what it has.
 What a receive holds is bounded (NOTE [ Unwritten bytes ] in ``backlog``): each pop first asks
 the backlog for room and pops no more bytes than that, and what it hands out stays charged
 until the stream is done; a stream whose peer stops reading for ``server.grpc_write_stall_ms``
-has its connection closed (``write``). A group new to the
-store counts against its client host's allowance (``creations``), and a filter is compiled off
-the event loop (``Pops.check_filter``).
+has its connection closed (``write``). A group new to the store counts against its client
+host's allowance (``creations``), and a filter is compiled off the event loop
+(``Pops.check_filter``).
 
 The stream: one ``status`` (OK, or MESSAGE_NOT_FOUND when the poll found nothing), then one
 response per message, then ``delivery_timestamp``. A refused request answers only its status.

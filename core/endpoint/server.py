@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import grpc
 
-from mqstore import log_limit
 from mqstore.config import StoreConfig, parse_listen
 from mqstore.consumer.pop_journal import state_exists
 from mqstore.endpoint.admin_service import AdminService
@@ -37,7 +36,7 @@ from mqstore.endpoint.auth import AccessKeys, AdminAccess
 from mqstore.endpoint.backlog import Backlog
 from mqstore.endpoint.creations import Creations
 from mqstore.endpoint.limits import (
-    LIMITED_LOGGERS, Peers, check_exposure, return_big_buffers, server_options,
+    Peers, check_exposure, limit_logs, return_big_buffers, server_options,
 )
 from mqstore.endpoint.longpoll import DispatchWaiter
 from mqstore.endpoint.pops import Pops
@@ -200,15 +199,12 @@ class Endpoint:
         return_big_buffers()
         parts.waiter.start()
         sweeper = asyncio.ensure_future(self._sweep(parts))
-        limited = [(logger, log_limit.limit(logger, level=logging.WARNING))
-                   for logger in map(logging.getLogger, LIMITED_LOGGERS)]
+        limited = limit_logs()
         self.address = show(host, bound)
         log.info("serving gRPC (apache.rocketmq.v2.MessagingService) on %s, %s, %s; admin "
                  "service %s", self.address, "TLS" if self._creds else "plaintext",
                  "access keys checked" if parts.access_keys.enabled else "no access keys",
-                 "off" if admin is None else "open (loopback)" if parts.admin_access.open
-                 else "admin keys checked" if parts.admin_access.admin_keys.enabled
-                 else "closed (no admin keys)")
+                 parts.admin_access.describe(admin is not None))
         self._ready.set()
         try:
             await self._stop.wait()
@@ -223,8 +219,7 @@ class Endpoint:
             parts.sender.close()
             parts.pops.close()
             parts.waiter.close()
-            for logger, limiter in limited:
-                log_limit.remove(logger, limiter)
+            limited.remove()
         log.info("gRPC endpoint stopped")
 
     @staticmethod

@@ -22,6 +22,7 @@ as "look the slow way", which unparks it.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 
@@ -103,4 +104,67 @@ class MappedBudget:
             self._count(queue)
 
 
-__all__ = ["MappedBudget"]
+def maps(method):
+    """Bracket a method of a ``Parkable`` that touches its maps: its budget keeps it mapped
+    meanwhile."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        budget = self._budget
+        if budget is None:
+            return method(self, *args, **kwargs)
+        budget.enter(self)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            budget.leave(self)
+    return run
+
+
+class Parkable:
+    """What a consume queue needs to be governed by a ``MappedBudget``: its ``segments`` (a
+    ``SegmentQueue``) parked and mapped again, ``_arrays`` (views of the maps) forgotten when
+    parked, ``min_logic_offset`` raised past leading files deleted meanwhile. It sets
+    ``_budget`` (None: always mapped) and ``parked``."""
+
+    _budget: MappedBudget | None
+    parked: bool
+
+    def govern(self, budget: MappedBudget) -> None:
+        """Count this queue's mapped files in ``budget`` from now on."""
+        self._budget = budget
+        budget.adopt(self)
+
+    def forget(self) -> None:
+        """The queue was closed: the budget stops counting it."""
+        if self._budget is not None:
+            self._budget.forget(self)
+
+    def mapped_files(self) -> int:
+        return sum(1 for seg in self.segments.segments if seg.mapped)
+
+    def park(self) -> None:
+        """Unmap the files (positions stay); the next bracketed method maps them again."""
+        self._arrays.clear()
+        for seg in self.segments.segments:
+            seg.park()
+        self.parked = True
+
+    def unpark(self) -> None:
+        """Map the files again. A leading file deleted meanwhile (cleanup: the writer's, when
+        this process follows it) is forgotten, as a follower's ``refresh`` forgets it."""
+        segs = self.segments.segments
+        for i, seg in enumerate(segs):
+            try:
+                seg.unpark()
+            except FileNotFoundError:
+                if any(s.mapped or s.parked for s in segs[:i]) or i == len(segs) - 1:
+                    raise
+                seg.close()
+        kept = [seg for seg in segs if seg.mapped]
+        if len(kept) < len(segs):
+            self.segments.segments = kept
+            self.min_logic_offset = max(self.min_logic_offset, self.segments.min_offset)
+        self.parked = False
+
+
+__all__ = ["MappedBudget", "Parkable", "maps"]

@@ -27,9 +27,10 @@ log = logging.getLogger("mqstore.store")
 class DirectoryView:
     def __init__(self, root: str, config, *, clock, hash_kind: str, commit_log, checkpoint,
                  recovery_report, cq_file_bytes: int, consume_queues: dict, filters,
-                 writes_queues: bool, manifest=None) -> None:
+                 writes_queues: bool, manifest=None, mapped: MappedBudget | None = None) -> None:
         """``writes_queues``: this process builds the consume queues (creates them and their
-        extensions); ``manifest`` (a ``ManifestKeeper``) learns of new queues."""
+        extensions); ``manifest`` (a ``ManifestKeeper``) learns of new queues; ``mapped``: the
+        budget the queues were loaded under (``load_consume_queues``), else a new one."""
         self.root = root
         self.config = config
         self.clock = clock
@@ -41,7 +42,7 @@ class DirectoryView:
         self.subscriptions = Subscriptions(root)
         self.topics = Topics(root, config, clock)
         self.consume_queues: dict = consume_queues
-        self.mapped = MappedBudget(config.consume_queue.max_mapped_files)
+        self.mapped = mapped or MappedBudget(config.consume_queue.max_mapped_files)
         for cq in consume_queues.values():
             cq.govern(self.mapped)
         self.consume_queue_exts: dict = {}

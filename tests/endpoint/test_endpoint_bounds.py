@@ -68,8 +68,12 @@ def test_descriptors_stay_bounded_whatever_names_arrive(tmp_path, home, rocketmq
     names = 10_000
     yaml = deployment_yaml(
         tmp_path / "deploy.yaml", tmp_path / "store",
-        server={"grpc_peer_max_new_topics": names + 2, "grpc_peer_max_new_groups": names + 1},
-        extra=f"consume_queue: {{file_units: 100, max_mapped_files: {MAPPED}}}\n"
+        server={"grpc_peer_max_new_topics": names + 3, "grpc_peer_max_new_groups": names + 4},
+        # Segments and index files of a real store's order, so what grows with the number of
+        # messages (their files) stays a handful: the names are what is measured.
+        extra=f"commit_log: {{segment_bytes: 67108864}}\n"
+              f"index: {{max_hash_slots: 65536, max_index_entries: 262144}}\n"
+              f"consume_queue: {{file_units: 100, max_mapped_files: {MAPPED}}}\n"
               f"consumer: {{max_open_pop_states: {POP_STATES}}}\n")
     served = Served(yaml, tmp_path / "serve.log", home, nofile=NOFILE)
     raw = [Raw(served.endpoint) for _ in range(4)]
@@ -107,30 +111,43 @@ def test_descriptors_stay_bounded_whatever_names_arrive(tmp_path, home, rocketmq
         print(f"\nserve's descriptors: {start} at start, at most {most[0]} over {names} group "
               f"names and {names} new topics (bound {bound}, limit {NOFILE})")
         assert most[0] <= bound
-        # Each new topic's queue costs dispatch a file and directory forced to disk: it
-        # catches up after the flood (a fraction of a minute on a quiet machine).
-        queues = tmp_path / "store" / "consumequeue"
-        wait_for(lambda: len(os.listdir(queues)) == names + 1, timeout=600,
-                 what="dispatch made every new topic's queue")
+        # Each new topic's queue costs dispatch a file and three directories forced to disk,
+        # in its flush pass once a second: after the flood it takes about a minute to catch
+        # up, and a message sent now is received once it has.
+        answers_normally(served, rocketmq, "After", catch_up_s=600)
         most[0] = max(most[0], descriptors(served.proc.pid))
         assert most[0] <= bound
-        # Serve answers as before: a send, a receive through the official client, /healthz.
-        clients = Clients(rocketmq, served.endpoint)
-        try:
-            producer = clients.producer("After")
-            sent = producer.send(clients.message("After", b"still here")).message_id
-            consumer = clients.consumer("after", {"After": rocketmq.FilterExpression()})
-            assert [m.message_id for m in clients.receive_all(consumer, 1)] == [sent]
-        finally:
-            clients.close()
-        assert raw[1].receive("g42", "Named")[0].status.code in (Code.OK,
-                                                                  Code.MESSAGE_NOT_FOUND)
-        assert health(served) == 200
         assert "Too many open files" not in served.log()
     finally:
         for r in raw:
             r.close()
         stop(served)
+    assert len(os.listdir(tmp_path / "store" / "consumequeue")) == names + 2
+    # Restarted under the same limit, the store of ten thousand topics opens (its queues
+    # mapped a budget's worth at a time), trusts the marker its close left, and answers.
+    served = Served(yaml, tmp_path / "serve2.log", home, nofile=NOFILE)
+    try:
+        assert "clean-shutdown marker mqstore.clean trusted" in served.log()
+        print(f"serve's descriptors after a restart on the {names + 2} topics: "
+              f"{descriptors(served.proc.pid)}")
+        assert descriptors(served.proc.pid) <= bound
+        answers_normally(served, rocketmq, "Again")
+    finally:
+        stop(served)
+
+
+def answers_normally(served: Served, rocketmq, topic: str, catch_up_s: float = 30) -> None:
+    """A send and a receive through the official client, and /healthz."""
+    clients = Clients(rocketmq, served.endpoint)
+    try:
+        producer = clients.producer(topic)
+        sent = producer.send(clients.message(topic, b"still here")).message_id
+        consumer = clients.consumer(topic.lower(), {topic: rocketmq.FilterExpression()})
+        got = clients.receive_all(consumer, 1, timeout_s=catch_up_s)
+        assert [m.message_id for m in got] == [sent]
+    finally:
+        clients.close()
+    assert health(served) == 200
 
 
 def test_a_host_creates_at_most_its_allowance_of_topics_and_groups(tmp_path, home):
