@@ -22,9 +22,13 @@ as "look the slow way", which unparks it.
 
 from __future__ import annotations
 
+import errno
 import functools
 import threading
 from collections import OrderedDict
+
+
+OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
 
 class MappedBudget:
@@ -79,6 +83,15 @@ class MappedBudget:
             self._total -= self._mapped.pop(queue, 0)
             self._users.pop(queue, None)
 
+    def shed(self) -> None:
+        """Park every queue not in use (the process ran out of descriptors)."""
+        with self._lock:
+            capacity, self.capacity = self.capacity, 0
+            try:
+                self._park_idle()
+            finally:
+                self.capacity = capacity
+
     def _release(self, queue) -> None:
         users = self._users.get(queue, 0) - 1
         if users > 0:
@@ -106,18 +119,30 @@ class MappedBudget:
 
 def maps(method):
     """Bracket a method of a ``Parkable`` that touches its maps: its budget keeps it mapped
-    meanwhile."""
+    meanwhile. Out of descriptors (the process's other files took them), every queue not in
+    use is parked and the method tried once more: what it maps or writes is idempotent (a
+    write skips the units already there)."""
     @functools.wraps(method)
     def run(self, *args, **kwargs):
         budget = self._budget
         if budget is None:
             return method(self, *args, **kwargs)
-        budget.enter(self)
         try:
-            return method(self, *args, **kwargs)
-        finally:
-            budget.leave(self)
+            return _bracketed(budget, method, self, args, kwargs)
+        except OSError as exc:
+            if exc.errno not in OUT_OF_DESCRIPTORS:
+                raise
+            budget.shed()
+            return _bracketed(budget, method, self, args, kwargs)
     return run
+
+
+def _bracketed(budget, method, queue, args, kwargs):
+    budget.enter(queue)
+    try:
+        return method(queue, *args, **kwargs)
+    finally:
+        budget.leave(queue)
 
 
 class Parkable:

@@ -6,6 +6,7 @@ and a queue parked while a read holds its units keeps them readable."""
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -142,3 +143,24 @@ def test_a_queue_parked_with_units_not_yet_forced_is_forced_later(make_store, mo
     store.view.flush_queues()
     assert seg.flushed == seg.wrote and seg.path in synced
     assert seg.parked  # forced without being mapped again
+
+
+def test_out_of_descriptors_parks_every_idle_queue_and_goes_through(make_store, monkeypatch):
+    store = make_store({"consume_queue": {"max_mapped_files": 64}})
+    fill_topics(store)
+    for i in range(10):
+        read_back(store, f"t{i}")
+    held = queue_descriptors(store.root)
+    assert held >= 2 * 10
+    real_open, failures = os.open, []
+
+    def open_(path, flags, *args):
+        if CONSUME_QUEUE_DIR in str(path) and not failures:
+            failures.append(path)
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_)
+    assert read_back(store, "t59") == [b"t59-%d" % j for j in range(4)]
+    assert len(failures) == 1
+    assert queue_descriptors(store.root) <= 2 * 2  # the others let go; t59's queues mapped
