@@ -1,6 +1,7 @@
 """The pop consumer: RocketMQ 5's SimpleConsumer model, independent of any transport.
 
-``pop`` hands out up to ``max_msgs`` messages of a topic, taken from all its queues in turn (as
+``pop`` hands out up to ``max_msgs`` messages (and, with ``max_bytes``, no more bytes of records
+than that, the first message whatever its size) of a topic, taken from all its queues in turn (as
 RocketMQ's broker pops: each queue fills what room is left, the first queue rotating from pop
 to pop, so every queue leads in turn), each invisible to other pops for
 ``invisible_ms`` and carrying a receipt handle. ``ack(handle)`` ends a delivery, and

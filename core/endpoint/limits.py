@@ -60,7 +60,7 @@ def return_big_buffers() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, BIG_BUFFER_BYTES))
 
 
-class limit_logs:
+class LogLimits:
     """Rate-limit the warnings and errors of ``LIMITED_LOGGERS`` (``mqstore.log_limit``) until
     ``remove``."""
 
@@ -152,4 +152,4 @@ class Peers:
 
 
 __all__ = ["Peers", "server_options", "check_exposure", "is_loopback", "return_big_buffers",
-           "limit_logs", "LIMITED_LOGGERS"]
+           "LogLimits", "LIMITED_LOGGERS"]

@@ -36,7 +36,7 @@ from mqstore.endpoint.auth import AccessKeys, AdminAccess
 from mqstore.endpoint.backlog import Backlog
 from mqstore.endpoint.creations import Creations
 from mqstore.endpoint.limits import (
-    Peers, check_exposure, limit_logs, return_big_buffers, server_options,
+    LogLimits, Peers, check_exposure, return_big_buffers, server_options,
 )
 from mqstore.endpoint.longpoll import DispatchWaiter
 from mqstore.endpoint.pops import Pops
@@ -199,7 +199,7 @@ class Endpoint:
         return_big_buffers()
         parts.waiter.start()
         sweeper = asyncio.ensure_future(self._sweep(parts))
-        limited = limit_logs()
+        limited = LogLimits()
         self.address = show(host, bound)
         log.info("serving gRPC (apache.rocketmq.v2.MessagingService) on %s, %s, %s; admin "
                  "service %s", self.address, "TLS" if self._creds else "plaintext",
