@@ -102,18 +102,21 @@ class ConsumerCalls:
 
     def pop(self, group: str, topic: str, max_msgs: int = 32, invisible_ms: int = 30000, *,
             expression: str | None = None, expression_type: str = "TAG",
-            wait_ms: int | float = 0, consume_from: str = "last") -> list:
+            wait_ms: int | float = 0, consume_from: str = "last",
+            max_bytes: int | None = None) -> list:
         """RocketMQ 5's pop (SimpleConsumer.receive): up to ``max_msgs`` messages of
         ``topic``, from all its queues, each invisible to other pops for ``invisible_ms`` and
         carrying a ``receipt_handle`` for ``ack``; unacked ones come back with
         ``delivery_attempt`` + 1. Waits up to ``wait_ms`` for messages to arrive. A queue new
         to the group starts at its committed offset, else by ``consume_from``: ``"last"``
         (its end), ``"first"`` (its first message) or ``"max"`` (RocketMQ 5's proxy: its
-        first message while offset 0 is still stored, else its last message)."""
+        first message while offset 0 is still stored, else its last message).
+        ``max_bytes``: at most that many bytes of records, the first message whatever its
+        size (RocketMQ's maxTotalMsgSize of a pull)."""
         self._check_open()
         return self._consumers.pop(group, topic, max_msgs, invisible_ms, expression=expression,
                                    expression_type=expression_type, wait_ms=wait_ms,
-                                   consume_from=consume_from)
+                                   consume_from=consume_from, max_bytes=max_bytes)
 
     @overload
     def ack(self, receipt_handle: str) -> None: ...

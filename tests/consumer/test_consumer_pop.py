@@ -502,3 +502,23 @@ def test_a_store_not_readable_for_a_moment_loses_no_redelivery(make_store, manua
         assert store.pop("g", TOPIC, 2, 1_000) == []
     assert keys(store.pop("g", TOPIC, 2, 1_000)) == sorted(
         (m.queue_id, m.queue_offset, 2) for m in popped)
+
+
+def test_a_pop_takes_no_more_bytes_than_max_bytes(make_store, manual_clock):
+    """``max_bytes``: new messages and redeliveries alike stop before the record that would
+    pass it, the first whatever its size; what is left waits for the next pop, in order."""
+    store = make_store()
+    store.put_batch([Message(TOPIC, b"%d" % i + b"x" * 999, queue_id=0) for i in range(6)])
+    store.wait_dispatched()
+    size = int(store.read(TOPIC, 0, 0, 1).sizes[0])
+    first = store.pop("g", TOPIC, 32, 10_000, consume_from="first", max_bytes=int(2.5 * size))
+    assert [m.queue_offset for m in first] == [0, 1]
+    assert [m.queue_offset for m in store.pop("g", TOPIC, 32, 10_000, max_bytes=1)] == [2]
+    with pytest.raises(ValueError, match="max_bytes 0 must be an int >= 1"):
+        store.pop("g", TOPIC, 32, 10_000, max_bytes=0)
+    manual_clock.advance(10_000)  # the three come back, two of them first
+    again = store.pop("g", TOPIC, 32, 10_000, max_bytes=2 * size)
+    assert [(m.queue_offset, m.delivery_attempt) for m in again] == [(0, 2), (1, 2)]
+    rest = store.pop("g", TOPIC, 32, 10_000)
+    assert sorted((m.queue_offset, m.delivery_attempt) for m in rest) == [
+        (2, 2), (3, 1), (4, 1), (5, 1)]

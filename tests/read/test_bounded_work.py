@@ -18,8 +18,8 @@ from mqstore import Message
 from mqstore.format import index_layout as L
 from mqstore.plugins import sql92
 from mqstore.plugins.sql92 import (
-    MAX_EXPRESSION_CHARS, MAX_NESTING_DEPTH, EvaluationError, FilterLimitError,
-    FilterSyntaxError, compile_expression, compile_uncached, parse_double, parse_int,
+    MAX_EXPRESSION_CHARS, MAX_NESTING_DEPTH, MAX_PARENTHESES_DEPTH, EvaluationError,
+    FilterLimitError, FilterSyntaxError, compile_expression, compile_uncached, parse_double, parse_int,
 )
 from mqstore.storage.index_file import IndexFile
 from mqstore.view.subscriptions import SUBSCRIPTIONS_FILE, Subscriptions
@@ -75,6 +75,19 @@ def test_parenthesised_chains_flatten_from_either_side():
     for expr in (right, left, right.replace("AND", "OR"), left.replace("AND", "OR")):
         assert compile_uncached(expr).evaluate(props) is True
     assert compile_uncached(right.replace("b = '2'", "b = '3'")).evaluate(props) is False
+
+
+def test_parentheses_nested_too_deep_are_refused_before_the_parse():
+    deepest = "(" * MAX_PARENTHESES_DEPTH + "a = '1'" + ")" * MAX_PARENTHESES_DEPTH
+    assert compile_uncached(deepest).evaluate({"a": "1"}) is True
+    # A hundred thousand of them are refused at the first one too deep, not parsed (which
+    # takes seconds): the limit names itself and where.
+    err = limit_error("(" * 100_000 + "a = '1'" + ")" * 100_000)
+    assert (err.rule, err.limit, err.column) == ("parenthesis depth", MAX_PARENTHESES_DEPTH,
+                                                 MAX_PARENTHESES_DEPTH + 1)
+    # Inside strings and comments they are text, not nesting.
+    quoted = "a IN ('" + "(" * 2000 + "') -- " + "(" * 2000 + "\n"
+    assert compile_uncached(quoted).evaluate({"a": "(" * 2000}) is True
 
 
 def test_chain_short_circuits_left_to_right_as_nested_pairs_do():

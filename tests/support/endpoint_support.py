@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -54,15 +55,18 @@ def deployment_yaml(path: Path, root: Path, server: dict | None = None,
 
 
 class Served:
-    """A running ``mqstore serve``; ``endpoint`` is "127.0.0.1:PORT" of its gRPC endpoint."""
+    """A running ``mqstore serve``; ``endpoint`` is "127.0.0.1:PORT" of its gRPC endpoint.
+    ``nofile``: its RLIMIT_NOFILE (its workers inherit it)."""
 
-    def __init__(self, yaml: Path, log_path: Path, home: Path) -> None:
+    def __init__(self, yaml: Path, log_path: Path, home: Path, nofile: int | None = None) -> None:
         self.log_path = log_path
         log = open(log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mqstore.cli", "serve", "-c", str(yaml)],
             stdout=log, stderr=subprocess.STDOUT, env={**env(), "HOME": str(home)},
-            start_new_session=True)
+            start_new_session=True, preexec_fn=None if nofile is None else
+            (lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                        (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))))
         log.close()
         self.endpoint = self._wait_for(r"serving gRPC \(apache\.rocketmq\.v2\.MessagingService\)"
                                        r" on ([\d.]+:\d+)")
