@@ -10,7 +10,8 @@ import click
 
 from mqstore.cli import output
 from mqstore.cli.options import (
-    config_option, json_option, load_cli_config, server_options, store_dir,
+    admin_credentials, admin_server_options, config_option, json_option, load_cli_config,
+    store_dir,
 )
 from mqstore.ops.admin import StoreAdmin
 from mqstore.format.names import is_system_topic
@@ -20,8 +21,6 @@ PERM = click.Choice(["2", "4", "6"])
 FIELDS = ("read_queues", "write_queues", "perm", "perm_text")
 
 
-# What the topic and group commands take for --server.
-admin_server_options = functools.partial(server_options, via="and its admin service")
 
 
 def admin_target(*names: str):
@@ -31,7 +30,10 @@ def admin_target(*names: str):
     The command declares ``config_option`` and ``admin_server_options``."""
     def decorate(command):
         @functools.wraps(command)
-        def run(root, config_path, server, access_key, secret_key, **kwargs):
+        def run(root, config_path, server, access_key, secret_key, old_access_key,
+                old_secret_key, **kwargs):
+            access_key, secret_key = admin_credentials(access_key, secret_key, old_access_key,
+                                                       old_secret_key)
             given = [v for v in (root, *(kwargs.pop(n) for n in names)) if v is not None]
             if server is None:
                 wanted = ["ROOT", *map(str.upper, names)]

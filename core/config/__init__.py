@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import yaml
 from pydantic import ValidationError, model_validator
 
+from mqstore.config.remoting import check_broker_id
 from mqstore.config.sections import (  # noqa: F401 - the sections are this package's API
     MAX_TOPIC_QUEUES, CleanupSection, CommitLogSection, ConsumerSection, ConsumeQueueSection,
     DeclaredTopic, DispatchSection, FlushSection, GetSection, IndexSection, PluginsSection,
@@ -68,6 +69,11 @@ class StoreConfig(_Section):
                 f"store.role 'slave' serves no gRPC clients (its pop state is its own, so its "
                 f"receives would hand out again what the master has in flight); point the "
                 f"clients at the master, and read a slave through the API, the CLI or Spark")
+        return self
+
+    @model_validator(mode="after")
+    def _broker_id_matches_role(self) -> "StoreConfig":
+        check_broker_id(self.store.role, self.server.remoting_broker_id)
         return self
 
     @model_validator(mode="after")

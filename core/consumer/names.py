@@ -12,7 +12,9 @@ import re
 
 from mqstore.format.names import STORED_TOPIC_RULE as TOPIC_RULE  # noqa: F401 - the rule consumers name
 from mqstore.errors import SystemTopicError
-from mqstore.format.names import check_stored_topic, is_system_topic, system_topic_refusal
+from mqstore.format.names import (
+    check_stored_topic, is_system_topic, shown, system_topic_refusal,
+)
 
 GROUP_RULE = "^[%|a-zA-Z0-9_-]+$, at most 255 characters (RocketMQ's rule)"
 _GROUP = re.compile(r"[%|a-zA-Z0-9_-]{1,255}")
@@ -25,7 +27,7 @@ HALF_AN_HOUR_MS = 30 * 60 * 1000  # RocketMQ's default consumeTimestamp: half an
 
 def check_group(group: object) -> str:
     if not isinstance(group, str) or not _GROUP.fullmatch(group):
-        raise ValueError(f"group {group!r} must match {GROUP_RULE}")
+        raise ValueError(f"group {shown(group)} must match {GROUP_RULE}")
     return group
 
 

@@ -314,6 +314,19 @@ class PopJournal:
             os.close(self._fd)
             self._fd, self._ino = -1, None
 
+    def release(self) -> None:
+        """Let the descriptors go (journal and lock) and forget the state, compacting nothing:
+        the next change or snapshot reopens the files and reloads, checking the journal's inode
+        against the descriptor it then holds, as any reload does (an inode number remembered
+        without its descriptor could be recycled). What this process appended stays in the
+        journal, which a later compaction folds into the checkpoint."""
+        with self._mutex:
+            self._close_journal()
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+            self._state = None
+
     def close(self) -> None:
         """Compact what this process appended, then let the files go."""
         with self._mutex:
@@ -334,6 +347,13 @@ class PopJournal:
                 os.close(self._lock_fd)
                 self._lock_fd = -1
             self._state = None
+
+
+def state_exists(root: str, topic: str, group: str) -> bool:
+    """Whether ``group`` has pop state for ``topic`` in the store at ``root`` (a checkpoint or
+    a journal; the lock file alone is not state), without opening anything."""
+    return (os.path.exists(journal_path(root, topic, group))
+            or os.path.exists(pop_state_path(root, topic, group)))
 
 
 def _json_bytes(doc: dict) -> bytes:

@@ -31,8 +31,8 @@ from mqstore.runtime.workers.wakeup import Wakeup
 log = logging.getLogger(__name__)
 
 CONSUMER_CALLS = ("consumer", "peek", "consumer_lag", "consumer_groups", "consumed_floor",
-                  "delete_consumer_group", "reset_consumer_offsets", "pop", "ack",
-                  "change_invisible_duration")
+                  "delete_consumer_group", "reset_consumer_offsets", "commit_consumer_offsets",
+                  "committed_offsets", "pop", "ack", "change_invisible_duration")
 
 
 @dataclass(frozen=True)
@@ -188,19 +188,39 @@ class ConsumerService:
         self.state_changed()
         return out
 
+    def commit_consumer_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        """Record ``group``'s offsets of ``topic`` (``{queue id: next offset to consume}``) as a
+        consumer commits them: RocketMQ's updateConsumerOffset, for consumers the store does
+        not run itself (a broker's clients). Other queues and groups stay."""
+        names.check_group(group)
+        names.check_topic(topic)
+        checked = {check_queue_id(q): check_int("offset", o, 0, INT64_MAX)
+                   for q, o in offsets.items()}
+        self.offsets.commit(topic, group, checked)
+
+    def committed_offsets(self, group: str, topic: str) -> dict[int, int]:
+        """``{queue id: offset}`` ``group`` committed for ``topic`` (empty: none)."""
+        names.check_group(group)
+        names.check_topic(topic)
+        return self.offsets.offsets(topic, group)
+
     def pop(self, group: str, topic: str, max_msgs: int = 32, invisible_ms: int = 30_000, *,
             expression: str | None = None, expression_type: str = "TAG",
-            wait_ms: int | float = 0, consume_from: str = names.LAST) -> list:
+            wait_ms: int | float = 0, consume_from: str = names.LAST,
+            max_bytes: int | None = None) -> list:
         """RocketMQ 5's pop (SimpleConsumer.receive): up to ``max_msgs`` messages of
         ``topic``, from all its queues, each invisible to other pops for ``invisible_ms`` and
         carrying a ``receipt_handle`` for ``ack``; unacked ones come back with
         ``delivery_attempt`` + 1. Waits up to ``wait_ms`` for messages to arrive. A queue new
         to the group starts at its committed offset, else by ``consume_from``: ``"last"``
         (its end), ``"first"`` (its first message) or ``"max"`` (RocketMQ 5's proxy: its
-        first message while offset 0 is still stored, else its last message)."""
+        first message while offset 0 is still stored, else its last message).
+        ``max_bytes``: at most that many bytes of records, the first message whatever its
+        size (RocketMQ's maxTotalMsgSize of a pull)."""
         return self._pop_consumer().pop(group, topic, max_msgs, invisible_ms,
                                         expression=expression, expression_type=expression_type,
-                                        wait_ms=wait_ms, consume_from=consume_from)
+                                        wait_ms=wait_ms, consume_from=consume_from,
+                                        max_bytes=max_bytes)
 
     def ack(self, receipt_handle: str | list[str] | tuple[str, ...]):
         """Acknowledge a popped message; a stale or unknown handle raises
