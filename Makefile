@@ -21,8 +21,12 @@ $(STAMP): pyproject.toml pyspark_mqstore.py
 run: $(STAMP)
 	$(BIN)/mqstore demo --config config/mqstore.yaml --root $(RUN_ROOT)
 
+# The suite runs on TEST_WORKERS pytest-xdist workers (--dist loadgroup, pyproject.toml): most
+# of a test's time is spent waiting on processes it started, so a 2-core machine runs four.
+TEST_WORKERS ?= 4
+
 test: $(STAMP) tools
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # The checkers of config/: promtool (from Debian's prometheus package, unpacked here, not
 # installed) for config/prometheus/, systemd-analyze (Debian's systemd) for config/systemd/.

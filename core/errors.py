@@ -56,6 +56,11 @@ class TopicNotFoundError(MQStoreError, LookupError):
     """A topic the call names has no config (``config/topics.json``) and nothing stored."""
 
 
+class SystemTopicError(MQStoreError, ValueError):
+    """A consumer call names a system topic (``rmq_sys_*``): the store's own, which clients
+    may not consume."""
+
+
 class GroupNotFoundError(MQStoreError, LookupError):
     """A consumer group the call names has no offsets or pop state."""
 

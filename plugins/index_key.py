@@ -102,7 +102,9 @@ class KeyIndex:
                 if progress is None or name != progress.file:
                     problem = f.check_header()
                 elif not self.read_only:
-                    problem = self._roll_back(f, progress.header, report) or f.check_header()
+                    # Written since its last trusted close, and kept: every entry is checked
+                    # (a damaged one would steer lookups away from messages it indexes).
+                    problem = self._roll_back(f, progress.header, report) or f.verify()
                 else:  # the follower of a writer that is rolling this file back
                     problem = None
                 # With a recorded progress the older files were full, so forced to disk,

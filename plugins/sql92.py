@@ -36,7 +36,10 @@ and False otherwise (even ``"true"``).
 
 Limits (:class:`FilterLimitError`, a compile error): MAX_EXPRESSION_CHARS and MAX_NESTING_DEPTH.
 AND/OR chains, however parenthesised, are flattened and runs of NOT fold, so they count as one
-level: 10,000 ANDs or NOTs compile and evaluate, far from Python's recursion limit.
+level: 10,000 ANDs or NOTs compile and evaluate, far from Python's recursion limit. Parentheses
+nest at most MAX_PARENTHESES_DEPTH deep, checked as the lexer reaches them, before the parse:
+the parser takes no Python frames for them, but each level costs several times a flat token,
+so a deeply nested expression is refused at its first parenthesis too deep, not parsed.
 
 ``compile_expression`` keeps the last 100 expressions, failures included. A compiled
 ``Sql92Expression`` offers ``evaluate`` (three-valued, may raise EvaluationError), ``matches``
@@ -67,6 +70,8 @@ CACHE_SIZE = 100
 MAX_EXPRESSION_CHARS = 1 << 18
 # One Python frame per level: far below the recursion limit (1000) from any caller's stack.
 MAX_NESTING_DEPTH = 200
+# Parentheses take no frame (AND/OR chains flatten through them), only parse time.
+MAX_PARENTHESES_DEPTH = 1024
 DOUBLE_MAX, DOUBLE_MIN = 1.7976931348623157e308, 5e-324  # Double.MAX_VALUE, Double.MIN_VALUE
 
 KEYWORDS = ("NOT", "AND", "OR", "BETWEEN", "IN", "TRUE", "FALSE", "NULL", "IS", "CONTAINS",
@@ -448,12 +453,35 @@ def _check_length(expression: str) -> None:
                                rule="expression length", limit=MAX_EXPRESSION_CHARS)
 
 
+def _check_parentheses(expression: str) -> None:
+    """Refuse parentheses nested past MAX_PARENTHESES_DEPTH at the first one too deep: the
+    lexer stops there, so the check costs the tokens up to it (strings and comments are tokens
+    of their own, their parentheses do not count)."""
+    if expression.count("(") <= MAX_PARENTHESES_DEPTH:
+        return
+    depth = 0
+    try:
+        for tok in _PARSER.lex(expression):
+            if tok.type == "LPAR":
+                depth += 1
+                if depth > MAX_PARENTHESES_DEPTH:
+                    raise FilterLimitError(
+                        f"parentheses nest deeper than the parenthesis depth limit of "
+                        f"{MAX_PARENTHESES_DEPTH}", expression, tok.line, tok.column,
+                        tok.start_pos, rule="parenthesis depth", limit=MAX_PARENTHESES_DEPTH)
+            elif tok.type == "RPAR":
+                depth -= 1
+    except UnexpectedInput:  # not even tokens: the parse says where
+        return
+
+
 def compile_uncached(expression: str) -> Sql92Expression:
     """Parse and compile ``expression``; raises FilterSyntaxError or FilterLimitError."""
     if not isinstance(expression, str):
         raise FilterSyntaxError(f"expression must be a string, not {type(expression).__name__}",
                                 expression)
     _check_length(expression)
+    _check_parentheses(expression)
     try:
         # The parser runs _Compiler as it parses: the tree it returns is the compiled root node.
         compiled: _Node = _PARSER.parse(expression)  # type: ignore[assignment]

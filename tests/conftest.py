@@ -6,7 +6,9 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,14 +26,53 @@ BORN_HOST = "127.0.0.1:50000"
 
 
 SPARK_TESTS = Path(__file__).resolve().parent / "spark"
+SHARED_SCOPES = ("module", "class")
+# Module-scoped, yet cheap to make on every worker: they do not keep a module on one worker.
+CHEAP_SHARED = frozenset({"config", "home", "rocketmq", "rocketmq_dir"})
 
 
+def pytest_configure(config):
+    """A home of this process's own for the whole run (each pytest-xdist worker has one), so
+    nothing a test starts writes under the real one or shares a file there with another worker
+    (the RocketMQ client logs to ``~/logs/rocketmq_python``)."""
+    home = tempfile.mkdtemp(prefix="mqstore-test-home-")
+    config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
+    os.environ["HOME"] = home
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
 def pytest_collection_modifyitems(items):
     """Every Spark test is slow (``-m "not slow"`` leaves them out): its session starts a JVM,
-    and each job runs Python workers beside it."""
+    and each job runs Python workers beside it. Under pytest-xdist (``--dist loadgroup``) the
+    Spark tests share one worker and so one session, and the tests of a module that share a
+    module- or class-scoped fixture (a served store, a store a writer process left) run on one
+    worker, which makes it once."""
     for item in items:
         if SPARK_TESTS in item.path.parents:
             item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.xdist_group("spark"))
+        elif _shares_a_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_xdist_node_collection_finished(node, ids):
+    """The run stops when a pytest-xdist worker's ``--dist loadgroup`` lost the groups: each
+    worker would start a Spark session of its own and make every module fixture again (with
+    pytest 9.2, pytest-xdist 3.8 marks the groups where pytest no longer reads them)."""
+    lost = [nodeid for nodeid in ids
+            if nodeid.startswith("tests/spark/") and not nodeid.endswith("@spark")]
+    if lost and node.config.getoption("dist") == "loadgroup":
+        pytest.exit(f"--dist loadgroup did not group {len(lost)} Spark tests on {node.gateway.id} "
+                    f"(first: {lost[0]}): this pytest-xdist cannot mark groups on this pytest; "
+                    f"install the versions the test extra in pyproject.toml pins", returncode=3)
+
+
+def _shares_a_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(
+        defs and defs[-1].scope in SHARED_SCOPES and not name.startswith("_")
+        and name not in CHEAP_SHARED for name, defs in info.name2fixturedefs.items())
 
 
 @pytest.fixture

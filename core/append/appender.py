@@ -17,6 +17,7 @@ from mqstore.append import encoding
 from mqstore.append.columns import columns_from_batch, columns_from_messages, encode_columns
 from mqstore.append.settings import AppendSettings, Loops, PutStrategies
 from mqstore.append.tail import AppendTail
+from mqstore.format.names import is_system_topic, system_topic_refusal
 from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
 from mqstore.errors import CorruptStateError, StoreClosedError
 from mqstore.message import (
@@ -190,6 +191,11 @@ class Appender:
     def put_batch(self, messages: Sequence[Message] | MessageBatch) -> BatchPutResult:
         return self._put(messages, _Batch)
 
+    def put_state(self, batch: MessageBatch) -> BatchPutResult:
+        """The store's own records (the state mirror's): a batch of system topics with their
+        queue ids, which producers are refused, put past the topic configs."""
+        return self._put(batch, _SystemBatch)
+
     def put_counts(self) -> PutCounts:
         with self.lock:
             appended = self._appended_messages, self._appended_bytes
@@ -237,16 +243,19 @@ class Appender:
             hooks.after_append(kind.hook_result(self, answer))
         return answer
 
-    def _columns(self, messages):
+    def _columns(self, messages, system: bool = False):
         """The batch as columns, each message with its queue id (selected when it has none,
         among its topic's write queues); every check that can refuse the batch comes before
-        a topic is created for it."""
+        a topic is created for it. ``system``: the store's own records, queue ids given."""
         if isinstance(messages, MessageBatch):
             cols = columns_from_batch(messages, self.put_ctx)
         else:
             cols = columns_from_messages(messages, self.put_ctx)
         biggest = int(np.argmax(cols.sizes))
         self._check_fits(int(cols.sizes[biggest]), biggest)  # before any topic is created
+        if system:
+            assert cols.queue_ids is not None and all(map(is_system_topic, set(cols.topics)))
+            return cols
         explicit = None if cols.queue_ids is not None else _explicit_ids(messages, cols.n)
         counts = self._write_queues(cols.topics, cols.queue_ids if explicit is None
                                     else (None if isinstance(messages, MessageBatch)
@@ -273,7 +282,13 @@ class Appender:
     def _write_queues(self, topics: list[str], queue_ids) -> dict[str, int] | None:
         """Each topic's number of write queues, the topics a put may create created; None
         when the store has no topic configs. A topic or queue id refused, or the topic file
-        unusable, rejects the put (``encoding.Rejected``) with nothing written."""
+        unusable, rejects the put (``encoding.Rejected``) with nothing written. System
+        topics are refused (NO_PERMISSION)."""
+        for topic in set(topics):
+            if is_system_topic(topic):
+                raise encoding.Rejected(PutStatus.NO_PERMISSION,
+                                        system_topic_refusal(topic, "send to"),
+                                        topics.index(topic))
         try:
             if not self.topics.has_configs():
                 return None
@@ -286,6 +301,9 @@ class Appender:
 
     def _write_queues_of(self, topic: str, queue_id: int | None) -> int | None:
         """``_write_queues`` for one message."""
+        if is_system_topic(topic):
+            raise encoding.Rejected(PutStatus.NO_PERMISSION,
+                                    system_topic_refusal(topic, "send to"), None)
         try:
             return self.topics.write_queues_of(topic, -1 if queue_id is None else queue_id)
         except TopicRefused as exc:
@@ -539,6 +557,14 @@ class _Batch:
     @staticmethod
     def hook_result(app: Appender, result: BatchPutResult) -> BatchPutResult:
         return result  # the caller's result itself
+
+
+class _SystemBatch(_Batch):
+    """``put_state``: a batch of the store's own records."""
+
+    @staticmethod
+    def prepare(app: Appender, messages):
+        return app._columns(messages, system=True)
 
 
 class ReadOnlyAppender:

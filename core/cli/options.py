@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import sys
+import warnings
 
 import click
 
@@ -63,6 +65,50 @@ def server_options(command, via: str = "with the official RocketMQ client"):
                                                 "(better given in the environment)."))):
         command = option(command)
     return command
+
+
+def admin_server_options(command):
+    """``--server HOST:PORT`` and the admin credentials a served store's admin service checks
+    (``server.grpc_admin_keys``: client keys are not admins). The old ``--access-key`` and
+    ``--secret-key`` of these commands still work for a release, with a DeprecationWarning."""
+    for option in reversed((
+            click.option("--server", default=None, metavar="HOST:PORT",
+                         help="Go through the gRPC endpoint of a running `mqstore serve` "
+                              "(server.grpc_listen) and its admin service, instead of opening "
+                              "a store directory; needs the grpc extra."),
+            click.option("--admin-access-key", "access_key", envvar="MQSTORE_ADMIN_ACCESS_KEY",
+                         default="", show_envvar=True,
+                         help="With --server: an admin access key of the endpoint "
+                              "(server.grpc_admin_keys)."),
+            click.option("--admin-secret-key", "secret_key", envvar="MQSTORE_ADMIN_SECRET_KEY",
+                         default="", show_envvar=True,
+                         help="With --server: the admin access key's secret key (better "
+                              "given in the environment)."),
+            click.option("--access-key", "old_access_key", default=None, hidden=True,
+                         callback=_renamed_option("--admin-access-key")),
+            click.option("--secret-key", "old_secret_key", default=None, hidden=True,
+                         callback=_renamed_option("--admin-secret-key")))):
+        command = option(command)
+    return command
+
+
+def _renamed_option(new: str):
+    def callback(_ctx, param, value):
+        if value is not None:
+            with warnings.catch_warnings():  # shown as a renamed configuration key is
+                if not sys.warnoptions:
+                    warnings.simplefilter("default", DeprecationWarning)
+                warnings.warn(f"option {param.opts[0]} of the topic and group commands is now "
+                              f"{new} (an admin key: server.grpc_admin_keys)",
+                              DeprecationWarning, stacklevel=2)
+        return value
+    return callback
+
+
+def admin_credentials(access_key: str, secret_key: str, old_access_key: str | None,
+                      old_secret_key: str | None) -> tuple[str, str]:
+    """The admin credentials given, the old option names standing in for the new."""
+    return (access_key or old_access_key or "", secret_key or old_secret_key or "")
 
 
 def load_cli_config(path: str | None, param: str = "'-c' / '--config'",

@@ -10,17 +10,17 @@ import click
 
 from mqstore.cli import output
 from mqstore.cli.options import (
-    config_option, json_option, load_cli_config, server_options, store_dir,
+    admin_credentials, admin_server_options, config_option, json_option, load_cli_config,
+    store_dir,
 )
 from mqstore.ops.admin import StoreAdmin
+from mqstore.format.names import is_system_topic
 
 COUNT = click.IntRange(1, 65_536)
 PERM = click.Choice(["2", "4", "6"])
 FIELDS = ("read_queues", "write_queues", "perm", "perm_text")
 
 
-# What the topic and group commands take for --server.
-admin_server_options = functools.partial(server_options, via="and its admin service")
 
 
 def admin_target(*names: str):
@@ -30,7 +30,10 @@ def admin_target(*names: str):
     The command declares ``config_option`` and ``admin_server_options``."""
     def decorate(command):
         @functools.wraps(command)
-        def run(root, config_path, server, access_key, secret_key, **kwargs):
+        def run(root, config_path, server, access_key, secret_key, old_access_key,
+                old_secret_key, **kwargs):
+            access_key, secret_key = admin_credentials(access_key, secret_key, old_access_key,
+                                                       old_secret_key)
             given = [v for v in (root, *(kwargs.pop(n) for n in names)) if v is not None]
             if server is None:
                 wanted = ["ROOT", *map(str.upper, names)]
@@ -147,13 +150,16 @@ def update(admin, name: str, queues: int | None, read_queues: int | None,
 @config_option
 @admin_server_options
 @json_option
-def list_(admin, as_json: bool) -> None:
+@click.option("--system", "system", is_flag=True,
+              help="Also list the store's own system topics (rmq_sys_*).")
+def list_(admin, as_json: bool, system: bool) -> None:
     """List the topics of the store in ROOT (or the served store, with --server).
 
     Each config, and the topics holding consume queues without one (their columns empty:
-    they take queue_select.queues_per_topic).
+    they take queue_select.queues_per_topic). System topics (rmq_sys_*: the store's own
+    state, which the state mirror ships to slaves) only with --system.
     """
-    rows = admin.topic_list()
+    rows = [r for r in admin.topic_list() if system or not is_system_topic(r["topic"])]
     if as_json:
         output.emit_json(rows)
         return

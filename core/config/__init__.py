@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import yaml
 from pydantic import ValidationError, model_validator
 
+from mqstore.config.remoting import check_broker_id
 from mqstore.config.sections import (  # noqa: F401 - the sections are this package's API
     MAX_TOPIC_QUEUES, CleanupSection, CommitLogSection, ConsumerSection, ConsumeQueueSection,
     DeclaredTopic, DispatchSection, FlushSection, GetSection, IndexSection, PluginsSection,
@@ -57,6 +58,11 @@ class StoreConfig(_Section):
     consumer: ConsumerSection = ConsumerSection()
     server: ServerSection = ServerSection()
     coordination: CoordinationSection = CoordinationSection()
+
+    @model_validator(mode="after")
+    def _broker_id_matches_role(self) -> "StoreConfig":
+        check_broker_id(self.store.role, self.server.remoting_broker_id)
+        return self
 
     @model_validator(mode="after")
     def _master_knows_its_slaves(self) -> "StoreConfig":

@@ -31,6 +31,7 @@ class StoreSection(_Section):
     ha_housekeeping_interval_ms: int = Field(20_000, ge=100, le=3_600_000)
     ha_transfer_batch_bytes: int = Field(32 * 1024, ge=1024, le=4 << 20)
     ha_new_slave_from: Literal["last_segment", "first_segment"] = "last_segment"
+    ha_state_ship_interval_ms: int = Field(100, ge=1, le=60_000)
 
     @model_validator(mode="after")
     def _ha_intervals(self) -> "StoreSection":
@@ -66,6 +67,7 @@ class CommitLogSection(_Section):
 class ConsumeQueueSection(_Section):
     file_units: int = Field(300_000, ge=1, le=1 << 30)
     ext_file_bytes: int = Field(48 * 1024 * 1024, ge=4096, le=1 << 31)
+    max_mapped_files: int = Field(128, ge=1, le=1 << 20)  # per process: NOTE [ Mapped budget ]
 
 
 class FlushSection(_Section):
@@ -222,3 +224,4 @@ class ConsumerSection(_Section):
     rebalance_interval_ms: int = Field(1_000, ge=10, le=3_600_000)
     persist_interval_ms: int = Field(5_000, ge=0)
     commit_fsync: bool = False
+    max_open_pop_states: int = Field(64, ge=1, le=1 << 20)  # per process; 2 descriptors each

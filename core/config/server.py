@@ -9,15 +9,17 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from mqstore.config.remoting import RemotingKeys
 from mqstore.config.sections import _Section
 from mqstore.config.values import JAVA_INT_MAX, parse_listen
 
 
-class ServerSection(_Section):
+class ServerSection(_Section, RemotingKeys):
     """``mqstore serve``: where the metrics and health endpoints listen, what a client may hold
     there (connections, time, header bytes), how much it logs and how (text or JSON lines),
-    the RocketMQ 5 gRPC endpoint (``grpc_*``, docs/endpoint.md) and replication's addresses
-    (``ha_*``, docs/replication.md)."""
+    the RocketMQ 5 gRPC endpoint (``grpc_*``, docs/endpoint.md), replication's addresses
+    (``ha_*``, docs/replication.md) and RocketMQ 4.x's broker port (``remoting_*``,
+    ``namesrv_addr``: ``config.remoting``)."""
 
     metrics_listen: str = "127.0.0.1:9108"
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
@@ -37,6 +39,14 @@ class ServerSection(_Section):
     grpc_client_idle_ms: int = Field(120_000, ge=1000, le=JAVA_INT_MAX)
     grpc_min_invisible_ms: int = Field(10_000, ge=0, le=JAVA_INT_MAX)
     grpc_max_long_polling_ms: int = Field(20_000, ge=0, le=JAVA_INT_MAX)
+    grpc_signature_skew_ms: int = Field(15 * 60_000, ge=1000, le=JAVA_INT_MAX)
+    grpc_admin_enabled: bool = True
+    grpc_admin_keys: tuple[str, ...] = ()  # "ACCESS_KEY:SECRET_KEY" each, for the admin service
+    grpc_peer_max_new_topics: int = Field(1000, ge=0, le=JAVA_INT_MAX)
+    grpc_peer_max_new_groups: int = Field(1000, ge=0, le=JAVA_INT_MAX)
+    grpc_max_unwritten_bytes: int = Field(256 << 20, ge=1 << 20, le=1 << 40)
+    grpc_max_unwritten_bytes_per_connection: int = Field(32 << 20, ge=1 << 16, le=1 << 40)
+    grpc_write_stall_ms: int = Field(30_000, ge=100, le=JAVA_INT_MAX)
     ha_listen: str | None = None  # a master's replication port (RocketMQ: broker port + 1)
     ha_master: str | None = None  # the master's ha_listen, which a slave dials
     # The other nodes' ha_listen: a master asks them, before it takes puts and then every
@@ -50,7 +60,7 @@ class ServerSection(_Section):
     ha_tls_key_file: str | None = None
     ha_tls_ca_file: str | None = None
 
-    @field_validator("metrics_listen", "grpc_listen", "ha_listen")
+    @field_validator("metrics_listen", "grpc_listen", "ha_listen", "remoting_listen")
     @classmethod
     def _listen(cls, value: str | None) -> str | None:
         if value is not None:
@@ -74,7 +84,8 @@ class ServerSection(_Section):
                                  f"give the port the peer's server.ha_listen binds")
         return value
 
-    @field_validator("grpc_access_keys", "ha_allow", "ha_peers", mode="before")
+    @field_validator("grpc_access_keys", "grpc_admin_keys", "ha_allow", "ha_peers",
+                     mode="before")
     @classmethod
     def _key_list(cls, value):
         return tuple(value) if isinstance(value, list) else value  # YAML gives lists
@@ -119,14 +130,20 @@ class ServerSection(_Section):
                 f"server.grpc_tls_cert_file ({self.grpc_tls_cert_file!r}) and "
                 f"server.grpc_tls_key_file ({self.grpc_tls_key_file!r}) go together: give both "
                 f"for TLS, or neither for plaintext")
-        for i, pair in enumerate(self.grpc_access_keys):
-            # The message names the access key at most: a secret never goes to a log.
-            access_key, sep, secret_key = pair.partition(":")
-            if not sep or not access_key or not secret_key:
-                what = (f"access key {access_key!r} has an empty secret key" if access_key
-                        and sep else f"entry {i} has no access key before a ':'")
-                raise ValueError(f"server.grpc_access_keys: {what}; each entry is "
-                                 f"'ACCESS_KEY:SECRET_KEY', both non-empty")
+        for key in ("grpc_access_keys", "grpc_admin_keys"):
+            for i, pair in enumerate(getattr(self, key)):
+                # The message names the access key at most: a secret never goes to a log.
+                access_key, sep, secret_key = pair.partition(":")
+                if not sep or not access_key or not secret_key:
+                    what = (f"access key {access_key!r} has an empty secret key" if access_key
+                            and sep else f"entry {i} has no access key before a ':'")
+                    raise ValueError(f"server.{key}: {what}; each entry is "
+                                     f"'ACCESS_KEY:SECRET_KEY', both non-empty")
+        if self.grpc_max_unwritten_bytes_per_connection > self.grpc_max_unwritten_bytes:
+            raise ValueError(
+                f"server.grpc_max_unwritten_bytes_per_connection "
+                f"({self.grpc_max_unwritten_bytes_per_connection}) cannot exceed "
+                f"server.grpc_max_unwritten_bytes ({self.grpc_max_unwritten_bytes})")
         return self
 
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import re
 
 from mqstore.format.names import STORED_TOPIC_RULE as TOPIC_RULE  # noqa: F401 - the rule consumers name
-from mqstore.format.names import check_stored_topic
+from mqstore.errors import SystemTopicError
+from mqstore.format.names import (
+    check_stored_topic, is_system_topic, shown, system_topic_refusal,
+)
 
 GROUP_RULE = "^[%|a-zA-Z0-9_-]+$, at most 255 characters (RocketMQ's rule)"
 _GROUP = re.compile(r"[%|a-zA-Z0-9_-]{1,255}")
@@ -24,12 +27,17 @@ HALF_AN_HOUR_MS = 30 * 60 * 1000  # RocketMQ's default consumeTimestamp: half an
 
 def check_group(group: object) -> str:
     if not isinstance(group, str) or not _GROUP.fullmatch(group):
-        raise ValueError(f"group {group!r} must match {GROUP_RULE}")
+        raise ValueError(f"group {shown(group)} must match {GROUP_RULE}")
     return group
 
 
 def check_topic(topic: object) -> str:
-    return check_stored_topic(topic)
+    """A topic a consumer call names: the rule of every read, and no system topic
+    (``SystemTopicError``)."""
+    check_stored_topic(topic)
+    if is_system_topic(topic):
+        raise SystemTopicError(system_topic_refusal(topic, "consume"))
+    return topic
 
 
 def check_int(name: str, value: object, minimum: int) -> int:

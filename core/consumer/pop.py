@@ -1,6 +1,7 @@
 """The pop consumer: RocketMQ 5's SimpleConsumer model, independent of any transport.
 
-``pop`` hands out up to ``max_msgs`` messages of a topic, taken from all its queues in turn (as
+``pop`` hands out up to ``max_msgs`` messages (and, with ``max_bytes``, no more bytes of records
+than that, the first message whatever its size) of a topic, taken from all its queues in turn (as
 RocketMQ's broker pops: each queue fills what room is left, the first queue rotating from pop
 to pop, so every queue leads in turn), each invisible to other pops for
 ``invisible_ms`` and carrying a receipt handle. ``ack(handle)`` ends a delivery, and
@@ -20,12 +21,21 @@ compacts now and then; so it survives restarts and SIGKILL (a message is deliver
 if it was not acknowledged, never lost), and pops from several processes never hand out one
 message twice while it is in flight. A queue new to a pop group starts at the group's
 committed offset (``config/consumerOffset.json``) when it has one, else by ``consume_from``.
+
+Descriptors: each topic and group's journal holds two (journal and lock) while open, and a
+process keeps at most ``consumer.max_open_pop_states`` of them open, the least recently used
+released first (``PopJournal.release``: the next use reopens and reloads, re-checking the
+journal's inode), never one in use. When the process runs out of descriptors all the others are
+released and the call is tried once more before the error goes to the caller.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import threading
 import time
+from collections import OrderedDict
 
 from mqstore.consumer import names
 from mqstore.consumer.errors import ReceiptHandleError, StaleReceiptHandleError
@@ -56,30 +66,85 @@ class PoppedMessage(ConsumedMessage):
         self.invisible_until_ms = until
 
 
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+
+
+def _out_of_descriptors(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in _OUT_OF_DESCRIPTORS
+
+
 class PopConsumer:
     def __init__(self, service) -> None:
         self._service = service
-        self._journals: dict = {}
+        self._max_open = service.config.max_open_pop_states
+        self._journals: OrderedDict = OrderedDict()  # (topic, group) -> PopJournal, LRU first
+        self._users: dict = {}  # (topic, group) -> calls using its journal now
         self._lock = threading.Lock()
 
-    def _journal(self, topic: str, group: str) -> PopJournal:
+    @contextlib.contextmanager
+    def _using(self, topic: str, group: str):
+        """The journal of ``topic`` and ``group``, kept open (not released) while in use."""
         key = (topic, group)
-        journal = self._journals.get(key)
-        if journal is None:
+        with self._lock:
+            journal = self._journals.get(key)
+            if journal is None:
+                journal = self._journals[key] = PopJournal(
+                    self._service.root, topic, group, fsync=self._service.config.commit_fsync)
+            else:
+                self._journals.move_to_end(key)
+            self._users[key] = self._users.get(key, 0) + 1
+            idle = self._idle(len(self._journals) - self._max_open)
+        for other in idle:
+            other.release()
+        try:
+            yield journal
+        finally:
             with self._lock:
-                journal = self._journals.get(key)
-                if journal is None:
-                    journal = self._journals[key] = PopJournal(
-                        self._service.root, topic, group, fsync=self._service.config.commit_fsync)
-        return journal
+                users = self._users.pop(key) - 1
+                if users:
+                    self._users[key] = users
+
+    def _idle(self, count: int) -> list:
+        """Take up to ``count`` journals nobody uses out of the table, least recent first
+        (the lock held); the caller releases them."""
+        out = []
+        for key in list(self._journals):
+            if len(out) >= count:
+                break
+            if key not in self._users:
+                out.append(self._journals.pop(key))
+        return out
+
+    def _retrying(self, call, *args):
+        """``call(*args)``; when the process is out of descriptors, release every journal not
+        in use and try once more (nothing was written: a failed open comes before any
+        record)."""
+        try:
+            return call(*args)
+        except OSError as exc:
+            if not _out_of_descriptors(exc):
+                raise
+            with self._lock:
+                idle = self._idle(len(self._journals))
+            for journal in idle:
+                journal.release()
+            return call(*args)
+
+    @property
+    def open_states(self) -> int:
+        """Topic and group states in the table now (each open one holds two descriptors)."""
+        return len(self._journals)
 
     # -- pop ------------------------------------------------------------------------------
     def pop(self, group, topic, max_msgs, invisible_ms, *, expression=None,
-            expression_type="TAG", wait_ms=0, consume_from=names.LAST) -> list[PoppedMessage]:
+            expression_type="TAG", wait_ms=0, consume_from=names.LAST,
+            max_bytes=None) -> list[PoppedMessage]:
         names.check_group(group)
         names.check_topic(topic)
         names.check_int("max_msgs", max_msgs, 1)
         names.check_int("invisible_ms", invisible_ms, 0)
+        if max_bytes is not None:
+            names.check_int("max_bytes", max_bytes, 1)
         if isinstance(wait_ms, bool) or not isinstance(wait_ms, (int, float)) or not wait_ms >= 0:
             raise ValueError(f"wait_ms {wait_ms!r} must be a number >= 0")
         if consume_from not in POP_CONSUME_FROM:
@@ -96,9 +161,9 @@ class PopConsumer:
         existing = set(queues)
         while True:
             seen = wakeup.sequence()  # NOTE [ Long polling ]
-            got, next_due_ms = self._pop_once(store, group, topic, queues, max_msgs,
-                                              invisible_ms, expression, expression_type,
-                                              consume_from, existing)
+            got, next_due_ms = self._retrying(
+                self._pop_once, store, group, topic, queues, _Room(max_msgs, max_bytes),
+                invisible_ms, expression, expression_type, consume_from, existing)
             left = deadline - time.monotonic()
             if got or left <= 0:
                 return got
@@ -107,9 +172,14 @@ class PopConsumer:
             wakeup.wait(seen, min(left, slice_s))
             queues = store.queue_ids(topic)
 
-    def _pop_once(self, store, group, topic, queues, max_msgs, invisible_ms, expression,
+    def _pop_once(self, store, group, topic, queues, room, invisible_ms, expression,
                   expression_type, consume_from, existing):
-        journal = self._journal(topic, group)
+        with self._using(topic, group) as journal:
+            return self._pop_with(journal, store, group, topic, queues, room, invisible_ms,
+                                  expression, expression_type, consume_from, existing)
+
+    def _pop_with(self, journal, store, group, topic, queues, room, invisible_ms,
+                  expression, expression_type, consume_from, existing):
         picked: list = []  # (queue, batch, row, attempt, delivery, queue offset)
         with journal.changing() as state:
             now = store.clock()
@@ -117,7 +187,7 @@ class PopConsumer:
             first_delivery = delivery = state.next_delivery(now)
             rows: list = []  # the record: format.pop_record.ENTRY tuples
             # Deliveries that ran out come back first, oldest deadline first.
-            taken = state.take_due(now, max_msgs)
+            taken = state.take_due(now, room.msgs)
             try:
                 for i, (q, o, attempt, old) in enumerate(taken):
                     batch = store.read(topic, q, o, 1, verify=True)
@@ -128,11 +198,15 @@ class PopConsumer:
                     if not len(batch) or int(batch.queue_offsets[0]) != o:
                         rows.append((DONE, q, o, 0, old, 0, 0))  # its record is gone
                         continue
+                    if not room.take(int(batch.sizes[0])):  # past max_bytes: they wait
+                        state.requeue(taken[i:])
+                        taken = taken[:i]
+                        break
                     rows.append((INFLIGHT, q, o, until, delivery, attempt + 1, 0))
                     picked.append((q, batch, 0, attempt + 1, delivery, o))
                     delivery += 1
                 rotate = state.rotate
-                if queues and len(picked) < max_msgs:
+                if queues and not room.full:
                     first = rotate % len(queues)
                     rotate = first + 1
                     order = queues[first:] + queues[:first]
@@ -143,8 +217,7 @@ class PopConsumer:
                     # One read per queue that has messages: splitting a pop into shares of
                     # every queue costs a read's fixed cost per share.
                     for q in order:
-                        room = max_msgs - len(picked)
-                        if room <= 0:
+                        if room.full:
                             break
                         delivery = self._take_new(
                             store, state, topic, group, q, room, until, delivery, picked,
@@ -168,26 +241,27 @@ class PopConsumer:
     @staticmethod
     def _take_new(store, state, topic, group, q, room, until, delivery, picked, rows,
                   expression, expression_type, start, positions) -> int:
-        """Pop up to ``room`` never-popped messages of queue ``q`` (from ``positions[q]``,
-        which it moves on); returns the next delivery number."""
+        """Pop never-popped messages of queue ``q`` while ``room`` lasts (from
+        ``positions[q]``, which it moves on); returns the next delivery number."""
         offset = positions.get(q)
         if offset is None:
             offset = state.next.get(q)
             if offset is None:
                 offset = start.offset(q)
-        taken = 0
-        while taken < room:
-            batch = store.read(topic, q, offset, room - taken, expression=expression,
-                               expression_type=expression_type, group=group)
+        while not room.full:
+            batch = store.read(topic, q, offset, room.msgs, expression=expression,
+                               expression_type=expression_type, group=group,
+                               max_total_bytes=room.bytes)
             if batch is None:
                 break
-            n = len(batch)
-            if n:
-                for row, o in enumerate(batch.queue_offsets.tolist()):
-                    rows.append((INFLIGHT, q, o, until, delivery + row, 1, 0))
-                    picked.append((q, batch, row, 1, delivery + row, o))
-                delivery += n
-                taken += n
+            offsets, sizes = batch.queue_offsets.tolist(), batch.sizes.tolist()
+            for row, o in enumerate(offsets):
+                if not room.take(sizes[row]):  # past max_bytes: the rest stays for later
+                    positions[q] = o
+                    return delivery
+                rows.append((INFLIGHT, q, o, until, delivery, 1, 0))
+                picked.append((q, batch, row, 1, delivery, o))
+                delivery += 1
             moved = batch.next_begin_offset
             if batch.status in _NOTHING_NEW or moved == offset:
                 offset = moved
@@ -219,11 +293,16 @@ class PopConsumer:
                 continue
             by_state.setdefault(parsed[:2], []).append((i, handle, parsed[2:]))
         for (topic, group), items in by_state.items():
-            journal = self._journal(topic, group)
+            self._retrying(self._ack_state, topic, group, items, results)
+        return results
+
+    def _ack_state(self, topic, group, items, results) -> None:
+        """Acknowledge ``items`` of one topic and group in one record; results in place."""
+        with self._using(topic, group) as journal:
             if not journal.exists():
                 for i, handle, _ in items:
                     results[i] = _never_popped(handle, topic, group)
-                continue
+                return
             with journal.changing() as state:
                 acked: set = set()
                 done = []
@@ -237,38 +316,63 @@ class PopConsumer:
                         done.append((DONE, q, o, 0, d, 0, 0))
                 if done:
                     journal.append(done, state.rotate, state.delivery)
-        return results
 
     def change_invisible_duration(self, handle: str, invisible_ms: int) -> str:
         topic, group, q, offset, attempt, delivery = parse_handle(handle)
         names.check_int("invisible_ms", invisible_ms, 0)
-        journal = self._journal(topic, group)
-        if not journal.exists():
-            raise _never_popped(handle, topic, group)
-        with journal.changing() as state:
-            error = _check(state, handle, q, offset, attempt, delivery, ())
-            if error is not None:
-                raise error
-            now = self._service.store.clock()
-            new = state.next_delivery(now)
-            journal.append([(INFLIGHT, q, offset, now + invisible_ms, new, attempt, 0)],
-                           state.rotate, new)
+        return self._retrying(self._change, topic, group, handle, q, offset, attempt, delivery,
+                              invisible_ms)
+
+    def _change(self, topic, group, handle, q, offset, attempt, delivery, invisible_ms) -> str:
+        with self._using(topic, group) as journal:
+            if not journal.exists():
+                raise _never_popped(handle, topic, group)
+            with journal.changing() as state:
+                error = _check(state, handle, q, offset, attempt, delivery, ())
+                if error is not None:
+                    raise error
+                now = self._service.store.clock()
+                new = state.next_delivery(now)
+                journal.append([(INFLIGHT, q, offset, now + invisible_ms, new, attempt, 0)],
+                               state.rotate, new)
         return make_handle(topic, group, q, offset, attempt, new)
 
     # -- the state as a whole -------------------------------------------------------------
     def remove(self, topic: str, group: str) -> None:
         """Forget a group's pop state (its files go)."""
-        journal = self._journal(topic, group)
-        journal.remove()
-        with self._lock:
-            self._journals.pop((topic, group), None)
-        journal.close()
+        with self._using(topic, group) as journal:
+            journal.remove()
 
     def close(self) -> None:
         with self._lock:
-            journals, self._journals = list(self._journals.values()), {}
+            journals, self._journals = list(self._journals.values()), OrderedDict()
         for journal in journals:
             journal.close()
+
+
+class _Room:
+    """What a pop may still hand out: ``msgs`` messages and ``bytes`` bytes of records (None:
+    no byte limit); the first message goes whatever its size."""
+
+    __slots__ = ("msgs", "bytes", "taken")
+
+    def __init__(self, msgs: int, max_bytes: int | None) -> None:
+        self.msgs, self.bytes, self.taken = msgs, max_bytes, 0
+
+    @property
+    def full(self) -> bool:
+        return self.msgs <= 0 or (self.bytes is not None and self.taken > 0 and self.bytes <= 0)
+
+    def take(self, size: int) -> bool:
+        """Count a message of ``size`` bytes in; False (nothing counted) when it does not
+        fit."""
+        if self.bytes is not None:
+            if self.taken and size > self.bytes:
+                return False
+            self.bytes -= size
+        self.msgs -= 1
+        self.taken += 1
+        return True
 
 
 class _Start:

@@ -51,6 +51,7 @@ from typing import Iterator
 from mqstore.consumer.pop_state import PopState, journal_path, parse_checkpoint, pop_state_path
 from mqstore.errors import CorruptStateError
 from mqstore.format import pop_record
+from mqstore.storage import state_feed
 from mqstore.storage.durable_file import read_all, replace_file, sync_dir
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ class PopJournal:
         self._pos += len(data)
         self._dirty = True
         self._state.apply(rows, rotate, delivery)
+        state_feed.changed(self.journal)
         if self._pos - pop_record.HEADER_SIZE > max(COMPACT_BYTES, 2 * self._checkpoint_bytes):
             try:
                 self._compact()
@@ -265,6 +267,7 @@ class PopJournal:
         except BaseException:
             os.close(fd)
             raise
+        state_feed.changed(self.journal)
         if self._fsync:
             sync_dir(os.path.dirname(self.journal))
         self._close_journal()
@@ -300,6 +303,7 @@ class PopJournal:
                 for path in (self.path, self.journal, self.journal + DAMAGED_SUFFIX):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)
+                state_feed.changed(self.journal)
                 self._close_journal()
                 self._state, self._dirty = None, False
             finally:
@@ -309,6 +313,19 @@ class PopJournal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd, self._ino = -1, None
+
+    def release(self) -> None:
+        """Let the descriptors go (journal and lock) and forget the state, compacting nothing:
+        the next change or snapshot reopens the files and reloads, checking the journal's inode
+        against the descriptor it then holds, as any reload does (an inode number remembered
+        without its descriptor could be recycled). What this process appended stays in the
+        journal, which a later compaction folds into the checkpoint."""
+        with self._mutex:
+            self._close_journal()
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+            self._state = None
 
     def close(self) -> None:
         """Compact what this process appended, then let the files go."""
@@ -330,6 +347,13 @@ class PopJournal:
                 os.close(self._lock_fd)
                 self._lock_fd = -1
             self._state = None
+
+
+def state_exists(root: str, topic: str, group: str) -> bool:
+    """Whether ``group`` has pop state for ``topic`` in the store at ``root`` (a checkpoint or
+    a journal; the lock file alone is not state), without opening anything."""
+    return (os.path.exists(journal_path(root, topic, group))
+            or os.path.exists(pop_state_path(root, topic, group)))
 
 
 def _json_bytes(doc: dict) -> bytes:

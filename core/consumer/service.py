@@ -31,8 +31,8 @@ from mqstore.runtime.workers.wakeup import Wakeup
 log = logging.getLogger(__name__)
 
 CONSUMER_CALLS = ("consumer", "peek", "consumer_lag", "consumer_groups", "consumed_floor",
-                  "delete_consumer_group", "reset_consumer_offsets", "pop", "ack",
-                  "change_invisible_duration")
+                  "delete_consumer_group", "reset_consumer_offsets", "commit_consumer_offsets",
+                  "committed_offsets", "pop", "ack", "change_invisible_duration")
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,7 @@ class ConsumerService:
                 self._pop_consumer().remove(t, g)
                 gone.add((t, g))
         remove_group_files(self.root, group, topic)
+        self.state_changed()
         return sorted(gone)
 
     def reset_consumer_offsets(self, group: str, topic: str, *, offset: int | None = None,
@@ -184,21 +185,42 @@ class ConsumerService:
         self.offsets.persist()
         if (topic, group) in pop_state.pop_groups(self.root):
             self._pop_consumer().remove(topic, group)
+        self.state_changed()
         return out
+
+    def commit_consumer_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        """Record ``group``'s offsets of ``topic`` (``{queue id: next offset to consume}``) as a
+        consumer commits them: RocketMQ's updateConsumerOffset, for consumers the store does
+        not run itself (a broker's clients). Other queues and groups stay."""
+        names.check_group(group)
+        names.check_topic(topic)
+        checked = {check_queue_id(q): check_int("offset", o, 0, INT64_MAX)
+                   for q, o in offsets.items()}
+        self.offsets.commit(topic, group, checked)
+
+    def committed_offsets(self, group: str, topic: str) -> dict[int, int]:
+        """``{queue id: offset}`` ``group`` committed for ``topic`` (empty: none)."""
+        names.check_group(group)
+        names.check_topic(topic)
+        return self.offsets.offsets(topic, group)
 
     def pop(self, group: str, topic: str, max_msgs: int = 32, invisible_ms: int = 30_000, *,
             expression: str | None = None, expression_type: str = "TAG",
-            wait_ms: int | float = 0, consume_from: str = names.LAST) -> list:
+            wait_ms: int | float = 0, consume_from: str = names.LAST,
+            max_bytes: int | None = None) -> list:
         """RocketMQ 5's pop (SimpleConsumer.receive): up to ``max_msgs`` messages of
         ``topic``, from all its queues, each invisible to other pops for ``invisible_ms`` and
         carrying a ``receipt_handle`` for ``ack``; unacked ones come back with
         ``delivery_attempt`` + 1. Waits up to ``wait_ms`` for messages to arrive. A queue new
         to the group starts at its committed offset, else by ``consume_from``: ``"last"``
         (its end), ``"first"`` (its first message) or ``"max"`` (RocketMQ 5's proxy: its
-        first message while offset 0 is still stored, else its last message)."""
+        first message while offset 0 is still stored, else its last message).
+        ``max_bytes``: at most that many bytes of records, the first message whatever its
+        size (RocketMQ's maxTotalMsgSize of a pull)."""
         return self._pop_consumer().pop(group, topic, max_msgs, invisible_ms,
                                         expression=expression, expression_type=expression_type,
-                                        wait_ms=wait_ms, consume_from=consume_from)
+                                        wait_ms=wait_ms, consume_from=consume_from,
+                                        max_bytes=max_bytes)
 
     def ack(self, receipt_handle: str | list[str] | tuple[str, ...]):
         """Acknowledge a popped message; a stale or unknown handle raises
@@ -206,12 +228,22 @@ class ConsumerService:
         acknowledges them all in one step per topic and group and returns one result per
         handle, in order: None (acknowledged) or the ``ReceiptHandleError`` (a
         ``StaleReceiptHandleError`` for a delivery that is over) saying why not."""
-        return self._pop_consumer().ack(receipt_handle)
+        try:
+            return self._pop_consumer().ack(receipt_handle)
+        finally:
+            self.state_changed()
 
     def change_invisible_duration(self, receipt_handle: str, invisible_ms: int) -> str:
         """Make a popped message invisible for ``invisible_ms`` from now; returns its new
         receipt handle (the old one goes stale)."""
-        return self._pop_consumer().change_invisible_duration(receipt_handle, invisible_ms)
+        handle = self._pop_consumer().change_invisible_duration(receipt_handle, invisible_ms)
+        self.state_changed()
+        return handle
+
+    def state_changed(self) -> None:
+        """A change a client is told of was made (NOTE [ State mirror ]): returns once it is
+        replicated as the store's role promises."""
+        self.store.state_changed()
 
     # -- shared parts ---------------------------------------------------------------------
     def wakeup(self) -> Wakeup:

@@ -9,10 +9,16 @@ Python client, whose package ships the generated stubs. The store never imports 
     protocol     the generated messages and service, loaded from the client's package
     status       RocketMQ status codes: EndpointError, put statuses and errors -> codes
     resources    namespaced resource names <-> store topics and groups
-    auth         the access-key check (HMAC-SHA1 over x-mq-date-time)
-    limits       what one peer may hold: connections, idle clients, request sizes
     rpc_metrics  the endpoints' RPC metrics, whatever protocol carries the RPCs
     grpc_metrics the gRPC endpoint's RPCs counted into them (a server interceptor)
+    auth         the access-key check (HMAC-SHA1 over x-mq-date-time, near the clock);
+                 admin keys apart from client keys
+    limits       what one peer may hold: connections, idle clients, request sizes; no open
+                 admin service beyond loopback
+    backlog      bytes receives handed out and their streams have not sent
+    connections  closing a stalled peer's connection
+    creations    topics and groups each client host creates
+    rules        the proxy's rules for tags, keys, message groups, properties
     settings     Telemetry: each client's Settings answered as the Apache proxy does
     route        QueryRoute: which topics exist and their queues (one function)
     wire         store records <-> protobuf messages

@@ -3,7 +3,7 @@
 
 Each call is one unary RPC on a plaintext channel (as ``produce --server`` and ``consume
 --server`` dial), signed with the access key as the RocketMQ clients sign theirs when one is
-given. A refusal raises the exception the store raised, with its message, so a command prints
+given (an admin key: ``server.grpc_admin_keys``). A refusal raises the exception the store raised, with its message, so a command prints
 and exits as it does on a closed store; when the call itself fails (no server there, the
 access key refused, too many connections, a server without the admin service) the exception
 names the server.
@@ -11,14 +11,13 @@ names the server.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 
 import grpc
 
 from mqstore.config import parse_listen
 from mqstore.endpoint.admin_wire import BY_NAME, ERROR_KEY, METHODS, SERVICE, path
-from mqstore.endpoint.auth import signed_metadata
+from mqstore.endpoint.auth import now_date_time, signed_metadata
 from mqstore.errors import MQStoreError
 
 CALL_TIMEOUT_S = 60.0
@@ -93,8 +92,7 @@ class AdminClient:
     def _metadata(self) -> list[tuple[str, str]]:
         if not self._access_key:
             return []
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        return signed_metadata(self._access_key, self._secret_key, now)
+        return signed_metadata(self._access_key, self._secret_key, now_date_time())
 
     def _refusal(self, method: str, exc: grpc.RpcError) -> BaseException:
         code, details = exc.code(), exc.details() or ""

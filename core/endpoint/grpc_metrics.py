@@ -125,11 +125,48 @@ def _unary(behavior, calls: MethodMetrics):
     return rpc
 
 
+class _Writes:
+    """A handler's context whose ``write``s are seen: the first response's code, and a
+    receive's responses for its deliveries. Everything else is the context's."""
+
+    def __init__(self, context, kept: list | None) -> None:
+        self._context = context
+        self.kept = kept
+        self.code: str | None = None
+
+    async def write(self, response) -> None:
+        if self.code is None:
+            self.code = response_code(response)
+        if self.kept is not None:
+            self.kept.append(response)  # a receive's: at most 32 messages
+        await self._context.write(response)
+
+    def __getattr__(self, name: str):
+        return getattr(self._context, name)
+
+
+def _writing(behavior, calls: MethodMetrics, deliveries):
+    async def rpc(request, context):
+        started, code = calls.started(), "UNKNOWN"
+        writes = _Writes(context, [] if deliveries is not None else None)
+        try:
+            await behavior(request, writes)
+            code = writes.code or "OK"
+        except BaseException as exc:
+            code = failure_code(exc, context)
+            raise
+        finally:
+            calls.finished(started, code)
+            if writes.kept:
+                deliveries(request, writes.kept)
+    return rpc
+
+
 def _streaming(behavior, calls: MethodMetrics, deliveries):
     """The same kind of behavior as ``behavior``: an async generator of responses, or a
     coroutine writing them (``context.write``), which gRPC does not let a handler mix."""
     if not inspect.isasyncgenfunction(behavior):
-        return _unary(behavior, calls)
+        return _writing(behavior, calls, deliveries)
 
     async def rpc(request, context):
         started, code, first = calls.started(), "OK", True

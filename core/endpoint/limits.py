@@ -9,6 +9,12 @@
                         pings find peers that vanished (a dead client's telemetry stream
                         would otherwise stay open)
     idle clients        ``settings.Sessions`` forgets client ids not heard from for as long
+    what receives hold  ``backlog.Backlog``: NOTE [ Unwritten bytes ]
+    what peers create   ``creations.Creations``: topics and groups per client host
+    its log             warnings and errors a peer can cause (a malformed request, a call it
+                        cancelled) are rate-limited: one line per kind a minute, with the
+                        count of those suppressed (``mqstore.log_limit``; ``LIMITED_LOGGERS``)
+    the admin service   open only on loopback (``check_exposure``)
 
 gRPC's Python server has no connection cap, so ``Peers`` counts peer addresses (one per TCP
 connection) from their first RPC until they have none in flight and were idle for the idle
@@ -20,12 +26,77 @@ from __future__ import annotations
 
 import time
 
+import ctypes
+import ipaddress
+import logging
+
+from mqstore import log_limit
+from mqstore.config import parse_listen
 from mqstore.endpoint.protocol import Code
 from mqstore.endpoint.status import EndpointError
+from mqstore.errors import ConfigError
 
 KEEPALIVE_TIME_MS = 60_000  # ping a connection silent this long
 KEEPALIVE_TIMEOUT_MS = 20_000  # and close it when the ping is not answered in this time
 MAX_METADATA_BYTES = 16 * 1024  # request headers (the clients send about 400 bytes)
+# gRPC's own logger (a traceback per malformed request, per call cancelled mid-write) and ours.
+LIMITED_LOGGERS = ("grpc._cython.cygrpc", "grpc.aio._server", "mqstore.endpoint")
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+BIG_BUFFER_BYTES = 1 << 20
+
+
+def return_big_buffers() -> bool:
+    """Have glibc give every allocation of BIG_BUFFER_BYTES or more memory of its own, returned
+    to the system when freed (NOTE [ Unwritten bytes ]: what a receive held goes when its
+    stream is done). Left alone, glibc raises that threshold to the size of the first such
+    buffer freed and keeps later ones in its heap, so the process's RSS stays at the highest
+    it ever held. False where there is no glibc."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, BIG_BUFFER_BYTES))
+
+
+class LogLimits:
+    """Rate-limit the warnings and errors of ``LIMITED_LOGGERS`` (``mqstore.log_limit``) until
+    ``remove``."""
+
+    def __init__(self) -> None:
+        self._limited = [(logger, log_limit.limit(logger, level=logging.WARNING))
+                         for logger in map(logging.getLogger, LIMITED_LOGGERS)]
+
+    def remove(self) -> None:
+        for logger, limiter in self._limited:
+            log_limit.remove(logger, limiter)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
+
+
+def check_exposure(server, admin_served: bool) -> None:
+    """ConfigError when the admin service would be open to anyone who reaches a port that
+    listens beyond loopback: it creates and changes topics, resets offsets, deletes groups."""
+    if not admin_served or not server.grpc_admin_enabled or server.grpc_admin_keys:
+        return
+    host, _port = parse_listen(server.grpc_listen)
+    if is_loopback(host):
+        return
+    raise ConfigError(
+        f"server.grpc_listen {server.grpc_listen!r} listens beyond loopback, and the admin "
+        f"service (mqstore.admin.v1.Admin: `mqstore topic|group --server`, which creates and "
+        f"updates topics, resets offsets and deletes groups) would answer anyone who reaches "
+        f"it: set server.grpc_admin_keys (['ADMIN_KEY:SECRET_KEY'], then `mqstore topic ... "
+        f"--server HOST:PORT --admin-access-key ADMIN_KEY` with MQSTORE_ADMIN_SECRET_KEY), or "
+        f"turn the admin service off with server.grpc_admin_enabled: false")
 
 
 def server_options(server) -> list[tuple[str, int]]:
@@ -80,4 +151,5 @@ class Peers:
         return len(self._peers)
 
 
-__all__ = ["Peers", "server_options"]
+__all__ = ["Peers", "server_options", "check_exposure", "is_loopback", "return_big_buffers",
+           "LogLimits", "LIMITED_LOGGERS"]

@@ -5,16 +5,26 @@ Receive is pop across all the topic's queues; a group new to a queue starts ther
 5's proxy starts it (``consume_from="max"``: ConsumeInitMode.MAX). A handle is checked against
 the topic and group of the request that presents it, so one group cannot acknowledge another's
 deliveries. ``ack`` takes every handle of a request at once and answers each.
+
+A filter is checked before the pop, compiled on a thread of its own (one: compiles queue up
+there, not on the event loop, where a long SQL92 expression would stall every other call) and
+cached by the store for the pop that follows. Its text is bounded first (``MAX_FILTER_CHARS``,
+whatever its type; the SQL92 plugin bounds its nesting too).
 """
 
 from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 from mqstore.consumer import names
 from mqstore.consumer.errors import ReceiptHandleError
 from mqstore.consumer.pop import parse_handle
 from mqstore.endpoint.protocol import Code, definition_pb2
 from mqstore.endpoint.status import EndpointError
+from mqstore.format.names import shown
 
+MAX_FILTER_CHARS = 16_384  # a filter expression's text, any type
 FILTER_TYPES = {definition_pb2.FilterType.FILTER_TYPE_UNSPECIFIED: "TAG",
                 definition_pb2.FilterType.TAG: "TAG",
                 definition_pb2.FilterType.SQL: "SQL92"}
@@ -26,7 +36,12 @@ def filter_of(expression) -> tuple[str | None, str]:
     if kind is None:
         raise EndpointError(Code.ILLEGAL_FILTER_EXPRESSION,
                             f"filter type {expression.type} is not TAG or SQL")
-    text = expression.expression.strip()
+    text = expression.expression
+    if len(text) > MAX_FILTER_CHARS:
+        raise EndpointError(Code.ILLEGAL_FILTER_EXPRESSION, (
+            f"{kind} filter {shown(text)} is longer than {MAX_FILTER_CHARS} characters, the "
+            f"longest this endpoint compiles"))
+    text = text.strip()
     if kind == "TAG" and text in ("", "*"):
         return None, kind
     return text, kind
@@ -35,20 +50,30 @@ def filter_of(expression) -> tuple[str | None, str]:
 class Pops:
     def __init__(self, store) -> None:
         self._store = store
+        self._compiler = ThreadPoolExecutor(1, thread_name_prefix="mqstore-grpc-filter")
 
-    def check_filter(self, expression: str | None, expression_type: str) -> None:
+    async def check_filter(self, expression: str | None, expression_type: str) -> None:
+        """ILLEGAL_FILTER_EXPRESSION unless it compiles; compiled off the event loop."""
+        if expression is None:
+            return
         try:
-            self._store.view.compile_filter(expression, expression_type)
+            await asyncio.get_running_loop().run_in_executor(
+                self._compiler, self._store.view.compile_filter, expression, expression_type)
         except ValueError as exc:
             raise EndpointError(Code.ILLEGAL_FILTER_EXPRESSION,
-                                f"filter {expression!r} ({expression_type}): {exc}") from None
+                                f"{expression_type} filter {shown(expression)}: {exc}") from None
+
+    def close(self) -> None:
+        self._compiler.shutdown(wait=True)
 
     def pop(self, group: str, topic: str, max_msgs: int, invisible_ms: int,
-            expression: str | None, expression_type: str) -> list:
-        """Popped messages (each with ``receipt_handle`` and ``delivery_attempt``), without
-        waiting: the endpoint's own long poll waits between pops."""
+            expression: str | None, expression_type: str, max_bytes: int) -> list:
+        """Popped messages (each with ``receipt_handle`` and ``delivery_attempt``), at most
+        ``max_bytes`` of records but one at least, without waiting: the endpoint's own long
+        poll waits between pops."""
         return self._store.pop(group, topic, max_msgs, invisible_ms, expression=expression,
-                               expression_type=expression_type, consume_from=names.MAX)
+                               expression_type=expression_type, consume_from=names.MAX,
+                               max_bytes=max(1, max_bytes))
 
     def ack(self, group: str, topic: str, handles: list[str]) -> list[str | None]:
         """Acknowledge the handles in one batch (``store.ack([...])``); per handle None, or why

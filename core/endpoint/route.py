@@ -60,14 +60,16 @@ class Topics:
         except CorruptStateError:
             return None
 
-    def for_send(self, topic: str) -> None:
-        """Check that ``topic`` may take a send (TOPIC_NOT_FOUND otherwise)."""
+    def for_send(self, topic: str) -> bool:
+        """Whether ``topic`` exists; False: a send creates it (TOPIC_NOT_FOUND when it may
+        not)."""
         if topic in self._known or self.exists(topic):
-            return
+            return True
         if not self.auto_create:
             raise EndpointError(Code.TOPIC_NOT_FOUND, (
                 f"topic {topic!r} does not exist and topics.auto_create is "
                 f"false"))
+        return False
 
     def created(self, topic: str) -> None:
         """A send to ``topic`` was stored: it exists from now on."""

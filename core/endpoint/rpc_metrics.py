@@ -75,6 +75,17 @@ class MethodMetrics:
                 child = self._error_children[code] = self._errors.labels(*self._labels, code)
             child.inc()
 
+    def record(self, seconds: float, code: str) -> None:
+        """One RPC already answered, ``seconds`` after it began (for servers that report a
+        request once it is over: it was never counted in flight)."""
+        self._requests.inc()
+        self._duration.observe(seconds)
+        if code not in self._ok:
+            child = self._error_children.get(code)
+            if child is None:
+                child = self._error_children[code] = self._errors.labels(*self._labels, code)
+            child.inc()
+
 
 class RpcMetrics:
     """NOTE [ RPC metrics ]: the instruments, and what endpoints call."""

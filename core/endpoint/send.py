@@ -190,9 +190,11 @@ _STORED_ONE = service_pb2.SendMessageResponse(status=ok(),
 
 
 class Sender:
-    def __init__(self, store, topics, config) -> None:
+    def __init__(self, store, topics, config, creations) -> None:
         self._topics = topics
+        self._creations = creations  # a send that creates a topic counts against its host
         self._max_body = config.commit_log.max_message_bytes
+        self._auto_v2 = config.commit_log.auto_v2_on_long_topic
         self._pool = None
         if config.flush.policy != NON_WAITING_FLUSH:
             self._pool = ThreadPoolExecutor(PUT_THREADS, thread_name_prefix="mqstore-grpc-put")
@@ -207,9 +209,11 @@ class Sender:
         topics = self._topics
         out = []
         for m in request.messages:
-            topic = topic_to_write(full_name(m.topic))
-            topics.for_send(topic)
+            topic = topic_to_write(full_name(m.topic), self._auto_v2)
+            exists = topics.for_send(topic)
             msg = wire.to_store(m, topic, born_host, self._max_body)
+            if not exists:
+                self._creations.topic(peer, topic)
             group = m.system_properties.message_group
             if group:
                 queues = topics.queues(topic) or range(topics.queues_per_topic)

@@ -17,6 +17,7 @@ was answered PUT_OK was stored before the close flushed the commit log.
 Plaintext by default; with ``server.grpc_tls_cert_file`` and ``grpc_tls_key_file`` the port
 speaks TLS only (the Java and Go clients enable TLS by default, trusting any certificate; the
 Python client verifies it against the system roots, or ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``).
+An admin service open to anyone is refused beyond loopback (``check_exposure``).
 """
 
 from __future__ import annotations
@@ -29,11 +30,16 @@ from dataclasses import dataclass
 import grpc
 
 from mqstore.config import StoreConfig, parse_listen
+from mqstore.consumer.pop_journal import state_exists
 from mqstore.endpoint.admin_service import AdminService
-from mqstore.endpoint.auth import AccessKeys
+from mqstore.endpoint.auth import AccessKeys, AdminAccess
+from mqstore.endpoint.backlog import Backlog
+from mqstore.endpoint.creations import Creations
 from mqstore.endpoint.forward import PREFIX, Forwarder, RoleRouter
 from mqstore.endpoint.grpc_metrics import PROTOCOL, MetricsInterceptor
-from mqstore.endpoint.limits import Peers, server_options
+from mqstore.endpoint.limits import (
+    LogLimits, Peers, check_exposure, return_big_buffers, server_options,
+)
 from mqstore.endpoint.longpoll import DispatchWaiter
 from mqstore.endpoint.pops import Pops
 from mqstore.endpoint.protocol import service_pb2_grpc
@@ -63,6 +69,8 @@ class Parts:
     sessions: Sessions
     peers: Peers
     access_keys: AccessKeys
+    admin_access: AdminAccess
+    backlog: Backlog
     settings_policy: SettingsPolicy
     endpoints: object  # Endpoints answered when a route query names none
 
@@ -96,9 +104,10 @@ class Endpoint:
     counted)."""
 
     def __init__(self, store, config: StoreConfig, admin=None, metrics=None) -> None:
+        check_exposure(config.server, admin is not None)
         self._store = store
         self._config = config
-        self._admin = admin
+        self._admin = admin if config.server.grpc_admin_enabled else None
         self._metrics = metrics
         self._served: Parts | None = None  # once serving
         self._creds = credentials(config.server)
@@ -149,10 +158,13 @@ class Endpoint:
         loop, parts, server = self._loop, self._served, config.server
         if loop is None or parts is None or loop.is_closed():
             return
-        keys = AccessKeys(dict(pair.split(":", 1) for pair in server.grpc_access_keys))
+        keys = AccessKeys(_pairs(server.grpc_access_keys), server.grpc_signature_skew_ms)
+        # The admin keys stay as they run; whether a client key is refused there follows the new keys.
+        admin_access = AdminAccess(parts.admin_access.admin_keys, keys)
 
         def apply() -> None:  # on the loop's thread, between two calls' guards
             parts.access_keys = keys
+            parts.admin_access = admin_access
             parts.peers.max_connections = server.grpc_max_connections
             parts.sessions.max_sessions = server.grpc_max_connections * SESSIONS_PER_CONNECTION
         try:
@@ -167,17 +179,25 @@ class Endpoint:
         pops = Pops(store)
         waiter = DispatchWaiter(store.root, loop)
         host, _port = parse_listen(server.grpc_listen)
+        creations = Creations(server.grpc_peer_max_new_topics, server.grpc_peer_max_new_groups,
+                              lambda topic, group: state_exists(store.root, topic, group))
+        backlog = Backlog(server.grpc_max_unwritten_bytes_per_connection,
+                          server.grpc_max_unwritten_bytes)
+        access_keys = AccessKeys(_pairs(server.grpc_access_keys), server.grpc_signature_skew_ms)
         return Parts(
-            store=store, topics=topics, pops=pops, sender=Sender(store, topics, config),
-            receiver=Receiver(topics, pops, waiter, server.grpc_min_invisible_ms,
-                              server.grpc_max_long_polling_ms),
+            store=store, topics=topics, pops=pops,
+            sender=Sender(store, topics, config, creations),
+            receiver=Receiver(topics, pops, waiter, server, backlog, creations, port),
             waiter=waiter,
             sessions=Sessions(server.grpc_max_connections * SESSIONS_PER_CONNECTION,
                               server.grpc_client_idle_ms),
             peers=Peers(server.grpc_max_connections, server.grpc_client_idle_ms),
-            access_keys=AccessKeys(dict(pair.split(":", 1)
-                                        for pair in server.grpc_access_keys)),
-            settings_policy=SettingsPolicy(config), endpoints=endpoints_of(host, port))
+            access_keys=access_keys,
+            admin_access=AdminAccess(AccessKeys(_pairs(server.grpc_admin_keys),
+                                                server.grpc_signature_skew_ms,
+                                                setting="server.grpc_admin_keys"), access_keys),
+            backlog=backlog, settings_policy=SettingsPolicy(config),
+            endpoints=endpoints_of(host, port))
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -206,15 +226,18 @@ class Endpoint:
                                                     forwarder),))
         admin = None
         if self._admin is not None:
-            admin = AdminService(self._admin, service.enter, service.peers.leave)
+            admin = AdminService(self._admin, service.enter_admin, service.peers.leave)
             server.add_generic_rpc_handlers(admin.handlers())
         await server.start()
+        return_big_buffers()
         parts.waiter.start()
         sweeper = asyncio.ensure_future(self._sweep(parts))
+        limited = LogLimits()
         self.address = show(host, bound)
-        log.info("serving gRPC (apache.rocketmq.v2.MessagingService) on %s, %s, %s",
-                 self.address, "TLS" if self._creds else "plaintext",
-                 "access keys checked" if parts.access_keys.enabled else "no access keys")
+        log.info("serving gRPC (apache.rocketmq.v2.MessagingService) on %s, %s, %s; admin "
+                 "service %s", self.address, "TLS" if self._creds else "plaintext",
+                 "access keys checked" if parts.access_keys.enabled else "no access keys",
+                 parts.admin_access.describe(admin is not None))
         self._ready.set()
         try:
             await self._stop.wait()
@@ -227,8 +250,10 @@ class Endpoint:
             if admin is not None:
                 admin.close()
             parts.sender.close()
+            parts.pops.close()
             parts.waiter.close()
             await forwarder.close()
+            limited.remove()
         log.info("gRPC endpoint stopped")
 
     def _forwarder(self, service: MessagingService) -> Forwarder:
@@ -270,6 +295,10 @@ class _Captured:
 class _Details:
     method: str
     invocation_metadata: tuple
+
+
+def _pairs(keys) -> dict[str, str]:
+    return dict(pair.split(":", 1) for pair in keys)
 
 
 def start_endpoint(store, config: StoreConfig, admin=None, metrics=None) -> Endpoint:

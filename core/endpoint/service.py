@@ -16,6 +16,7 @@ threads (``send``), everything else inline (microseconds to a millisecond).
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import inspect
 import logging
@@ -39,6 +40,11 @@ def _failure(name: str, exc: BaseException) -> tuple[int, str]:
         return exc.code, exc.message
     if isinstance(exc, StoreClosedError):
         return Code.INTERNAL_SERVER_ERROR, "the store is closing: the endpoint is stopping"
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        # Its caches let files go as they need descriptors; this is a moment's shortage.
+        log.error("%s refused: out of file descriptors (%s)", name, exc.strerror)
+        return Code.TOO_MANY_REQUESTS, (f"{name} refused: the server is out of file "
+                                        f"descriptors for now; try again later")
     log.exception("%s failed", name)
     return Code.INTERNAL_SERVER_ERROR, f"{name} failed: {type(exc).__name__}: {exc}"
 
@@ -87,6 +93,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         access_keys = self.parts.access_keys
         if access_keys.enabled:
             access_keys.check(dict(context.invocation_metadata() or ()))
+        self.peers.enter(peer)
+
+    def enter_admin(self, context, peer: str) -> None:
+        """The admin service's guard: its own keys (``auth.AdminAccess``), the same cap."""
+        self.parts.admin_access.check(dict(context.invocation_metadata() or ()))
         self.peers.enter(peer)
 
     # -- routes and clients ---------------------------------------------------------------
@@ -150,20 +161,20 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def ReceiveMessage(self, request, context):
         peer = context.peer()
+        receiver = self.parts.receiver
         try:
             self.enter(context, peer)
         except EndpointError as exc:
-            for response in receive.refusal(exc.code, exc.message):
-                yield response
+            await receiver.answer(context, None, receive.refusal(exc.code, exc.message))
             return
         try:
+            handed = receive.Handed(peer)
             try:
-                messages = await self.parts.receiver.receive(request, context.time_remaining())
-                answer = receive.responses(messages, self.parts.store.clock())
+                await receiver.receive(request, context.time_remaining(), handed)
+                answer = receive.responses(handed.messages, self.parts.store.clock())
             except Exception as exc:  # noqa: BLE001 - every failure is an answer
                 answer = receive.refusal(*_failure("ReceiveMessage", exc))
-            for response in answer:
-                yield response
+            await receiver.answer(context, handed, answer)
         finally:
             self.peers.leave(peer)
 

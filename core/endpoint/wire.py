@@ -14,6 +14,9 @@ Sending (``to_store``)::
     user_properties               the other properties; RocketMQ's own names are refused
     (the connection's peer)       the record's born host
 
+What the store accepts is refused further by the proxy's own rules (``rules``: tags, keys,
+message groups, property names and values), with the proxy's codes.
+
 Receiving (``to_wire``) reverses it and adds what the store knows: the store timestamp and
 host, the queue and queue offset, the pop's receipt handle and delivery attempt, and the body
 digest: MD5, upper-case hex, as the proxy sends it (the Java and Python clients agree on that
@@ -30,6 +33,7 @@ import zlib
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from mqstore.endpoint import rules
 from mqstore.endpoint.protocol import Code, definition_pb2
 from mqstore.endpoint.resources import resource
 from mqstore.endpoint.status import EndpointError
@@ -126,6 +130,7 @@ def to_store(msg, topic: str, born_host: str | None, max_body_bytes: int) -> Mes
         if name in SYSTEM_PROPERTY_NAMES:
             raise EndpointError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
                                 f"property {name!r} is used by the system")
+        rules.check_user_property(name, value)
         try:
             check_property(name, value)
         except ValueError as exc:
@@ -137,12 +142,14 @@ def to_store(msg, topic: str, born_host: str | None, max_body_bytes: int) -> Mes
     properties[PROPERTY_UNIQ_KEY] = message_id
     group = sp.message_group
     if group:
+        rules.check_message_group(group)
         properties[SHARDING_KEY] = group
     trace = sp.trace_context
     if trace:
         properties[TRACE_CONTEXT] = trace
     tags = sp.tag or None
     if tags is not None:
+        rules.check_tag(tags)
         try:
             check_tags(tags)
         except ValueError as exc:
@@ -150,6 +157,8 @@ def to_store(msg, topic: str, born_host: str | None, max_body_bytes: int) -> Mes
     # RocketMQ joins the keys with spaces into KEYS, and a receiver splits them there: a key
     # holding a space arrives as two.
     keys = sp.keys
+    if keys:
+        rules.check_keys(keys)
     keys = (KEY_SEPARATOR.join(keys).split() or None) if keys else None
     if keys is not None:
         try:

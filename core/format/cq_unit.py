@@ -72,3 +72,35 @@ def valid_run(units: np.ndarray, prev_end: int = -1) -> tuple[int, int]:
         # Out of order, the unit before may be the stray one (it jumped ahead): it goes too.
         n = first - 1 if unordered[first] and first > 0 and real[first - 1] else first
     return n, (int(upto[n - 1]) if n else prev_end)
+
+
+def unwritten(unit) -> bool:
+    """Whether ``unit`` reads as one dispatch has not written yet (a written one never has
+    size 0)."""
+    return unit["size"] == 0 and unit["phys_offset"] == 0
+
+
+def written_count(units: np.ndarray) -> int:
+    """Units that hold anything (a never-written unit is all zeros)."""
+    return int(np.count_nonzero((units["size"] != 0) | (units["phys_offset"] != 0)))
+
+
+def last_end(units: np.ndarray) -> int:
+    """The commit-log end of the last record ``units`` name (-1: none)."""
+    size = units["size"].astype(np.int64)
+    real = (size != FILLER_SIZE) & (size > 0)
+    if not real.any():
+        return -1
+    return int((units["phys_offset"].astype(np.int64) + size)[real].max())
+
+
+def joined(*parts: np.ndarray) -> np.ndarray:
+    """Units end to end, in the file's byte order (``np.concatenate`` would go native)."""
+    return np.concatenate(parts).astype(CQ_DTYPE)
+
+
+def fillers(count: int) -> np.ndarray:
+    """RocketMQ's filler units: offset 0, size 0x7FFFFFFF, tags code 0."""
+    fill = np.zeros(count, dtype=CQ_DTYPE)
+    fill["size"] = FILLER_SIZE
+    return fill

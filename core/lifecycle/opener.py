@@ -38,6 +38,7 @@ from mqstore.storage.checkpoint import Checkpoint
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
 from mqstore.storage.epoch_file import EpochFile
+from mqstore.storage.mapped_budget import MappedBudget
 from mqstore.storage.queue_floor import offsets_without_message
 from mqstore.storage.queue_manifest import ManifestKeeper, read_entries
 from mqstore.storage.queue_progress import read_queued, remove_queued
@@ -135,9 +136,10 @@ class Opener:
             identity = ids.settled(self.root, store_id)
         cq_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
             config.consume_queue.file_units * CQ_UNIT_SIZE)
+        self.mapped = MappedBudget(config.consume_queue.max_mapped_files)
         self.queues = load_consume_queues(
             self.root, cq_bytes, read_only=ro, on_warning=log.warning, notes=notes,
-            known_bytes=meta.get("consume_queue_file_bytes"))
+            known_bytes=meta.get("consume_queue_file_bytes"), budget=self.mapped)
         self.meta = settle_meta(self.root, meta, meta_problem, commit_log=parts.commit_log,
                                 consume_queues=self.queues.values(),
                                 configured_hash=config.store.hash,
@@ -330,7 +332,7 @@ class Opener:
             recovery_report=parts.recovery_report,
             cq_file_bytes=self.meta["consume_queue_file_bytes"], consume_queues=self.queues,
             filters=parts.hooks.filters, writes_queues=in_process, manifest=self.manifest,
-            known_queues=self.tail.queue_offsets)
+            known_queues=self.tail.queue_offsets, mapped=self.mapped)
         parts.store_host = parse_host(config.store.store_host)
         role = parts.role = self._role()
         self.role = READER if ro else (WRITER if in_process else FOLLOWER)

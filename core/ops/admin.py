@@ -58,7 +58,8 @@ class StoreAdmin:
 
     def topic_list(self) -> list[dict]:
         """Every topic with a config, and every topic with consume queues but none (its
-        config fields None)."""
+        config fields None); system topics (``rmq_sys_*``) included, which the command
+        leaves out unless asked."""
         configs = self._topics().all()
         stored = _stored_queues(self.root)
         out = []

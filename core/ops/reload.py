@@ -22,7 +22,7 @@ from mqstore.config import StoreConfig
 RELOADED = ("server.log_level", "server.max_connections", "server.idle_timeout_ms",
             "server.request_timeout_ms", "server.max_header_bytes",
             "server.grpc_access_keys", "server.grpc_max_connections")
-SECRET = ("server.grpc_access_keys",)
+SECRET = ("server.grpc_access_keys", "server.grpc_admin_keys")
 
 
 @dataclass(frozen=True)

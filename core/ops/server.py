@@ -226,10 +226,20 @@ def _endpoint(store: MessageStore, config: StoreConfig, rpc_metrics):
 
 def _rpc_metrics(config: StoreConfig):
     """The endpoints' RPC metrics (NOTE [ RPC metrics ]) when an endpoint is configured."""
-    if config.server.grpc_listen is None:
+    if config.server.grpc_listen is None and config.server.remoting_listen is None:
         return None
     from mqstore.endpoint.rpc_metrics import RpcMetrics
     return RpcMetrics()
+
+
+def _start_remoting(store: MessageStore, config: StoreConfig, rpc_metrics):
+    """The RocketMQ remoting server when ``server.remoting_listen`` is set, its requests
+    counted in the endpoints' RPC metrics."""
+    if config.server.remoting_listen is None:
+        return None
+    from mqstore.ops.remoting_metrics import observer
+    from mqstore.remoting.server import start_remoting
+    return start_remoting(store, config, observer(rpc_metrics))
 
 
 def _run(root, config, stop: _Stop, on_ready, reloading) -> bool:
@@ -280,12 +290,17 @@ async def _serve_endpoints(store: MessageStore, config: StoreConfig, stop: _Stop
             if store.replication is not None:  # what slaves forward clients' calls to
                 store.replication.client_endpoint = advertised(endpoint.address)
         reloads = asyncio.ensure_future(hangups.each(deployment.reload))
+        remoting = None
         try:
+            # The remoting server too (NOTE [ Remoting shutdown ]): its own loop and thread.
+            remoting = await asyncio.to_thread(_start_remoting, store, config, rpc_metrics)
             on_ready(url)
             await stop.wait()
             log.info("%s received: shutting down", stop.received[0] if stop.received else "stop")
         finally:
             reloads.cancel()
+            if remoting is not None:
+                await asyncio.to_thread(remoting.stop)
             if endpoint is not None:
                 await asyncio.to_thread(endpoint.stop)
     finally:

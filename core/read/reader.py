@@ -90,7 +90,8 @@ class Reader:
                     return None
                 # No load: refresh maps the files as they come, so one deleted or still being
                 # created while we look is simply looked at again.
-                cq = ConsumeQueue(self.root, topic, queue_id, None, read_only=True)
+                cq = ConsumeQueue(self.root, topic, queue_id, None, read_only=True,
+                                  budget=self.view.mapped)
                 cq.follow()
                 self.consume_queues[key] = cq
                 self._seen_limit.pop(key, None)
@@ -107,15 +108,16 @@ class Reader:
                 self._seen_limit[key] = limit
         return cq
 
-    def discover_queues(self) -> None:
-        """Look up the queues another process's writer created since the last look."""
+    def discover_queues(self, topic: str | None = None) -> None:
+        """Look up the queues another process's writer created since the last look (of
+        ``topic`` only: one directory, not the store's every topic)."""
         if self._follow_limit() is None:
             return
         base = os.path.join(self.root, CONSUME_QUEUE_DIR)
-        for topic in self._names_in(base):
-            for qname in self._names_in(os.path.join(base, topic)):
-                if qname.isdigit() and (topic, int(qname)) not in self.consume_queues:
-                    self.queue(topic, int(qname))
+        for t in self._names_in(base) if topic is None else [topic]:
+            for qname in self._names_in(os.path.join(base, t)):
+                if qname.isdigit() and (t, int(qname)) not in self.consume_queues:
+                    self.queue(t, int(qname))
 
     @staticmethod
     def _names_in(directory: str) -> list[str]:
@@ -318,15 +320,16 @@ class Reader:
         unit = cq.units_of(seg)[(cq.min_logic_offset - seg.start) // CQ_UNIT_SIZE]
         return store_time_at(self.commit_log, int(unit["phys_offset"]))
 
-    def topics(self) -> list[str]:
+    def topics(self, *, include_system: bool = False) -> list[str]:
         self._check_open()
         self.discover_queues()
-        return sorted({t for t, _q in self.consume_queues})
+        return sorted({t for t, _q in self.consume_queues
+                       if include_system or not names.is_system_topic(t)})
 
     def queue_ids(self, topic: str) -> list[int]:
         self._check_open()
         names.check_stored_topic(topic)
-        self.discover_queues()
+        self.discover_queues(topic)
         return sorted(q for t, q in self.consume_queues if t == topic)
 
     @property

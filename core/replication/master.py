@@ -34,6 +34,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
 
 from mqstore.config import parse_listen
 from mqstore.format.ha_frame import (
@@ -108,10 +109,14 @@ class HAMaster:
     """Listens on ``listen`` (``"host:port"``; port 0 picks one) for slaves."""
 
     def __init__(self, commit_log, acks: SlaveAcks, settings: HASettings, listen: str,
-                 access: HAAccess | None = None, peers: Peers | None = None) -> None:
+                 access: HAAccess | None = None, peers: Peers | None = None,
+                 on_slave: Callable[[], None] = lambda: None) -> None:
         """``peers``: what this master says of itself and how it judges what its peers say
-        (``replication.node.Node``; None: it says nothing, an older mqstore master's way)."""
+        (``replication.node.Node``; None: it says nothing, an older mqstore master's way);
+        ``on_slave()``: called when an admitted slave's first offset report arrived (the state
+        mirror ships a snapshot then)."""
         self.commit_log = commit_log
+        self.on_slave = on_slave
         self.acks = acks
         self.settings = settings
         self.listen = listen
@@ -380,6 +385,7 @@ class SlaveConnection:
             if self.requested < 0:
                 self.requested = offset
                 self.master.acks.attach(self, offset)
+                self.master.on_slave()
                 self._started.set()
                 log.info("replication: slave %s asks for the commit log from offset %d",
                          self.peer, offset)

@@ -4,17 +4,21 @@
     async_master, sync_master   ``SlaveAcks`` (the Appender asks it after every put); ``start``
                                 listens on ``server.ha_listen`` (when set) for the slaves
                                 ``server.ha_*`` admits (``master.HAMaster``,
-                                ``access.HAAccess``), and checks the peers of
-                                ``server.ha_peers`` (``peers``) before the master takes puts,
-                                then every heartbeat interval
+                                ``access.HAAccess``) and ships the state files to them
+                                (``mirror.shipper``: a snapshot at start and whenever a slave
+                                connects), and checks the peers of ``server.ha_peers``
+                                (``peers``) before the master takes puts, then every heartbeat
+                                interval
     slave                       ``start`` dials its master (``role.master``: ``server.ha_master``
                                 or the recorded one) through ``slave.HAClient`` and appends what
                                 the master sends (``receiver.Receiver``); the Appender refuses
-                                producers' puts
+                                producers' puts; dispatch applies the state records to
+                                ``replica/`` (``mirror.applier``)
 
-The role changes at run time: ``become_master`` (a promotion: stop following, listen, check
-the peers) and ``become_slave`` (follow a master; a demotion stops listening first). What the
-store says of itself to its peers, and what it concludes from theirs, is ``node.Node``.
+The role changes at run time: ``become_master`` (a promotion: stop following, listen, ship the
+state, check the peers) and ``become_slave`` (follow a master; a demotion stops listening
+first). What the store says of itself to its peers, and what it concludes from theirs, is
+``node.Node``.
 
 Nothing touches the network until ``start`` (``mqstore serve`` calls it beside its HTTP
 endpoints; an embedding program calls it itself); the store's close stops it first. While it
@@ -31,6 +35,8 @@ from typing import Callable
 from mqstore.errors import ConfigError
 from mqstore.format.ha_hello import NodeInfo
 from mqstore.format.replica_run import max_record_bytes
+from mqstore.mirror.replica_state import mirror_status
+from mqstore.mirror.shipper import StateShipper
 from mqstore.replication.access import HAAccess
 from mqstore.replication.acks import SlaveAcks
 from mqstore.replication.following import CutNeeded, Following
@@ -67,6 +73,7 @@ class Replication:
         self.node = Node(role, epochs, commit_log, acks, self._replaced)
         self.master: HAMaster | None = None
         self.client: HAClient | None = None
+        self.shipper: StateShipper | None = None
         self.watch: PeerWatch | None = None
         self.receiver = Receiver(commit_log, appender,
                                  max_record_bytes(config.commit_log.max_message_bytes))
@@ -75,6 +82,7 @@ class Replication:
         # master found (NOTE [ Newer epochs ]): (why, peer info, its replication address).
         self.on_cut: Callable[[CutNeeded], None] | None = None
         self.on_replaced: Callable[[str, NodeInfo, str], None] | None = None
+        self.appender = appender
         self.running = False
         self.started = False  # start was called (a reopened store starts its replication)
         self._stop = threading.Event()
@@ -148,9 +156,12 @@ class Replication:
         if server.ha_peers:
             self._check_peers(access)
         if server.ha_listen is not None:
+            self.shipper = self._shipper()
             self.master = HAMaster(self.commit_log, self.acks, self.settings,
-                                   server.ha_listen, access, self.node)
+                                   server.ha_listen, access, self.node,
+                                   on_slave=self.shipper.request_snapshot)
             self.master.start()
+            self.shipper.start()
         elif self.role == "sync_master":
             log.warning("replication: store.role is sync_master but server.ha_listen is "
                         "not set: no slave can connect, and puts that wait answer "
@@ -208,11 +219,31 @@ class Replication:
                 self.watch.stop()
             if self.master is not None:
                 self.master.stop()
+            if self.shipper is not None:
+                self.shipper.stop()
+                self.shipper = None
             if self._status_thread is not None:
                 if self._status_thread is not threading.current_thread():
                     self._status_thread.join(STATUS_INTERVAL_S * 5)
                 self._status_thread = None
                 self._write_status()
+
+    def _shipper(self) -> StateShipper:
+        config = self.config
+        # A chunk of a large state file is a record that must fit a segment with room left.
+        chunk = min(config.commit_log.max_message_bytes, self.commit_log.segment_bytes // 4)
+        return StateShipper(self.root, self.appender.put_state,
+                            interval_s=config.store.ha_state_ship_interval_ms / 1000.0,
+                            chunk_bytes=chunk)
+
+    def state_changed(self) -> None:
+        """A change of the writer process's own state files that a client is told of (an
+        ack, a commit): shipped now; under sync_master this returns once a slave holds it
+        (or the put's wait ran out: ``flush.sync_timeout_ms``)."""
+        shipper = self.shipper
+        if shipper is not None:
+            sync = self.role == "sync_master"
+            shipper.ship_now(wait=sync, timeout_s=2 * self.config.flush.sync_timeout_ms / 1000.0)
 
     # -- what it is doing --------------------------------------------------------------------
     def status(self) -> dict:
@@ -230,9 +261,12 @@ class Replication:
                            master_offset=end, lag_bytes=0, last_error=None)
             out.update(master_confirmed=role.master_confirmed,
                        master_endpoint=role.master_endpoint, master_epoch=role.master_epoch)
+            out["state_mirror"] = mirror_status(self.root)
         elif self.master is not None:
             out.update(self.master.status())
             out["confirmed"] = self.acks.confirmed
+            if self.shipper is not None:
+                out["state_mirror"] = self.shipper.status()
         else:
             out.update(listening=None, max_offset=self.commit_log.max_offset, slaves=[],
                        confirmed=self.acks.confirmed)

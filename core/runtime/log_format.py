@@ -2,9 +2,9 @@
 
 Two styles (``server.log_format``):
 
-    text   2026-11-01 12:00:00,123 ERROR mqstore.workers.flush[27381]: commit-log flush failed: ...
+    text   2026-11-01 12:00:00,123 ERROR mqstore.runtime.workers.flush_worker[27381]: commit-log flush failed: ...
     json   {"timestamp": "2026-11-01T12:00:00.123+00:00", "level": "ERROR",
-            "logger": "mqstore.workers.flush", "pid": 27381, "message": "commit-log flush
+            "logger": "mqstore.runtime.workers.flush_worker", "pid": 27381, "message": "commit-log flush
             failed: ...", "exception": null}
 
 A JSON line is one object with always the same keys (folded above; one physical line): the

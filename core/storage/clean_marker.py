@@ -62,6 +62,7 @@ from mqstore.format.record import (
 from mqstore.errors import StoreCorruptError
 from mqstore.storage.meta_file import read_meta
 from mqstore.storage.consume_queue import load_consume_queues
+from mqstore.storage.mapped_budget import MappedBudget
 from mqstore.storage.index_file import INDEX_DIR
 from mqstore.storage.durable_file import sync_dir
 from mqstore.storage.sealed_json import seal, unseal, write_sealed
@@ -79,6 +80,7 @@ _RECORD_MAGIC_PREFIX = MAGIC_V1.to_bytes(4, "big", signed=True)[:3]  # V1 and V2
 assert MAGIC_V2.to_bytes(4, "big", signed=True)[:3] == _RECORD_MAGIC_PREFIX
 _BLANK_MAGIC = BLANK_MAGIC.to_bytes(4, "big", signed=True)
 _FALLBACK_CQ_BYTES = 300_000 * 20  # only sizes a queue with no file, whose state is (0, -1)
+MARKER_MAPPED_FILES = 64  # consume-queue files mapped at once to describe them (mapped_budget)
 
 
 def marker_path(root: str) -> str:
@@ -252,7 +254,7 @@ def describe(root: str, end: int, *, segment_bytes: int, index_active: bool,
     except StoreCorruptError:
         cq_bytes = None  # then the files say (as they do at open)
     queues = load_consume_queues(root, cq_bytes or _FALLBACK_CQ_BYTES, read_only=True,
-                                 known_bytes=cq_bytes)
+                                 known_bytes=cq_bytes, budget=MappedBudget(MARKER_MAPPED_FILES))
     try:
         states = queue_states(queues.values())
     finally:

@@ -5,6 +5,10 @@ size when the first unit lands in them. Positions are byte offsets in the unit s
 offsets are ``position / 20``.
 
 Written only by dispatch (single writer); readers take numpy views of ``[min, max)``.
+
+With a ``MappedBudget`` a queue nobody used lately may be parked (its files unmapped, its
+positions kept) and is mapped again when next used: NOTE [ Mapped budget ] in
+``storage.mapped_budget``. Every method that touches the maps is bracketed (``maps``).
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import time
 import numpy as np
 
 from mqstore.format.cq_unit import (
-    CQ_DTYPE, CQ_UNIT_SIZE, FILLER_SIZE, valid_prefix, valid_run,
+    CQ_DTYPE, CQ_UNIT_SIZE, FILLER_SIZE, fillers, joined, last_end, unwritten, valid_prefix,
+    valid_run, written_count,
 )
+from mqstore.storage.mapped_budget import Parkable, maps
 from mqstore.storage.mapped_file import MappedFile, segment_name
 from mqstore.storage.segment_queue import SegmentQueue
 
@@ -24,9 +30,10 @@ CONSUME_QUEUE_DIR = "consumequeue"
 RECOVER_LAST_FILES = 3
 
 
-class ConsumeQueue:
+class ConsumeQueue(Parkable):
     def __init__(self, root: str, topic: str, queue_id: int, file_bytes: int | None, *,
-                 read_only: bool = False, on_warning=None, known_bytes: int | None = None) -> None:
+                 read_only: bool = False, on_warning=None, known_bytes: int | None = None,
+                 budget=None) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.directory = os.path.join(root, CONSUME_QUEUE_DIR, topic, str(queue_id))
@@ -37,6 +44,9 @@ class ConsumeQueue:
         self.max_phys = -1  # end (offset + size) of the last real unit
         self._arrays: dict[int, np.ndarray] = {}
         self._doubt: tuple[int, float] | None = None  # a follower's unit that disagreed, since
+        self._budget = budget  # a MappedBudget, or None: always mapped
+        self.parked = False
+        self._first: tuple | None = None  # first_phys, and where it was found
 
     # -- positions -------------------------------------------------------------------------
     @property
@@ -52,19 +62,38 @@ class ConsumeQueue:
         return self.min_logic_offset // CQ_UNIT_SIZE
 
     def first_phys(self) -> int | None:
-        """Commit-log offset of the queue's first stored message, or None when it has none."""
-        for seg in self.segments.segments:
+        """Commit-log offset of the queue's first stored message, or None when it has none.
+        Remembered once found, while the files before it and its unit stand (units are only
+        appended; cleanup drops whole files, a cut lowers ``wrote``): the manifest asks every
+        queue each time it is written, and a parked queue answers without being mapped."""
+        known = self._first
+        if known is not None:
+            first_seg, seg, end, phys = known
+            segs = self.segments.segments
+            if segs and segs[0] is first_seg and seg.wrote >= end and (
+                    seg is first_seg or seg in segs):
+                return phys
+        return self._find_first()
+
+    @maps
+    def _find_first(self) -> int | None:
+        segs = self.segments.segments
+        for seg in segs:
             units = self.units_of(seg)[:seg.wrote // CQ_UNIT_SIZE]
             real = np.flatnonzero((units["size"] != FILLER_SIZE) & (units["size"] > 0))
             if len(real):
-                return int(units[real[0]]["phys_offset"])
+                phys = int(units[real[0]]["phys_offset"])
+                self._first = (segs[0], seg, (int(real[0]) + 1) * CQ_UNIT_SIZE, phys)
+                return phys
         return None
 
+    @maps
     def stored_units(self, seg: MappedFile) -> np.ndarray:
         """The units of ``seg`` up to its first hole (the rest of a sparse file is zeros and
         must not be read through the map: see ``MappedFile.data_end``)."""
         return self.units_of(seg)[:seg.data_end() // CQ_UNIT_SIZE]
 
+    @maps
     def units_of(self, seg: MappedFile) -> np.ndarray:
         arr = self._arrays.get(seg.start)
         if arr is None:
@@ -77,6 +106,7 @@ class ConsumeQueue:
     def load(self) -> list[str]:
         return self.segments.load()
 
+    @maps
     def recover(self) -> int:
         """Cut the queue after its last valid unit (see ``valid_prefix``, checked over the last
         RECOVER_LAST_FILES files); returns how many written units were cut."""
@@ -95,16 +125,17 @@ class ConsumeQueue:
             end_seg, end_pos = seg, n * CQ_UNIT_SIZE
             if n < seg.size // CQ_UNIT_SIZE:
                 break
-        dropped = _written(self.stored_units(end_seg)[end_pos // CQ_UNIT_SIZE:])
+        dropped = written_count(self.stored_units(end_seg)[end_pos // CQ_UNIT_SIZE:])
         for seg in segs:
             if seg.start > end_seg.start:
-                dropped += _written(self.stored_units(seg))
+                dropped += written_count(self.stored_units(seg))
         self._zero_tail(end_seg, end_pos)
         self.segments.truncate_to(end_seg.start + end_pos)
         self._prune_arrays()
         self._refresh_max_phys()
         return dropped
 
+    @maps
     def tail(self) -> tuple[int, int]:
         """``(max offset, max phys)`` as the files stand, unchecked: the write position is
         after the last unit ever written (an unwritten unit is zeros; a written one never has
@@ -144,6 +175,7 @@ class ConsumeQueue:
                     self.max_phys = int(last["phys_offset"]) + int(last["size"])
                     return
 
+    @maps
     def _zero_tail(self, seg: MappedFile, end: int) -> None:
         """Zero cut units so a later recovery cannot take them for valid ones again."""
         if self.segments.read_only:
@@ -175,6 +207,7 @@ class ConsumeQueue:
         self.max_phys = -1
         self.min_logic_offset = max(self.segments.min_offset, 0)
 
+    @maps
     def refresh(self, limit_phys: int, commit_log=None) -> None:
         """Advance over units appended since the last look whose records end at or below
         ``limit_phys`` (the writer's published position). A unit counts only if it is sane
@@ -190,6 +223,7 @@ class ConsumeQueue:
             if seg is None or not self._admit(seg, limit_phys, commit_log):
                 return
 
+    @maps
     def follow_min_offset(self, min_phys: int) -> None:
         """Raise the min offset to the first unit whose record is still stored, as the writer
         raises its own (it is in no file). A look reads the unit at the min offset; only when
@@ -232,7 +266,7 @@ class ConsumeQueue:
         first = seg.wrote // CQ_UNIT_SIZE
         live = self.units_of(seg)[first:first + self._REFRESH_WINDOW]
         if not len(live) or (live["size"][0] == 0 and (
-                commit_log is None or (len(live) > 1 and _unwritten(live[1])))):
+                commit_log is None or (len(live) > 1 and unwritten(live[1])))):
             # Nothing new: an idle look reads a unit or two. A zeroed unit with something
             # after it may be damage that later units vouch for (see below).
             return False
@@ -250,11 +284,11 @@ class ConsumeQueue:
             # Stopped at a unit that is not sane: a tail being written or torn, or damage.
             # Only the log tells which (without it, this is the writer's own process: its
             # dispatch recovered the queue and rebuilt what was damaged).
-            prev_end = max(self.max_phys, _last_end(units[:n]))
+            prev_end = max(self.max_phys, last_end(units[:n]))
             damaged = self._damage_run(seg, first + n, units[n:n + 1], prev_end, limit_phys,
                                        commit_log)
             if damaged is not None:
-                self._take(seg, first, _joined(units[:n], damaged), prev_end)
+                self._take(seg, first, joined(units[:n], damaged), prev_end)
                 return True
         if n:
             self._take(seg, first, units[:n])
@@ -275,7 +309,7 @@ class ConsumeQueue:
         or still being copied), kept hidden."""
         ahead = self.units_of(seg)[at + 1:at + 1 + self._DAMAGE_RUN].copy()
         if len(ahead) < self._DAMAGE_RUN:  # the run may end in the next file
-            ahead = _joined(ahead, self._first_units_after(seg, self._DAMAGE_RUN - len(ahead)))
+            ahead = joined(ahead, self._first_units_after(seg, self._DAMAGE_RUN - len(ahead)))
         base = seg.start // CQ_UNIT_SIZE + at + 1  # queue offset of ahead[0]
         for i, unit in enumerate(ahead):
             phys, size = int(unit["phys_offset"]), int(unit["size"])
@@ -284,7 +318,7 @@ class ConsumeQueue:
             if (size == FILLER_SIZE or size <= 0 or phys < prev_end or phys + size > limit_phys
                     or not self._record_is(commit_log, phys, size, base + i)):
                 continue
-            run = _joined(seen, ahead[:i])[:seg.size // CQ_UNIT_SIZE - at]
+            run = joined(seen, ahead[:i])[:seg.size // CQ_UNIT_SIZE - at]
             if self.units_of(seg)[at:at + len(run)].tobytes() != run.tobytes():
                 return None  # read while being written: the next look decides
             self._warn(f"consume queue {self.topic}/{self.queue_id}: unit(s) {base - 1}.."
@@ -375,6 +409,7 @@ class ConsumeQueue:
             self.max_phys = int(real["phys_offset"][-1]) + int(real["size"][-1])
 
     # -- writing (dispatch only) -----------------------------------------------------------
+    @maps
     def put_units(self, first_queue_offset: int, units: np.ndarray) -> int:
         """Append ``units`` (CQ_DTYPE) meant for queue offsets ``first_queue_offset ...``.
 
@@ -406,12 +441,13 @@ class ConsumeQueue:
                     f"consume queue {self.topic}/{self.queue_id}: queue offsets "
                     f"{write_pos // CQ_UNIT_SIZE}..{qoff - 1} have no record in the commit log; "
                     f"fillers hold their places")
-                self._append(_fillers((expected - write_pos) // CQ_UNIT_SIZE))
+                self._append(fillers((expected - write_pos) // CQ_UNIT_SIZE))
         self._append(units)
         last = units[-1]
         self.max_phys = int(last["phys_offset"]) + int(last["size"])
         return len(units)
 
+    @maps
     def hold_offsets(self, floor: int) -> int:
         """Fillers for the offsets up to ``floor`` that the queue has no unit for: their
         messages are gone, and the next unit must take ``floor`` (NOTE [ Offset floors ] in
@@ -426,12 +462,12 @@ class ConsumeQueue:
         if not self.segments.segments:
             self._pre_blank_fill(floor * CQ_UNIT_SIZE)
         else:
-            self._append(_fillers(missing))
+            self._append(fillers(missing))
         return missing
 
     def _pre_blank_fill(self, expected: int) -> None:
         seg = self.segments.create_next(expected)
-        seg.write(_fillers((expected - seg.start) // CQ_UNIT_SIZE).tobytes())
+        seg.write(fillers((expected - seg.start) // CQ_UNIT_SIZE).tobytes())
         self.min_logic_offset = expected
 
     def _append(self, units: np.ndarray) -> None:
@@ -445,6 +481,7 @@ class ConsumeQueue:
             seg.write(raw[at:at + take])
             at += take
 
+    @maps
     def truncate_to_phys(self, phys: int) -> int:
         """Drop every unit whose record does not end at or below ``phys`` (one that straddles
         it names a record the log no longer holds whole); returns how many were dropped."""
@@ -470,6 +507,7 @@ class ConsumeQueue:
             self._refresh_max_phys()
         return dropped
 
+    @maps
     def cut_stored(self, phys: int) -> None:
         """Before recovery (loaded files count as written whole): zero and drop the first unit
         naming a record not ending by ``phys`` and every unit after it (``lifecycle.rejoin``)."""
@@ -485,6 +523,7 @@ class ConsumeQueue:
                 self._refresh_max_phys()
                 return
 
+    @maps
     def delete_files_below(self, min_phys: int) -> list[str]:
         """Delete leading files (never the last) whose every unit points below ``min_phys``."""
         count = 0
@@ -501,6 +540,7 @@ class ConsumeQueue:
             self.min_logic_offset = max(self.min_logic_offset, self.segments.min_offset)
         return removed
 
+    @maps
     def correct_min_offset(self, min_phys: int) -> None:
         """Raise ``min`` to the first unit whose commit-log offset is still stored."""
         segs = self.segments.segments
@@ -527,51 +567,23 @@ class ConsumeQueue:
     def close(self) -> None:
         self._arrays.clear()
         self.segments.close()
+        self.forget()
 
     def destroy(self) -> None:
         self._arrays.clear()
         self.segments.destroy()
-
-
-def _unwritten(unit) -> bool:
-    """Whether ``unit`` reads as one dispatch has not written yet (a written one never has
-    size 0)."""
-    return unit["size"] == 0 and unit["phys_offset"] == 0
-
-
-def _written(units: np.ndarray) -> int:
-    """Units that hold anything (a never-written unit is all zeros)."""
-    return int(np.count_nonzero((units["size"] != 0) | (units["phys_offset"] != 0)))
-
-
-def _last_end(units: np.ndarray) -> int:
-    size = units["size"].astype(np.int64)
-    real = (size != FILLER_SIZE) & (size > 0)
-    if not real.any():
-        return -1
-    return int((units["phys_offset"].astype(np.int64) + size)[real].max())
-
-
-def _joined(*parts: np.ndarray) -> np.ndarray:
-    """Units end to end, in the file's byte order (``np.concatenate`` would go native)."""
-    return np.concatenate(parts).astype(CQ_DTYPE)
-
-
-def _fillers(count: int) -> np.ndarray:
-    """RocketMQ's filler units: offset 0, size 0x7FFFFFFF, tags code 0."""
-    fill = np.zeros(count, dtype=CQ_DTYPE)
-    fill["size"] = FILLER_SIZE
-    return fill
+        self.forget()
 
 
 def load_consume_queues(root: str, file_bytes: int, *, read_only: bool, on_warning=None,
-                        known_bytes: int | None = None,
-                        notes: list[str] | None = None) -> dict[tuple[str, int], ConsumeQueue]:
+                        known_bytes: int | None = None, notes: list[str] | None = None,
+                        budget=None) -> dict[tuple[str, int], ConsumeQueue]:
     """Every ``consumequeue/<topic>/<int queueId>`` under ``root``, loaded (not recovered).
 
     Each queue keeps the file size its files have (``known_bytes`` when the store recorded
     one); ``file_bytes`` applies to queues with no file yet. What loading repaired or found
-    wrong goes to ``notes``.
+    wrong goes to ``notes``. ``budget``: a ``MappedBudget`` governing them from the load on,
+    so a store of more queues than it allows opens without mapping them all at once.
     """
     base = os.path.join(root, CONSUME_QUEUE_DIR)
     queues: dict[tuple[str, int], ConsumeQueue] = {}
@@ -592,5 +604,7 @@ def load_consume_queues(root: str, file_bytes: int, *, read_only: bool, on_warni
                 notes.extend(found)
             if cq.segments.segment_bytes is None:
                 cq.segments.segment_bytes = file_bytes
+            if budget is not None:
+                cq.govern(budget)
             queues[(topic, int(qname))] = cq
     return queues

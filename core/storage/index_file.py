@@ -43,6 +43,7 @@ INDEX_DIR = "index"
 log = logging.getLogger(__name__)
 
 _ROLL_BACK_CHUNK = 1 << 20  # entries read at once when slots are set back (20 MiB)
+_VERIFY_CHUNK = 1 << 20  # entries checked at once by verify()
 
 
 class IndexFile:
@@ -390,15 +391,42 @@ class IndexFile:
         if not 0 <= h.hash_slot_count <= min(self.slots, count - 1):
             return (f"{where}: hashSlotCount {h.hash_slot_count} outside "
                     f"[0, {min(self.slots, count - 1)}]")
-        mm = self._mm
-        slots = np.frombuffer(mm, dtype=L.SLOT_DTYPE, count=self.slots, offset=L.HEADER_SIZE)
+        slots = np.frombuffer(self._mm, dtype=L.SLOT_DTYPE, count=self.slots,
+                              offset=L.HEADER_SIZE)
         bad = np.flatnonzero((slots < 0) | (slots >= count))
         if len(bad):
             s = int(bad[0])
             return f"{where}: slot {s} holds {int(slots[s])}, outside [0, {count - 1}]"
-        start = L.entry_position(self.slots, 0)
-        ents = np.frombuffer(mm, dtype=L.ENTRY_DTYPE, count=count, offset=start)[1:]
-        numbers = np.arange(1, count)
+        every = np.frombuffer(self._mm, dtype=L.ENTRY_DTYPE, count=count,
+                              offset=L.entry_position(self.slots, 0))
+        newest = np.zeros(self.slots, dtype=np.int64)
+        # In chunks: a full default file holds 20M entries, and whole-file temporaries would
+        # take gigabytes (this runs at an open after a crash, see the key index).
+        for lo in range(L.FIRST_INDEX, count, _VERIFY_CHUNK):
+            problem = self._verify_entries(every, lo, min(count, lo + _VERIFY_CHUNK), newest)
+            if problem is not None:
+                return f"{where}: {problem}"
+        wrong = np.flatnonzero(newest != slots)
+        if len(wrong):
+            s = int(wrong[0])
+            return f"{where}: slot {s} holds {int(slots[s])}, newest entry there is {newest[s]}"
+        used = int(np.count_nonzero(newest))
+        if used != h.hash_slot_count:
+            return f"{where}: hashSlotCount {h.hash_slot_count} but {used} slots are in use"
+        if count > L.FIRST_INDEX:
+            first = int(every["phys_offset"][L.FIRST_INDEX])
+            last = int(every["phys_offset"][count - 1])
+            if (h.begin_phys_offset, h.end_phys_offset) != (first, last):
+                return (f"{where}: header phys range [{h.begin_phys_offset}, "
+                        f"{h.end_phys_offset}] but entries run from {first} to {last}")
+        return None
+
+    def _verify_entries(self, every: np.ndarray, lo: int, hi: int,
+                        newest: np.ndarray) -> str | None:
+        """Check entries ``[lo, hi)`` of ``every`` (all entries below the count, a view of
+        the map) and raise ``newest`` (per slot, its newest entry) to them."""
+        ents = every[lo:hi]
+        numbers = np.arange(lo, hi)
         prev = ents["prev_index"].astype(np.int64)
         checks = [
             ((prev < 0) | (prev >= numbers), "prevIndex {v} is not in [0, own number)", prev),
@@ -410,27 +438,16 @@ class IndexFile:
             bad = np.flatnonzero(mask)
             if len(bad):
                 i = int(bad[0])
-                return f"{where}: entry {i + 1}: " + msg.format(v=int(values[i]))
+                return f"entry {lo + i}: " + msg.format(v=int(values[i]))
         entry_slot = ents["key_hash"].astype(np.int64) % self.slots
         chained = np.flatnonzero(prev > 0)
-        off = chained[entry_slot[prev[chained] - 1] != entry_slot[chained]]
+        # prev < own number (checked above): the entry chained to is this chunk's or earlier.
+        prev_slot = every["key_hash"][prev[chained]].astype(np.int64) % self.slots
+        off = chained[prev_slot != entry_slot[chained]]
         if len(off):
             i = int(off[0])
-            return f"{where}: entry {i + 1} chains to entry {int(prev[i])} in another slot"
-        newest = np.zeros(self.slots, dtype=np.int64)
+            return f"entry {lo + i} chains to entry {int(prev[i])} in another slot"
         np.maximum.at(newest, entry_slot, numbers)
-        wrong = np.flatnonzero(newest != slots)
-        if len(wrong):
-            s = int(wrong[0])
-            return f"{where}: slot {s} holds {int(slots[s])}, newest entry there is {newest[s]}"
-        used = int(np.count_nonzero(newest))
-        if used != h.hash_slot_count:
-            return f"{where}: hashSlotCount {h.hash_slot_count} but {used} slots are in use"
-        if count > L.FIRST_INDEX:
-            first, last = int(ents["phys_offset"][0]), int(ents["phys_offset"][-1])
-            if (h.begin_phys_offset, h.end_phys_offset) != (first, last):
-                return (f"{where}: header phys range [{h.begin_phys_offset}, "
-                        f"{h.end_phys_offset}] but entries run from {first} to {last}")
         return None
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -18,6 +18,10 @@ transient pool is ``staged``: its appends go to a pool buffer and become readabl
 the flush service has copied them into the file.
 
 Not thread-safe: the owning queue serialises appends; reads of ``[0, wrote)`` are safe at any time.
+
+A segment may be ``park``-ed: its map and descriptor go (two descriptors: Python's mmap keeps a
+duplicate of the one it was made from), its positions stay, and ``unpark`` maps the file again.
+Consume queues park the files of queues nobody has used lately (``storage.mapped_budget``).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def first_step(size: int) -> int:
 
 class MappedFile:
     __slots__ = ("path", "start", "size", "read_only", "wrote", "flushed", "staged", "growing",
-                 "reserved_to", "_pages", "_committed", "_fd", "mm", "view")
+                 "reserved_to", "_pages", "_committed", "_fd", "mm", "view", "parked")
 
     def __init__(self, path: str, start: int, size: int, *, read_only: bool = False,
                  create: bool = False, growing: bool = True, reserve: int = PAGE) -> None:
@@ -85,6 +89,7 @@ class MappedFile:
                 _unlink_quietly(path)
             raise
         self.view = memoryview(self.mm)
+        self.parked = False
         # A loaded segment starts out full; recovery moves the positions back.
         self.wrote = 0 if create else size
         self.flushed = self.wrote
@@ -182,8 +187,17 @@ class MappedFile:
         producers keep appending and the next flush covers all of them (group commit).
         """
         wrote = self.wrote
-        if wrote > self.flushed and not self.read_only and self._fd >= 0:
-            os.fdatasync(self._fd)
+        if wrote > self.flushed and not self.read_only:
+            if self._fd >= 0:
+                os.fdatasync(self._fd)
+            elif self.parked:  # unmapped since it was written: its pages wait in the cache
+                fd = os.open(self.path, os.O_RDWR)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+            else:
+                return self.flushed
             self.flushed = wrote
         return self.flushed
 
@@ -215,7 +229,46 @@ class MappedFile:
         self.reserve_span(begin, end)
         self.mm[begin:end] = bytes(end - begin)
 
+    @property
+    def mapped(self) -> bool:
+        """The file is mapped (neither parked nor closed)."""
+        return self._fd >= 0
+
+    def park(self) -> bool:
+        """Unmap the file and close its descriptor, keeping every position; ``unpark`` maps it
+        again. What was written stays in the page cache, and ``flush`` forces it through a
+        descriptor of its own. False, and the file still mapped, while a caller holds a slice
+        of the map (it would outlive the unmap)."""
+        if self._fd < 0:
+            return not self.parked
+        self.view.release()
+        try:
+            self.mm.close()
+        except BufferError:  # exported: the map stays until the slice goes
+            self.view = memoryview(self.mm)
+            return False
+        os.close(self._fd)
+        self._fd = -1
+        self.parked = True
+        return True
+
+    def unpark(self) -> None:
+        """Map the file again after ``park``; FileNotFoundError when it was deleted since."""
+        if not self.parked:
+            return
+        fd = os.open(self.path, os.O_RDONLY if self.read_only else os.O_RDWR)
+        try:
+            self.mm = mmap.mmap(
+                fd, self.size, access=mmap.ACCESS_READ if self.read_only else mmap.ACCESS_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self.view = memoryview(self.mm)
+        self.parked = False
+
     def close(self) -> None:
+        self.parked = False  # a closed file is never mapped again
         if self._fd < 0:
             return
         self.view.release()

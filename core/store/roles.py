@@ -4,9 +4,10 @@
 ``(epoch, its end)``, ``role.json`` records the role, the state mirror's files become its
 state (``install_mirror``), its queue offsets are taken from its consume queues, and it
 takes puts, listens for slaves and asks its peers. It is refused (``PromotionRefusedError``)
-while its master still serves it, and while it lacks bytes the master had answered PUT_OK for
-(its confirm offset, heard through mqstore's handshake), unless forced; the result says what it
-lacked.
+while its master still serves it, while it lacks bytes the master had answered PUT_OK for
+(its confirm offset, heard through mqstore's handshake), and while its state mirror holds no
+complete snapshot of the master's state, unless forced; the result says what it lacked and
+which state files it installed.
 
 ``demote`` makes a master follow another store: fenced at once (NOTE [ Fencing ] in
 ``mqstore.roles``), ``role.json`` names the new master, and the store reopens itself as a
@@ -24,13 +25,16 @@ import logging
 import threading
 import time
 import weakref
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Callable
 
 from mqstore.append.appender import Appender
 from mqstore.config import master_listen_problem
 from mqstore.errors import ConfigError, PromotionRefusedError
+from mqstore.mirror.install import MirrorIncompleteError, check_complete
 from mqstore.roles import MASTER_ROLES
 from mqstore.storage.role_file import Cut, RoleRecord, write_role
+from mqstore.store.mirror_calls import install_mirror
 
 if TYPE_CHECKING:
     from mqstore.append.appender import ReadOnlyAppender
@@ -49,13 +53,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DISPATCH_TIMEOUT_S = 30.0
-
-# The state mirror's installer: ``install_mirror(store)``, called by ``promote`` once dispatch
-# covers every byte the slave received and before the store takes a put; it swaps the mirrored
-# copy of the master's state files into place and returns a report for the promotion's result
-# (or None). Until the mirror exists, nothing is installed.
-install_mirror: Callable[[object], dict | None] | None = None
-
 
 class RoleCalls:
     # What the calls use of the store that inherits them.
@@ -184,6 +181,19 @@ class RoleCalls:
         problem = master_listen_problem(parts.config.server)
         if problem is not None:
             raise ConfigError(f"this slave cannot be promoted as configured: {problem}")
+        try:
+            check_complete(self.root)
+            mirrored = True
+        except MirrorIncompleteError as exc:
+            if not force:
+                raise PromotionRefusedError(
+                    f"{exc}; promoted without it, the store would redeliver what its master's "
+                    f"consumer groups had acknowledged and lose its topic configs: let the "
+                    f"slave follow until a snapshot arrives (the master ships one whenever a "
+                    f"slave connects), or promote with force to start from the slave's own "
+                    f"state") from None
+            mirrored = False
+            log.warning("promoting without the state mirror (forced): %s", exc)
         replication.stop_following()
         self.wait_dispatched(timeout)
         end = self._commit_log.max_offset
@@ -195,7 +205,7 @@ class RoleCalls:
         epochs.append(new_epoch, end)
         self._record(RoleRecord(target, None, new_epoch, _now(),
                                 f"promoted from slave of {followed}"))
-        mirror = install_mirror(self) if install_mirror is not None else None
+        mirror = asdict(install_mirror(self, timeout_s=timeout)) if mirrored else None
         self._take_queue_offsets()
         state.change(role=target, master=None, epoch=new_epoch, fenced=None)
         replication.become_master()
@@ -318,4 +328,4 @@ def _now() -> int:
     return int(time.time() * 1000)
 
 
-__all__ = ["RoleCalls", "install_mirror"]
+__all__ = ["RoleCalls"]

@@ -5,7 +5,8 @@ the abort marker stays, the lock goes with the process); ``StoreStateMachine`` i
 state machine that checks any store configuration against a plain list model, including
 reopen and crash/recover steps. Use it by subclassing and setting ``overrides``.
 ``StoreFactory``, ``open_store`` and ``fill`` (``mqstore.testing.stores``) open stores with small
-test defaults and fill them; ``wait_until`` and ``wait_for`` wait on what another process does.
+test defaults and fill them; ``wait_until`` and ``wait_for`` wait on what another process does,
+for up to a bound that ``patience`` stretches on a loaded machine.
 ``ManualClock`` is a settable store clock that stays one clock in the processes it is pickled to;
 ``ManualScheduler`` is the loops' interval clock, moved by hand, with which a test runs a periodic
 job (``run("cleanup")``) instead of sleeping until it comes round.
@@ -38,10 +39,25 @@ def simulate_crash(store: MessageStore) -> None:
     store._crash()
 
 
+PATIENCE_CAP = 8.0  # the most a bound is stretched
+
+
+def patience(seconds: float) -> float:
+    """``seconds``, how long a wait may take on a quiet machine, stretched by how loaded the
+    machine is now (its 1-minute load average per CPU, 1 to ``PATIENCE_CAP`` times): a test run
+    beside other work, or beside itself under pytest-xdist, waits longer for another process
+    instead of failing. Only for bounds on waits that end as soon as their condition holds."""
+    try:
+        per_cpu = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:  # no load average on this system
+        per_cpu = 1.0
+    return seconds * min(PATIENCE_CAP, max(1.0, per_cpu))
+
+
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
-    """Whether ``predicate()`` became true within ``timeout`` seconds (checked every
+    """Whether ``predicate()`` became true within ``patience(timeout)`` seconds (checked every
     ``interval``): for what another process or a background loop does in its own time."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patience(timeout)
     while not predicate():
         if time.monotonic() > deadline:
             return False
@@ -51,17 +67,18 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool
 
 def wait_for(probe, timeout: float = 30.0, interval: float = 0.02, what: str | None = None):
     """``probe()``'s first truthy answer, asked every ``interval`` seconds for up to
-    ``timeout``; else AssertionError naming ``what`` (default: the probe) and the last answer.
-    For what another process or thread does in its own time; a periodic job of the store's
-    loops is run with a ``ManualScheduler`` instead."""
-    deadline = time.monotonic() + timeout
+    ``patience(timeout)``; else AssertionError naming ``what`` (default: the probe) and the last
+    answer. For what another process or thread does in its own time; a periodic job of the
+    store's loops is run with a ``ManualScheduler`` instead."""
+    bound = patience(timeout)
+    deadline = time.monotonic() + bound
     while True:
         answer = probe()
         if answer:
             return answer
         if time.monotonic() > deadline:
             raise AssertionError(f"{what or getattr(probe, '__name__', probe)} not reached "
-                                 f"within {timeout} s; last: {answer!r}")
+                                 f"within {bound:.3g} s; last: {answer!r}")
         time.sleep(interval)
 
 
@@ -77,12 +94,22 @@ def read_queue(store: MessageStore, topic: str, queue_id: int, expression: str |
         offset = res.next_begin_offset
 
 
-try:
-    from hypothesis import strategies as st
-    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
-except ImportError:  # hypothesis is a test dependency only
-    StoreStateMachine = None
-else:
+def __getattr__(name: str):
+    if name == "StoreStateMachine":
+        machine = globals()["StoreStateMachine"] = _state_machine()
+        return machine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _state_machine():
+    """``StoreStateMachine``, made when first asked for: hypothesis (a test dependency only;
+    None without it) is imported then, not by every process that imports this package (the
+    fault writer and the consumer process start many times in a test run)."""
+    try:
+        from hypothesis import strategies as st
+        from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+    except ImportError:
+        return None
     TOPICS = ("A", "B")
     TAGS = (None, "t1", "t2")
     _message = st.builds(
@@ -158,3 +185,6 @@ else:
         def teardown(self):
             self.store.close()
             shutil.rmtree(self.root, ignore_errors=True)
+
+    StoreStateMachine.__qualname__ = "StoreStateMachine"  # as if made at the top level
+    return StoreStateMachine

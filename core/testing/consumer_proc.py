@@ -7,6 +7,8 @@ flushed at once, so the parent knows what happened before it kills this process:
 
     ready <member id>
     assigned <json list of queue ids>          at the start, and whenever it changes
+    waiting                                    a poll went to sleep on the dispatch
+                                               notification (once a poll)
     polled <queue> <first offset> <last offset> <json list of bodies' first 12 bytes>
     committed <json {queue: offset}>           after each commit returned
     bye
@@ -41,10 +43,11 @@ def main(argv: list[str]) -> int:
 
     from mqstore.config import load_config
     from mqstore.store import MessageStore
+    from mqstore.runtime.workers.wakeup import Wakeup
 
     # SIGTERM ends a long poll at once (the futex wait returns on a signal). Anywhere else (a
     # commit, a line being written, the close) it only asks the loop to stop after it.
-    state = {"polling": False, "stop": False}
+    state = {"polling": False, "stop": False, "asleep": False}
 
     def stop(_signum, _frame):
         state["stop"] = True
@@ -60,6 +63,15 @@ def main(argv: list[str]) -> int:
         out.write(" ".join(str(p) for p in parts) + "\n")
         out.flush()
 
+    real_wait = Wakeup.wait
+
+    def wait(wakeup, seen, timeout_s):
+        if state["polling"] and not state["asleep"]:
+            state["asleep"] = True
+            say("waiting")  # the parent may now send what must wake this poll
+        return real_wait(wakeup, seen, timeout_s)
+    Wakeup.wait = wait
+
     with MessageStore.open(args.root, config=cfg, read_only=True) as store:
         with store.consumer(args.group, args.topic, consume_from=args.consume_from,
                             allocation=args.allocation) as consumer:
@@ -70,7 +82,7 @@ def main(argv: list[str]) -> int:
                 if state["stop"] or select.select([sys.stdin], [], [], 0)[0]:
                     break  # SIGTERM, a line, or stdin closed
                 try:
-                    state["polling"] = True
+                    state["polling"], state["asleep"] = True, False
                     polled = consumer.poll(args.max_msgs, args.timeout_ms)
                 except Stop:
                     break
@@ -121,6 +133,16 @@ class ConsumerProcess:
                 return predicate(self)
             time.sleep(0.01)
         return True
+
+    def asleep(self) -> bool:
+        """Whether its last line says a poll is asleep on the dispatch notification."""
+        return bool(self.lines) and self.lines[-1][0] == "waiting"
+
+    def naps(self) -> int:
+        """How many of its polls went to sleep on the notification: with ``--timeout-ms T``
+        each of them lasted T (unless woken), a measure of its time that a loaded machine
+        stretches as it stretches the consumer's own."""
+        return sum(1 for kind, _rest in list(self.lines) if kind == "waiting")
 
     @property
     def assignment(self) -> list[int] | None:

@@ -204,7 +204,11 @@ class FaultWriter:
 
 def store_left_by_writer(root, overrides: dict, seed: int, count: int, how: str) -> list:
     """A store written by the fault writer process and left ``"clean"`` (closed) or
-    ``"killed"`` (SIGKILL of its whole group, ``abort`` left behind); returns its acks."""
+    ``"killed"`` (SIGKILL of its whole group, ``abort`` left behind); returns its acks.
+
+    A killed writer is killed once its derived files were forced after the last put (the key
+    index recorded progress covering every record), as a writer that ran for a second or more
+    is: how far the periodic forcing got must not depend on how fast the machine is."""
     writer = FaultWriter(str(root), overrides, seed=seed, count=count, batch=0,
                          then="close" if how == "clean" else "wait")
     writer.start()
@@ -213,10 +217,24 @@ def store_left_by_writer(root, overrides: dict, seed: int, count: int, how: str)
         assert writer.finish() == 0
         assert not os.path.exists(os.path.join(root, "abort"))
     else:
+        if writer.acks and overrides.get("index", {}).get("enabled", True):
+            _wait_index_progress(root, max(a.phys_offset for a in writer.acks) + 1)
         writer.kill(signal.SIGKILL)
         assert os.path.exists(os.path.join(root, "abort"))
     assert len(writer.acks) == count
     return writer.acks
+
+
+def _wait_index_progress(root, past: int, timeout: float = 60.0) -> None:
+    """Until the key index's recorded progress (``mqstore.indexed``) reaches ``past``."""
+    from mqstore.storage.index_progress import read_progress
+    from mqstore.testing import wait_for
+
+    def covered():
+        progress, _problem = read_progress(str(root))
+        return progress is not None and progress.indexed_until >= past
+
+    wait_for(covered, timeout=timeout, what=f"index progress past commit-log offset {past}")
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Every process that opens a store directory (the store process, its dispatch worker, read-only
 stores) builds one view over its own maps of the files, and hands it to the dispatchers it
 builds, with that process's role. The view owns the table of consume queues and their
-extensions in that process.
+extensions in that process, and the budget of their files it keeps mapped
+(``consume_queue.max_mapped_files``: NOTE [ Mapped budget ] in ``storage.mapped_budget``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from mqstore.hashing import string_hasher
 from mqstore.view.checked_read import read_message
 from mqstore.storage.consume_queue import ConsumeQueue
 from mqstore.storage.cq_ext import open_ext
+from mqstore.storage.mapped_budget import MappedBudget
 from mqstore.view.subscriptions import Subscriptions
 from mqstore.view.topics import Topics
 
@@ -25,10 +27,12 @@ log = logging.getLogger(__name__)
 class DirectoryView:
     def __init__(self, root: str, config, *, clock, hash_kind: str, commit_log, checkpoint,
                  recovery_report, cq_file_bytes: int, consume_queues: dict, filters,
-                 writes_queues: bool, manifest=None, known_queues=None) -> None:
+                 writes_queues: bool, manifest=None, known_queues=None,
+                 mapped: MappedBudget | None = None) -> None:
         """``writes_queues``: this process builds the consume queues (creates them and their
         extensions); ``manifest`` (a ``ManifestKeeper``) learns of new queues;
-        ``known_queues``: the writer's queue-offset table (``view.topics.Topics``)."""
+        ``known_queues``: the writer's queue-offset table (``view.topics.Topics``); ``mapped``:
+        the budget the queues were loaded under (``load_consume_queues``), else a new one."""
         self.root = root
         self.config = config
         self.clock = clock
@@ -40,6 +44,9 @@ class DirectoryView:
         self.subscriptions = Subscriptions(root)
         self.topics = Topics(root, config, clock, known_queues=known_queues)
         self.consume_queues: dict = consume_queues
+        self.mapped = mapped or MappedBudget(config.consume_queue.max_mapped_files)
+        for cq in consume_queues.values():
+            cq.govern(self.mapped)
         self.consume_queue_exts: dict = {}
         self.writes_queues = writes_queues
         self.manifest = manifest
@@ -55,7 +62,7 @@ class DirectoryView:
                 cq = self.consume_queues.get(key)
                 if cq is None:
                     cq = ConsumeQueue(self.root, topic, queue_id, self._cq_file_bytes,
-                                      on_warning=log.warning)
+                                      on_warning=log.warning, budget=self.mapped)
                     self.consume_queues[key] = cq
                     if self.manifest is not None:
                         self.manifest.mark()

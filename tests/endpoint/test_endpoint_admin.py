@@ -1,24 +1,28 @@
 """``mqstore topic|group ... --server``: the endpoint's admin service (``mqstore.admin.v1.Admin``)
-on a running ``mqstore serve`` with access keys, the commands as subprocesses, the official
-client seeing what they changed. One server for the module; each test its own topic and group.
+on a running ``mqstore serve`` with client access keys and admin keys, the commands as
+subprocesses, the official client seeing what they changed. One server for the module; each
+test its own topic and group.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import grpc
 import pytest
 
-from cli_support import error_line, mqstore
+from cli_support import env, error_line, mqstore
 from mqstore.testing.consumer_proc import ConsumerProcess
 from endpoint_support import Clients, Served, deployment_yaml
 from mqstore import MessageStore, load_config
-from mqstore.endpoint.auth import signed_metadata
+from mqstore.endpoint.auth import now_date_time, signed_metadata
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
-AK, SK = "ops", "ops-secret"
+AK, SK = "app", "app-secret"  # a client's
+ADMIN_AK, ADMIN_SK = "ops", "ops-secret"
 WAIT_S = 30.0
 
 
@@ -26,7 +30,8 @@ WAIT_S = 30.0
 def served(tmp_path_factory, home):
     base = tmp_path_factory.mktemp("served")
     yaml = deployment_yaml(base / "deploy.yaml", base / "store",
-                           server={"grpc_access_keys": [f"{AK}:{SK}"]})
+                           server={"grpc_access_keys": [f"{AK}:{SK}"],
+                                   "grpc_admin_keys": [f"{ADMIN_AK}:{ADMIN_SK}"]})
     server = Served(yaml, base / "serve.log", home)
     server.root = base / "store"
     server.yaml = yaml
@@ -43,10 +48,10 @@ def clients(rocketmq, served):
     c.close()
 
 
-def admin(served, *args, check: int = 0, key: tuple[str, str] = (AK, SK)):
-    """``mqstore ARGS --server`` the served store, signed with ``key``."""
-    return mqstore(*args, "--server", served.endpoint, "--access-key", key[0],
-                   "--secret-key", key[1], check=check)
+def admin(served, *args, check: int = 0, key: tuple[str, str] = (ADMIN_AK, ADMIN_SK)):
+    """``mqstore ARGS --server`` the served store, signed with admin key ``key``."""
+    return mqstore(*args, "--server", served.endpoint, "--admin-access-key", key[0],
+                   "--admin-secret-key", key[1], check=check)
 
 
 def admin_json(served, *args):
@@ -198,10 +203,13 @@ def test_refusals_say_why_and_exit_as_on_a_closed_store(served):
     root = served.root
     refused = admin(served, "group", "list", key=("intruder", "x"), check=1)
     assert error_line(refused) == (f"Error: {served.endpoint} refused the call: access key "
-                                   f"'intruder' is not one this endpoint knows")
-    refused = admin(served, "topic", "list", key=(AK, "wrong"), check=1)
+                                   f"'intruder' is not one of server.grpc_admin_keys")
+    refused = admin(served, "topic", "list", key=(ADMIN_AK, "wrong"), check=1)
     assert error_line(refused) == (f"Error: {served.endpoint} refused the call: the signature "
-                                   f"of access key '{AK}' does not match its secret key")
+                                   f"of access key '{ADMIN_AK}' does not match its secret key")
+    client = admin(served, "topic", "create", "NotByClients", key=(AK, SK), check=1)
+    assert error_line(client) == (f"Error: {served.endpoint} refused the call: access key "
+                                  f"'{AK}' is not one of server.grpc_admin_keys")
 
     admin(served, "topic", "create", "Refusing", "-q", "2")
     missing = admin(served, "topic", "update", "Unknown", "-q", "2", check=1)
@@ -243,7 +251,7 @@ def test_refusals_say_why_and_exit_as_on_a_closed_store(served):
 
 def test_the_admin_service_on_the_wire(served):
     """What another client of ``mqstore.admin.v1.Admin`` gets: JSON in and out, gRPC codes."""
-    signed = signed_metadata(AK, SK, "20250101T000000Z")
+    signed = signed_metadata(ADMIN_AK, ADMIN_SK, now_date_time())
     with grpc.insecure_channel(served.endpoint) as channel:
         def call(method: str, body: bytes, metadata=signed):
             return channel.unary_unary(f"/mqstore.admin.v1.Admin/{method}")(
@@ -261,6 +269,11 @@ def test_the_admin_service_on_the_wire(served):
         with pytest.raises(grpc.RpcError) as unsigned:
             call("ListTopics", b"{}", metadata=())
         assert unsigned.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        for metadata in (signed_metadata(AK, SK, now_date_time()),  # a client's key
+                         signed_metadata(ADMIN_AK, ADMIN_SK, "20200101T000000Z")):  # stale
+            with pytest.raises(grpc.RpcError) as refused:
+                call("DeleteGroup", b'{"group": "g"}', metadata=metadata)
+            assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
         with pytest.raises(grpc.RpcError) as malformed:
             call("UpdateTopic", b'{"name": "Wire", "queues": "2", "colour": 1}')
         assert malformed.value.code() is grpc.StatusCode.INVALID_ARGUMENT
@@ -274,6 +287,22 @@ def test_the_admin_service_on_the_wire(served):
             tuple(m) for m in missing.value.trailing_metadata()]
         changed = json.loads(call("UpdateTopic", b'{"name": "Wire", "perm": 4}'))
         assert changed["perm_text"] == "R--"
+
+
+def test_the_old_key_options_still_sign_admin_calls(served):
+    """``--access-key``/``--secret-key`` of the topic and group commands, as before, for a
+    release: now an admin key, with a DeprecationWarning naming the new options."""
+    old = mqstore("topic", "list", "--server", served.endpoint, "--access-key", ADMIN_AK,
+                  "--secret-key", ADMIN_SK, "--json")
+    assert isinstance(json.loads(old.stdout), list)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mqstore.cli", "topic", "list", "--server", served.endpoint,
+         "--access-key", ADMIN_AK, "--secret-key", ADMIN_SK, "--json"],
+        capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in env().items() if k != "PYTHONWARNINGS"})
+    assert proc.returncode == 0, proc.stderr
+    assert ("DeprecationWarning: option --access-key of the topic and group commands is now "
+            "--admin-access-key (an admin key: server.grpc_admin_keys)") in proc.stderr
 
 
 def test_a_damaged_topics_file_is_reported_as_on_the_directory(served):

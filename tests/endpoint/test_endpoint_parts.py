@@ -4,18 +4,27 @@ edge cases, the signature check, and the bounds on connections and clients."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import gzip
 import hashlib
 import hmac
+import threading
 
 import numpy as np
 import pytest
 
 from mqstore import Message
-from mqstore.endpoint.auth import AccessKeys, sign
+from mqstore.config import ServerSection
+from mqstore.endpoint.backlog import Backlog
+from mqstore.endpoint.limits import check_exposure
+from mqstore.endpoint.pops import Pops, filter_of
+from mqstore.endpoint.service import _failure as service_failure
+from mqstore.errors import ConfigError
+from mqstore.endpoint.auth import AccessKeys, AdminAccess, sign, signed_at, signed_metadata
 from mqstore.endpoint.limits import Peers
 from mqstore.endpoint.protocol import Code, definition_pb2, service_pb2
 from mqstore.endpoint.route import Topics
+from mqstore.endpoint.creations import Creations
 from mqstore.endpoint.send import QUIET_GROUPS, PutBatcher, Sender, put_all
 from mqstore.endpoint.settings import Sessions
 from mqstore.endpoint.status import EndpointError, put_status
@@ -173,8 +182,8 @@ def test_hosts_read_as_javas_getHostAddress_and_digests_as_the_proxys():
 
 
 def test_signatures_are_checked_against_the_access_keys_secret():
-    keys = AccessKeys({"app": "s3cret"})
     stamp = "20260101T000000Z"
+    keys = AccessKeys({"app": "s3cret"}, clock=lambda: signed_at(stamp) + 10)
     good = (f"MQv2-HMAC-SHA1 Credential=app, SignedHeaders=x-mq-date-time, "
             f"Signature={sign('s3cret', stamp)}")
     assert sign("s3cret", stamp) == hmac.new(b"s3cret", stamp.encode(), hashlib.sha1).hexdigest()
@@ -189,6 +198,43 @@ def test_signatures_are_checked_against_the_access_keys_secret():
             keys.check(metadata)
         assert err.value.code == Code.UNAUTHORIZED and needle in err.value.message
     assert AccessKeys({}).check({}) is None  # no keys: every call passes
+
+
+@pytest.mark.parametrize("signed, now, ok", [
+    ("20260101T000000Z", "20260101T001500Z", True),  # 15 minutes late: the window's edge
+    ("20260101T000000Z", "20260101T001501Z", False),
+    ("20260101T001500Z", "20260101T000000Z", True),  # 15 minutes ahead
+    ("20260101T001501Z", "20260101T000000Z", False),
+    ("20200101T000000Z", "20260101T000000Z", False),  # a signature seen years ago
+    ("2026-01-01T00:00:00Z", "20260101T000000Z", False),  # not RocketMQ's format
+])
+def test_a_signature_is_good_only_near_the_servers_clock(signed, now, ok):
+    keys = AccessKeys({"app": "s3cret"}, clock=lambda: signed_at(now))
+    metadata = dict(signed_metadata("app", "s3cret", signed))
+    if ok:
+        assert keys.check(metadata) == "app"
+        return
+    with pytest.raises(EndpointError) as err:
+        keys.check(metadata)
+    assert err.value.code == Code.UNAUTHORIZED
+    assert ("server.grpc_signature_skew_ms" in err.value.message
+            or "is not yyyyMMddTHHmmssZ" in err.value.message)
+
+
+def test_client_keys_never_open_the_admin_service():
+    now = lambda: signed_at("20260101T000000Z")  # noqa: E731
+    client = AccessKeys({"app": "s3cret"}, clock=now)
+    admins = AccessKeys({"ops": "0ps"}, clock=now, setting="server.grpc_admin_keys")
+    app = dict(signed_metadata("app", "s3cret", "20260101T000000Z"))
+    ops = dict(signed_metadata("ops", "0ps", "20260101T000000Z"))
+    AdminAccess(admins, client).check(ops)
+    with pytest.raises(EndpointError) as err:
+        AdminAccess(admins, client).check(app)
+    assert err.value.message == "access key 'app' is not one of server.grpc_admin_keys"
+    with pytest.raises(EndpointError) as err:  # client keys and no admin keys: nobody
+        AdminAccess(AccessKeys({}), client).check(app)
+    assert "set server.grpc_admin_keys" in err.value.message
+    AdminAccess(AccessKeys({}), AccessKeys({})).check({})  # no keys at all: loopback only
 
 
 def test_connections_and_clients_are_bounded_and_idle_ones_forgotten():
@@ -231,8 +277,8 @@ def test_topics_with_configs_are_routed_and_sent_to_their_write_queues(make_stor
     assert topics.queues("Archive") == [0, 1, 2]
     assert topics.queues("Legacy") == [0, 1, 2, 3, 4, 5, 6]  # adopted with 7 queues
     topics.for_receive("Orders")  # exists: no TOPIC_NOT_FOUND before its first message
-    topics.for_send("Orders")
-    sender = Sender(store, topics, store.config)
+    assert topics.for_send("Orders")  # it exists: the send creates nothing
+    sender = Sender(store, topics, store.config, Creations(0, 0, lambda t, g: False))
     try:
         request = service_pb2.SendMessageRequest(messages=[
             wire_message(message_group=f"group-{i}") for i in range(16)])
@@ -248,3 +294,90 @@ def test_the_brokers_topic_refusals_answer_the_proxys_codes():
     assert put_status(PutStatus.NO_PERMISSION, "perm 4").code == Code.FORBIDDEN
     assert put_status(PutStatus.NO_PERMISSION, "perm 4").message == \
         "send failed, NO_PERMISSION: perm 4"
+
+
+def test_filters_compile_on_a_thread_of_their_own(make_store, monkeypatch):
+    """A long SQL92 expression compiles off the event loop (which stays free for every other
+    call); a bad one is refused with ILLEGAL_FILTER_EXPRESSION, its text cut short."""
+    store = make_store({"plugins": {"modules": ["mqstore.plugins.filter_sql92"]}})
+    pops = Pops(store)
+    threads = []
+    compile_filter = store.view.compile_filter
+
+    def spy(expression, expression_type):
+        threads.append(threading.current_thread().name)
+        return compile_filter(expression, expression_type)
+
+    monkeypatch.setattr(store.view, "compile_filter", spy)
+
+    async def check(expression):
+        loop_thread = threading.current_thread().name
+        await pops.check_filter(expression, "SQL92")
+        return loop_thread
+
+    try:
+        loop_thread = asyncio.run(check("a = 1 AND b = 'x'"))
+        assert threads and threads[0].startswith("mqstore-grpc-filter")
+        assert loop_thread not in threads
+        with pytest.raises(EndpointError) as err:
+            asyncio.run(check("a = " + "'x" * 5000))
+        assert err.value.code == Code.ILLEGAL_FILTER_EXPRESSION
+        assert len(err.value.message) < 600
+    finally:
+        pops.close()
+
+
+def test_a_filter_longer_than_the_endpoint_compiles_is_refused_unread():
+    text = "TagA || " * 3000
+    with pytest.raises(EndpointError) as err:
+        filter_of(definition_pb2.FilterExpression(type=definition_pb2.FilterType.TAG,
+                                                  expression=text))
+    assert err.value.code == Code.ILLEGAL_FILTER_EXPRESSION
+    assert err.value.message == (f"TAG filter {text[:32]!r}... ({len(text)} characters) is "
+                                 f"longer than 16384 characters, the longest this endpoint "
+                                 f"compiles")
+
+
+def test_the_backlog_admits_while_both_bounds_have_room():
+    backlog = Backlog(per_connection=100, total=150)
+    backlog.admit("a")
+    assert backlog.room("a") == 100
+    backlog.charge("a", 100)
+    with pytest.raises(EndpointError) as err:
+        backlog.admit("a")
+    assert err.value.code == Code.TOO_MANY_REQUESTS
+    assert "server.grpc_max_unwritten_bytes_per_connection (100)" in err.value.message
+    assert backlog.room("b") == 50  # the endpoint's room is less than b's own
+    backlog.charge("b", 60)
+    with pytest.raises(EndpointError) as err:
+        backlog.admit("c")
+    assert "server.grpc_max_unwritten_bytes (150)" in err.value.message
+    backlog.release("a", 100)
+    backlog.admit("c")
+    assert (backlog.held, backlog.of("a"), backlog.of("b")) == (60, 0, 60)
+
+
+def test_running_out_of_descriptors_is_a_refusal_to_retry():
+    code, message = service_failure("ReceiveMessage", OSError(errno.EMFILE,
+                                                             "Too many open files"))
+    assert code == Code.TOO_MANY_REQUESTS
+    assert message == ("ReceiveMessage refused: the server is out of file descriptors for "
+                       "now; try again later")
+
+
+@pytest.mark.parametrize("listen, open_ok", [
+    ("127.0.0.1:8081", True), ("127.8.9.10:0", True), ("localhost:8081", True),
+    ("[::1]:8081", True), ("0.0.0.0:8081", False), ("[::]:8081", False),
+    ("10.0.0.5:8081", False), ("mq.example.com:8081", False),
+])
+def test_an_open_admin_service_is_refused_beyond_loopback(listen, open_ok):
+    server = ServerSection(grpc_listen=listen)
+    if open_ok:
+        check_exposure(server, admin_served=True)
+    else:
+        with pytest.raises(ConfigError, match="set server.grpc_admin_keys"):
+            check_exposure(server, admin_served=True)
+    # Admin keys, or no admin service, are fine anywhere.
+    check_exposure(ServerSection(grpc_listen=listen, grpc_admin_keys=["ops:s"]), True)
+    check_exposure(ServerSection(grpc_listen=listen, grpc_admin_enabled=False), True)
+    check_exposure(server, admin_served=False)

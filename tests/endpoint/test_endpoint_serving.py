@@ -6,6 +6,7 @@ served as it is, TLS with access keys, and ``mqstore produce|consume --server``.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 
 from cli_support import env
 from mqstore.endpoint.wire import SYSTEM_PROPERTY_NAMES
-from endpoint_support import Clients, Served, deployment_yaml
+from endpoint_support import CLIENT_REQUEST_TIMEOUT_S, Clients, Served, deployment_yaml
 from paths import SUPPORT
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
@@ -227,7 +228,7 @@ def test_tls_and_access_keys(tmp_path, home):
         from rocketmq.v5.exception import ClientException
         endpoint, tls, secret = sys.argv[1], sys.argv[2] == "tls", sys.argv[3]
         config = rocketmq.ClientConfiguration(endpoint, rocketmq.Credentials("app", secret),
-                                              request_timeout=3)
+                                              request_timeout=int(sys.argv[5]))
         out = {}
         if tls:  # the route query itself, signed as the client signs every call
             import grpc
@@ -262,7 +263,7 @@ def test_tls_and_access_keys(tmp_path, home):
 
     def run(tls: str, secret: str) -> dict:
         proc = subprocess.run([sys.executable, "-c", script, served.endpoint, tls, secret,
-                               str(cert)],
+                               str(cert), str(CLIENT_REQUEST_TIMEOUT_S)],
                               env=client_env(home, GRPC_DEFAULT_SSL_ROOTS_FILE_PATH=str(cert)),
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
@@ -282,10 +283,15 @@ def test_tls_and_access_keys(tmp_path, home):
     assert code == 0, served.log()
 
 
-def test_produce_and_consume_through_the_server(tmp_path, home, rocketmq):
+def test_produce_and_consume_through_the_server(tmp_path, home, rocketmq, monkeypatch):
     """The commands in this process (CliRunner), the client already imported with HOME=home."""
     from click.testing import CliRunner
     from mqstore.cli import main
+
+    # The commands leave the client's RPC deadline at its default (3 s); a loaded machine
+    # may answer a route query later.
+    monkeypatch.setattr(rocketmq, "ClientConfiguration", functools.partial(
+        rocketmq.ClientConfiguration, request_timeout=CLIENT_REQUEST_TIMEOUT_S))
 
     def cli(*args, code=0):
         result = CliRunner().invoke(main, list(args))

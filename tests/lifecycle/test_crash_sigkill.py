@@ -31,8 +31,9 @@ from mqstore.testing.faults import (
 SEG = small_store_overrides()["commit_log"]["segment_bytes"]
 BLANK_MAGIC = -875286124  # 0xCBD43194
 END_FILE_MIN_BLANK_BYTES = 8
-# Kill points per (flush mode, writer); MQSTORE_KILL_POINTS=300 makes a longer run.
-KILL_SEEDS = range(int(os.environ.get("MQSTORE_KILL_POINTS", "20")))
+# Kill points per (flush mode, writer): a slice of 5 in every run (20 kills), more for a long
+# run (MQSTORE_KILL_POINTS=300).
+KILL_SEEDS = range(int(os.environ.get("MQSTORE_KILL_POINTS", "5")))
 WRITERS = ["mmap", "transient_pool"]
 MAX_KILL_AFTER = 600  # acknowledgements; about two and a half 64 KiB segments
 WATCHDOG_S = 60.0

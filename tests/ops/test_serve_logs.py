@@ -56,10 +56,11 @@ def test_serve_and_its_workers_log_alike(tmp_path, style):
     records = [parsed(line, style) for line in log_path.read_text().splitlines()]
     serves = [r for r in records if r["pid"] == proc.pid]
     workers = [r for r in records if r["pid"] != proc.pid]
-    assert serves and serves[0]["logger"] == "mqstore.serve", records
+    assert serves and serves[0]["logger"] == "mqstore.ops.server", records
     assert any(r["message"].startswith("serving metrics on http://") for r in serves)
     assert sorted(r["logger"] for r in workers if "is gone" in r["message"]) == [
-        "mqstore.workers.dispatch", "mqstore.workers.flush"], records
+        "mqstore.runtime.workers.dispatch_worker",
+        "mqstore.runtime.workers.flush_worker"], records
     assert all(r["level"] == "ERROR" for r in workers if "is gone" in r["message"])
 
 

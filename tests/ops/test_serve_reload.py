@@ -82,7 +82,7 @@ def test_sighup_reloads_what_it_can_and_the_store_stays_served(tmp_path):
         wait_for(lambda: list_topics(served.endpoint) == grpc.StatusCode.UNAUTHENTICATED, 10,
                  what="the access keys taken")
         assert closed_by_server(url, 10)
-        wait_for(lambda: re.search(r"DEBUG mqstore\.serve\[\d+\]: closing a connection: idle",
+        wait_for(lambda: re.search(r"DEBUG mqstore\.ops\.http_server\[\d+\]: closing a connection: idle",
                                    served.log()), 10, what="a debug line")
 
         # A file that does not load changes nothing.

@@ -33,6 +33,8 @@ REQUIRED_CONTRACTS = {
     "only the connector and the export command import mqstore.spark",
     "only mqstore.spark imports pyspark and pyarrow",
     "only serve and the --server commands import mqstore.endpoint",
+    "only serve imports mqstore.remoting",
+    "mqstore.remoting imports only the standard library and numpy",
     "only mqstore.endpoint imports grpc, protobuf and the RocketMQ client",
     "coordination imports only the kernel",
     "only mqstore.coordination imports etcd3gw",
@@ -147,6 +149,9 @@ def test_contracts_catch_violations(tmp_path):
     (pkg / "_arch_probe_grpc.py").write_text(
         "import grpc\nfrom google.protobuf import duration_pb2\n"
         "from mqstore.endpoint import server\n")
+    # The CLI knowing the remoting server, and the remoting server knowing prometheus_client.
+    (pkg / "cli" / "_arch_probe_remoting.py").write_text("from mqstore.remoting import server\n")
+    (pkg / "remoting" / "_arch_probe.py").write_text("import prometheus_client\n")
     # The store's own modules knowing etcd, and coordination knowing the store's files.
     (pkg / "_arch_probe_etcd.py").write_text("import etcd3gw\n")
     (pkg / "coordination" / "_arch_probe.py").write_text("from mqstore.storage import commit_log\n")
@@ -174,6 +179,8 @@ def test_contracts_catch_violations(tmp_path):
         "mqstore.cli._arch_probe_spark -> pyarrow (l.1)",
         "mqstore.cli._arch_probe_spark -> mqstore.spark.export (l.2)",
         "mqstore.config -> mqstore.plugin_api.manager",
+        "mqstore.cli._arch_probe_remoting -> mqstore.remoting.server (l.1)",
+        "mqstore.remoting._arch_probe -> prometheus_client (l.1)",
         "mqstore._arch_probe_etcd -> etcd3gw (l.1)",
         "mqstore.coordination._arch_probe -> mqstore.storage.commit_log (l.1)",
     ):

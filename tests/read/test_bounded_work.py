@@ -1,6 +1,8 @@
 """Work is bounded on hostile input: SQL92 chains and sizes, index-file chains, a garbled
 subscriptions file. Deep but legal input works; beyond a limit it is refused with an error
-naming the rule and the limit; nothing is ever a silent non-match or an endless walk."""
+naming the rule and the limit; nothing is ever a silent non-match or an endless walk. Time
+bounds count this thread's CPU time (``time.thread_time``): a loaded machine stretches the wall
+clock, not the work."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from mqstore import Message
 from mqstore.format import index_layout as L
 from mqstore.plugins import sql92
 from mqstore.plugins.sql92 import (
-    MAX_EXPRESSION_CHARS, MAX_NESTING_DEPTH, EvaluationError, FilterLimitError,
-    FilterSyntaxError, compile_expression, compile_uncached, parse_double, parse_int,
+    MAX_EXPRESSION_CHARS, MAX_NESTING_DEPTH, MAX_PARENTHESES_DEPTH, EvaluationError,
+    FilterLimitError, FilterSyntaxError, compile_expression, compile_uncached, parse_double, parse_int,
 )
 from mqstore.storage.index_file import IndexFile
 from mqstore.view.subscriptions import SUBSCRIPTIONS_FILE, Subscriptions
@@ -73,6 +75,19 @@ def test_parenthesised_chains_flatten_from_either_side():
     for expr in (right, left, right.replace("AND", "OR"), left.replace("AND", "OR")):
         assert compile_uncached(expr).evaluate(props) is True
     assert compile_uncached(right.replace("b = '2'", "b = '3'")).evaluate(props) is False
+
+
+def test_parentheses_nested_too_deep_are_refused_before_the_parse():
+    deepest = "(" * MAX_PARENTHESES_DEPTH + "a = '1'" + ")" * MAX_PARENTHESES_DEPTH
+    assert compile_uncached(deepest).evaluate({"a": "1"}) is True
+    # A hundred thousand of them are refused at the first one too deep, not parsed (which
+    # takes seconds): the limit names itself and where.
+    err = limit_error("(" * 100_000 + "a = '1'" + ")" * 100_000)
+    assert (err.rule, err.limit, err.column) == ("parenthesis depth", MAX_PARENTHESES_DEPTH,
+                                                 MAX_PARENTHESES_DEPTH + 1)
+    # Inside strings and comments they are text, not nesting.
+    quoted = "a IN ('" + "(" * 2000 + "') -- " + "(" * 2000 + "\n"
+    assert compile_uncached(quoted).evaluate({"a": "(" * 2000}) is True
 
 
 def test_chain_short_circuits_left_to_right_as_nested_pairs_do():
@@ -139,11 +154,11 @@ def test_nesting_beyond_the_limit_is_refused_naming_rule_and_limit():
 
 def test_expression_length_is_limited_before_any_work():
     huge = "a = '" + "x" * 10_000_000 + "'"
-    start = time.perf_counter()
+    start = time.thread_time()
     for compile_ in (compile_uncached, compile_expression, compile_expression):
         with pytest.raises(FilterLimitError) as info:
             compile_(huge)
-    assert time.perf_counter() - start < 1
+    assert time.thread_time() - start < 1
     err = info.value
     assert (err.rule, err.limit) == ("expression length", MAX_EXPRESSION_CHARS)
     assert "10000006 characters long" in str(err) and str(MAX_EXPRESSION_CHARS) in str(err)
@@ -155,15 +170,15 @@ def test_expression_length_is_limited_before_any_work():
 def test_the_longest_allowed_literal_compiles_quickly():
     expr = "a = '" + "x" * (MAX_EXPRESSION_CHARS - 6) + "'"
     assert len(expr) == MAX_EXPRESSION_CHARS
-    start = time.perf_counter()
+    start = time.thread_time()
     compiled = compile_uncached(expr)
-    assert time.perf_counter() - start < 2
+    assert time.thread_time() - start < 2
     assert compiled.matches({"a": "x" * (MAX_EXPRESSION_CHARS - 6)})
     assert not compiled.matches({"a": "x"})
 
 
 def test_quote_runs_and_open_comments_lex_in_linear_time():
-    start = time.perf_counter()
+    start = time.thread_time()
     assert compile_uncached("a = '" + "''" * 100_000 + "'").matches({"a": "'" * 100_000})
     with pytest.raises(FilterSyntaxError) as info:
         compile_uncached("a = '" + "''" * 100_000)  # unterminated: reported at its quote
@@ -172,7 +187,7 @@ def test_quote_runs_and_open_comments_lex_in_linear_time():
         compile_uncached("a = 1 /* " + "*" * 200_000)
     with pytest.raises(FilterSyntaxError):
         compile_uncached("a = " + "1" * 200_000 + "x")
-    assert time.perf_counter() - start < 2
+    assert time.thread_time() - start < 2
 
 
 def test_huge_numeric_literals_are_compile_errors():
@@ -224,11 +239,11 @@ def test_matches_only_swallows_conversion_failures():
 
 
 def test_number_parsing_of_huge_property_values_is_linear_and_exact():
-    start = time.perf_counter()
+    start = time.thread_time()
     for text in ("1" * 30_000 + "x", "0x" + "1" * 30_000 + "q", "." + "5" * 30_000 + "e"):
         with pytest.raises(EvaluationError):
             parse_double(text)
-    assert time.perf_counter() - start < 1
+    assert time.thread_time() - start < 1
     assert parse_int("0" * 5000 + "7") == 7  # Java accepts any number of leading zeros
     assert parse_int("-" + "0" * 5000 + "7") == -7
     assert parse_int("\u0660" * 5000 + "\u0667") == 7  # and zeros of any script
@@ -299,10 +314,10 @@ def test_every_entry_linking_forward_costs_one_step(tmp_path, caplog):
     path.write_bytes(bytes(raw))
     f = IndexFile.load(str(path), slots=1, read_only=True)
     try:
-        start = time.perf_counter()
+        start = time.thread_time()
         with caplog.at_level(logging.WARNING, logger="mqstore.storage.index_file"):
             assert f.select(7, 1 << 31, 0, LONG_MAX) == [(entries - 2, S)]
-        assert time.perf_counter() - start < 1
+        assert time.thread_time() - start < 1
     finally:
         f.close()
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from mqstore.errors import MQStoreError
 from mqstore.format import index_layout as L
 from mqstore.hashing import java_string_hash, mmh3_string_hash
+from mqstore.storage import index_file
 from mqstore.storage.index_file import IndexFile
 
 
@@ -299,7 +300,11 @@ def test_select_matches_a_plain_oracle(puts, prev_end, queries):
         f.destroy()
 
 
-def test_verify_reports_corruption(tmp_path, opened):
+@pytest.mark.parametrize("chunk", [1 << 20, 2])
+def test_verify_reports_corruption(tmp_path, opened, monkeypatch, chunk):
+    """The same answers whether the entries are checked at once or two at a time (chains
+    and the newest entry of a slot then cross chunks)."""
+    monkeypatch.setattr(index_file, "_VERIFY_CHUNK", chunk)
     f = new_file(opened, tmp_path / "good", 4, 8)
     for n, h in enumerate([1, 5, 2, 9, 3]):
         f.put_key(h, 10 * n, S + 1000 * n)

@@ -34,8 +34,11 @@ def env() -> dict:
 
 def mqstore(*args, input: str | None = None, check: int | None = 0) -> subprocess.CompletedProcess:
     """Run ``mqstore ARGS``; ``check``: the exit status expected (None: any)."""
+    from mqstore.testing import patience  # here: the client processes import this module
+
     proc = subprocess.run([sys.executable, "-m", "mqstore.cli", *map(str, args)], input=input,
-                          capture_output=True, text=True, env=env(), timeout=CLI_TIMEOUT_S)
+                          capture_output=True, text=True, env=env(),
+                          timeout=patience(CLI_TIMEOUT_S))
     if check is not None:
         assert proc.returncode == check, (f"mqstore {' '.join(map(str, args))} exited "
                                           f"{proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
@@ -49,6 +52,8 @@ def mqstore_tty(*args, columns: int = 80) -> tuple[int, str]:
     """Run ``mqstore ARGS`` with standard output and error on a terminal ``columns`` wide (a
     pseudo-terminal), as a person at a shell would; returns the exit status and what the
     terminal was sent, colours and cursor movements removed (lines end in \\r\\n)."""
+    from mqstore.testing import patience
+
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     proc = subprocess.Popen([sys.executable, "-m", "mqstore.cli", *map(str, args)],
@@ -57,7 +62,7 @@ def mqstore_tty(*args, columns: int = 80) -> tuple[int, str]:
                                  "TERM": "xterm"})
     os.close(slave)
     sent = []
-    deadline = time.monotonic() + CLI_TIMEOUT_S
+    deadline = time.monotonic() + patience(CLI_TIMEOUT_S)
     try:
         while True:
             ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))

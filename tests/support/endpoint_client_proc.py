@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import sys
 
+from endpoint_support import CLIENT_REQUEST_TIMEOUT_S
+
 INVISIBLE_S = 2
 
 
@@ -23,7 +25,8 @@ def main(argv: list[str]) -> int:
     from rocketmq.v5.exception import BadRequestException
 
     mode, endpoint, topic = argv[1:4]
-    config = rocketmq.ClientConfiguration(endpoint, rocketmq.Credentials())
+    config = rocketmq.ClientConfiguration(endpoint, rocketmq.Credentials(),
+                                          request_timeout=CLIENT_REQUEST_TIMEOUT_S)
     if mode == "produce":
         name, count = argv[4], int(argv[5])
         producer = rocketmq.Producer(config, (topic,))

@@ -13,6 +13,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli_support import env
+from mqstore.testing import patience
 
 START_TIMEOUT_S = 30
 STOP_TIMEOUT_S = 30
@@ -26,7 +27,7 @@ def start(yaml, log_path, **popen):
                             stdout=log, stderr=subprocess.STDOUT, env=env(),
                             start_new_session=True, **popen)
     log.close()
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = time.monotonic() + patience(START_TIMEOUT_S)
     while time.monotonic() < deadline:
         found = re.search(r"serving metrics on (http://[\d.:]+)/metrics", log_path.read_text())
         if found:

@@ -4,10 +4,11 @@ opens and closes."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
-from mqstore import GetStatus, Message
+from mqstore import GetStatus, Message, testing
 from mqstore.clock import system_clock
 from mqstore.errors import StoreClosedError
 from mqstore.scheduler import system_scheduler
@@ -115,5 +116,17 @@ def test_merged_overrides_win_at_every_depth():
 def test_wait_for_returns_the_answer_or_names_what_it_waited_for():
     answers = iter([0, [], "ready"])
     assert wait_for(lambda: next(answers), timeout=5, interval=0) == "ready"
-    with pytest.raises(AssertionError, match=r"the mark not reached within 0.05 s; last: \[\]"):
+    with pytest.raises(AssertionError, match=r"the mark not reached within [\d.]+ s; last: \[\]"):
         wait_for(lambda: [], timeout=0.05, what="the mark")
+
+
+@pytest.mark.parametrize("load, stretched", [(0.5, 10.0), (2.0, 10.0), (12.0, 60.0),
+                                             (100.0, 80.0)])
+def test_patience_stretches_a_bound_by_the_load_per_cpu(monkeypatch, load, stretched):
+    monkeypatch.setattr(testing.os, "getloadavg", lambda: (load, 0.0, 0.0))
+    monkeypatch.setattr(testing.os, "cpu_count", lambda: 2)
+    assert testing.patience(10.0) == stretched
+    began = time.monotonic()
+    with pytest.raises(AssertionError, match=f"within {stretched / 1000:.3g} s"):
+        wait_for(lambda: None, timeout=0.01, interval=0.001)
+    assert time.monotonic() - began >= stretched / 1000

@@ -25,6 +25,7 @@ from mqstore.storage.meta_file import read_meta
 from mqstore.storage.store_lock import hold_worker_lock, release_worker_lock
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
+from mqstore.storage.mapped_budget import MappedBudget
 from mqstore.storage.queue_manifest import ManifestKeeper
 from mqstore.view.directory_view import DirectoryView
 from mqstore.scheduler import Scheduler
@@ -77,8 +78,9 @@ def _view(root: str, config: StoreConfig, channels: shm.Channels, clock, abnorma
     _forget_growing_tail(commit_log.segments)
     cq_bytes = meta.get("consume_queue_file_bytes") or round_file_bytes(
         config.consume_queue.file_units * CQ_UNIT_SIZE)
+    mapped = MappedBudget(config.consume_queue.max_mapped_files)
     queues = load_consume_queues(root, cq_bytes, read_only=False,
-                                 known_bytes=meta.get("consume_queue_file_bytes"))
+                                 known_bytes=meta.get("consume_queue_file_bytes"), budget=mapped)
     return DirectoryView(
         root, config, clock=clock, hash_kind=meta.get("hash", "java"), commit_log=commit_log,
         checkpoint=_SharedCheckpoint(channels.dispatch),
@@ -88,7 +90,7 @@ def _view(root: str, config: StoreConfig, channels: shm.Channels, clock, abnorma
                                        commit_log_end=channels.append.written),
         cq_file_bytes=cq_bytes,
         consume_queues=queues, filters=hooks.filters, writes_queues=True,
-        manifest=ManifestKeeper(root))
+        manifest=ManifestKeeper(root), mapped=mapped)
 
 
 def _forget_growing_tail(segments) -> None:

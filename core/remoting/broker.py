@@ -1,0 +1,83 @@
+"""What every processor works with: the store, who this broker is, and the shared parts.
+
+Identity, as RocketMQ's ``BrokerConfig`` names it: ``brokerName``
+(``server.remoting_broker_name``), ``brokerClusterName`` (``server.remoting_cluster``),
+``brokerId`` (0 for a master; a slave's ``server.remoting_broker_id``, default 1), the address
+clients are told (``server.remoting_advertise``, else the listen address: offset message ids
+carry it, and ``mqadmin queryMsgById`` dials it), and a master's HA address
+(``server.ha_listen``).
+"""
+
+from __future__ import annotations
+
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from mqstore.format.hosts import Host, parse_host
+from mqstore.remoting.clients import Clients
+from mqstore.remoting.locks import QueueLocks
+from mqstore.remoting.stats import Stats
+from mqstore.remoting.topics import BrokerTopics
+
+MASTER_ID = 0
+
+
+def show(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def advertised(listen_host: str, port: int, advertise: str | None) -> str:
+    """The address clients are told: ``advertise``, else the listen address (a wildcard
+    listen address names this host's address)."""
+    if advertise is not None:
+        return advertise
+    if listen_host in ("0.0.0.0", "", "::"):
+        try:
+            listen_host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            listen_host = "127.0.0.1"
+    return show(listen_host, port)
+
+
+@dataclass
+class Broker:
+    store: object
+    config: object
+    address: str  # "ip:port" clients are told
+    name: str
+    cluster: str
+    broker_id: int
+    ha_address: str | None
+    topics: BrokerTopics
+    clients: Clients = field(default_factory=Clients)
+    locks: QueueLocks = field(default_factory=QueueLocks)
+    stats: Stats = field(default_factory=Stats)
+    put_pool: ThreadPoolExecutor | None = None  # puts that wait for the disk or slaves
+    slow_pool: ThreadPoolExecutor | None = None  # lookups that read much (queries by key)
+    holds: object = None  # pull.HeldPulls
+    offsets: object = None  # offsets.Offsets
+    observe: object = None  # (request code, response code, seconds) per answer, or None
+    registration: object = None  # registration.Registration, or None without NameServers
+    stopping: bool = False
+
+    @property
+    def host(self) -> Host:
+        return parse_host(self.address)
+
+    @property
+    def slave(self) -> bool:
+        return self.broker_id != MASTER_ID
+
+    @property
+    def slave_read_enable(self) -> bool:
+        return self.config.server.remoting_slave_read_enable
+
+    def topic_changed(self, oneway: bool) -> None:
+        """A topic config changed: NameServers hear of it now."""
+        self.topics.changed()
+        if self.registration is not None:
+            self.registration.soon(oneway)
+
+
+__all__ = ["Broker", "MASTER_ID", "advertised", "show"]

@@ -1,0 +1,196 @@
+"""Registering with RocketMQ NameServers (``BrokerOuterAPI``, ``server.namesrv_addr``):
+REGISTER_BROKER (103) with the broker's topic configs at start, 10 s later, then every 30 s
+and soon after a topic changes (two-way after UPDATE_AND_CREATE_TOPIC, oneway after an
+auto-create), and UNREGISTER_BROKER (104) at shutdown, to every NameServer of the list
+(``"host:port;host:port"``), as a master (id 0) or a slave (its id, with its HA address).
+
+A registration's body is ``RegisterBrokerBody`` (``{"filterServerList":[],
+"topicConfigSerializeWrapper":{"dataVersion":...,"topicConfigTable":...}}``), its header
+brokerAddr, brokerName, brokerId, clusterName, haServerAddr, compressed ``false`` and
+``bodyCrc32`` (the body's CRC32, sign bit dropped, which the NameServer checks). A NameServer
+forgets a broker 120 s after its last registration, or when the connection that registered
+it closes: each NameServer keeps one connection, opened again when it fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+from mqstore.config import parse_listen
+from mqstore.format import remoting_frame as rf
+from mqstore.format import remoting_json
+from mqstore.hashing import crc32
+from mqstore.remoting.codes import Req, Resp
+
+log = logging.getLogger(__name__)
+FIRST_REPEAT_S = 10.0
+INTERVAL_S = 30.0
+TIMEOUT_S = 6.0  # registerBrokerTimeoutMills
+MAX_RESPONSE_BYTES = 16 << 20
+
+
+def addresses(text: str) -> list[str]:
+    out = [a.strip() for a in text.split(";") if a.strip()]
+    for a in out:
+        parse_listen(a)
+    return out
+
+
+def register_body(broker) -> bytes:
+    doc = {"filterServerList": [], "topicConfigSerializeWrapper": broker.topics.wrapper_doc()}
+    return remoting_json.dumps(doc).encode()
+
+
+class NameServerLink:
+    """One NameServer: a connection kept open, requests matched to responses by opaque."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._opaques = itertools.count(1)
+        self._reading: asyncio.Task | None = None
+
+    async def _connect(self) -> None:
+        if self._writer is not None and not self._writer.is_closing():
+            return
+        host, port = parse_listen(self.address)
+        self._reader, self._writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port), TIMEOUT_S)
+        self._reading = asyncio.ensure_future(self._read(self._reader))
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                length = rf.frame_length(await reader.readexactly(4), MAX_RESPONSE_BYTES)
+                cmd = rf.decode(await reader.readexactly(length))
+                future = self._pending.pop(cmd.opaque, None)
+                if cmd.is_response and future is not None and not future.done():
+                    future.set_result(cmd)
+        except (asyncio.IncompleteReadError, ConnectionError, rf.FrameError) as exc:
+            self._fail(ConnectionError(f"NameServer {self.address}: {exc}"))
+        except asyncio.CancelledError:
+            self._fail(ConnectionError(f"NameServer {self.address}: closed"))
+            raise
+
+    def _fail(self, exc: BaseException) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(exc)
+        self._pending.clear()
+        if self._writer is not None:
+            self._writer.close()
+        self._writer = None
+
+    async def call(self, cmd: rf.Command, oneway: bool = False) -> rf.Command | None:
+        await self._connect()
+        cmd.opaque = next(self._opaques) & 0x7FFFFFFF
+        if oneway:
+            cmd.flag |= rf.ONEWAY_FLAG
+        else:
+            future = asyncio.get_running_loop().create_future()
+            self._pending[cmd.opaque] = future
+        self._writer.write(rf.encode(cmd))
+        await self._writer.drain()
+        if oneway:
+            return None
+        try:
+            return await asyncio.wait_for(future, TIMEOUT_S)
+        finally:
+            self._pending.pop(cmd.opaque, None)
+
+    async def close(self) -> None:
+        if self._reading is not None:
+            self._reading.cancel()
+        if self._writer is not None:
+            self._writer.close()
+            try:
+                await self._writer.wait_closed()
+            except ConnectionError:
+                pass
+
+
+class Registration:
+    def __init__(self, broker, namesrv_addr: str) -> None:
+        self.broker = broker
+        self.links = [NameServerLink(a) for a in addresses(namesrv_addr)]
+        self._soon: asyncio.Event | None = None
+        self._oneway = True
+        self._task: asyncio.Task | None = None
+        self.registered = 0  # registrations answered SUCCESS, all NameServers
+
+    def _header(self) -> dict[str, str]:
+        b = self.broker
+        return {"brokerName": b.name, "brokerAddr": b.address, "clusterName": b.cluster,
+                "brokerId": str(b.broker_id)}
+
+    def _register_command(self) -> rf.Command:
+        body = register_body(self.broker)
+        ext = self._header()
+        ext.update({"haServerAddr": self.broker.ha_address or "", "compressed": "false",
+                    "bodyCrc32": str(crc32(body))})
+        return rf.Command(Req.REGISTER_BROKER, ext=ext, body=body)
+
+    async def register_all(self, oneway: bool = False) -> None:
+        for link in self.links:
+            try:
+                response = await link.call(self._register_command(), oneway)
+            except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
+                log.warning("register broker to name server %s failed: %s", link.address, exc)
+                continue
+            if response is None:
+                continue
+            if response.code != Resp.SUCCESS:
+                log.warning("name server %s refused the registration: code %d, %s",
+                            link.address, response.code, response.remark)
+                continue
+            self.registered += 1
+            master = response.ext.get("masterAddr") if response.ext else None
+            if master:
+                log.info("name server %s: master of %s is %s", link.address, self.broker.name,
+                         master)
+
+    def start(self) -> None:
+        self._soon = asyncio.Event()
+        self._task = asyncio.ensure_future(self._run())
+
+    def soon(self, oneway: bool) -> None:
+        """Register again now (a topic changed)."""
+        if self._soon is not None:
+            self._oneway = self._oneway and oneway
+            self._soon.set()
+
+    async def _run(self) -> None:
+        await self.register_all()
+        wait = FIRST_REPEAT_S
+        while True:
+            try:
+                await asyncio.wait_for(self._soon.wait(), wait)
+            except asyncio.TimeoutError:
+                pass
+            oneway, self._oneway = self._soon.is_set() and self._oneway, True
+            self._soon.clear()
+            await self.register_all(oneway)
+            wait = INTERVAL_S
+
+    async def stop(self) -> None:
+        """Unregister from every NameServer and close the connections."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - ending anyway
+                pass
+        for link in self.links:
+            try:
+                await link.call(rf.Command(Req.UNREGISTER_BROKER, ext=self._header()))
+            except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
+                log.warning("unregister broker from name server %s failed: %s", link.address,
+                            exc)
+            await link.close()
+
+
+__all__ = ["Registration", "NameServerLink", "register_body", "addresses"]

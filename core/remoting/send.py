@@ -1,0 +1,183 @@
+"""SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320): ``SendMessageProcessor``.
+
+The header says where (topic, queueId) and how (sysFlag, flag, bornTimestamp, properties,
+reconsumeTimes); the body is the message, or with ``batch`` true the items of a batch
+(``format.remoting_message``): the broker takes the batch path by that field, not by the
+code, as 4.9.8 does (the C++ client's ``send_batch`` sends code 10 with ``"batch":"1"``,
+which is false: its whole body is stored as one message, as the Java broker stores it).
+
+A send to a topic the broker does not have creates it (``BrokerTopics.for_send``) and tells
+the NameServers; a send to a group's ``%RETRY%`` topic past its ``maxReconsumeTimes`` goes to
+the group's ``%DLQ%`` topic instead. The put's status answers with the broker's code
+(``codes.PUT_CODES``); a stored message answers msgId (the offset message id: the advertised
+address and the commit-log offset), queueId and queueOffset, a batch its comma-joined msgIds
+and its first queue offset.
+
+Under ``flush.policy: async`` a put runs on the event loop (it does not wait); a policy that
+waits for the disk, or a sync_master waiting for its slaves, puts on a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from mqstore.format.properties import PROPERTY_DELAY, decode_properties
+from mqstore.format.record import SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, offset_msg_id
+from mqstore.format.remoting_frame import Command
+from mqstore.format.remoting_message import decode_batch
+from mqstore.message import Message, PutStatus
+from mqstore.remoting.codes import PUT_CODES, RemotingError, Req, Resp
+from mqstore.remoting.fields import Fields, send_fields
+from mqstore.remoting.topics import DLQ_PREFIX, RETRY_PREFIX
+
+PROPERTY_CLUSTER = "CLUSTER"
+DEFAULT_MAX_RECONSUME = 16
+MAX_BATCH_MESSAGES = 1 << 16
+SEND_OK_EXT = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
+
+
+class SendRequest:
+    __slots__ = ("topic", "queue_id", "sysflag", "flag", "born", "properties", "reconsume",
+                 "batch", "default_queues", "max_reconsume", "group")
+
+    def __init__(self, cmd: Command) -> None:
+        f = Fields(send_fields(cmd.ext, cmd.code != Req.SEND_MESSAGE))
+        self.group = f.text("producerGroup")
+        self.topic = f.text("topic")
+        f.text("defaultTopic")
+        self.default_queues = f.int32("defaultTopicQueueNums")
+        self.queue_id = f.int32("queueId")
+        self.sysflag = f.int32("sysFlag")
+        self.born = f.int64("bornTimestamp")
+        self.flag = f.int32("flag")
+        self.properties = f.text("properties", required=False) or ""
+        self.reconsume = f.int32("reconsumeTimes", 0, required=False)
+        self.max_reconsume = f.int32("maxReconsumeTimes", required=False)
+        self.batch = f.boolean("batch")
+
+
+def _topic_of(broker, req: SendRequest) -> tuple[str, int]:
+    """The topic and queue a send is stored in, created when it may be (``%RETRY%`` past the
+    maximum: the group's ``%DLQ%``)."""
+    topic, queue_id = req.topic, req.queue_id
+    if topic.startswith(RETRY_PREFIX):
+        group = topic[len(RETRY_PREFIX):]
+        most = req.max_reconsume if req.max_reconsume is not None else DEFAULT_MAX_RECONSUME
+        if req.reconsume >= most:
+            topic = DLQ_PREFIX + group
+            route, created = broker.topics.ensure(topic, 1, 2)
+            if created:
+                broker.topic_changed(oneway=True)
+            return topic, 0
+    route, created = broker.topics.for_send(topic, req.default_queues)
+    if created:
+        broker.topic_changed(oneway=True)
+    if not route.perm & 2:
+        raise RemotingError(Resp.NO_PERMISSION,
+                            f"the topic[{topic}] sending message is forbidden (perm {route.perm})")
+    most = max(route.read, route.write)
+    if queue_id < 0:
+        queue_id = random.randrange(max(route.write, 1))
+    elif queue_id >= most:
+        raise RemotingError(Resp.SYSTEM_ERROR, (
+            f"request queueId[{queue_id}] is illegal: topic {topic} has {route.write} write "
+            f"and {route.read} read queues"))
+    return topic, queue_id
+
+
+def _refuse_delay(broker, props: dict) -> None:
+    """A delayed message (DELAY level > 0) is refused, not stored for immediate delivery:
+    delay levels (``SCHEDULE_TOPIC_XXXX``) are not served yet. NO_PERMISSION, so a producer
+    in a cluster tries another broker."""
+    level = props.get(PROPERTY_DELAY, "").strip()
+    if level.isdecimal() and int(level) > 0:
+        raise RemotingError(Resp.NO_PERMISSION, (
+            f"the broker[{broker.name}] sending delayed message (delay level {level}) is "
+            f"forbidden: mqstore does not serve delay levels yet"))
+
+
+def messages_of(broker, conn, cmd: Command, req: SendRequest) -> list[Message]:
+    if broker.slave:
+        raise RemotingError(Resp.SERVICE_NOT_AVAILABLE, (
+            f"broker {broker.name} is a slave (store.role slave): send to its master"))
+    if req.sysflag & SYSFLAG_TX_MASK:
+        raise RemotingError(Resp.NO_PERMISSION, (
+            f"the broker[{broker.name}] sending transaction message is forbidden: mqstore "
+            f"stores no transaction messages"))
+    topic, queue_id = _topic_of(broker, req)
+    sysflag = req.sysflag & SYSFLAG_USER_BITS
+    common = {PROPERTY_CLUSTER: broker.cluster}
+    if not req.batch:
+        props = decode_properties(req.properties)
+        _refuse_delay(broker, props)
+        props.update(common)
+        return [Message(topic, cmd.body, properties=props, queue_id=queue_id, flag=req.flag,
+                        sysflag=sysflag, born_timestamp=req.born, born_host=conn.peer,
+                        reconsume_times=req.reconsume)]
+    if not cmd.body:
+        raise RemotingError(Resp.MESSAGE_ILLEGAL, "batch message body is empty")
+    try:
+        items = decode_batch(cmd.body, MAX_BATCH_MESSAGES)
+    except ValueError as exc:
+        raise RemotingError(Resp.MESSAGE_ILLEGAL, str(exc)) from None
+    out = []
+    for flag, body, text in items:
+        props = decode_properties(text)
+        _refuse_delay(broker, props)
+        props.update(common)
+        out.append(Message(topic, body, properties=props, queue_id=queue_id, flag=flag,
+                           sysflag=sysflag, born_timestamp=req.born, born_host=conn.peer,
+                           reconsume_times=req.reconsume))
+    return out
+
+
+def put(store, messages: list[Message]):
+    """``(status, error, queue id, first queue offset, commit-log offsets)``."""
+    try:
+        if len(messages) == 1:
+            r = store.put(messages[0])
+            return r.status, r.error, r.queue_id, r.queue_offset, [r.phys_offset]
+        r = store.put_batch(messages)
+    except ValueError as exc:
+        raise RemotingError(Resp.MESSAGE_ILLEGAL, str(exc)) from None
+    if not r.status.stored:
+        return r.status, r.error, -1, -1, []
+    return (r.status, r.error, int(r.queue_ids[0]), int(r.queue_offsets[0]),
+            r.phys_offsets.tolist())
+
+
+def answer(broker, cmd: Command, result) -> Command:
+    status, error, queue_id, queue_offset, phys = result
+    code = PUT_CODES[status]
+    if not status.stored:
+        return cmd.response(code, error or status.value)
+    broker.stats.put(len(phys))
+    host = broker.host
+    ext = {"msgId": ",".join(offset_msg_id(host, p) for p in phys), "queueId": str(queue_id),
+           "queueOffset": str(queue_offset)}
+    ext.update(SEND_OK_EXT)
+    return cmd.response(code, None if status is PutStatus.PUT_OK else (error or status.value),
+                        ext)
+
+
+def handle_send(broker, conn, cmd: Command):
+    req = SendRequest(cmd)
+    messages = messages_of(broker, conn, cmd, req)
+    if broker.put_pool is None:
+        return answer(broker, cmd, put(broker.store, messages))
+    return _put_on_thread(broker, cmd, messages)
+
+
+async def _put_on_thread(broker, cmd: Command, messages):
+    loop = asyncio.get_running_loop()
+    result = await loop.run_in_executor(broker.put_pool, put, broker.store, messages)
+    return answer(broker, cmd, result)
+
+
+def handlers(broker) -> dict:
+    return {Req.SEND_MESSAGE: handle_send, Req.SEND_MESSAGE_V2: handle_send,
+            Req.SEND_BATCH_MESSAGE: handle_send}
+
+
+__all__ = ["handlers", "handle_send", "SendRequest"]

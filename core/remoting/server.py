@@ -1,0 +1,328 @@
+"""The remoting server's lifecycle: an asyncio server on its own thread and event loop, beside
+``mqstore serve``'s metrics server and the gRPC endpoint, over the store that process opened;
+and ``dispatch``, which hands each request to its processor.
+
+Processors are modules with ``handlers(broker) -> {request code: handler}``
+(``PROCESSORS``); a handler takes ``(broker, connection, request)`` and returns the response,
+a coroutine that returns it (work on a thread: puts that wait for the disk, key queries), or
+None when it answers later itself (a held pull). A code no processor serves is answered
+REQUEST_CODE_NOT_SUPPORTED naming it; a ``RemotingError`` answers its code and remark; a
+ValueError from the store (a bad topic or queue id) SYSTEM_ERROR with its message; anything
+else SYSTEM_ERROR naming the exception (logged). A oneway request gets no answer, whatever
+happens.
+
+NOTE [ Remoting shutdown ]
+``stop`` (called by serve once SIGTERM or SIGINT arrived, before the store closes):
+
+  1. the listener closes (no new connections), the broker is marked stopping: every held
+     pull is run again at once and answered with what there is, no pull is held any more,
+     and new requests are answered SERVICE_NOT_AVAILABLE (producers try another broker);
+  2. requests in flight (puts on threads, key queries) finish, for at most STOP_GRACE_S;
+  3. the broker unregisters from its NameServers, the connections close, the threads end.
+
+Only then does serve close the store, so no request touches a closed store, and every send
+answered SUCCESS was stored before the close flushed the commit log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from mqstore.config import StoreConfig, parse_listen
+from mqstore.format.remoting_frame import Command
+from mqstore.remoting import admin, client_calls, namesrv, offsets, pull, queries, send
+from mqstore.remoting.broker import MASTER_ID, Broker, advertised, show
+from mqstore.remoting.client_calls import notify_changed
+from mqstore.remoting.codes import RemotingError, Resp
+from mqstore.remoting.connection import Connection
+from mqstore.remoting.registration import Registration
+from mqstore.remoting.topics import BrokerTopics
+from mqstore.remoting.wakeups import DispatchWatch
+
+log = logging.getLogger(__name__)
+START_TIMEOUT_S = 30.0
+STOP_GRACE_S = 10.0
+STOP_TIMEOUT_S = STOP_GRACE_S + 10.0
+SWEEP_INTERVAL_S = 5.0
+NON_WAITING_FLUSH = "async"
+PUT_THREADS = 16
+SLOW_THREADS = 4
+# The request processors, each one module (``handlers(broker)``). CONSUMER_SEND_MSG_BACK (36)
+# comes as one more module here.
+PROCESSORS = (send, pull, queries, offsets, client_calls, admin, namesrv)
+
+
+def ha_address(store, address: str) -> str | None:
+    """Where the master's replication port listens (``server.ha_listen`` as bound), with the
+    advertised host for a wildcard one; None for a slave or a master without it."""
+    replication = getattr(store, "replication", None)
+    bound = replication.address if replication is not None else None
+    if bound is None:
+        return None
+    host, port = parse_listen(bound)
+    if host in ("0.0.0.0", "::", ""):
+        host = parse_listen(address)[0]
+    return show(host, port)
+
+
+def build_broker(store, config: StoreConfig, port: int) -> Broker:
+    server = config.server
+    host, _ = parse_listen(server.remoting_listen)
+    slave = config.store.role == "slave"
+    broker_id = (server.remoting_broker_id if server.remoting_broker_id is not None
+                 else (1 if slave else MASTER_ID))
+    address = advertised(host, port, server.remoting_advertise)
+    put_pool = None
+    if config.flush.policy != NON_WAITING_FLUSH or config.store.role == "sync_master":
+        put_pool = ThreadPoolExecutor(PUT_THREADS, thread_name_prefix="mqstore-remoting-put")
+    return Broker(store=store, config=config,
+                  address=address, name=server.remoting_broker_name,
+                  cluster=server.remoting_cluster, broker_id=broker_id,
+                  ha_address=ha_address(store, address),
+                  topics=BrokerTopics(store, config), put_pool=put_pool,
+                  slow_pool=ThreadPoolExecutor(SLOW_THREADS,
+                                               thread_name_prefix="mqstore-remoting-query"))
+
+
+class RemotingServer:
+    """RocketMQ's remoting protocol over one open store. ``start`` then ``stop``;
+    ``address`` is where it listens (the port chosen when the configuration said 0)."""
+
+    def __init__(self, store, config: StoreConfig, observe=None) -> None:
+        """``observe(request code, response code, seconds)``, if given, is called on the
+        loop's thread for every request answered (held pulls included): the seam for per-
+        request metrics."""
+        self._store = store
+        self._config = config
+        self._observe = observe
+        server = config.server
+        self.max_frame_bytes = server.remoting_max_frame_bytes
+        self.max_in_flight = server.remoting_max_in_flight
+        self.max_connections = server.remoting_max_connections
+        self.idle_s = server.remoting_client_idle_ms / 1000.0
+        self.address: str | None = None
+        self.broker: Broker | None = None
+        self.connections: set[Connection] = set()
+        self._handlers: dict = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="mqstore-remoting", daemon=True)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> str:
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT_S):
+            raise TimeoutError(f"the remoting server did not start within {START_TIMEOUT_S} s")
+        if self._failure is not None:
+            self._thread.join(STOP_TIMEOUT_S)
+            raise self._failure
+        return self.address
+
+    def stop(self) -> None:
+        """NOTE [ Remoting shutdown ]; returns once the server's threads ended."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:
+                pass
+        self._thread.join(STOP_TIMEOUT_S)
+        if self._thread.is_alive():
+            log.error("the remoting server did not stop within %s s", STOP_TIMEOUT_S)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # noqa: BLE001 - reported to start() or logged
+            if not self._ready.is_set():
+                self._failure = exc
+                self._ready.set()
+            else:
+                log.exception("the remoting server failed")
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop, self._stop = loop, asyncio.Event()
+        cfg = self._config.server
+        host, port = parse_listen(cfg.remoting_listen)
+        try:
+            listener = await loop.create_server(lambda: Connection(self), host, port,
+                                                reuse_address=True, backlog=1024)
+        except OSError as exc:
+            raise OSError(f"cannot listen on server.remoting_listen {cfg.remoting_listen!r}: "
+                          f"{exc.strerror or exc}") from None
+        bound = listener.sockets[0].getsockname()[1]
+        broker = self.broker = build_broker(self._store, self._config, bound)
+        broker.observe = self._observe
+        watch = DispatchWatch(self._store.root, loop, lambda: broker.holds.on_dispatch())
+        broker.holds = pull.HeldPulls(broker, loop, watch, cfg.remoting_max_held_pulls,
+                                      cfg.remoting_max_long_polling_ms)
+        broker.offsets = offsets.Offsets(self._store)
+        if cfg.namesrv_addr:
+            broker.registration = Registration(broker, cfg.namesrv_addr)
+        for module in PROCESSORS:
+            self._handlers.update(module.handlers(broker))
+        watch.start()
+        if broker.registration is not None:
+            broker.registration.start()
+        sweeper = asyncio.ensure_future(self._sweep())
+        self.address = show(host, bound)
+        log.info("serving RocketMQ remoting on %s as broker %s (id %d, cluster %s, told "
+                 "clients %s), %s", self.address, broker.name, broker.broker_id,
+                 broker.cluster, broker.address,
+                 f"registering with name servers {cfg.namesrv_addr}" if cfg.namesrv_addr
+                 else "answering name-server requests itself")
+        store_host = self._config.store.store_host
+        if store_host != broker.address:
+            log.warning("store.store_host is %s but clients are told %s: records carry the "
+                        "store host, and clients take the offset message ids of the messages "
+                        "they consume from it (mqadmin queryMsgById dials it); set "
+                        "store.store_host to the advertised address", store_host,
+                        broker.address)
+        self._ready.set()
+        try:
+            await self._stop.wait()
+            log.info("remoting server stopping: held pulls answer now; no new connections")
+            listener.close()
+            broker.stopping = True
+            broker.holds.answer_all()
+            await self._drain()
+            if broker.registration is not None:
+                await broker.registration.stop()
+        finally:
+            sweeper.cancel()
+            for conn in list(self.connections):
+                conn.close()
+            await asyncio.sleep(0)
+            watch.stop()
+            if broker.put_pool is not None:
+                broker.put_pool.shutdown(wait=True)
+            broker.slow_pool.shutdown(wait=True)
+        log.info("remoting server stopped")
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + STOP_GRACE_S
+        while any(c.in_flight for c in self.connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(min(SWEEP_INTERVAL_S, self.idle_s / 2))
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Close idle connections and forget clients that stopped heart-beating."""
+        now = time.monotonic()
+        for conn in list(self.connections):
+            idle = conn.idle_for(now)
+            if idle <= self.idle_s:
+                continue
+            if conn.write_paused_at is not None:
+                log.warning("closing %s: it has not read its answers for %.1f s "
+                            "(server.remoting_client_idle_ms)", conn.peer, idle)
+                conn.abort()
+            else:
+                log.info("closing %s: idle for %.1f s (server.remoting_client_idle_ms)",
+                         conn.peer, idle)
+                conn.close()
+        broker = self.broker
+        if broker is not None:
+            notify_changed(broker, broker.clients.expire())
+
+    # -- connections ----------------------------------------------------------------------
+    def admit(self, conn: Connection) -> str | None:
+        """None, or why ``conn`` is refused (answered to its first request)."""
+        if len(self.connections) >= self.max_connections:
+            return (f"{len(self.connections)} connections are open, the most this broker "
+                    f"takes (server.remoting_max_connections); try again later")
+        self.connections.add(conn)
+        return None
+
+    def lost(self, conn: Connection) -> None:
+        if conn not in self.connections:
+            return
+        self.connections.discard(conn)
+        broker = self.broker
+        if broker is not None:
+            broker.holds.forget(conn)
+            notify_changed(broker, broker.clients.connection_closed(conn))
+
+    # -- requests -------------------------------------------------------------------------
+    def dispatch(self, conn: Connection, cmd: Command) -> None:
+        if cmd.is_response:
+            return  # the broker's own requests are oneway
+        if conn.refused is not None:
+            if not cmd.is_oneway:
+                conn.send(cmd.response(Resp.SYSTEM_BUSY, conn.refused))
+            conn.close()
+            return
+        handler = self._handlers.get(cmd.code)
+        if handler is None:
+            if not cmd.is_oneway:
+                conn.send(cmd.response(Resp.REQUEST_CODE_NOT_SUPPORTED,
+                                       f"request type {cmd.code} not supported"))
+            return
+        if self.broker.stopping:
+            if not cmd.is_oneway:
+                conn.send(cmd.response(Resp.SERVICE_NOT_AVAILABLE,
+                                       f"broker {self.broker.name} is shutting down"))
+            return
+        started = time.perf_counter()
+        try:
+            result = handler(self.broker, conn, cmd)
+        except Exception as exc:  # noqa: BLE001 - every failure is an answer
+            self._answer(conn, cmd, self._failure_response(conn, cmd, exc), started)
+            return
+        if asyncio.iscoroutine(result):
+            conn.started()
+            task = asyncio.ensure_future(self._finish(conn, cmd, result, started))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        elif result is not None:
+            self._answer(conn, cmd, result, started)
+
+    async def _finish(self, conn: Connection, cmd: Command, work, started: float) -> None:
+        try:
+            response = await work
+        except Exception as exc:  # noqa: BLE001 - every failure is an answer
+            response = self._failure_response(conn, cmd, exc)
+        finally:
+            conn.finished()
+        self._answer(conn, cmd, response, started)
+
+    def _answer(self, conn: Connection, cmd: Command, response: Command | None,
+                started: float) -> None:
+        if response is None:
+            return
+        if not cmd.is_oneway:
+            conn.send(response)
+        observe = self.broker.observe
+        if observe is not None:
+            observe(cmd.code, response.code, time.perf_counter() - started)
+
+    @staticmethod
+    def _failure_response(conn: Connection, cmd: Command, exc: Exception) -> Command:
+        if isinstance(exc, RemotingError):
+            return cmd.response(exc.code, exc.remark)
+        if isinstance(exc, ValueError):
+            return cmd.response(Resp.SYSTEM_ERROR, str(exc))
+        log.exception("request %d from %s failed", cmd.code, conn.peer)
+        return cmd.response(Resp.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def start_remoting(store, config: StoreConfig, observe=None) -> RemotingServer:
+    """Start the server ``server.remoting_listen`` names over ``store``; ``stop`` it before
+    closing the store. ``observe``: ``RemotingServer``'s per-request callback."""
+    server = RemotingServer(store, config, observe)
+    server.start()
+    return server
+
+
+__all__ = ["RemotingServer", "start_remoting", "PROCESSORS", "STOP_GRACE_S"]

@@ -1,0 +1,186 @@
+"""``mqstore serve`` registering with RocketMQ NameServers (``server.namesrv_addr``), checked
+field by field by a frame-level fake NameServer that answers as a 4.9.8 NameServer does."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from mqstore.format import remoting_frame as rf
+from mqstore.format import remoting_json as fj
+from mqstore.hashing import crc32
+from mqstore.testing import wait_for
+
+from remoting_support import Served, Wire, deployment_yaml, send_ext
+
+pytestmark = pytest.mark.slow
+
+
+class FakeNameServer:
+    """Accepts brokers, records every frame, answers REGISTER_BROKER (as a master's, or a
+    slave's with the master's addresses) and UNREGISTER_BROKER with SUCCESS."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.frames: list[rf.Command] = []
+        self.connections = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buf = b""
+        with conn:
+            while True:
+                try:
+                    chunk = conn.recv(1 << 16)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                buf += chunk
+                while len(buf) >= 4 and len(buf) >= 4 + int.from_bytes(buf[:4], "big"):
+                    n = int.from_bytes(buf[:4], "big")
+                    cmd, buf = rf.decode(buf[4:4 + n]), buf[4 + n:]
+                    with self._lock:
+                        self.frames.append(cmd)
+                    if not cmd.is_oneway:
+                        ext = {}
+                        if cmd.code == 103 and cmd.ext.get("brokerId") != "0":
+                            ext = {"haServerAddr": "127.0.0.1:10912",
+                                   "masterAddr": "127.0.0.1:10911"}
+                        conn.sendall(rf.encode(cmd.response(0, None, ext)))
+
+    def of(self, code: int) -> list[rf.Command]:
+        with self._lock:
+            return [f for f in self.frames if f.code == code]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def namesrv():
+    ns = FakeNameServer()
+    yield ns
+    ns.close()
+
+
+def check_registration(cmd: rf.Command, served: Served, name: str, broker_id: str,
+                       ha: str | None) -> dict:
+    assert cmd.code == 103 and cmd.serialize_type == rf.JSON
+    assert cmd.ext["brokerName"] == name
+    assert cmd.ext["brokerAddr"] == served.address
+    assert cmd.ext["clusterName"] == "ClusterX"
+    assert cmd.ext["brokerId"] == broker_id
+    assert cmd.ext["compressed"] == "false"
+    assert cmd.ext["haServerAddr"] == (ha or "")
+    assert cmd.ext["bodyCrc32"] == str(crc32(cmd.body))
+    body = fj.loads(cmd.body)
+    assert list(body) == ["filterServerList", "topicConfigSerializeWrapper"]
+    assert body["filterServerList"] == []
+    wrapper = body["topicConfigSerializeWrapper"]
+    assert set(wrapper["dataVersion"]) == {"counter", "timestamp"}
+    return wrapper
+
+
+def test_a_master_registers_at_start_after_topic_changes_and_unregisters(tmp_path, namesrv):
+    server_cfg = {"namesrv_addr": namesrv.address, "remoting_broker_name": "broker-x",
+                  "remoting_cluster": "ClusterX", "ha_listen": "127.0.0.1:0"}
+    served = Served(deployment_yaml(tmp_path / "d.yaml", tmp_path / "root", server_cfg),
+                    tmp_path / "serve.log")
+    try:
+        ha = served.wait_for(r"master listening for slaves on ([\d.]+:\d+)")
+        wait_for(lambda: namesrv.of(103), what="the first registration")
+        first = check_registration(namesrv.of(103)[0], served, "broker-x", "0", ha)
+        assert first["topicConfigTable"]["TBW102"]["perm"] == 7
+        with Wire(served.address) as wire:
+            # The broker answers no name-server requests itself when NameServers exist.
+            assert wire.call(105, {"topic": "TBW102"}).code == 3
+            r = wire.call(17, {"topic": "RegT", "readQueueNums": 2, "writeQueueNums": 2,
+                               "perm": 6, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0,
+                               "order": "false"})
+            assert r.code == 0
+            wait_for(lambda: any("RegT" in fj.loads(c.body)["topicConfigSerializeWrapper"][
+                "topicConfigTable"] for c in namesrv.of(103)), what="a registration with RegT")
+            count = len(namesrv.of(103))
+            assert wire.call(10, send_ext("AutoRegT"), b"x").code == 0  # auto-created
+            wait_for(lambda: len(namesrv.of(103)) > count, what="the auto-create registration")
+        later = [check_registration(c, served, "broker-x", "0", ha) for c in namesrv.of(103)]
+        assert later[-1]["topicConfigTable"]["AutoRegT"]["readQueueNums"] == 4
+        versions = [w["dataVersion"]["counter"] for w in later]
+        assert versions == sorted(versions) and versions[-1] > versions[0]
+        assert namesrv.connections == 1  # one connection kept open
+        assert served.stop() == 0
+        (bye,) = namesrv.of(104)
+        assert bye.ext == {"brokerName": "broker-x", "brokerAddr": served.address,
+                           "clusterName": "ClusterX", "brokerId": "0"}
+    finally:
+        served.kill()
+
+
+def test_a_slave_registers_with_its_id(tmp_path, namesrv):
+    server_cfg = {"namesrv_addr": namesrv.address, "remoting_broker_name": "broker-x",
+                  "remoting_cluster": "ClusterX", "ha_master": "127.0.0.1:1"}
+    yaml = deployment_yaml(tmp_path / "d.yaml", tmp_path / "root", server_cfg)
+    yaml.write_text(yaml.read_text().replace("store: {root:", "store: {role: slave, root:"))
+    served = Served(yaml, tmp_path / "serve.log")
+    try:
+        wait_for(lambda: namesrv.of(103), what="the slave's registration")
+        check_registration(namesrv.of(103)[0], served, "broker-x", "1", None)
+        assert "master of broker-x is 127.0.0.1:10911" in served.wait_for(
+            r"(master of broker-x is [\d.:]+)")
+        with Wire(served.address) as wire:
+            r = wire.call(10, send_ext("SlaveT"), b"x")
+            assert r.code == 14 and "slave" in r.remark
+    finally:
+        served.stop()
+
+
+def test_registrations_repeat_first_after_the_first_wait_then_every_interval(namesrv,
+                                                                              monkeypatch):
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from mqstore.remoting import registration
+
+    monkeypatch.setattr(registration, "FIRST_REPEAT_S", 0.3)
+    monkeypatch.setattr(registration, "INTERVAL_S", 0.6)
+    topics = SimpleNamespace(wrapper_doc=lambda: {"dataVersion": {"counter": 1, "timestamp": 2},
+                                                  "topicConfigTable": {}})
+    broker = SimpleNamespace(name="b", address="127.0.0.1:1", cluster="c", broker_id=0,
+                             ha_address=None, topics=topics)
+
+    async def run() -> list[float]:
+        reg = registration.Registration(broker, namesrv.address)
+        start = time.monotonic()
+        reg.start()
+        while len(namesrv.of(103)) < 3:
+            await asyncio.sleep(0.01)
+        at = time.monotonic() - start
+        reg.soon(oneway=True)  # a topic changed: at once, oneway
+        while len(namesrv.of(103)) < 4:
+            await asyncio.sleep(0.01)
+        await reg.stop()
+        return [at, time.monotonic() - start]
+    third, fourth = asyncio.run(run())
+    assert third >= 0.3 + 0.6 - 0.05  # start, +FIRST_REPEAT_S, +INTERVAL_S
+    assert fourth - third < 0.5
+    frames = namesrv.of(103)
+    assert [f.is_oneway for f in frames] == [False, False, False, True]
+    assert namesrv.of(104)[0].ext["brokerName"] == "b"
