@@ -205,7 +205,8 @@ class RoleCalls:
         epochs.append(new_epoch, end)
         self._record(RoleRecord(target, None, new_epoch, _now(),
                                 f"promoted from slave of {followed}"))
-        mirror = asdict(install_mirror(self, timeout_s=timeout)) if mirrored else None
+        mirror = (asdict(install_mirror(self, timeout_s=timeout))  # type: ignore[arg-type]
+                  if mirrored else None)  # the mixin of MessageStore
         self._take_queue_offsets()
         state.change(role=target, master=None, epoch=new_epoch, fenced=None)
         replication.become_master()
