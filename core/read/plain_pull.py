@@ -14,14 +14,23 @@ from __future__ import annotations
 
 import struct
 
+from mqstore.format import record_crc
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
+from mqstore.format.record import HEADER_STRUCTS, MAGIC_V1, POS_SYSFLAG, RecordLayout
 from mqstore.format.verify import verify_queue_record
+from mqstore.hashing import zlib_crc32 as crc32
 from mqstore.message import GetResult, GetStatus, StoredMessage
 from mqstore.read.served_rows import MIN_RECORD
 
 _UNIT = struct.Struct(">qiq")  # a consume-queue unit: commit-log offset, size, tag code
 _TWO_UNITS = struct.Struct(">qiqqiq")
 _FOUND = GetStatus.FOUND
+_HOSTS_BYTE = POS_SYSFLAG + 3  # the big-endian sysflag's low byte holds the host-family bits
+_HEADS = tuple((hs, hs.size) for hs in HEADER_STRUCTS)  # the header and where the body starts
+_CRC_BYTES = record_crc.RESERVED
+_FIRST, _SECOND, _THIRD = record_crc.THIRDS
+_new_layout = tuple.__new__
+_NO_RANGE = (0, 0)  # no commit-log range where records must carry the record CRC
 
 
 def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult | None:
@@ -56,6 +65,8 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
     except ValueError:  # the file was closed since the lookup
         return None
     topic, queue_id, crc_range = cq.topic.encode(), cq.queue_id, commit_log.crc_range
+    key, topic_len = _topic_field(topic), len(topic)
+    crc_lo, crc_hi = crc_range or _NO_RANGE
     find = commit_log.segments.find
     in_memory, mem_bytes, mem_count, disk_bytes, disk_count = limits.batch
     messages: list = []
@@ -83,14 +94,40 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
         rel = pos - log_start
         try:
             raw = mm[rel:rel + size]
-            lay = verify_queue_record(raw, pos, size, topic, queue_id, offset + n, crc_range)
-        except ValueError:  # damaged (CorruptRecordError), or the segment closed meanwhile
+        except ValueError:  # the segment closed meanwhile
             return None
+        # _intact inlined (this runs once per message), to the same effect.
+        head, body_at = _HEADS[(raw[_HOSTS_BYTE] >> 4) & 3]
+        lay = None
+        if size >= body_at + 3 and key is not None:
+            f = head.unpack_from(raw)
+            body_len = f[16]
+            topic_at = body_at + body_len + 1
+            props_at = topic_at + topic_len + 2
+            crc_at = size - _CRC_BYTES
+            if (f[0] == size and f[1] == MAGIC_V1 and f[6] == pos and f[3] == queue_id
+                    and f[5] == offset + n and body_len >= 0 and props_at <= size
+                    and raw.startswith(key, topic_at - 1)
+                    and props_at + (raw[props_at - 2] << 8 | raw[props_at - 1]) == size
+                    and (crc_at < props_at or raw[crc_at:crc_at + 3] != _FIRST
+                         and raw[crc_at + 3:crc_at + 6] != _SECOND
+                         and raw[crc_at + 6:crc_at + 9] != _THIRD)
+                    and not crc_lo <= pos < crc_hi
+                    and crc32(raw[body_at:body_at + body_len]) & 0x7FFFFFFF == f[2]):
+                lay = _new_layout(RecordLayout,
+                                  (f, body_at, topic_at, topic_len, props_at, size - props_at))
+        if lay is None:
+            try:
+                lay = verify_queue_record(raw, pos, size, topic, queue_id, offset + n,
+                                          crc_range)
+            except ValueError:  # damaged (CorruptRecordError)
+                return None
         append(StoredMessage(raw, lay))
         n += 1
         total += size
         last = pos
-    return GetResult(_FOUND, offset + n, min_off, max_off, messages, max_py - last > in_memory)
+    return GetResult(_FOUND, offset + n, min_off, max_off, messages, max_py - last > in_memory,
+                     0, [])
 
 
 def _one(commit_log, cq, mm, at: int, peek: bool, offset: int, min_off: int, max_off: int,
@@ -114,11 +151,48 @@ def _one(commit_log, cq, mm, at: int, peek: bool, offset: int, min_off: int, max
     rel = pos - log_seg.start
     if rel + size > log_seg.committed:
         return None
+    topic, crc_range = cq.topic.encode(), commit_log.crc_range
     try:
         raw = log_seg.mm[rel:rel + size]
-        lay = verify_queue_record(raw, pos, size, cq.topic.encode(), cq.queue_id, offset,
-                                  commit_log.crc_range)
-    except ValueError:
+        lay = _intact(raw, pos, size, offset, _topic_field(topic), cq.queue_id,
+                      crc_range or _NO_RANGE) or verify_queue_record(
+            raw, pos, size, topic, cq.queue_id, offset, crc_range)
+    except ValueError:  # damaged (CorruptRecordError), or the segment closed meanwhile
         return None
     return GetResult(_FOUND, offset + 1, min_off, max_off, [StoredMessage(raw, lay)],
-                     pos < in_memory_from)
+                     pos < in_memory_from, 0, [])
+
+
+def _topic_field(topic: bytes) -> bytes | None:
+    """A V1 record's topic as stored: its length byte and its bytes (None: too long for V1,
+    only V2 records hold it)."""
+    return bytes((len(topic),)) + topic if len(topic) < 256 else None
+
+
+def _intact(raw, pos: int, size: int, queue_offset: int, key: bytes | None, queue_id: int,
+            crc_range: tuple[int, int]) -> RecordLayout | None:
+    """The layout ``verify_queue_record`` gives ``raw`` when it is a V1 record of the usual
+    shape that passes its checks (``key``: the topic as stored, ``_topic_field``;
+    ``crc_range``: (0, 0) for none); None for anything else, which it is then left to."""
+    head, body_at = _HEADS[(raw[_HOSTS_BYTE] >> 4) & 3]
+    if size < body_at + 3 or key is None:
+        return None
+    f = head.unpack_from(raw)
+    body_len = f[16]
+    topic_at = body_at + body_len + 1
+    props_at = topic_at + len(key) + 1
+    # record_crc.state's first test: the record ends with nothing like the record CRC
+    # property, not even a damaged one (a record carrying it is left to verify_queue_record).
+    crc_at = size - _CRC_BYTES
+    if (f[0] == size and f[1] == MAGIC_V1 and f[6] == pos and f[3] == queue_id
+            and f[5] == queue_offset and body_len >= 0 and props_at <= size
+            and raw.startswith(key, topic_at - 1)
+            and props_at + (raw[props_at - 2] << 8 | raw[props_at - 1]) == size
+            and (crc_at < props_at or raw[crc_at:crc_at + 3] != _FIRST
+                 and raw[crc_at + 3:crc_at + 6] != _SECOND
+                 and raw[crc_at + 6:crc_at + 9] != _THIRD)
+            and not crc_range[0] <= pos < crc_range[1]
+            and crc32(raw[body_at:body_at + body_len]) & 0x7FFFFFFF == f[2]):
+        return _new_layout(RecordLayout, (f, body_at, topic_at, len(key) - 1, props_at,
+                                          size - props_at))
+    return None
