@@ -1,4 +1,4 @@
-"""Reads against SQLite: four figures of mqstore's read path, each beside SQLite doing the same work.
+"""Reads against SQLite: four read figures of mqstore, each beside SQLite's for the same work.
 
 The same N messages (``--count``, default 200,000, of ``--body-bytes``, default 128, round-robin
 over 4 queues of one topic, one tag, message i carrying the key ``k<i>``) go into:
@@ -34,13 +34,14 @@ figures (``time.perf_counter``), each with SQLite's counterpart:
 
 The ratio of each figure is mqstore's over SQLite's: for the rates (1, 2) a speed ratio, higher
 is better; for the latencies (3, 4) a time ratio, lower is better. ``--repeats`` times (5) every
-figure is measured anew with SQLite's beside it (ordered reads: each contender one pass, the
-order rotating; latencies: each query put to each contender in turn, the order rotating), and
-its ratio taken within that repeat; the median ratio over the repeats decides, its range is
-printed beside it. Every answer is checked (count, body bytes, offsets, the time search against
-the store times the puts returned); a wrong answer is reported and makes the exit status 1
-after everything is printed. Targets print PASS/MISS and never fail the run. Against a
-revision without ``MessageStore.read`` the bulk read is skipped (noted).
+figure is measured anew with SQLite's beside it (ordered reads: the contenders take turns queue
+by queue, the order rotating, and a ratio is taken per queue; latencies: each query is put to
+each contender in turn, the order rotating, and the ratio of the p50s is taken per repeat); the
+median of these ratios decides, their range is printed beside it. Every answer is checked
+(count, body bytes, offsets, the time search against the store times the puts returned); a
+wrong answer is reported and makes the exit status 1 after everything is printed. Targets
+print PASS/MISS and never fail the run. Against a revision without ``MessageStore.read`` the
+bulk read is skipped (noted).
 """
 
 from __future__ import annotations
@@ -193,54 +194,49 @@ def query_plans(con: sqlite3.Connection) -> list[str]:
 
 # -- ordered reads: bulk read, get(32) and SQLite's ordered read --------------------------------
 
-def ordered_sqlite(con: sqlite3.Connection, _store) -> tuple[int, int]:
+def ordered_sqlite(con: sqlite3.Connection, _store, q: int) -> tuple[int, int]:
     n = nbytes = 0
-    for q in range(QUEUES):
-        cur = con.execute(SQL_ORDERED, (q,))
-        while True:
-            rows = cur.fetchmany(READ_BATCH)
-            if not rows:
-                break
-            for _off, body in rows:
-                nbytes += len(body)
-            n += len(rows)
+    cur = con.execute(SQL_ORDERED, (q,))
+    while True:
+        rows = cur.fetchmany(READ_BATCH)
+        if not rows:
+            break
+        for _off, body in rows:
+            nbytes += len(body)
+        n += len(rows)
     return n, nbytes
 
 
-def ordered_read(_con, store: MessageStore) -> tuple[int, int]:
+def ordered_read(_con, store: MessageStore, q: int) -> tuple[int, int]:
     read = store.read
-    n = nbytes = ends = 0
-    for q in range(QUEUES):
-        offset = 0
-        while True:
-            batch = read(TOPIC, q, offset, READ_BATCH)
-            k = len(batch)
-            if not k:
-                break
-            n += k
-            nbytes += len(batch.bodies)
-            ends += int(batch.body_offsets[k]) - int(batch.body_offsets[0])
-            offset = batch.next_begin_offset
+    n = nbytes = ends = offset = 0
+    while True:
+        batch = read(TOPIC, q, offset, READ_BATCH)
+        k = len(batch)
+        if not k:
+            break
+        n += k
+        nbytes += len(batch.bodies)
+        ends += int(batch.body_offsets[k]) - int(batch.body_offsets[0])
+        offset = batch.next_begin_offset
     if ends != nbytes:
         PROBLEMS.check(False, f"read: body_offsets span {ends} bytes, bodies {nbytes}")
     return n, nbytes
 
 
-def ordered_get(_con, store: MessageStore) -> tuple[int, int]:
+def ordered_get(_con, store: MessageStore, q: int) -> tuple[int, int]:
     get, found, end = store.get, GetStatus.FOUND, GetStatus.OFFSET_OVERFLOW_ONE
-    n = nbytes = 0
-    for q in range(QUEUES):
-        offset = 0
-        while True:
-            r = get(GROUP, TOPIC, q, offset, GET_BATCH)
-            if r.status is not found:
-                if r.status is not end:
-                    PROBLEMS.check(False, f"get {q}@{offset}: {r.status}")
-                break
-            for m in r.messages:
-                nbytes += len(m.body)
-            n += len(r.messages)
-            offset = r.next_begin_offset
+    n = nbytes = offset = 0
+    while True:
+        r = get(GROUP, TOPIC, q, offset, GET_BATCH)
+        if r.status is not found:
+            if r.status is not end:
+                PROBLEMS.check(False, f"get {q}@{offset}: {r.status}")
+            break
+        for m in r.messages:
+            nbytes += len(m.body)
+        n += len(r.messages)
+        offset = r.next_begin_offset
     return n, nbytes
 
 
@@ -249,21 +245,33 @@ if HAS_READ:
     ORDERED = {"read verify": ordered_read, **ORDERED}
 
 
-def ordered_rates(con, store, load: Loaded, shift: int) -> dict[str, float]:
-    """One pass of each ordered read (the order rotated by ``shift``): msg/s."""
+def ordered_rates(con, store, load: Loaded, shift: int) -> dict:
+    """Each ordered read through every queue, the contenders taking turns queue by queue
+    (their order rotating), so that all of them read a queue within moments of each other:
+    msg/s over all queues, and under "ratios" each read's rate over SQLite's, per queue."""
     names = list(ORDERED)
-    shift %= len(names)
-    rates = {}
-    for name in names[shift:] + names[:shift]:
-        gc.collect()
-        t0 = time.perf_counter()
-        n, nbytes = ORDERED[name](con, store)
-        secs = time.perf_counter() - t0
+    secs = dict.fromkeys(names, 0.0)
+    counts = {name: [0, 0] for name in names}
+    per_queue = {name: [] for name in names}
+    for q in range(QUEUES):
+        k = (shift + q) % len(names)
+        for name in names[k:] + names[:k]:
+            gc.collect()
+            t0 = time.perf_counter()
+            n, nbytes = ORDERED[name](con, store, q)
+            took = time.perf_counter() - t0
+            secs[name] += took
+            counts[name][0] += n
+            counts[name][1] += nbytes
+            per_queue[name].append(n / took)
+    for name, (n, nbytes) in counts.items():
         PROBLEMS.check(n == load.count and nbytes == load.count * load.body_size,
                        f"{name}: read {n} messages / {nbytes} body bytes, wrote "
                        f"{load.count} / {load.count * load.body_size}")
-        rates[name] = n / secs
-    return rates
+    out: dict = {name: counts[name][0] / secs[name] for name in names}
+    out["ratios"] = {name: [a / b for a, b in zip(per_queue[name], per_queue["sqlite ordered"])]
+                     for name in names if name != "sqlite ordered"}
+    return out
 
 
 # -- one query at a time: get(1), time seek ------------------------------------------------------
@@ -389,12 +397,14 @@ def run(count: int, body_size: int, repeats: int, queries: int, seed: int) -> li
 
 def summarize(results: list[dict]) -> list[tuple[Figure, float, float, float, float, float]]:
     """Per figure present: (figure, median mqstore, median SQLite, median ratio, lowest and
-    highest ratio), the ratios taken within each repeat."""
+    highest ratio), the ratios taken within each repeat (for the ordered reads, within each
+    queue's turn of each repeat)."""
     rows = []
     for fig in FIGURES:
         if fig.key not in results[0]:
             continue
-        ratios = [r[fig.key] / r[fig.sqlite_key] for r in results]
+        ratios = [x for r in results for x in r["ratios"].get(fig.key, ())] or \
+            [r[fig.key] / r[fig.sqlite_key] for r in results]
         rows.append((fig, statistics.median(r[fig.key] for r in results),
                      statistics.median(r[fig.sqlite_key] for r in results),
                      statistics.median(ratios), min(ratios), max(ratios)))
@@ -434,8 +444,8 @@ def main() -> int:
     rows = summarize(results)
     head = (f"{'figure':<30} {'unit':<6} {'mqstore':>11} {'SQLite':>11} {'mq/SQLite':>9} "
             f"{'range':>11}  better")
-    print(f"medians over {repeats} repeats; mq/SQLite: the median of the repeats' ratios, "
-          f"range: their lowest and highest")
+    print(f"medians over {repeats} repeats; mq/SQLite: the median of the ratios measured "
+          f"side by side (per queue for the rates), range: their lowest and highest")
     print(head)
     print("-" * len(head))
     for fig, mq, sq, ratio, lo, hi in rows:

@@ -31,6 +31,8 @@ _CRC_BYTES = record_crc.RESERVED
 _FIRST, _SECOND, _THIRD = record_crc.THIRDS
 _new_layout = tuple.__new__
 _NO_RANGE = (0, 0)  # no commit-log range where records must carry the record CRC
+_TOO_LONG = b""  # the topic field of a topic too long for V1 records
+_topic_fields: dict[str, bytes] = {}  # topic -> its V1 topic field (topics of open queues)
 
 
 def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult | None:
@@ -65,7 +67,7 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
     except ValueError:  # the file was closed since the lookup
         return None
     topic, queue_id, crc_range = cq.topic.encode(), cq.queue_id, commit_log.crc_range
-    key, topic_len = _topic_field(topic), len(topic)
+    key, topic_len = _topic_fields.get(cq.topic) or _topic_field(cq.topic), len(topic)
     crc_lo, crc_hi = crc_range or _NO_RANGE
     find = commit_log.segments.find
     in_memory, mem_bytes, mem_count, disk_bytes, disk_count = limits.batch
@@ -99,7 +101,7 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
         # _intact inlined (this runs once per message), to the same effect.
         head, body_at = _HEADS[(raw[_HOSTS_BYTE] >> 4) & 3]
         lay = None
-        if size >= body_at + 3 and key is not None:
+        if size >= body_at + 3 and key:
             f = head.unpack_from(raw)
             body_len = f[16]
             topic_at = body_at + body_len + 1
@@ -151,31 +153,37 @@ def _one(commit_log, cq, mm, at: int, peek: bool, offset: int, min_off: int, max
     rel = pos - log_seg.start
     if rel + size > log_seg.committed:
         return None
-    topic, crc_range = cq.topic.encode(), commit_log.crc_range
+    crc_range = commit_log.crc_range
     try:
         raw = log_seg.mm[rel:rel + size]
-        lay = _intact(raw, pos, size, offset, _topic_field(topic), cq.queue_id,
-                      crc_range or _NO_RANGE) or verify_queue_record(
-            raw, pos, size, topic, cq.queue_id, offset, crc_range)
+        lay = _intact(raw, pos, size, offset, _topic_fields.get(cq.topic)
+                      or _topic_field(cq.topic), cq.queue_id, crc_range or _NO_RANGE) \
+            or verify_queue_record(raw, pos, size, cq.topic.encode(), cq.queue_id, offset,
+                                   crc_range)
     except ValueError:  # damaged (CorruptRecordError), or the segment closed meanwhile
         return None
     return GetResult(_FOUND, offset + 1, min_off, max_off, [StoredMessage(raw, lay)],
                      pos < in_memory_from, 0, [])
 
 
-def _topic_field(topic: bytes) -> bytes | None:
-    """A V1 record's topic as stored: its length byte and its bytes (None: too long for V1,
-    only V2 records hold it)."""
-    return bytes((len(topic),)) + topic if len(topic) < 256 else None
+def _topic_field(topic: str) -> bytes:
+    """A V1 record's topic as stored: its length byte and its bytes (``_TOO_LONG`` for a topic
+    only V2 records hold), kept for the next pull of the queue."""
+    raw = topic.encode()
+    field = bytes((len(raw),)) + raw if len(raw) < 256 else _TOO_LONG
+    if len(_topic_fields) < 100_000:  # a store holds far fewer topics: only a bound
+        _topic_fields[topic] = field
+    return field
 
 
-def _intact(raw, pos: int, size: int, queue_offset: int, key: bytes | None, queue_id: int,
+def _intact(raw, pos: int, size: int, queue_offset: int, key: bytes, queue_id: int,
             crc_range: tuple[int, int]) -> RecordLayout | None:
-    """The layout ``verify_queue_record`` gives ``raw`` when it is a V1 record of the usual
-    shape that passes its checks (``key``: the topic as stored, ``_topic_field``;
-    ``crc_range``: (0, 0) for none); None for anything else, which it is then left to."""
+    """The layout ``verify_queue_record`` gives ``raw`` (``size`` >= MIN_RECORD bytes, as its
+    unit says) when it is a V1 record of the usual shape that passes its checks (``key``: the
+    topic as stored, ``_topic_field``; ``crc_range``: (0, 0) for none); None for anything
+    else, which it is then left to."""
     head, body_at = _HEADS[(raw[_HOSTS_BYTE] >> 4) & 3]
-    if size < body_at + 3 or key is None:
+    if size < body_at + 3 or not key:
         return None
     f = head.unpack_from(raw)
     body_len = f[16]

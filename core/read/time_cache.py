@@ -19,10 +19,18 @@ gathered at the next search; a file replaced, cut or cut and written again (its 
 differs) is gathered again, and so is every file when a commit-log segment other than the
 oldest goes.
 
-Cost: a search bisects the column and probes log2(STRIDE) = 5 units; a probe reads a unit
-and its record's timestamp (the probing search reads ~log2(n) of each). Memory: 4 bytes per
-STRIDE units (0.6 % of the 20-byte units they stand for) while a file's times span less than
-24 days, else 8; a few fields per file.
+Cost: a search bisects the column and probes within one stride; a probe reads a unit and its
+record's timestamp (the probing search reads ~log2(n) of each). Per stride the column also
+keeps its run: how many units from its first share the first one's time. The units of the
+stride where ts is reached that lie in its run are known to come before ts, and the unit after
+them has the stride's next time: when the run is longer than one unit, it is probed first.
+Where times repeat for many units (a batch is stored at one time) a stride holds one or two
+times, so a search reads one record; otherwise it bisects the rest of the stride,
+log2(STRIDE) = 5 probes at most (six when the first probe after a run missed). What a search
+needs of the gathered files is worked out once per state of the queue (``_Plan``) and read
+without the lock. Memory: 4 bytes per STRIDE units (0.6 % of the 20-byte units they stand
+for) while a file's times span less than 24 days, else 8; one byte of run per STRIDE units
+(0.16 %), the last file's once more in its plan; a few fields per file.
 """
 
 from __future__ import annotations
@@ -355,8 +363,8 @@ def _in_file(fp: tuple, ts: int, upper: bool, min_phys: int, commit_log) -> int 
     # the times, so bisecting it finds the stride where ts is reached.
     j = (bisect_right if upper else bisect_left)(times, ts - t_base, first, strides)
     # Stride j - 1 starts below ts (upper: at or below) when bisected, and so do the units of
-    # its run. The unit after the run has the stride's next time, often its last one (times
-    # repeat for many units at a time): it is probed first, then the bisection goes on.
+    # its run. When times repeat there, the unit after the run has the stride's next time,
+    # mostly its last one (times repeat for many units at a time): it is probed first.
     run = runs[j - 1] if j > first else 0
     lo = max(low, (j - 1) * STRIDE + (run or 1))
     hi = min(j * STRIDE, high + 1)
@@ -365,7 +373,7 @@ def _in_file(fp: tuple, ts: int, upper: bool, min_phys: int, commit_log) -> int 
     unit, stamp = _UNIT.unpack_from, _LONG.unpack_from
     bound = ts + 1 if upper else ts  # times are ints: t <= ts is t < ts + 1
     log_mm, log_start, log_end, log = None, 0, 0, commit_log.segments
-    mid = lo if run else (lo + hi) // 2
+    mid = lo if run > 1 else (lo + hi) // 2  # run 1: times change unit by unit, bisect
     while lo < hi:
         phys, size = unit(mm, mid * CQ_UNIT_SIZE)
         if size == FILLER_SIZE or phys < min_phys:
