@@ -29,10 +29,14 @@ _HOSTS_BYTE = POS_SYSFLAG + 3  # the big-endian sysflag's low byte holds the hos
 _HEADS = tuple((hs, hs.size) for hs in HEADER_STRUCTS)  # the header and where the body starts
 _CRC_BYTES = record_crc.RESERVED
 _FIRST, _SECOND, _THIRD = record_crc.THIRDS
+_THIRDS = struct.Struct("3s3s3s")  # where a record CRC property's name would lie, in thirds
 _new_layout = tuple.__new__
 _NO_RANGE = (0, 0)  # no commit-log range where records must carry the record CRC
 _TOO_LONG = b""  # the topic field of a topic too long for V1 records
 _topic_fields: dict[str, bytes] = {}  # topic -> its V1 topic field (topics of open queues)
+# A V1 record's tail up to its properties: the topic field of the given length, then the
+# properties' length.
+_TAILS = {n: struct.Struct(f">{n}sH") for n in range(1, 257)}
 
 
 def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult | None:
@@ -68,6 +72,7 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
         return None
     topic, queue_id, crc_range = cq.topic.encode(), cq.queue_id, commit_log.crc_range
     key, topic_len = _topic_fields.get(cq.topic) or _topic_field(cq.topic), len(topic)
+    tail = _TAILS[len(key)].unpack_from if key else None
     crc_lo, crc_hi = crc_range or _NO_RANGE
     find = commit_log.segments.find
     in_memory, mem_bytes, mem_count, disk_bytes, disk_count = limits.batch
@@ -109,11 +114,9 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
             crc_at = size - _CRC_BYTES
             if (f[0] == size and f[1] == MAGIC_V1 and f[6] == pos and f[3] == queue_id
                     and f[5] == offset + n and body_len >= 0 and props_at <= size
-                    and raw.startswith(key, topic_at - 1)
-                    and props_at + (raw[props_at - 2] << 8 | raw[props_at - 1]) == size
-                    and (crc_at < props_at or raw[crc_at:crc_at + 3] != _FIRST
-                         and raw[crc_at + 3:crc_at + 6] != _SECOND
-                         and raw[crc_at + 6:crc_at + 9] != _THIRD)
+                    and (t := tail(raw, topic_at - 1))[0] == key and props_at + t[1] == size
+                    and (crc_at < props_at or (c := _THIRDS.unpack_from(raw, crc_at))[0]
+                         != _FIRST and c[1] != _SECOND and c[2] != _THIRD)
                     and not crc_lo <= pos < crc_hi
                     and crc32(raw[body_at:body_at + body_len]) & 0x7FFFFFFF == f[2]):
                 lay = _new_layout(RecordLayout,
@@ -194,11 +197,10 @@ def _intact(raw, pos: int, size: int, queue_offset: int, key: bytes, queue_id: i
     crc_at = size - _CRC_BYTES
     if (f[0] == size and f[1] == MAGIC_V1 and f[6] == pos and f[3] == queue_id
             and f[5] == queue_offset and body_len >= 0 and props_at <= size
-            and raw.startswith(key, topic_at - 1)
-            and props_at + (raw[props_at - 2] << 8 | raw[props_at - 1]) == size
-            and (crc_at < props_at or raw[crc_at:crc_at + 3] != _FIRST
-                 and raw[crc_at + 3:crc_at + 6] != _SECOND
-                 and raw[crc_at + 6:crc_at + 9] != _THIRD)
+            and (t := _TAILS[len(key)].unpack_from(raw, topic_at - 1))[0] == key
+            and props_at + t[1] == size
+            and (crc_at < props_at or (c := _THIRDS.unpack_from(raw, crc_at))[0] != _FIRST
+                 and c[1] != _SECOND and c[2] != _THIRD)
             and not crc_range[0] <= pos < crc_range[1]
             and crc32(raw[body_at:body_at + body_len]) & 0x7FFFFFFF == f[2]):
         return _new_layout(RecordLayout, (f, body_at, topic_at, len(key) - 1, props_at,
