@@ -99,6 +99,8 @@ def search(commit_log, cq, ts: int, upper: bool) -> int | None:
             i = 0
             while i < len(lasts) and lasts[i] < ts:
                 i += 1
+        if i == len(lasts) and plan.lasts_cut:
+            return None  # the next file is not gathered whole
         chosen = files[i]
     else:
         # The last file whose first time (from the min offset on) is at or before ts.
@@ -255,10 +257,11 @@ class _QueueTimes:
                 and _tail(segs) == self._tail):
             self._sync(commit_log, cq, min_phys)
         self.plan = None
-        if not self.files or not self._complete:
-            return None  # the probing search answers while a record is not readable yet
+        if not self.files:
+            return None
         plan = _Plan(self, log, min_phys, cq, commit_log)
-        self.plan = plan
+        if self._complete:
+            self.plan = plan
         return plan
 
 
@@ -270,7 +273,8 @@ class _Plan:
     makes a new list), the last file's written end and last unit are unchanged (a cut
     written over again), and the queue's min offset stands: the log's minimum is its first
     segment's start, and gathered units and the records they name do not change otherwise.
-    Made only when every written unit is gathered.
+    It is kept only when every written unit is gathered; a plan of files not all gathered
+    (a record not readable yet) serves one search, as the next gathers again.
 
     Nothing in a plan changes once it is made: a search reads it while another thread may
     be gathering into the same files. Their columns only grow (each file's plan keeps its
@@ -278,8 +282,8 @@ class _Plan:
     copy (the other files are full)."""
 
     __slots__ = ("segs", "log", "last", "wrote", "tail_at", "tail_unit", "min_logic", "min_off",
-                 "max_off", "min_phys", "files", "lasts", "lasts_sorted", "heads", "heads_at",
-                 "heads_sorted")
+                 "max_off", "min_phys", "files", "lasts", "lasts_cut", "lasts_sorted", "heads",
+                 "heads_at", "heads_sorted")
 
     def __init__(self, times: _QueueTimes, log, min_phys: int, cq, commit_log) -> None:
         self.segs, self.log, self.min_phys = times._segs, log, min_phys
@@ -293,25 +297,32 @@ class _Plan:
         last = len(times.files) - 1
         self.files = [_file_plan(ft, min_logic, min_phys, commit_log, i == last)
                       for i, ft in enumerate(times.files)]
-        self.lasts = [fp[4] for fp in self.files[:-1]]
+        # A lower search walks the files but the last up to the first not gathered whole
+        # (where it cannot tell); an upper one, from the last, the files holding units from
+        # the min offset on.
+        whole = [ft.whole for ft in times.files[:-1]] + [False]
+        self.lasts = [fp[4] for fp in self.files[:whole.index(False)]]
+        self.lasts_cut = len(self.lasts) < len(self.files) - 1
         self.lasts_sorted = _ascending(self.lasts)
-        self.heads_at = [i for i, fp in enumerate(self.files) if fp[2] <= fp[3]]
+        self.heads_at = [i for i, (fp, ft) in enumerate(zip(self.files, times.files))
+                         if fp[2] * CQ_UNIT_SIZE < ft.seg.wrote]
         self.heads = [self.files[i][5] for i in self.heads_at]
         self.heads_sorted = None not in self.heads and _ascending(self.heads)
 
 
 def _file_plan(ft: _FileTimes, min_logic: int, min_phys: int, commit_log, last: bool) -> tuple:
-    """A whole gathered file in a plan, as what ``_in_file`` reads (one tuple, unpacked at
-    once): whether it is monotone, its first offset, the units searched (``low`` from the min
-    offset, ``high``), the time of the last and of ``low`` (None: not known, a probe failed),
-    the column's first stride not removed from ``low`` on and its length now, the column,
-    the runs (a copy for the ``last`` file, whose runs grow in place) and the file's map."""
+    """A gathered file in a plan, as what ``_in_file`` reads (one tuple, unpacked at once):
+    whether the column searches it (monotone, gathered whole), its first offset, the units
+    searched (``low`` from the min offset, ``high``), the time of the last and of ``low``
+    (None: not known, a probe failed or ``low`` is not gathered yet), the column's first
+    stride not removed from ``low`` on and its length now, the column, the runs (a copy for
+    the ``last`` file, whose runs grow in place) and the file's map."""
     start = ft.seg.start
     low, high = max(0, min_logic - start) // CQ_UNIT_SIZE, ft.n - 1
     last_phys, last_time = ft.last
-    return (ft.monotone, start // CQ_UNIT_SIZE, low, high,
+    return (ft.monotone and ft.whole, start // CQ_UNIT_SIZE, low, high,
             last_time if last_phys >= min_phys else _REMOVED,
-            _time(ft, low, min_phys, commit_log) if low <= high else None,
+            _time(ft, low, min_phys, commit_log) if low * CQ_UNIT_SIZE < ft.seg.wrote else None,
             max(_first_kept(ft, min_phys)[2], -(-low // STRIDE)) if ft.monotone else 0,
             len(ft.times), ft.times, ft.base or 0, bytes(ft.runs) if last else ft.runs,
             ft.seg.mm)
@@ -348,8 +359,8 @@ def _in_file(fp: tuple, ts: int, upper: bool, min_phys: int, commit_log) -> int 
     """``time_search._search`` in the chosen file (``_file_plan``): its edge cases, then the
     first unit whose time is >= ts (upper: > ts), where its binary search ends on times that
     never decrease (only such files are searched here)."""
-    monotone, base, low, high, last_time, t_low, first, strides, times, t_base, runs, mm = fp
-    if not monotone:
+    searched, base, low, high, last_time, t_low, first, strides, times, t_base, runs, mm = fp
+    if not searched:
         return None
     if high < low:
         return 0

@@ -543,6 +543,21 @@ def test_unreadable_record_at_the_tail_until_it_can_be_read(small):
     assert time_index.search(small.log, small.queues[0], 3_105, False) == 105
 
 
+def test_a_record_not_readable_yet_leaves_earlier_files_to_the_column(small):
+    """Units written ahead of their records (a follower, a pool writer not committed yet) keep
+    the last file from being gathered whole; searches that end in earlier files are still
+    answered from the column, the others by the probing search, each as it answers."""
+    for i in range(1200):  # files of 500, 500 and 200 units
+        small.record(0, 5_000 + i)
+    small.unit(0, small.log.max_offset + 8, 100)
+    cq = small.queues[0]
+    for ts in (5_000, 5_100, 5_499, 5_700):
+        for upper in (False, True):
+            assert time_index.search(small.log, cq, ts, upper) == ts - 5_000, (ts, upper)
+    assert time_index.search(small.log, cq, 6_100, False) is None
+    small.check(extra=[5_100, 6_100])
+
+
 # -- real stores -------------------------------------------------------------------------------
 def _put_times(store, clock, times, queue_id=0, topic="T"):
     for t in times:
