@@ -19,18 +19,15 @@ gathered at the next search; a file replaced, cut or cut and written again (its 
 differs) is gathered again, and so is every file when a commit-log segment other than the
 oldest goes.
 
-Cost: a search bisects the column and probes within one stride; a probe reads a unit and its
-record's timestamp (the probing search reads ~log2(n) of each). Per stride the column also
-keeps its run: how many units from its first share the first one's time. The units of the
-stride where ts is reached that lie in its run are known to come before ts, and the unit after
-them has the stride's next time: when the run is longer than one unit, it is probed first.
-Where times repeat for many units (a batch is stored at one time) a stride holds one or two
-times, so a search reads one record; otherwise it bisects the rest of the stride,
-log2(STRIDE) = 5 probes at most (six when the first probe after a run missed). What a search
-needs of the gathered files is worked out once per state of the queue (``_Plan``) and read
-without the lock. Memory: 4 bytes per STRIDE units (0.6 % of the 20-byte units they stand
-for) while a file's times span less than 24 days, else 8; one byte of run per STRIDE units
-(0.16 %), the last file's once more in its plan; a few fields per file.
+Cost: a search bisects the column, then probes within one stride (a probe reads a unit and its
+record's timestamp; the probing search reads ~log2(n) of each). Per stride the column keeps
+its run, how many units from the first share its time: they come before ts, and where times
+repeat (a batch is stored at one time) the unit after them has the stride's last time, so it
+is probed first and a search reads one record; else the stride is bisected, 5 probes at most
+(6 after a first probe that missed). What a search needs is worked out once per state of the
+queue (``_Plan``) and read without the lock. Memory: 4 bytes per STRIDE units (0.6 % of the
+20-byte units they stand for) while a file's times span less than 24 days, else 8; a byte of
+run per STRIDE units (0.16 %), the last file's twice; a few fields per file.
 """
 
 from __future__ import annotations
@@ -303,11 +300,12 @@ class _Plan:
         whole = [ft.whole for ft in times.files[:-1]] + [False]
         self.lasts = [fp[4] for fp in self.files[:whole.index(False)]]
         self.lasts_cut = len(self.lasts) < len(self.files) - 1
-        self.lasts_sorted = _ascending(self.lasts)
+        self.lasts_sorted = all(a <= b for a, b in zip(self.lasts, self.lasts[1:]))
         self.heads_at = [i for i, (fp, ft) in enumerate(zip(self.files, times.files))
                          if fp[2] * CQ_UNIT_SIZE < ft.seg.wrote]
         self.heads = [self.files[i][5] for i in self.heads_at]
-        self.heads_sorted = None not in self.heads and _ascending(self.heads)
+        self.heads_sorted = None not in self.heads and all(
+            a <= b for a, b in zip(self.heads, self.heads[1:]))
 
 
 def _file_plan(ft: _FileTimes, min_logic: int, min_phys: int, commit_log, last: bool) -> tuple:
@@ -326,10 +324,6 @@ def _file_plan(ft: _FileTimes, min_logic: int, min_phys: int, commit_log, last: 
             max(_first_kept(ft, min_phys)[2], -(-low // STRIDE)) if ft.monotone else 0,
             len(ft.times), ft.times, ft.base or 0, bytes(ft.runs) if last else ft.runs,
             ft.seg.mm)
-
-
-def _ascending(values: list) -> bool:
-    return all(a <= b for a, b in zip(values, values[1:]))
 
 
 def _log_moved_on(old, new) -> bool:
@@ -371,11 +365,10 @@ def _in_file(fp: tuple, ts: int, upper: bool, min_phys: int, commit_log) -> int 
     if t_low > ts:
         return 0 if upper else base
     # Strides before `first` are removed (-2, below any ts); from there on the column holds
-    # the times, so bisecting it finds the stride where ts is reached.
+    # the times, so bisecting it finds the stride where ts is reached. Stride j - 1 starts
+    # below ts (upper: at or below), and so do the units of its run; when times repeat there,
+    # the unit after the run has the stride's next time, mostly its last: it is probed first.
     j = (bisect_right if upper else bisect_left)(times, ts - t_base, first, strides)
-    # Stride j - 1 starts below ts (upper: at or below) when bisected, and so do the units of
-    # its run. When times repeat there, the unit after the run has the stride's next time,
-    # mostly its last one (times repeat for many units at a time): it is probed first.
     run = runs[j - 1] if j > first else 0
     lo = max(low, (j - 1) * STRIDE + (run or 1))
     hi = min(j * STRIDE, high + 1)
@@ -383,7 +376,7 @@ def _in_file(fp: tuple, ts: int, upper: bool, min_phys: int, commit_log) -> int 
     # are most of a search's time.
     unit, stamp = _UNIT.unpack_from, _LONG.unpack_from
     bound = ts + 1 if upper else ts  # times are ints: t <= ts is t < ts + 1
-    log_mm, log_start, log_end, log = None, 0, 0, commit_log.segments
+    log_mm, log_start, log_end = None, 0, 0
     mid = lo if run > 1 else (lo + hi) // 2  # run 1: times change unit by unit, bisect
     while lo < hi:
         phys, size = unit(mm, mid * CQ_UNIT_SIZE)
@@ -393,14 +386,9 @@ def _in_file(fp: tuple, ts: int, upper: bool, min_phys: int, commit_log) -> int 
                 return None
         else:
             if not log_start <= phys < log_end:
-                # _log_segment inlined
-                segs = log.segments
-                i = (phys - segs[0].start) // log.segment_bytes if segs else -1
-                seg = segs[i] if 0 <= i < len(segs) else None
-                if seg is None or not seg.start <= phys < seg.start + seg.size:
-                    seg = log.find(phys)
-                    if seg is None:
-                        return None
+                seg = _log_segment(commit_log, phys)
+                if seg is None:
+                    return None
                 log_mm, log_start, log_end = seg.mm, seg.start, seg.start + seg.size
             at = phys - log_start
             t = stamp(log_mm, at + (_TS_V6 if log_mm[at + _FLAG_BYTE] & SYSFLAG_BORNHOST_V6
