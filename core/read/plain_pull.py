@@ -14,14 +14,29 @@ from __future__ import annotations
 
 import struct
 
+from mqstore.format import record_crc
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
+from mqstore.format.record import HEADER_STRUCTS, MAGIC_V1, POS_SYSFLAG, RecordLayout
 from mqstore.format.verify import verify_queue_record
+from mqstore.hashing import zlib_crc32 as crc32
 from mqstore.message import GetResult, GetStatus, StoredMessage
 from mqstore.read.served_rows import MIN_RECORD
 
 _UNIT = struct.Struct(">qiq")  # a consume-queue unit: commit-log offset, size, tag code
 _TWO_UNITS = struct.Struct(">qiqqiq")
 _FOUND = GetStatus.FOUND
+_HOSTS_BYTE = POS_SYSFLAG + 3  # the big-endian sysflag's low byte holds the host-family bits
+_HEADS = tuple((hs, hs.size) for hs in HEADER_STRUCTS)  # the header and where the body starts
+_CRC_BYTES = record_crc.RESERVED
+_FIRST, _SECOND, _THIRD = record_crc.THIRDS
+_THIRDS = struct.Struct("3s3s3s")  # where a record CRC property's name would lie, in thirds
+_new_layout = tuple.__new__
+_NO_RANGE = (0, 0)  # no commit-log range where records must carry the record CRC
+_TOO_LONG = b""  # the topic field of a topic too long for V1 records
+_topic_fields: dict[str, bytes] = {}  # topic -> its V1 topic field (topics of open queues)
+# A V1 record's tail up to its properties: the topic field of the given length, then the
+# properties' length.
+_TAILS = {n: struct.Struct(f">{n}sH") for n in range(1, 257)}
 
 
 def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult | None:
@@ -56,6 +71,9 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
     except ValueError:  # the file was closed since the lookup
         return None
     topic, queue_id, crc_range = cq.topic.encode(), cq.queue_id, commit_log.crc_range
+    key, topic_len = _topic_fields.get(cq.topic) or _topic_field(cq.topic), len(topic)
+    tail = _TAILS[len(key)].unpack_from if key else None
+    crc_lo, crc_hi = crc_range or _NO_RANGE
     find = commit_log.segments.find
     in_memory, mem_bytes, mem_count, disk_bytes, disk_count = limits.batch
     messages: list = []
@@ -83,14 +101,38 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
         rel = pos - log_start
         try:
             raw = mm[rel:rel + size]
-            lay = verify_queue_record(raw, pos, size, topic, queue_id, offset + n, crc_range)
-        except ValueError:  # damaged (CorruptRecordError), or the segment closed meanwhile
+        except ValueError:  # the segment closed meanwhile
             return None
+        # _intact inlined (this runs once per message), to the same effect.
+        head, body_at = _HEADS[(raw[_HOSTS_BYTE] >> 4) & 3]
+        lay = None
+        if size >= body_at + 3 and key:
+            f = head.unpack_from(raw)
+            body_len = f[16]
+            topic_at = body_at + body_len + 1
+            props_at = topic_at + topic_len + 2
+            crc_at = size - _CRC_BYTES
+            if (f[0] == size and f[1] == MAGIC_V1 and f[6] == pos and f[3] == queue_id
+                    and f[5] == offset + n and body_len >= 0 and props_at <= size
+                    and (t := tail(raw, topic_at - 1))[0] == key and props_at + t[1] == size
+                    and (crc_at < props_at or (c := _THIRDS.unpack_from(raw, crc_at))[0]
+                         != _FIRST and c[1] != _SECOND and c[2] != _THIRD)
+                    and not crc_lo <= pos < crc_hi
+                    and crc32(raw[body_at:body_at + body_len]) & 0x7FFFFFFF == f[2]):
+                lay = _new_layout(RecordLayout,
+                                  (f, body_at, topic_at, topic_len, props_at, size - props_at))
+        if lay is None:
+            try:
+                lay = verify_queue_record(raw, pos, size, topic, queue_id, offset + n,
+                                          crc_range)
+            except ValueError:  # damaged (CorruptRecordError)
+                return None
         append(StoredMessage(raw, lay))
         n += 1
         total += size
         last = pos
-    return GetResult(_FOUND, offset + n, min_off, max_off, messages, max_py - last > in_memory)
+    return GetResult(_FOUND, offset + n, min_off, max_off, messages, max_py - last > in_memory,
+                     0, [])
 
 
 def _one(commit_log, cq, mm, at: int, peek: bool, offset: int, min_off: int, max_off: int,
@@ -114,11 +156,53 @@ def _one(commit_log, cq, mm, at: int, peek: bool, offset: int, min_off: int, max
     rel = pos - log_seg.start
     if rel + size > log_seg.committed:
         return None
+    crc_range = commit_log.crc_range
     try:
         raw = log_seg.mm[rel:rel + size]
-        lay = verify_queue_record(raw, pos, size, cq.topic.encode(), cq.queue_id, offset,
-                                  commit_log.crc_range)
-    except ValueError:
+        lay = _intact(raw, pos, size, offset, _topic_fields.get(cq.topic)
+                      or _topic_field(cq.topic), cq.queue_id, crc_range or _NO_RANGE) \
+            or verify_queue_record(raw, pos, size, cq.topic.encode(), cq.queue_id, offset,
+                                   crc_range)
+    except ValueError:  # damaged (CorruptRecordError), or the segment closed meanwhile
         return None
     return GetResult(_FOUND, offset + 1, min_off, max_off, [StoredMessage(raw, lay)],
-                     pos < in_memory_from)
+                     pos < in_memory_from, 0, [])
+
+
+def _topic_field(topic: str) -> bytes:
+    """A V1 record's topic as stored: its length byte and its bytes (``_TOO_LONG`` for a topic
+    only V2 records hold), kept for the next pull of the queue."""
+    raw = topic.encode()
+    field = bytes((len(raw),)) + raw if len(raw) < 256 else _TOO_LONG
+    if len(_topic_fields) < 100_000:  # a store holds far fewer topics: only a bound
+        _topic_fields[topic] = field
+    return field
+
+
+def _intact(raw, pos: int, size: int, queue_offset: int, key: bytes, queue_id: int,
+            crc_range: tuple[int, int]) -> RecordLayout | None:
+    """The layout ``verify_queue_record`` gives ``raw`` (``size`` >= MIN_RECORD bytes, as its
+    unit says) when it is a V1 record of the usual shape that passes its checks (``key``: the
+    topic as stored, ``_topic_field``; ``crc_range``: (0, 0) for none); None for anything
+    else, which it is then left to."""
+    head, body_at = _HEADS[(raw[_HOSTS_BYTE] >> 4) & 3]
+    if size < body_at + 3 or not key:
+        return None
+    f = head.unpack_from(raw)
+    body_len = f[16]
+    topic_at = body_at + body_len + 1
+    props_at = topic_at + len(key) + 1
+    # record_crc.state's first test: the record ends with nothing like the record CRC
+    # property, not even a damaged one (a record carrying it is left to verify_queue_record).
+    crc_at = size - _CRC_BYTES
+    if (f[0] == size and f[1] == MAGIC_V1 and f[6] == pos and f[3] == queue_id
+            and f[5] == queue_offset and body_len >= 0 and props_at <= size
+            and (t := _TAILS[len(key)].unpack_from(raw, topic_at - 1))[0] == key
+            and props_at + t[1] == size
+            and (crc_at < props_at or (c := _THIRDS.unpack_from(raw, crc_at))[0] != _FIRST
+                 and c[1] != _SECOND and c[2] != _THIRD)
+            and not crc_range[0] <= pos < crc_range[1]
+            and crc32(raw[body_at:body_at + body_len]) & 0x7FFFFFFF == f[2]):
+        return _new_layout(RecordLayout, (f, body_at, topic_at, len(key) - 1, props_at,
+                                          size - props_at))
+    return None

@@ -29,7 +29,8 @@ from mqstore.read.plain_pull import get_plain
 from mqstore.message import ReadBatch
 from mqstore.running_flags import NOT_READABLE
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
-from mqstore.read.time_search import LOWER, UPPER, offset_by_time, store_time_at
+from mqstore.read import time_cache
+from mqstore.read.time_search import LOWER, UPPER, probing_offset_by_time, store_time_at
 
 log = logging.getLogger(__name__)
 INT64_MIN, INT64_MAX = names.INT64_MIN, names.INT64_MAX
@@ -290,13 +291,23 @@ class Reader:
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int,
                        boundary: str = LOWER) -> int:
-        self._check_open()
-        check_queue(topic, queue_id)
-        timestamp_ms = names.check_int("timestamp_ms", timestamp_ms, INT64_MIN, INT64_MAX)
-        if not isinstance(boundary, str) or boundary not in (LOWER, UPPER):
-            raise ValueError(f"boundary {boundary!r} must be 'lower' or 'upper'")
-        return offset_by_time(self.commit_log, self.queue(topic, queue_id), timestamp_ms,
-                              boundary)
+        if self.state.closed:
+            raise StoreClosedError(f"store {self.root!r} is closed")
+        # Plainly valid arguments (the usual case) pass without the general checks, which
+        # cost a search by time a sixth of its time.
+        if not (type(queue_id) is int and 0 <= queue_id <= names.INT32_MAX
+                and type(timestamp_ms) is int and INT64_MIN <= timestamp_ms <= INT64_MAX
+                and type(boundary) is str and (boundary == LOWER or boundary == UPPER)):
+            check_queue(topic, queue_id)
+            timestamp_ms = names.check_int("timestamp_ms", timestamp_ms, INT64_MIN, INT64_MAX)
+            if not isinstance(boundary, str) or boundary not in (LOWER, UPPER):
+                raise ValueError(f"boundary {boundary!r} must be 'lower' or 'upper'")
+        names.check_stored_topic(topic)
+        cq = self.queue(topic, queue_id)
+        # time_search.offset_by_time, without its frame.
+        found = time_cache.search(self.commit_log, cq, timestamp_ms, boundary == UPPER)
+        return found if found is not None else probing_offset_by_time(
+            self.commit_log, cq, timestamp_ms, boundary)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         self._check_open()

@@ -19,10 +19,15 @@ gathered at the next search; a file replaced, cut or cut and written again (its 
 differs) is gathered again, and so is every file when a commit-log segment other than the
 oldest goes.
 
-Cost: a search bisects the column and probes log2(STRIDE) = 5 units; a probe reads a unit
-and its record's timestamp (the probing search reads ~log2(n) of each). Memory: 4 bytes per
-STRIDE units (0.6 % of the 20-byte units they stand for) while a file's times span less than
-24 days, else 8; a few fields per file.
+Cost: a search bisects the column, then probes within one stride (a probe reads a unit and its
+record's timestamp; the probing search reads ~log2(n) of each). Per stride the column keeps
+its run, how many units from the first share its time: they come before ts, and where times
+repeat (a batch is stored at one time) the unit after them has the stride's last time, so it
+is probed first and a search reads one record; else the stride is bisected, 5 probes at most
+(6 after a first probe that missed). What a search needs is worked out once per state of the
+queue (``_Plan``) and read without the lock. Memory: 4 bytes per STRIDE units (0.6 % of the
+20-byte units they stand for) while a file's times span less than 24 days, else 8; a byte of
+run per STRIDE units (0.16 %), the last file's twice; a few fields per file.
 """
 
 from __future__ import annotations
@@ -65,14 +70,54 @@ _indexes_lock = threading.Lock()
 def search(commit_log, cq, ts: int, upper: bool) -> int | None:
     """The offset the probing search answers for ``ts`` (clamped as it is), or None when
     the column cannot tell it and the probing search must run."""
-    if cq is None or ts < 0 or not cq.segments.segments:
+    if cq is None or ts < 0:
         return None
-    min_off, max_off = cq.min_offset, cq.max_offset
     entry = _indexes.get(id(cq))
     index = entry[1] if entry is not None and entry[0]() is cq else _index_of(cq)
-    with index.lock:
-        found = index.find(commit_log, cq, ts, upper)
-    return None if found is None else max(min_off, min(found, max_off))
+    # A plan is never changed once made, so it is read without the lock (see _Plan); the
+    # lock keeps two threads from gathering and planning at once.
+    plan = index.plan
+    if (plan is None or cq.segments.segments is not plan.segs
+            or commit_log.segments.segments is not plan.log
+            or cq.min_logic_offset != plan.min_logic or plan.last.wrote != plan.wrote
+            or (plan.tail_at >= 0
+                and _UNIT.unpack_from(plan.last.mm, plan.tail_at) != plan.tail_unit)):
+        with index.lock:
+            plan = index.replan(commit_log, cq)
+        if plan is None:
+            return None
+    files = plan.files
+    if not upper:
+        # The first file but the last whose last time reaches ts, else the last file.
+        lasts = plan.lasts
+        if plan.lasts_sorted:
+            i = bisect_left(lasts, ts)
+        else:
+            i = 0
+            while i < len(lasts) and lasts[i] < ts:
+                i += 1
+        if i == len(lasts) and plan.lasts_cut:
+            return None  # the next file is not gathered whole
+        chosen = files[i]
+    else:
+        # The last file whose first time (from the min offset on) is at or before ts.
+        heads = plan.heads
+        if plan.heads_sorted:
+            k = bisect_right(heads, ts) - 1
+        else:
+            k = len(heads) - 1
+            while k >= 0 and not (heads[k] is not None and heads[k] <= ts):
+                if heads[k] is None:
+                    return None
+                k -= 1
+        if k < 0:
+            return plan.min_off
+        chosen = files[plan.heads_at[k]]
+    found = _in_file(chosen, ts, upper, plan.min_phys, commit_log)
+    if found is None:
+        return None
+    return plan.min_off if found < plan.min_off else (
+        found if found <= plan.max_off else max(plan.min_off, plan.max_off))
 
 
 def _index_of(cq) -> _QueueTimes:
@@ -95,11 +140,12 @@ class _FileTimes:
     already removed, when gathered. ``first``/``last``: (phys offset, time) giving units 0 and
     n-1 their times; ``monotone``: phys offsets and times never decrease, every time is -2 or
     a record's time >= 0; ``times``: the column (monotone files only), ``base`` added to its
-    int32 entries (-2 is _I32_MIN; 0 once it holds int64 times); ``kept``: (log minimum,
-    strides, the first stride not removed)."""
+    int32 entries (-2 is _I32_MIN; 0 once it holds int64 times); ``runs``: per stride, how
+    many of its units from the first on share the first one's time (of those gathered);
+    ``kept``: (log minimum, strides, the first stride not removed)."""
 
     __slots__ = ("seg", "n", "whole", "first", "last", "last_unit", "monotone", "times", "base",
-                 "kept")
+                 "runs", "kept")
 
     def __init__(self, seg) -> None:
         self.seg = seg
@@ -110,6 +156,7 @@ class _FileTimes:
         self.monotone = True
         self.times = array("i")
         self.base = None
+        self.runs = bytearray()
         self.kept = (None, -1, 0)
 
     def unchanged(self, seg) -> bool:
@@ -140,6 +187,24 @@ class _FileTimes:
             self.base = 0
         self.times.frombytes(values.astype(np.int64).tobytes())
 
+    def add_runs(self, a: int, times: np.ndarray, before: int) -> None:
+        """Extend ``runs`` over units ``[a, a + len(times))`` of effective ``times`` (after
+        ``add_strides`` for them); ``before``: the time of unit a - 1."""
+        m = len(times)
+        new = np.flatnonzero(times[1:] != times[:-1]) + 1  # where a unit's time is not the last's
+        if a % STRIDE:
+            # The last stride's run goes on if it reached unit a - 1 and unit a's time is that.
+            j = a // STRIDE
+            if self.runs[-1] == a - j * STRIDE and times[0] == before:
+                self.runs[-1] += min(int(new[0]) if len(new) else m, (j + 1) * STRIDE - a)
+        starts = np.arange(-(-a // STRIDE) * STRIDE - a, m, STRIDE)
+        ends = np.append(new, m)[np.searchsorted(new, starts, side="right")]
+        self.runs += (np.minimum(ends, starts + STRIDE) - starts).astype(np.uint8).tobytes()
+
+    def drop_column(self) -> None:
+        """Times went backwards: the file is left to the probing search."""
+        self.monotone, self.times, self.runs = False, array("i"), bytearray()
+
 
 class _QueueTimes:
     def __init__(self) -> None:
@@ -149,6 +214,7 @@ class _QueueTimes:
         self._tail = (-1, None)  # its last segment's written bytes and last unit then
         self._complete = False
         self._log = None  # the commit log's segment list when synced
+        self.plan: _Plan | None = None  # read without the lock, replaced under it
 
     def _sync(self, commit_log, cq, min_phys: int) -> None:
         """Gather what was appended; forget files that are gone, replaced or cut. Of the
@@ -177,46 +243,87 @@ class _QueueTimes:
             files.append(ft)
         self.files, self._segs, self._tail, self._complete = files, segs, tail, complete
 
-    def find(self, commit_log, cq, ts: int, upper: bool) -> int | None:
-        """The probing search's choice of file and its search in it, over gathered times
-        (before clamping); None where they do not tell."""
-        min_phys = commit_log.min_offset
+    def replan(self, commit_log, cq) -> _Plan | None:
+        """Gather what is new if anything moved, and work out the plan anew (None when no file
+        holds units). A plan is kept only while every unit is gathered: else the next search
+        gathers again, as each must. The caller holds the lock."""
         segs = cq.segments.segments
-        # The segment list is replaced whenever a file comes or goes; otherwise only the last
-        # segment's written position moves (its last unit tells a cut written over again).
-        if not (self._complete and segs is self._segs
-                and commit_log.segments.segments is self._log and _tail(segs) == self._tail):
+        log = commit_log.segments.segments  # before the minimum: a plan keyed on a newer
+        min_phys = commit_log.min_offset    # list than its minimum would go on unnoticed
+        if not (self._complete and segs is self._segs and log is self._log
+                and _tail(segs) == self._tail):
             self._sync(commit_log, cq, min_phys)
-        files = self.files
-        if not files:
+        self.plan = None
+        if not self.files:
             return None
-        if not upper:
-            chosen = files[-1]
-            for ft in files[:-1]:
-                if not ft.whole:
-                    return None
-                last_phys, last_time = ft.last
-                if (last_time if last_phys >= min_phys else _REMOVED) >= ts:
-                    chosen = ft
-                    break
-        else:
-            chosen = None
-            min_logic = cq.min_logic_offset
-            for ft in reversed(files):
-                low = max(0, min_logic - ft.seg.start) // CQ_UNIT_SIZE
-                if low * CQ_UNIT_SIZE < ft.seg.wrote:
-                    t = _time(ft, low, min_phys, commit_log)
-                    if t is None:
-                        return None
-                    if t <= ts:
-                        chosen = ft
-                        break
-            if chosen is None:
-                return 0
-        if not (chosen.monotone and chosen.whole):
-            return None
-        return _in_file(chosen, max(0, cq.min_logic_offset - chosen.seg.start) // CQ_UNIT_SIZE,
-                        ts, upper, min_phys, commit_log)
+        plan = _Plan(self, log, min_phys, cq, commit_log)
+        if self._complete:
+            self.plan = plan
+        return plan
+
+
+class _Plan:
+    """A search's figures for one state of a queue: per file its first offset, the first
+    unit at or after the min offset, the times of that unit and of the last one, and where
+    the column's bisection starts. It holds while the queue's and the commit log's segment
+    lists are the lists it was made from (every file replaced, added or deleted, in either,
+    makes a new list), the last file's written end and last unit are unchanged (a cut
+    written over again), and the queue's min offset stands: the log's minimum is its first
+    segment's start, and gathered units and the records they name do not change otherwise.
+    It is kept only when every written unit is gathered; a plan of files not all gathered
+    (a record not readable yet) serves one search, as the next gathers again.
+
+    Nothing in a plan changes once it is made: a search reads it while another thread may
+    be gathering into the same files. Their columns only grow (each file's plan keeps its
+    length) or are replaced; the runs of the last file grow in place, so its plan keeps a
+    copy (the other files are full)."""
+
+    __slots__ = ("segs", "log", "last", "wrote", "tail_at", "tail_unit", "min_logic", "min_off",
+                 "max_off", "min_phys", "files", "lasts", "lasts_cut", "lasts_sorted", "heads",
+                 "heads_at", "heads_sorted")
+
+    def __init__(self, times: _QueueTimes, log, min_phys: int, cq, commit_log) -> None:
+        self.segs, self.log, self.min_phys = times._segs, log, min_phys
+        self.last = times._segs[-1]
+        self.wrote, tail_unit = times._tail
+        n = self.wrote // CQ_UNIT_SIZE
+        self.tail_at, self.tail_unit = (n - 1) * CQ_UNIT_SIZE if n else -1, tail_unit
+        self.min_logic = min_logic = cq.min_logic_offset
+        self.min_off = min_logic // CQ_UNIT_SIZE
+        self.max_off = cq.max_offset
+        last = len(times.files) - 1
+        self.files = [_file_plan(ft, min_logic, min_phys, commit_log, i == last)
+                      for i, ft in enumerate(times.files)]
+        # A lower search walks the files but the last up to the first not gathered whole
+        # (where it cannot tell); an upper one, from the last, the files holding units from
+        # the min offset on.
+        whole = [ft.whole for ft in times.files[:-1]] + [False]
+        self.lasts = [fp[4] for fp in self.files[:whole.index(False)]]
+        self.lasts_cut = len(self.lasts) < len(self.files) - 1
+        self.lasts_sorted = all(a <= b for a, b in zip(self.lasts, self.lasts[1:]))
+        self.heads_at = [i for i, (fp, ft) in enumerate(zip(self.files, times.files))
+                         if fp[2] * CQ_UNIT_SIZE < ft.seg.wrote]
+        self.heads = [self.files[i][5] for i in self.heads_at]
+        self.heads_sorted = None not in self.heads and all(
+            a <= b for a, b in zip(self.heads, self.heads[1:]))
+
+
+def _file_plan(ft: _FileTimes, min_logic: int, min_phys: int, commit_log, last: bool) -> tuple:
+    """A gathered file in a plan, as what ``_in_file`` reads (one tuple, unpacked at once):
+    whether the column searches it (monotone, gathered whole), its first offset, the units
+    searched (``low`` from the min offset, ``high``), the time of the last and of ``low``
+    (None: not known, a probe failed or ``low`` is not gathered yet), the column's first
+    stride not removed from ``low`` on and its length now, the column, the runs (a copy for
+    the ``last`` file, whose runs grow in place) and the file's map."""
+    start = ft.seg.start
+    low, high = max(0, min_logic - start) // CQ_UNIT_SIZE, ft.n - 1
+    last_phys, last_time = ft.last
+    return (ft.monotone and ft.whole, start // CQ_UNIT_SIZE, low, high,
+            last_time if last_phys >= min_phys else _REMOVED,
+            _time(ft, low, min_phys, commit_log) if low * CQ_UNIT_SIZE < ft.seg.wrote else None,
+            max(_first_kept(ft, min_phys)[2], -(-low // STRIDE)) if ft.monotone else 0,
+            len(ft.times), ft.times, ft.base or 0, bytes(ft.runs) if last else ft.runs,
+            ft.seg.mm)
 
 
 def _log_moved_on(old, new) -> bool:
@@ -242,44 +349,36 @@ def _tail(segs) -> tuple:
     return last.wrote, _UNIT.unpack_from(last.mm, (n - 1) * CQ_UNIT_SIZE) if n else None
 
 
-def _in_file(ft: _FileTimes, low: int, ts: int, upper: bool, min_phys: int,
-             commit_log) -> int | None:
-    """``time_search._search`` over units ``[low, n)`` of a monotone file: its edge cases,
-    then the first unit whose time is >= ts (upper: > ts), where its binary search ends on
-    times that never decrease."""
-    base = ft.seg.start // CQ_UNIT_SIZE
-    high = ft.n - 1
+def _in_file(fp: tuple, ts: int, upper: bool, min_phys: int, commit_log) -> int | None:
+    """``time_search._search`` in the chosen file (``_file_plan``): its edge cases, then the
+    first unit whose time is >= ts (upper: > ts), where its binary search ends on times that
+    never decrease (only such files are searched here)."""
+    searched, base, low, high, last_time, t_low, first, strides, times, t_base, runs, mm = fp
+    if not searched:
+        return None
     if high < low:
         return 0
-    last_phys, last_time = ft.last
-    if (last_time if last_phys >= min_phys else _REMOVED) < ts:
+    if last_time < ts:
         return base + high if upper else base + high + 1
-    if low:
-        t_low = _time(ft, low, min_phys, commit_log)
-        if t_low is None:
-            return None
-    else:
-        phys, t_low = ft.first
-        if phys < min_phys:
-            t_low = _REMOVED
+    if t_low is None:
+        return None
     if t_low > ts:
         return 0 if upper else base
-    # Strides before `kept` are removed (-2, below any ts); from there on the column holds
-    # the times, so bisecting it finds the stride where ts is reached.
-    times, kept = ft.times, ft.kept
-    if kept[0] != min_phys or kept[1] != len(times):
-        kept = _first_kept(ft, min_phys)
-    j = (bisect_right if upper else bisect_left)(
-        times, ts - (ft.base or 0), max(kept[2], -(-low // STRIDE)), len(times))
-    lo = max(low, (j - 1) * STRIDE + 1)
+    # Strides before `first` are removed (-2, below any ts); from there on the column holds
+    # the times, so bisecting it finds the stride where ts is reached. Stride j - 1 starts
+    # below ts (upper: at or below), and so do the units of its run; when times repeat there,
+    # the unit after the run has the stride's next time, mostly its last: it is probed first.
+    j = (bisect_right if upper else bisect_left)(times, ts - t_base, first, strides)
+    run = runs[j - 1] if j > first else 0
+    lo = max(low, (j - 1) * STRIDE + (run or 1))
     hi = min(j * STRIDE, high + 1)
     # _probe inlined, keeping the log segment from one probe to the next: these few probes
     # are most of a search's time.
-    mm, unit, stamp = ft.seg.mm, _UNIT.unpack_from, _LONG.unpack_from
+    unit, stamp = _UNIT.unpack_from, _LONG.unpack_from
     bound = ts + 1 if upper else ts  # times are ints: t <= ts is t < ts + 1
     log_mm, log_start, log_end = None, 0, 0
+    mid = lo if run > 1 else (lo + hi) // 2  # run 1: times change unit by unit, bisect
     while lo < hi:
-        mid = (lo + hi) // 2
         phys, size = unit(mm, mid * CQ_UNIT_SIZE)
         if size == FILLER_SIZE or phys < min_phys:
             t = _probe(mm, mid, min_phys, commit_log)
@@ -298,6 +397,7 @@ def _in_file(ft: _FileTimes, low: int, ts: int, upper: bool, min_phys: int,
             lo = mid + 1
         else:
             hi = mid
+        mid = (lo + hi) // 2
     return base + lo - 1 if upper else base + lo
 
 
@@ -403,8 +503,9 @@ def _gather(ft: _FileTimes, units: np.ndarray, end: int, commit_log, min_phys: i
                 and (np.diff(eff_phys) >= 0).all() and (np.diff(eff_time) >= 0).all())
             if ft.monotone:
                 ft.add_strides(eff_time[-(-a // STRIDE) * STRIDE - a::STRIDE])
+                ft.add_runs(a, eff_time, ft.last[1])
             else:
-                ft.times = array("i")  # only monotone files are searched with it
+                ft.drop_column()  # only monotone files are searched with it
         if a == 0:
             ft.first = (int(eff_phys[0]), int(eff_time[0]))
         ft.last = (int(eff_phys[-1]), int(eff_time[-1]))
@@ -421,6 +522,7 @@ def _gather_few(ft: _FileTimes, end: int, commit_log, min_phys: int) -> None:
     for i in range(ft.n, end):
         unit = _UNIT.unpack_from(mm, i * CQ_UNIT_SIZE)
         phys, size = unit
+        before = last_time
         if size != FILLER_SIZE:
             t = _REMOVED
             if phys >= min_phys:
@@ -428,10 +530,14 @@ def _gather_few(ft: _FileTimes, end: int, commit_log, min_phys: int) -> None:
                 if t is None:
                     return
             if ft.monotone and (phys < last_phys or t < last_time or (phys >= min_phys and t < 0)):
-                ft.monotone, ft.times = False, array("i")
+                ft.drop_column()
             last_phys, last_time = phys, t
-        if ft.monotone and i % STRIDE == 0:
-            ft.add_strides(np.array([last_time], dtype=np.int64))
+        if ft.monotone:
+            if i % STRIDE == 0:
+                ft.add_strides(np.array([last_time], dtype=np.int64))
+                ft.runs.append(1)
+            elif ft.runs[-1] == i % STRIDE and last_time == before:
+                ft.runs[-1] += 1
         if i == 0:
             ft.first = (last_phys, last_time)
         ft.last, ft.last_unit, ft.n = (last_phys, last_time), unit, i + 1

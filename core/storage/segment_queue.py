@@ -269,8 +269,10 @@ class SegmentQueue:
         if not segs or offset < segs[0].start:
             return None
         idx = (offset - segs[0].start) // self.segment_bytes
-        if idx < len(segs) and segs[idx].start <= offset < segs[idx].end:
-            return segs[idx]
+        if idx < len(segs):
+            seg = segs[idx]
+            if seg.start <= offset < seg.start + seg.size:  # ``end``, without its frame
+                return seg
         for seg in segs:  # after a gap the arithmetic index is off; fall back to a walk
             if seg.start <= offset < seg.end:
                 return seg

@@ -29,6 +29,7 @@ from mqstore.dispatch.loop import heads_alike
 from mqstore.format.record_columns import MIN_RECORD_BYTES, heads, walk
 from mqstore.format.verify import check_queue_identity, verify_queue_record, verify_record
 from mqstore.message import StoredMessage
+from mqstore.read import plain_pull
 from mqstore.read.served_rows import Rows
 from mqstore.read.fields import record_fields as strings_of_rows
 from mqstore.storage.index_file import IndexFile
@@ -360,6 +361,12 @@ def decoded_everywhere(raw: bytes, topic: bytes):
     except CorruptRecordError as exc:
         exact = str(exc)
     assert fast == exact
+    # A plain get's inlined checks (for records its units say are big enough) take a record
+    # only when these take it, as they take it.
+    if len(raw) >= plain_pull.MIN_RECORD:
+        plain = plain_pull._intact(raw, PHYS, len(raw), QUEUE_OFFSET,
+                                   plain_pull._topic_field(topic.decode()), QUEUE_ID, (0, 0))
+        assert plain is None or (not isinstance(fast, str) and plain == fast)
     u8 = np.frombuffer(raw, dtype=np.uint8)
     if len(raw) >= MIN_RECORD_BYTES:
         # Dispatch's column-wise decoders accept exactly what unpack_record accepts.
@@ -390,6 +397,23 @@ def test_any_sysflag_on_a_record_of_any_size(rec, sysflag, data):
     if raw == with_sysflag(valid, sysflag) and stored_bits == sum(
             bit for bit, v6 in zip(HOST_BITS, rec["families"]) if v6):
         assert lay is not None and lay.fields[7] == sysflag  # the layout it says: intact
+
+
+@FUZZ
+@given(rec=small_records)
+def test_a_plain_get_checks_intact_v1_records_itself(rec):
+    """Its inlined checks take every intact V1 record as verify_queue_record does, and leave
+    V2 records, and records the record CRC must cover but does not, to it."""
+    raw = small_record(**rec)
+    key = plain_pull._topic_field(rec["topic"].decode())
+    got = plain_pull._intact(raw, PHYS, len(raw), QUEUE_OFFSET, key, QUEUE_ID, (0, 0))
+    if rec["v2"]:
+        assert got is None
+    else:
+        assert got == verify_queue_record(raw, PHYS, len(raw), rec["topic"], QUEUE_ID,
+                                          QUEUE_OFFSET)
+    assert plain_pull._intact(raw, PHYS, len(raw), QUEUE_OFFSET, key, QUEUE_ID,
+                              (0, 1 << 62)) is None
 
 
 def width(host_bits: int) -> int:

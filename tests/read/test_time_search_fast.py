@@ -340,6 +340,32 @@ def test_memory_is_under_one_percent_of_the_units(small):
     assert 0 < column <= 0.01 * 20_000 * CQ_UNIT_SIZE
 
 
+def test_where_times_repeat_a_search_reads_one_record(small, monkeypatch):
+    """Messages stored together share a time (a batch): a search skips the units of its
+    stride that share the stride's first time and reads the record after them, which here
+    already has the time sought, instead of bisecting the stride (five reads)."""
+    for i in range(600):
+        small.record(0, 10_000 + i // 70)  # times change inside strides, never at their start
+    small.check()
+    reads: list[int] = []
+    real = time_index._LONG
+
+    class Counting:
+        @staticmethod
+        def unpack_from(buf, at=0):
+            reads.append(at)
+            return real.unpack_from(buf, at)
+
+    monkeypatch.setattr(time_index, "_LONG", Counting)
+    cq = small.queues[0]
+    for g in range(1, 9):
+        for ts, bound, want in ((10_000 + g, LOWER, 70 * g), (10_000 + g - 1, UPPER, 70 * g - 1),
+                                (10_000 + g, UPPER, min(70 * g + 69, 599))):
+            reads.clear()
+            assert time_index.search(small.log, cq, ts, bound == UPPER) == want, (ts, bound)
+            assert len(reads) <= 1, (ts, bound, reads)
+
+
 def test_times_spanning_more_than_int32_milliseconds(small):
     t = 1_000
     for i in range(1500):
@@ -517,6 +543,21 @@ def test_unreadable_record_at_the_tail_until_it_can_be_read(small):
     assert time_index.search(small.log, small.queues[0], 3_105, False) == 105
 
 
+def test_a_record_not_readable_yet_leaves_earlier_files_to_the_column(small):
+    """Units written ahead of their records (a follower, a pool writer not committed yet) keep
+    the last file from being gathered whole; searches that end in earlier files are still
+    answered from the column, the others by the probing search, each as it answers."""
+    for i in range(1200):  # files of 500, 500 and 200 units
+        small.record(0, 5_000 + i)
+    small.unit(0, small.log.max_offset + 8, 100)
+    cq = small.queues[0]
+    for ts in (5_000, 5_100, 5_499, 5_700):
+        for upper in (False, True):
+            assert time_index.search(small.log, cq, ts, upper) == ts - 5_000, (ts, upper)
+    assert time_index.search(small.log, cq, 6_100, False) is None
+    small.check(extra=[5_100, 6_100])
+
+
 # -- real stores -------------------------------------------------------------------------------
 def _put_times(store, clock, times, queue_id=0, topic="T"):
     for t in times:
@@ -559,22 +600,23 @@ def test_store_with_repeated_times_several_files_and_cleanup(make_store, manual_
     _compare_store(store, queues, times)
 
 
-def _check_growing(search, max_offset, t0: int, total: int, done, seed: int, failures) -> None:
-    """Ask for times of messages already in the queue (message i stored at t0 + 2i) while it
-    grows: each answer is known whatever was appended meanwhile."""
+def _check_growing(search, max_offset, t0: int, total: int, done, seed: int, failures,
+                   run: int = 1) -> None:
+    """Ask for times of messages already in the queue (message i stored at t0 + 2 (i // run))
+    while it grows: each answer is known whatever was appended meanwhile."""
     rng, checked = random.Random(seed), 0
     try:
         while not done.is_set() or checked < 200:
-            seen = max_offset()
+            seen = max_offset() // run  # times every message of which is in
             if not seen:
                 time.sleep(0.001)
                 continue
             k = rng.randrange(seen)
-            assert search(t0 + 2 * k, LOWER) == k
-            assert search(t0 + 2 * k, UPPER) == k
-            assert search(t0 + 2 * k + 1, LOWER) == k + 1
-            assert search(t0 + 2 * k + 1, UPPER) == k
-            assert seen <= search(t0 + 2 * total, LOWER) <= total
+            assert search(t0 + 2 * k, LOWER) == k * run
+            assert search(t0 + 2 * k, UPPER) == k * run + run - 1
+            assert search(t0 + 2 * k + 1, LOWER) == (k + 1) * run
+            assert search(t0 + 2 * k + 1, UPPER) == k * run + run - 1
+            assert seen * run <= search(t0 + 2 * total, LOWER) <= total
             checked += 1
     except BaseException as exc:  # reported by the test's thread
         failures.append(exc)
@@ -612,16 +654,19 @@ def test_concurrent_appends_with_dispatch_in_another_process(make_store, manual_
 
 
 @GATHERING
-def test_searches_from_several_threads_while_the_queue_grows(few):
-    b, root = built(4096, 50)
-    t0, total = 1_800_000_000_000, 3000
+@pytest.mark.parametrize("run", [1, 45], ids=["distinct", "repeated"])
+def test_searches_from_several_threads_while_the_queue_grows(few, run):
+    """Searches read a plan of the column while other threads gather into it and plan anew;
+    with times repeated, the last stride's run grows under them too."""
+    b, root = built(4096, 50 if run == 1 else 500)
+    t0, total = 1_800_000_000_000, 3000 - 3000 % run
     done = threading.Event()
     failures: list = []
 
     def writer():
         try:
             for i in range(total):
-                b.record(0, t0 + 2 * i)
+                b.record(0, t0 + 2 * (i // run))
                 if i % 100 == 0:
                     time.sleep(0.001)  # let the readers in
         finally:
@@ -635,7 +680,7 @@ def test_searches_from_several_threads_while_the_queue_grows(few):
             threads = [threading.Thread(target=writer)] + [threading.Thread(
                 target=_check_growing,
                 args=(lambda ts, bound: offset_by_time(b.log, b.queues[0], ts, bound),
-                      lambda: b.queues[0].max_offset, t0, total, done, seed, failures))
+                      lambda: b.queues[0].max_offset, t0, total, done, seed, failures, run))
                 for seed in (5, 6, 7)]
             for thread in threads:
                 thread.start()
