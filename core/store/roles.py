@@ -22,6 +22,7 @@ For automatic failover (``mqstore.coordination``): ``promote(epoch=...)`` from a
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -31,8 +32,10 @@ from typing import TYPE_CHECKING, Callable
 from mqstore.append.appender import Appender
 from mqstore.config import master_listen_problem
 from mqstore.errors import ConfigError, PromotionRefusedError
+from mqstore.format.state_record import STATE_TOPIC
 from mqstore.mirror.install import MirrorIncompleteError, check_complete
 from mqstore.roles import MASTER_ROLES
+from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
 from mqstore.storage.role_file import Cut, RoleRecord, write_role
 from mqstore.store.mirror_calls import install_mirror
 
@@ -181,9 +184,13 @@ class RoleCalls:
         problem = master_listen_problem(parts.config.server)
         if problem is not None:
             raise ConfigError(f"this slave cannot be promoted as configured: {problem}")
+        mirrored = _state_shipped(self.root)
         try:
-            check_complete(self.root)
-            mirrored = True
+            if mirrored:
+                check_complete(self.root)
+            else:
+                log.warning("promoting with no state mirror to install: the master shipped no "
+                            "state record (it had no state file)")
         except MirrorIncompleteError as exc:
             if not force:
                 raise PromotionRefusedError(
@@ -323,6 +330,12 @@ def _later(ref: weakref.ref, name: str, *args: object) -> None:
         except Exception:  # noqa: BLE001 - logged; the store stays as it was
             log.exception("replication: %s failed", name.strip("_"))
     threading.Thread(target=run, name=f"mqstore-role-{name.strip('_')}", daemon=True).start()
+
+
+def _state_shipped(root: str) -> bool:
+    """Whether this store ever received a state record: a master with no state file ships
+    none, and then nothing is mirrored and nothing is lacking."""
+    return os.path.isdir(os.path.join(root, CONSUME_QUEUE_DIR, STATE_TOPIC))
 
 
 def _now() -> int:

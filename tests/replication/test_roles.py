@@ -19,6 +19,8 @@ from mqstore.errors import PromotionRefusedError
 from mqstore.format import ha_hello as hello
 from mqstore.format.epoch_file import EpochEntry
 from mqstore.format.ha_frame import encode_header, encode_status
+from mqstore.format.state_record import STATE_TOPIC
+from mqstore.mirror.replica_state import fresh, write_state
 from mqstore.message import PutStatus
 from mqstore.storage.epoch_file import EpochFile
 from mqstore.storage.queue_manifest import read_entries
@@ -104,6 +106,50 @@ def test_a_slave_promoted_while_it_runs_takes_puts_where_its_master_left(node):
         assert again.put(Message("orders", b"again", queue_id=1)).queue_offset == 11
     finally:
         again.close()
+
+
+def _stateful_pair(node):
+    """A master whose group committed offsets and whose topic has 8 queues, and its slave
+    holding all of it (the state mirror's snapshot included), the master closed."""
+    m = node("m", "async_master")
+    m.create_topic("orders", queues=8)
+    m.replication.start()
+    s = node("s", "slave", ha_master=ha_of(m))
+    s.replication.start()
+    m.put_batch(batch("orders", [b"m%d" % i for i in range(16)], [i % 8 for i in range(16)]))
+    m.commit_consumer_offsets("billing", "orders", {q: 1 + q % 2 for q in range(8)})
+    assert testing.wait_for(lambda: s.replication.status()["state_mirror"]["complete"],
+                            timeout=WAIT_S)
+    committed = m.committed_offsets("billing", "orders")
+    m.replication.shipper.ship_now()  # the commit's records, before the master goes
+    follow(m, s)
+    m.close()
+    assert testing.wait_for(lambda: not s.replication.status()["connected"], timeout=WAIT_S)
+    return s, committed
+
+
+def test_a_promotion_installs_the_masters_state(node):
+    s, committed = _stateful_pair(node)
+    result = s.promote()
+    assert {"config/topics.json", "config/consumerOffset.json.journal"} <= set(
+        result["mirror"]["installed"])
+    assert s.committed_offsets("billing", "orders") == committed == {
+        q: 1 + q % 2 for q in range(8)}
+    assert {q: 2 for q in range(8)} == {q: s.max_offset("orders", q) for q in range(8)}
+    config = s.topic_config("orders")
+    assert (config.read_queue_nums, config.write_queue_nums) == (8, 8)
+
+
+def test_a_promotion_without_a_complete_snapshot_is_refused_unless_forced(node):
+    s, _committed = _stateful_pair(node)
+    write_state(s.root, fresh())  # as if its snapshot's end had not arrived
+    with pytest.raises(PromotionRefusedError, match="no complete snapshot.*promote with force"):
+        s.promote()
+    assert s.role_state.is_slave and s.put(Message("orders", b"x")).error == \
+        "store role is slave"
+    result = s.promote(force=True)
+    assert (result["role"], result["forced"], result["mirror"]) == ("async_master", True, None)
+    assert s.committed_offsets("billing", "orders") == {}  # its own state: none
 
 
 def test_promotion_is_refused_while_the_master_serves_the_slave(node):
@@ -223,8 +269,8 @@ def test_a_demoted_master_cuts_and_keeps_what_its_new_master_lacks(node):
     with m.consumer("billing", "orders", auto_commit=False) as c:  # state of its own
         c.poll(max_msgs=5)
         c.commit()
+    m.replication.stop()  # its state shipper too: the commit's state records are in the log
     m_end = m.max_phys_offset
-    m.replication.stop()
     s.role_state.change(master_confirmed=-1)  # it never heard of the lost puts
     s.promote()
     s.put_batch(batch("orders", [b"new-%d" % i for i in range(5)], [0, 1, 2, 0, 1],
@@ -240,8 +286,10 @@ def test_a_demoted_master_cuts_and_keeps_what_its_new_master_lacks(node):
     assert testing.wait_for(rejoined, timeout=WAIT_S)
     with open(os.path.join(m.root, "quarantine", f"rejoin-{point:020d}.json")) as f:
         report = json.load(f)
+    # The 7 lost puts and the state records of the group's commit (the state mirror's).
+    shipped = report["queues"].pop(f"{STATE_TOPIC}/0")["records"]
     assert (report["from"], report["to"], report["bytes"], report["records"]) == (
-        point, m_end, m_end - point, 7)
+        point, m_end, m_end - point, 7 + shipped)
     qoffs = lost.queue_offsets.tolist()
     assert report["queues"] == {
         "orders/0": {"records": 2, "first_queue_offset": qoffs[0], "last_queue_offset": qoffs[6]},
