@@ -56,6 +56,11 @@ class TopicNotFoundError(MQStoreError, LookupError):
     """A topic the call names has no config (``config/topics.json``) and nothing stored."""
 
 
+class SystemTopicError(MQStoreError, ValueError):
+    """A consumer call names a system topic (``rmq_sys_*``): the store's own, which clients
+    may not consume."""
+
+
 class GroupNotFoundError(MQStoreError, LookupError):
     """A consumer group the call names has no offsets or pop state."""
 
@@ -73,3 +78,9 @@ class CoordinationError(MQStoreError):
 class CoordinationUnavailable(CoordinationError):
     """No etcd endpoint answered a coordination call in time; the message names each endpoint
     tried and what failed there."""
+
+
+class PromotionRefusedError(MQStoreError):
+    """A slave's promotion is refused: its master still serves it, or it lacks bytes its
+    master had answered PUT_OK for (the message says which, and how many); ``force`` promotes
+    it anyway."""

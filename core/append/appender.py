@@ -17,6 +17,7 @@ from mqstore.append import encoding
 from mqstore.append.columns import columns_from_batch, columns_from_messages, encode_columns
 from mqstore.append.settings import AppendSettings, Loops, PutStrategies
 from mqstore.append.tail import AppendTail
+from mqstore.format.names import is_system_topic, system_topic_refusal
 from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
 from mqstore.errors import CorruptStateError, StoreClosedError
 from mqstore.message import (
@@ -30,6 +31,7 @@ from mqstore.view.topics import TopicRefused
 
 if TYPE_CHECKING:
     from mqstore.plugin_api.contracts import Writer
+    from mqstore.roles import RoleState
     from mqstore.running_flags import StoreState
     from mqstore.storage.commit_log import CommitLog
     from mqstore.view.topics import Topics
@@ -115,12 +117,14 @@ class Appender:
 
     def __init__(self, *, state: StoreState, commit_log: CommitLog, writer: Writer,
                  settings: AppendSettings, strategies: PutStrategies, loops: Loops,
-                 tail: AppendTail, topics: Topics, clock: Callable[[], int]) -> None:
+                 tail: AppendTail, topics: Topics, clock: Callable[[], int],
+                 role: RoleState) -> None:
         """``tail``: the lock, last append and queue table this Appender changes (shared
-        with the parts that read them); ``topics``: the store's ``view.topics.Topics``."""
+        with the parts that read them); ``topics``: the store's ``view.topics.Topics``;
+        ``role``: whether this store takes puts now (``mqstore.roles``)."""
         self.state = state
         self.settings = settings
-        self.slave = settings.slave
+        self.role = role
         self.busy_timeout_ms = settings.busy_timeout_ms
         self.disk_warning_ratio = settings.disk_warning_ratio
         self.failing = loops.failing
@@ -165,8 +169,9 @@ class Appender:
         state = self.state
         if state.closed:
             raise StoreClosedError(f"store {state.root!r} is closed")
-        if self.slave:
-            return PutStatus.SERVICE_NOT_AVAILABLE, "store role is slave"
+        refused = self.role.refusal()
+        if refused is not None:  # a slave, or a fenced master (NOTE [ Fencing ])
+            return PutStatus.SERVICE_NOT_AVAILABLE, refused
         if state.running_flags & UNWRITABLE:
             return PutStatus.SERVICE_NOT_AVAILABLE, state.unwritable_reason(self.disk_warning_ratio)
         stuck = self.failing()
@@ -185,6 +190,11 @@ class Appender:
 
     def put_batch(self, messages: Sequence[Message] | MessageBatch) -> BatchPutResult:
         return self._put(messages, _Batch)
+
+    def put_state(self, batch: MessageBatch) -> BatchPutResult:
+        """The store's own records (the state mirror's): a batch of system topics with their
+        queue ids, which producers are refused, put past the topic configs."""
+        return self._put(batch, _SystemBatch)
 
     def put_counts(self) -> PutCounts:
         with self.lock:
@@ -226,21 +236,26 @@ class Appender:
         status = self.flush_policy.complete_put(end, plan.wait)
         if self.replicas is not None:
             status = self.replicas.complete_put(end, plan.wait, status)
+        if status is PutStatus.PUT_OK and self.role.refusal() is not None:
+            status = PutStatus.SERVICE_NOT_AVAILABLE  # fenced meanwhile (NOTE [ Fencing ])
         answer = kind.answer(self, plan, written, status)
         if hooks.has_after_append:
             hooks.after_append(kind.hook_result(self, answer))
         return answer
 
-    def _columns(self, messages):
+    def _columns(self, messages, system: bool = False):
         """The batch as columns, each message with its queue id (selected when it has none,
         among its topic's write queues); every check that can refuse the batch comes before
-        a topic is created for it."""
+        a topic is created for it. ``system``: the store's own records, queue ids given."""
         if isinstance(messages, MessageBatch):
             cols = columns_from_batch(messages, self.put_ctx)
         else:
             cols = columns_from_messages(messages, self.put_ctx)
         biggest = int(np.argmax(cols.sizes))
         self._check_fits(int(cols.sizes[biggest]), biggest)  # before any topic is created
+        if system:
+            assert cols.queue_ids is not None and all(map(is_system_topic, set(cols.topics)))
+            return cols
         explicit = None if cols.queue_ids is not None else _explicit_ids(messages, cols.n)
         counts = self._write_queues(cols.topics, cols.queue_ids if explicit is None
                                     else (None if isinstance(messages, MessageBatch)
@@ -267,7 +282,13 @@ class Appender:
     def _write_queues(self, topics: list[str], queue_ids) -> dict[str, int] | None:
         """Each topic's number of write queues, the topics a put may create created; None
         when the store has no topic configs. A topic or queue id refused, or the topic file
-        unusable, rejects the put (``encoding.Rejected``) with nothing written."""
+        unusable, rejects the put (``encoding.Rejected``) with nothing written. System
+        topics are refused (NO_PERMISSION)."""
+        for topic in set(topics):
+            if is_system_topic(topic):
+                raise encoding.Rejected(PutStatus.NO_PERMISSION,
+                                        system_topic_refusal(topic, "send to"),
+                                        topics.index(topic))
         try:
             if not self.topics.has_configs():
                 return None
@@ -280,6 +301,9 @@ class Appender:
 
     def _write_queues_of(self, topic: str, queue_id: int | None) -> int | None:
         """``_write_queues`` for one message."""
+        if is_system_topic(topic):
+            raise encoding.Rejected(PutStatus.NO_PERMISSION,
+                                    system_topic_refusal(topic, "send to"), None)
         try:
             return self.topics.write_queues_of(topic, -1 if queue_id is None else queue_id)
         except TopicRefused as exc:
@@ -533,6 +557,14 @@ class _Batch:
     @staticmethod
     def hook_result(app: Appender, result: BatchPutResult) -> BatchPutResult:
         return result  # the caller's result itself
+
+
+class _SystemBatch(_Batch):
+    """``put_state``: a batch of the store's own records."""
+
+    @staticmethod
+    def prepare(app: Appender, messages):
+        return app._columns(messages, system=True)
 
 
 class ReadOnlyAppender:

@@ -22,7 +22,6 @@ class AppendSettings:
 
     put_ctx: encoding.PutContext
     store_host: Host
-    slave: bool  # a slave takes no put: its records are its master's
     busy_timeout_ms: int
     disk_warning_ratio: float
     queues_per_topic: int
@@ -34,7 +33,7 @@ class AppendSettings:
         return cls(
             encoding.PutContext(store_host, log.max_message_bytes, log.auto_v2_on_long_topic,
                                 store_host.is_v6, log.record_crc),
-            store_host, config.store.role == "slave", config.store.os_page_cache_busy_timeout_ms,
+            store_host, config.store.os_page_cache_busy_timeout_ms,
             config.cleanup.disk_warning_ratio, config.queue_select.queues_per_topic,
             config.queue_select.selector)
 

@@ -68,13 +68,13 @@ def _warning_line(message, category, filename, lineno, file=None, line=None) -> 
 
 def _register() -> None:
     from mqstore.cli import (
-        bench, check, consume, demo, group, info, init_cmd, inspect_cmd, produce, query, serve,
-        stats, topic,
+        bench, check, consume, demo, group, info, init_cmd, inspect_cmd, produce, query, role,
+        serve, stats, topic,
     )
     from mqstore.cli import export_cmd  # imports mqstore.spark only when it runs
     for command in (init_cmd.init, produce.produce, consume.consume, query.query,
                     inspect_cmd.inspect, check.check, stats.stats, topic.topic, group.group,
-                    serve.serve, bench.bench, demo.demo, info.info):
+                    role.role, serve.serve, bench.bench, demo.demo, info.info):
         main.add_command(command)
     main.add_command(export_cmd.export)
 

@@ -14,6 +14,7 @@ from mqstore.cli.options import (
     store_dir,
 )
 from mqstore.ops.admin import StoreAdmin
+from mqstore.format.names import is_system_topic
 
 COUNT = click.IntRange(1, 65_536)
 PERM = click.Choice(["2", "4", "6"])
@@ -149,13 +150,16 @@ def update(admin, name: str, queues: int | None, read_queues: int | None,
 @config_option
 @admin_server_options
 @json_option
-def list_(admin, as_json: bool) -> None:
+@click.option("--system", "system", is_flag=True,
+              help="Also list the store's own system topics (rmq_sys_*).")
+def list_(admin, as_json: bool, system: bool) -> None:
     """List the topics of the store in ROOT (or the served store, with --server).
 
     Each config, and the topics holding consume queues without one (their columns empty:
-    they take queue_select.queues_per_topic).
+    they take queue_select.queues_per_topic). System topics (rmq_sys_*: the store's own
+    state, which the state mirror ships to slaves) only with --system.
     """
-    rows = admin.topic_list()
+    rows = [r for r in admin.topic_list() if system or not is_system_topic(r["topic"])]
     if as_json:
         output.emit_json(rows)
         return

@@ -60,44 +60,40 @@ class StoreConfig(_Section):
     coordination: CoordinationSection = CoordinationSection()
 
     @model_validator(mode="after")
-    def _slave_serves_no_clients(self) -> "StoreConfig":
-        # A receive is a pop, and pop state lives beside each store: a slave's endpoint would
-        # hand out again what the master's pops have in flight (docs/replication.md).
-        if self.store.role == "slave" and self.server.grpc_listen is not None:
-            raise ValueError(
-                f"server.grpc_listen ({self.server.grpc_listen!r}) is for masters: a store with "
-                f"store.role 'slave' serves no gRPC clients (its pop state is its own, so its "
-                f"receives would hand out again what the master has in flight); point the "
-                f"clients at the master, and read a slave through the API, the CLI or Spark")
-        return self
-
-    @model_validator(mode="after")
     def _broker_id_matches_role(self) -> "StoreConfig":
         check_broker_id(self.store.role, self.server.remoting_broker_id)
         return self
 
     @model_validator(mode="after")
     def _master_knows_its_slaves(self) -> "StoreConfig":
-        # A master takes unauthenticated slaves from loopback only unless told otherwise: one
-        # listening beyond loopback, told of no slave, would serve its log (and a sync_master
-        # its PUT_OK) to any peer, or no remote slave at all. Refused, saying what to set.
-        server = self.server
-        if (self.store.role == "slave" or server.ha_listen is None or server.ha_allow
-                or server.ha_secret_file or server.ha_tls_cert_file
-                or is_loopback_host(parse_listen(server.ha_listen)[0])):
-            return self
-        raise ValueError(
-            f"server.ha_listen ({server.ha_listen!r}) is reachable beyond this host, but "
-            f"nothing says which peers are slaves: anyone reaching it could read the commit "
-            f"log and, on a sync_master, acknowledge puts no slave holds. Set "
-            f"server.ha_allow to the slaves' addresses (RocketMQ's slaves), or "
-            f"server.ha_secret_file and/or server.ha_tls_* on master and slaves (mqstore's); "
-            f"server.ha_allow ['0.0.0.0/0', '::/0'] admits every peer, knowingly")
+        # A slave listens once promoted: ``promote`` applies the rule then (it did not refuse
+        # a slave's configuration before slaves could be promoted, and does not now).
+        problem = None if self.store.role == "slave" else master_listen_problem(self.server)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
     def replace(self, **overrides: Mapping[str, Any]) -> "StoreConfig":
         """A copy with ``{"section": {"key": value}}`` overrides applied and validated."""
         return _build(_deep_merge(self.model_dump(), _renamed(overrides, "overrides")),
                       "overrides")
+
+
+def master_listen_problem(server: ServerSection) -> str | None:
+    """Why a master may not listen on ``server.ha_listen`` as configured, or None.
+
+    A master takes unauthenticated slaves from loopback only unless told otherwise: one
+    listening beyond loopback, told of no slave, would serve its log (and a sync_master its
+    PUT_OK) to any peer, or no remote slave at all. Refused, saying what to set."""
+    if (server.ha_listen is None or server.ha_allow or server.ha_secret_file
+            or server.ha_tls_cert_file or is_loopback_host(parse_listen(server.ha_listen)[0])):
+        return None
+    return (f"server.ha_listen ({server.ha_listen!r}) is reachable beyond this host, but "
+            f"nothing says which peers are slaves: anyone reaching it could read the commit "
+            f"log and, on a sync_master, acknowledge puts no slave holds. Set "
+            f"server.ha_allow to the slaves' addresses (RocketMQ's slaves), or "
+            f"server.ha_secret_file and/or server.ha_tls_* on master and slaves (mqstore's); "
+            f"server.ha_allow ['0.0.0.0/0', '::/0'] admits every peer, knowingly")
 
 
 def _deep_merge(base: dict, extra: Mapping[str, Any]) -> dict:

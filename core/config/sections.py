@@ -31,6 +31,7 @@ class StoreSection(_Section):
     ha_housekeeping_interval_ms: int = Field(20_000, ge=100, le=3_600_000)
     ha_transfer_batch_bytes: int = Field(32 * 1024, ge=1024, le=4 << 20)
     ha_new_slave_from: Literal["last_segment", "first_segment"] = "last_segment"
+    ha_state_ship_interval_ms: int = Field(100, ge=1, le=60_000)
 
     @model_validator(mode="after")
     def _ha_intervals(self) -> "StoreSection":

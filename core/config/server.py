@@ -49,6 +49,9 @@ class ServerSection(_Section, RemotingKeys):
     grpc_write_stall_ms: int = Field(30_000, ge=100, le=JAVA_INT_MAX)
     ha_listen: str | None = None  # a master's replication port (RocketMQ: broker port + 1)
     ha_master: str | None = None  # the master's ha_listen, which a slave dials
+    # The other nodes' ha_listen: a master asks them, before it takes puts and then every
+    # heartbeat, whether one of them became master after it (docs/replication.md).
+    ha_peers: tuple[str, ...] = ()
     # Who may be a slave (docs/replication.md, "Who may connect"): classic slaves by address,
     # mqstore slaves by a shared secret and/or TLS client certificates.
     ha_allow: tuple[str, ...] = ()  # "10.0.0.2", "10.0.0.0/24", "fd00::/64"
@@ -72,7 +75,17 @@ class ServerSection(_Section, RemotingKeys):
                              f"port the master's server.ha_listen binds")
         return value
 
-    @field_validator("grpc_access_keys", "grpc_admin_keys", "ha_allow", mode="before")
+    @field_validator("ha_peers")
+    @classmethod
+    def _peers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for peer in value:
+            if parse_listen(peer)[1] == 0:
+                raise ValueError(f"server.ha_peers entry {peer!r}: port 0 cannot be dialled; "
+                                 f"give the port the peer's server.ha_listen binds")
+        return value
+
+    @field_validator("grpc_access_keys", "grpc_admin_keys", "ha_allow", "ha_peers",
+                     mode="before")
     @classmethod
     def _key_list(cls, value):
         return tuple(value) if isinstance(value, list) else value  # YAML gives lists
@@ -103,6 +116,11 @@ class ServerSection(_Section, RemotingKeys):
                 f"server.ha_allow ({list(self.ha_allow)}) admits RocketMQ's classic slaves, "
                 f"which speak no TLS, but server.ha_tls_* makes the port speak only TLS: use "
                 f"one or the other")
+        if self.ha_peers and self.ha_secret_file is None and self.ha_tls_cert_file is None:
+            raise ValueError(
+                f"server.ha_peers ({list(self.ha_peers)}) needs server.ha_secret_file or "
+                f"server.ha_tls_*: nodes tell each other their epochs in mqstore's handshake, "
+                f"which only a secret or TLS turns on")
         return self
 
     @model_validator(mode="after")

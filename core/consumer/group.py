@@ -138,6 +138,7 @@ class GroupConsumer:
         if changed:
             self._offsets.commit(self.topic, self.group, changed)
             self._committed.update(changed)
+            self._service.state_changed()
         self._last_commit = self._scheduler.monotonic()
         return changed
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import re
 
 from mqstore.format.names import STORED_TOPIC_RULE as TOPIC_RULE  # noqa: F401 - the rule consumers name
-from mqstore.format.names import check_stored_topic, shown
+from mqstore.errors import SystemTopicError
+from mqstore.format.names import (
+    check_stored_topic, is_system_topic, shown, system_topic_refusal,
+)
 
 GROUP_RULE = "^[%|a-zA-Z0-9_-]+$, at most 255 characters (RocketMQ's rule)"
 _GROUP = re.compile(r"[%|a-zA-Z0-9_-]{1,255}")
@@ -29,7 +32,12 @@ def check_group(group: object) -> str:
 
 
 def check_topic(topic: object) -> str:
-    return check_stored_topic(topic)
+    """A topic a consumer call names: the rule of every read, and no system topic
+    (``SystemTopicError``)."""
+    check_stored_topic(topic)
+    if is_system_topic(topic):
+        raise SystemTopicError(system_topic_refusal(topic, "consume"))
+    return topic
 
 
 def check_int(name: str, value: object, minimum: int) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 from mqstore.consumer.membership import GROUPS_DIR
+from mqstore.storage import state_feed
 
 MARK = "recorded"
 
@@ -32,6 +33,7 @@ def make(root: str, group: str, topic: str) -> None:
         return
     os.makedirs(os.path.dirname(path), exist_ok=True)
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+    state_feed.changed_in(root, _rel(group, topic))
 
 
 def remove(root: str, group: str, topics) -> None:
@@ -42,7 +44,13 @@ def remove(root: str, group: str, topics) -> None:
         try:
             os.unlink(mark_path(root, group, topic))
         except FileNotFoundError:
-            pass
+            continue
+        state_feed.changed_in(root, _rel(group, topic))
+
+
+def _rel(group: str, topic: str) -> str:
+    """The mark's path as the change feed names it."""
+    return "/".join((*GROUPS_DIR.split(os.sep), group, topic, MARK))
 
 
 def marked(root: str) -> list[tuple[str, str]]:

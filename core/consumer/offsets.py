@@ -51,12 +51,14 @@ from mqstore.consumer.locked_json import LockedJson
 from mqstore.consumer.offset_schema import TABLE, check_offsets, is_entry
 from mqstore.errors import CorruptStateError
 from mqstore.scheduler import Scheduler, system_scheduler
+from mqstore.storage import state_feed
 
 log = logging.getLogger(__name__)
 
 CONFIG_DIR = "config"
 OFFSET_FILE = "consumerOffset.json"
 JOURNAL_SUFFIX = ".journal"
+JOURNAL_REL = f"{CONFIG_DIR}/{OFFSET_FILE}{JOURNAL_SUFFIX}"  # as the change feed names it
 JOURNAL_FOLD_BYTES = 64 << 10  # rewrite sooner when the journal grows past this
 _BARE_INT_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
 
@@ -208,6 +210,7 @@ class ConsumerOffsets:
                 os.fdatasync(fd)
             size = os.lseek(fd, 0, os.SEEK_CUR)
             self._mark(topic, group)
+            state_feed.changed_in(self.root, JOURNAL_REL)
         if size >= JOURNAL_FOLD_BYTES \
                 or self._scheduler.monotonic() - self._last_persist >= self._persist_s:
             self.persist()
@@ -316,6 +319,7 @@ class ConsumerOffsets:
         """After the document holding the journal's entries replaced the old one."""
         if os.path.exists(self.journal_path):
             os.truncate(self.journal_path, 0)
+            state_feed.changed_in(self.root, JOURNAL_REL)
 
     def close(self) -> None:
         if self._journal_fd >= 0:

@@ -51,6 +51,7 @@ from typing import Iterator
 from mqstore.consumer.pop_state import PopState, journal_path, parse_checkpoint, pop_state_path
 from mqstore.errors import CorruptStateError
 from mqstore.format import pop_record
+from mqstore.storage import state_feed
 from mqstore.storage.durable_file import read_all, replace_file, sync_dir
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ class PopJournal:
         self._pos += len(data)
         self._dirty = True
         self._state.apply(rows, rotate, delivery)
+        state_feed.changed(self.journal)
         if self._pos - pop_record.HEADER_SIZE > max(COMPACT_BYTES, 2 * self._checkpoint_bytes):
             try:
                 self._compact()
@@ -265,6 +267,7 @@ class PopJournal:
         except BaseException:
             os.close(fd)
             raise
+        state_feed.changed(self.journal)
         if self._fsync:
             sync_dir(os.path.dirname(self.journal))
         self._close_journal()
@@ -300,6 +303,7 @@ class PopJournal:
                 for path in (self.path, self.journal, self.journal + DAMAGED_SUFFIX):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)
+                state_feed.changed(self.journal)
                 self._close_journal()
                 self._state, self._dirty = None, False
             finally:

@@ -143,6 +143,7 @@ class ConsumerService:
                 self._pop_consumer().remove(t, g)
                 gone.add((t, g))
         remove_group_files(self.root, group, topic)
+        self.state_changed()
         return sorted(gone)
 
     def reset_consumer_offsets(self, group: str, topic: str, *, offset: int | None = None,
@@ -184,6 +185,7 @@ class ConsumerService:
         self.offsets.persist()
         if (topic, group) in pop_state.pop_groups(self.root):
             self._pop_consumer().remove(topic, group)
+        self.state_changed()
         return out
 
     def commit_consumer_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
@@ -226,12 +228,22 @@ class ConsumerService:
         acknowledges them all in one step per topic and group and returns one result per
         handle, in order: None (acknowledged) or the ``ReceiptHandleError`` (a
         ``StaleReceiptHandleError`` for a delivery that is over) saying why not."""
-        return self._pop_consumer().ack(receipt_handle)
+        try:
+            return self._pop_consumer().ack(receipt_handle)
+        finally:
+            self.state_changed()
 
     def change_invisible_duration(self, receipt_handle: str, invisible_ms: int) -> str:
         """Make a popped message invisible for ``invisible_ms`` from now; returns its new
         receipt handle (the old one goes stale)."""
-        return self._pop_consumer().change_invisible_duration(receipt_handle, invisible_ms)
+        handle = self._pop_consumer().change_invisible_duration(receipt_handle, invisible_ms)
+        self.state_changed()
+        return handle
+
+    def state_changed(self) -> None:
+        """A change a client is told of was made (NOTE [ State mirror ]): returns once it is
+        replicated as the store's role promises."""
+        self.store.state_changed()
 
     # -- shared parts ---------------------------------------------------------------------
     def wakeup(self) -> Wakeup:

@@ -1,19 +1,51 @@
 """The dispatchers one process builds, with what each declares it can do.
 
 The core's consume-queue builder comes first wherever consume queues are written (the
-``writer`` role), then every registered dispatcher in the registry's order. Dispatchers report
+``writer`` role), then the state mirror's applier (``mirror.applier``: it applies while the
+store is a slave), then
+every registered dispatcher in the registry's order. Dispatchers report
 how far their forced files reach through their contract (``CHECKPOINTS``); only the core writes
 those times into the checkpoint (``view.checkpoint``).
 """
 
 from __future__ import annotations
 
+import os
+
 from mqstore.dispatch.consume_queue_builder import ConsumeQueueBuilder
 from mqstore.errors import PluginError
+from mqstore.mirror.applier import StateApplier
 from mqstore.plugin_api.contracts import (
     CHECKPOINTS, DROPS_OLD_FILES, LOOKS_UP_KEYS, PERSISTS, RESUMES, WRITER, CapabilityError, Role,
     check_capabilities,
 )
+from mqstore.storage.role_file import read_role, role_path
+
+
+class RecordedRole:
+    """Whether the store is a slave now, as another process decided: ``role.json`` (a
+    promotion or a demotion at run time) wins over ``store.role``; read again when it
+    changes, so a dispatch worker follows its writer's role changes."""
+
+    def __init__(self, root: str, configured: str) -> None:
+        self._path = role_path(root)
+        self._root = root
+        self._configured = configured
+        self._seen: tuple[int, int] | None = None
+        self._slave = configured == "slave"
+
+    def is_slave(self) -> bool:
+        try:
+            st = os.stat(self._path)
+        except FileNotFoundError:
+            return self._configured == "slave"
+        key = (st.st_mtime_ns, st.st_ino)
+        if key != self._seen:
+            record, _problem = read_role(self._root)
+            # A damaged file is the open's to report; meanwhile the configured role holds.
+            self._slave = (record.role if record is not None else self._configured) == "slave"
+            self._seen = key
+        return self._slave
 
 
 class Dispatchers:
@@ -29,6 +61,11 @@ class Dispatchers:
             self.queue_builder = ConsumeQueueBuilder(view)
             self.items.append(self.queue_builder)
             self._declared.append(frozenset())
+            # Every writer has one: a master demoted at run time follows without a new
+            # dispatcher, and a promoted slave's stops as its role changes (role.json).
+            self.items.append(StateApplier(view, following=RecordedRole(
+                view.root, view.config.store.role).is_slave))
+            self._declared.append(StateApplier.capabilities)
         try:
             for name, factory in registry.items():
                 dispatcher = factory(view, role)

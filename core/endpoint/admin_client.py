@@ -67,6 +67,17 @@ class AdminClient:
     def group_delete(self, group: str, topic: str | None = None) -> dict:
         return self._call("DeleteGroup", group=group, topic=topic)
 
+    # -- roles -----------------------------------------------------------------------------
+    def role_status(self) -> dict:
+        return self._call("RoleStatus")
+
+    def role_promote(self, *, force: bool = False, epoch: int | None = None,
+                     role: str | None = None) -> dict:
+        return self._call("Promote", force=force, epoch=epoch, role=role)
+
+    def role_demote(self, master: str) -> dict:
+        return self._call("Demote", master=master)
+
     # -- the call --------------------------------------------------------------------------
     def _call(self, method: str, **arguments):
         request = METHODS[method].arguments(**arguments).model_dump_json().encode()

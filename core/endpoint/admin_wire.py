@@ -60,6 +60,16 @@ class GroupName(_Arguments):
     topic: str | None = None
 
 
+class Promote(_Arguments):
+    force: bool = False
+    epoch: int | None = None
+    role: str | None = None
+
+
+class Demote(_Arguments):
+    master: str
+
+
 class ResetOffset(_Arguments):
     group: str
     topic: str
@@ -85,6 +95,9 @@ METHODS = {
     "DescribeGroup": Method("group_describe", GroupName),
     "ResetOffset": Method("group_reset", ResetOffset),
     "DeleteGroup": Method("group_delete", GroupName),
+    "RoleStatus": Method("role_status", NoArguments),
+    "Promote": Method("role_promote", Promote),
+    "Demote": Method("role_demote", Demote),
 }
 
 
@@ -97,7 +110,8 @@ def path(method: str) -> str:
 ERRORS: tuple[type[BaseException], ...] = (
     errors.ConfigError, errors.CorruptRecordError, errors.CorruptStateError,
     errors.TopicNotFoundError, errors.GroupNotFoundError, errors.InUseError,
-    errors.StoreLockedError, errors.StoreClosedError, errors.DiskFullError,
+    errors.StoreLockedError, errors.StoreClosedError, errors.PromotionRefusedError,
+    errors.DiskFullError,
     errors.StoreCorruptError, errors.PluginError, errors.WorkerError, errors.MQStoreError,
     builtins.ValueError, builtins.PermissionError, builtins.TimeoutError, builtins.OSError,
 )
@@ -109,6 +123,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.InUseError, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.StoreLockedError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.PromotionRefusedError, grpc.StatusCode.FAILED_PRECONDITION),
     (PermissionError, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.StoreClosedError, grpc.StatusCode.UNAVAILABLE),
 )

@@ -97,7 +97,10 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             _streaming(handler.stream_stream, calls, None), **codecs)
 
     def _deliveries(self, request, responses: list) -> None:
-        """A receive's messages, counted once its stream ended."""
+        """A receive's messages, counted once its stream ended (not a forwarded receive's,
+        whose bytes go on undecoded: ``forward``)."""
+        if isinstance(request, bytes):
+            return
         attempts = [r.message.system_properties.delivery_attempt for r in responses
                     if r.HasField("message")]
         if attempts:

@@ -17,6 +17,7 @@ from mqstore.consumer import names
 from mqstore.format import names as put_names
 from mqstore.endpoint.protocol import Code, Resource
 from mqstore.endpoint.status import EndpointError
+from mqstore.errors import SystemTopicError
 
 NAMESPACE_SEPARATOR = "%"
 
@@ -33,10 +34,12 @@ def resource(stored: str) -> Resource:
 
 def topic_to_read(res) -> str:
     """A topic a client reads: the store's rule for topics (a RocketMQ broker's topic names
-    may hold dots), else ILLEGAL_TOPIC."""
+    may hold dots), else ILLEGAL_TOPIC; a system topic is FORBIDDEN (no route either)."""
     topic = full_name(res)
     try:
         return names.check_topic(topic)
+    except SystemTopicError as exc:
+        raise EndpointError(Code.FORBIDDEN, str(exc)) from None
     except ValueError as exc:
         raise EndpointError(Code.ILLEGAL_TOPIC, str(exc)) from None
 
@@ -44,11 +47,14 @@ def topic_to_read(res) -> str:
 def topic_to_write(topic: str, auto_v2: bool = True) -> str:
     """A topic a client sends to: RocketMQ's character rule and the length a put stores
     (``topic_refusal``: 127 characters as the proxy's rule, 255 for %RETRY% topics in V2
-    records; ``auto_v2``: ``commit_log.auto_v2_on_long_topic``), else ILLEGAL_TOPIC."""
+    records; ``auto_v2``: ``commit_log.auto_v2_on_long_topic``), else ILLEGAL_TOPIC; a system
+    topic is FORBIDDEN."""
     try:
         put_names.check_topic(topic)
     except ValueError as exc:
         raise EndpointError(Code.ILLEGAL_TOPIC, str(exc)) from None
+    if put_names.is_system_topic(topic):
+        raise EndpointError(Code.FORBIDDEN, put_names.system_topic_refusal(topic, "send to"))
     refusal = topic_refusal(topic, auto_v2)
     if refusal is not None:
         raise EndpointError(Code.ILLEGAL_TOPIC, refusal)

@@ -35,6 +35,7 @@ from mqstore.endpoint.admin_service import AdminService
 from mqstore.endpoint.auth import AccessKeys, AdminAccess
 from mqstore.endpoint.backlog import Backlog
 from mqstore.endpoint.creations import Creations
+from mqstore.endpoint.forward import PREFIX, Forwarder, RoleRouter
 from mqstore.endpoint.grpc_metrics import PROTOCOL, MetricsInterceptor
 from mqstore.endpoint.limits import (
     LogLimits, Peers, check_exposure, return_big_buffers, server_options,
@@ -220,7 +221,9 @@ class Endpoint:
         if self._metrics is not None:
             self._metrics.watch_long_polls(PROTOCOL, lambda: parts.waiter.waiting)
         service = MessagingService(parts)
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
+        forwarder = self._forwarder(service)
+        server.add_generic_rpc_handlers((RoleRouter(forwarder.local_service, self._store,
+                                                    forwarder),))
         admin = None
         if self._admin is not None:
             admin = AdminService(self._admin, service.enter_admin, service.peers.leave)
@@ -249,8 +252,24 @@ class Endpoint:
             parts.sender.close()
             parts.pops.close()
             parts.waiter.close()
+            await forwarder.close()
             limited.remove()
         log.info("gRPC endpoint stopped")
+
+    def _forwarder(self, service: MessagingService) -> Forwarder:
+        """What a store taking no writes forwards to its master (NOTE [ Clients and
+        failover ] in ``forward``), over the servicer's own handlers."""
+        local = _Captured()
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(service, local)
+        config = self._config
+        tls = config.server.grpc_tls_cert_file
+        forwarder = Forwarder((service.enter, service.peers.leave), local.method,
+                              max(config.server.grpc_max_request_bytes,
+                                  config.commit_log.max_message_bytes + (1 << 20)),
+                              None if tls is None else grpc.ssl_channel_credentials(
+                                  _read(tls, "grpc_tls_cert_file")))
+        forwarder.local_service = local.handler
+        return forwarder
 
     @staticmethod
     async def _sweep(parts: Parts) -> None:
@@ -258,6 +277,24 @@ class Endpoint:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             for client_id in parts.sessions.forget_idle():
                 log.debug("forgot idle client %s", client_id)
+
+
+class _Captured:
+    """Takes the servicer's generic handler as gRPC's server would."""
+
+    handler: grpc.GenericRpcHandler
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        (self.handler,) = handlers
+
+    def method(self, name: str) -> grpc.RpcMethodHandler:
+        return self.handler.service(_Details(PREFIX + name, ()))
+
+
+@dataclass(frozen=True)
+class _Details:
+    method: str
+    invocation_metadata: tuple
 
 
 def _pairs(keys) -> dict[str, str]:

@@ -13,6 +13,11 @@ Slave to master, one report per acknowledgement:
     | max offset  long (8)      |   the end of the slave's commit log
     +---------------------------+
 
+mqstore's status frames, to an mqstore slave that sent node fields in mqstore's handshake
+(``format.ha_hello``, NOTE [ Node fields ]) and to no other: a frame at offset -1 whose bytes
+are node fields (the master's role, log end and confirm offset; its client endpoint), sent
+when they change. A RocketMQ slave is never sent one.
+
 Rules the bytes carry: a frame holds at most ``TRANSFER_BATCH_BYTES`` (``haTransferBatchSize``)
 and never crosses a segment end; the master reads reports in multiples of 8 and keeps the last
 complete one; the first report says where the master starts (0: an empty slave, which starts at
@@ -34,6 +39,8 @@ TRANSFER_BATCH_BYTES = 32 * 1024  # RocketMQ's haTransferBatchSize
 # none is accepted here either (and a garbage size field cannot make a slave hold more).
 FRAME_MAX_BYTES = 4 << 20
 OFFSET_MAX = (1 << 63) - 1
+STATUS_OFFSET = -1  # mqstore's status frame
+STATUS_MAX_BYTES = 4096
 
 
 class FrameError(ValueError):
@@ -53,6 +60,13 @@ def encode_header(phys_offset: int, size: int) -> bytes:
     return FRAME_HEADER.pack(phys_offset, size)
 
 
+def encode_status(fields: bytes) -> bytes:
+    """An mqstore status frame carrying ``fields`` (``ha_hello.encode_fields``)."""
+    if len(fields) > STATUS_MAX_BYTES:
+        raise ValueError(f"a status frame carries at most {STATUS_MAX_BYTES} bytes")
+    return FRAME_HEADER.pack(STATUS_OFFSET, len(fields)) + fields
+
+
 def encode_report(max_offset: int) -> bytes:
     """A slave's 8-byte offset report."""
     if not 0 <= max_offset <= OFFSET_MAX:
@@ -62,10 +76,14 @@ def encode_report(max_offset: int) -> bytes:
 
 class FrameDecoder:
     """The master's stream as frames, whatever chunks it arrives in. Holds at most one
-    header and one body (``max_body_bytes``); a header outside the rules raises FrameError."""
+    header and one body (``max_body_bytes``); a header outside the rules raises FrameError.
+    ``status_frames``: frames at ``STATUS_OFFSET`` (of at most ``STATUS_MAX_BYTES``) are
+    mqstore's status frames, returned with that offset (only a slave that asked for them)."""
 
-    def __init__(self, max_body_bytes: int = FRAME_MAX_BYTES) -> None:
+    def __init__(self, max_body_bytes: int = FRAME_MAX_BYTES, *,
+                 status_frames: bool = False) -> None:
         self.max_body_bytes = max_body_bytes
+        self.status_frames = status_frames
         self._buf = bytearray()
         self._need: tuple[int, int] | None = None  # header read: (offset, size)
 
@@ -84,7 +102,9 @@ class FrameDecoder:
                 if len(buf) - at < FRAME_HEADER_BYTES:
                     break
                 offset, size = FRAME_HEADER.unpack_from(buf, at)
-                if offset < 0 or size < 0 or size > self.max_body_bytes:
+                status = (self.status_frames and offset == STATUS_OFFSET
+                          and 0 <= size <= STATUS_MAX_BYTES)
+                if not status and (offset < 0 or size < 0 or size > self.max_body_bytes):
                     raise FrameError(
                         f"frame header (offset {offset}, size {size}) breaks the HA protocol: "
                         f"offsets are >= 0 and a frame carries 0..{self.max_body_bytes} bytes")
@@ -137,5 +157,6 @@ def first_transfer_offset(requested: int, max_offset: int, min_offset: int,
 
 
 __all__ = ["FRAME_HEADER", "FRAME_HEADER_BYTES", "REPORT", "REPORT_BYTES", "TRANSFER_BATCH_BYTES",
-           "FRAME_MAX_BYTES", "FrameError", "Frame", "encode_header", "encode_report",
+           "FRAME_MAX_BYTES", "STATUS_OFFSET", "STATUS_MAX_BYTES", "FrameError", "Frame",
+           "encode_header", "encode_status", "encode_report",
            "FrameDecoder", "ReportDecoder", "first_transfer_offset"]

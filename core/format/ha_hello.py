@@ -34,6 +34,22 @@ before the master has answered as only an mqstore master can.
   32 bytes), and a reader takes the fields it knows and ignores the rest; ``version`` rises
   only when a field's meaning changes. An open's body is empty in version 1.
 
+NOTE [ Node fields ]
+What a node says of itself goes in that room, in the proof (the slave, or a master probing a
+peer) and in the result (the master), as fields: tag (1), length u16 (2), value. A reader
+skips tags it does not know; a peer that sends none (an older mqstore) is taken as before.
+
+    tag 1 node      role (1: 0 slave, 1 master, 2 fenced master), flags (1: bit 0 probe, a
+                    master asking a peer about itself, not following it), log end u64 (8),
+                    confirm offset i64 (8: the end of what it answered PUT_OK; -1 unknown)
+    tag 2 epochs    its epoch entries (``format.epoch_file``), at most the last 64: epoch
+                    u32 (4), start offset u64 (8) each
+    tag 3 endpoint  its client (gRPC) endpoint "host:port" in UTF-8, at most 255 bytes; an
+                    empty host: the host the peer dialled for replication
+
+A slave that sent fields takes status frames from then on (``format.ha_frame``): frames at
+offset -1 whose bytes are the master's node and endpoint fields, sent when they change.
+
 Nothing here does I/O; ``replication.handshake`` runs the exchange.
 """
 
@@ -44,6 +60,7 @@ import hmac
 import struct
 from typing import NamedTuple
 
+from mqstore.format.epoch_file import EpochEntry, EpochFileError, check_entries
 from mqstore.format.ha_frame import FrameError
 
 MAGIC = b"\xe1MQH"
@@ -148,10 +165,13 @@ def decode_challenge(body: bytes) -> Challenge:
     return Challenge(auth, nonce)
 
 
-def encode_proof(version: int, nonce: bytes, secret: bytes | None, transcript: bytes) -> bytes:
-    """The slave's proof; ``transcript``: the open and the challenge, as sent."""
+def encode_proof(version: int, nonce: bytes, secret: bytes | None, transcript: bytes,
+                 fields: bytes = b"") -> bytes:
+    """The slave's proof; ``transcript``: the open and the challenge, as sent; ``fields``:
+    NOTE [ Node fields ] (``encode_fields``)."""
     _check_nonce(nonce)
-    head = HEADER.pack(MAGIC, PROOF, version, NONCE_BYTES + MAC_BYTES) + nonce
+    head = HEADER.pack(MAGIC, PROOF, version, NONCE_BYTES + len(fields) + MAC_BYTES) + nonce
+    head += fields
     return head + mac(secret, SLAVE_LABEL, transcript + head)
 
 
@@ -163,11 +183,11 @@ def decode_proof(body: bytes) -> Proof:
 
 
 def encode_result(version: int, status: int, reason: str, secret: bytes | None,
-                  transcript: bytes) -> bytes:
+                  transcript: bytes, fields: bytes = b"") -> bytes:
     """The master's answer; ``transcript``: open, challenge and proof as exchanged (the mac is
-    zeros without a secret, or for a refusal)."""
+    zeros without a secret, or for a refusal); ``fields``: NOTE [ Node fields ]."""
     text = reason.encode()[:REASON_MAX_BYTES]
-    body = _RESULT_HEAD.pack(status, len(text)) + text
+    body = _RESULT_HEAD.pack(status, len(text)) + text + fields
     head = HEADER.pack(MAGIC, RESULT, version, len(body) + MAC_BYTES) + body
     key = secret if status == ACCEPTED else None
     return head + mac(key, MASTER_LABEL, transcript + head)
@@ -185,6 +205,111 @@ def decode_result(body: bytes) -> Result:
     return Result(status, reason, body[-MAC_BYTES:])
 
 
+def proof_fields(body: bytes) -> bytes:
+    """The fields of a proof's body (NOTE [ Node fields ]): between the nonce and the mac."""
+    return bytes(body[NONCE_BYTES:-MAC_BYTES])
+
+
+def result_fields(body: bytes) -> bytes:
+    """The fields of a result's body: between the reason and the mac."""
+    (_status, n) = _RESULT_HEAD.unpack_from(body)
+    return bytes(body[_RESULT_HEAD.size + n:-MAC_BYTES])
+
+
+# -- node fields (NOTE [ Node fields ]) -----------------------------------------------------
+FIELD_NODE, FIELD_EPOCHS, FIELD_ENDPOINT = 1, 2, 3
+ROLE_SLAVE, ROLE_MASTER, ROLE_FENCED = 0, 1, 2
+ROLE_NAMES = {ROLE_SLAVE: "slave", ROLE_MASTER: "master", ROLE_FENCED: "fenced master"}
+FLAG_PROBE = 1
+MAX_EPOCHS = 64
+ENDPOINT_MAX_BYTES = 255
+_FIELD = struct.Struct(">BH")
+_NODE = struct.Struct(">BBQq")
+_EPOCH = struct.Struct(">IQ")
+
+
+class NodeInfo(NamedTuple):
+    """What a node says of itself in its fields."""
+
+    role: int
+    end: int
+    confirmed: int = -1
+    epochs: tuple[EpochEntry, ...] = ()
+    endpoint: str = ""
+    probe: bool = False
+
+    @property
+    def last_epoch(self) -> int:
+        return self.epochs[-1].epoch if self.epochs else 0
+
+
+def encode_fields(info: NodeInfo, *, node: bool = True, epochs: bool = True,
+                  endpoint: bool = True) -> bytes:
+    out = b""
+    if node:
+        value = _NODE.pack(info.role, FLAG_PROBE if info.probe else 0, info.end, info.confirmed)
+        out += _FIELD.pack(FIELD_NODE, len(value)) + value
+    if epochs:
+        value = b"".join(_EPOCH.pack(e.epoch, e.start) for e in info.epochs[-MAX_EPOCHS:])
+        out += _FIELD.pack(FIELD_EPOCHS, len(value)) + value
+    if endpoint:
+        value = info.endpoint.encode()
+        if len(value) > ENDPOINT_MAX_BYTES:
+            raise ValueError(f"endpoint {info.endpoint!r} is longer than "
+                             f"{ENDPOINT_MAX_BYTES} bytes in UTF-8")
+        out += _FIELD.pack(FIELD_ENDPOINT, len(value)) + value
+    return out
+
+
+def decode_fields(data: bytes, known: NodeInfo | None = None) -> NodeInfo | None:
+    """The node fields of ``data`` over ``known`` (the fields last heard); None when there are
+    none (a peer that sends no fields). HelloError for fields that break their layout."""
+    if not data:
+        return known
+    info = known or NodeInfo(ROLE_SLAVE, 0)
+    seen = False
+    at = 0
+    while at < len(data):
+        if len(data) - at < _FIELD.size:
+            raise HelloError(f"node fields: {len(data) - at} byte(s) left where a field's "
+                             f"3-byte tag and length belong")
+        tag, n = _FIELD.unpack_from(data, at)
+        value = bytes(data[at + _FIELD.size:at + _FIELD.size + n])
+        if len(value) != n:
+            raise HelloError(f"node field {tag} says {n} bytes; {len(value)} follow")
+        at += _FIELD.size + n
+        info, known_tag = _field(info, tag, value)
+        seen = seen or known_tag
+    return info if seen or known is not None else None
+
+
+def _field(info: NodeInfo, tag: int, value: bytes) -> tuple[NodeInfo, bool]:
+    if tag == FIELD_NODE:
+        if len(value) < _NODE.size:
+            raise HelloError(f"node field of {len(value)} bytes: it holds {_NODE.size}")
+        role, flags, end, confirmed = _NODE.unpack_from(value)
+        if role not in ROLE_NAMES or end > (1 << 63) - 1:
+            raise HelloError(f"node field: role {role} or log end {end} out of range")
+        return info._replace(role=role, probe=bool(flags & FLAG_PROBE), end=end,
+                             confirmed=confirmed), True
+    if tag == FIELD_EPOCHS:
+        if len(value) % _EPOCH.size or len(value) > MAX_EPOCHS * _EPOCH.size:
+            raise HelloError(f"epochs field of {len(value)} bytes: it holds up to "
+                             f"{MAX_EPOCHS} entries of {_EPOCH.size}")
+        try:
+            epochs = check_entries(EpochEntry(*_EPOCH.unpack_from(value, i))
+                                   for i in range(0, len(value), _EPOCH.size))
+        except EpochFileError as exc:
+            raise HelloError(f"epochs field: {exc}") from None
+        return info._replace(epochs=tuple(epochs)), True
+    if tag == FIELD_ENDPOINT:
+        try:
+            return info._replace(endpoint=value.decode()), True
+        except UnicodeDecodeError:
+            raise HelloError("endpoint field is not UTF-8") from None
+    return info, False  # a later tag: skipped
+
+
 def _check_nonce(nonce: bytes) -> None:
     if len(nonce) != NONCE_BYTES:
         raise ValueError(f"a handshake nonce is {NONCE_BYTES} bytes, not {len(nonce)}")
@@ -196,4 +321,7 @@ __all__ = ["MAGIC", "HEADER", "HEADER_BYTES", "VERSION", "OPEN", "CHALLENGE", "P
            "MASTER_LABEL", "BODY_MAX_BYTES", "REASON_MAX_BYTES", "NO_MAC", "HelloError",
            "Header", "Challenge", "Proof", "Result", "is_hello", "parse_header", "mac",
            "macs_equal", "encode_open", "encode_challenge", "decode_challenge", "encode_proof",
-           "decode_proof", "encode_result", "decode_result"]
+           "decode_proof", "encode_result", "decode_result", "proof_fields", "result_fields",
+           "FIELD_NODE", "FIELD_EPOCHS", "FIELD_ENDPOINT", "ROLE_SLAVE", "ROLE_MASTER",
+           "ROLE_FENCED", "ROLE_NAMES", "FLAG_PROBE", "MAX_EPOCHS", "NodeInfo",
+           "encode_fields", "decode_fields"]

@@ -25,6 +25,11 @@ INT64_MAX = (1 << 63) - 1
 STORED_TOPIC_RULE = f"^[%|a-zA-Z0-9_.-]+$, at most {MAX_TOPIC_BYTES} characters, not only dots"
 _STORED_TOPIC = re.compile(rf"[%|a-zA-Z0-9_.-]{{1,{MAX_TOPIC_BYTES}}}")
 
+# RocketMQ's prefix of the topics a broker keeps for itself (TopicValidator.SYSTEM_TOPIC_PREFIX):
+# mqstore's own state travels in such a topic (``format.state_record``). Producers and
+# consumers are refused them, and user listings leave them out.
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+
 _valid_topics: set[str] = set()
 _valid_stored_topics: set[str] = set()
 
@@ -58,6 +63,17 @@ def check_stored_topic(topic: object) -> str:
     if len(_valid_stored_topics) < 100_000:
         _valid_stored_topics.add(topic)
     return topic
+
+
+def is_system_topic(topic: str) -> bool:
+    """A topic the store keeps for itself (``SYSTEM_TOPIC_PREFIX``)."""
+    return topic.startswith(SYSTEM_TOPIC_PREFIX)
+
+
+def system_topic_refusal(topic: str, doing: str) -> str:
+    """Why ``doing`` (``"send to"``, ``"consume"``) is refused for a system topic."""
+    return (f"topic {shown(topic)} is a system topic (prefix {SYSTEM_TOPIC_PREFIX}): the store "
+            f"keeps its own state there, and clients may not {doing} it")
 
 
 def check_queue_id(queue_id: object) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 
 from mqstore.append.appender import Appender, ReadOnlyAppender
 from mqstore.append.settings import AppendSettings, PutStrategies
@@ -22,9 +23,11 @@ from mqstore.read.pull import PullLimits
 from mqstore.read.reader import Reader
 from mqstore.lifecycle import offset_floor
 from mqstore.lifecycle.recovery import RecoveryReport, durable_end, mend_range, recover
+from mqstore.lifecycle.rejoin import apply_cut
 from mqstore.config import StoreConfig
 from mqstore.errors import CorruptStateError
 from mqstore.replication import Replication, slave_acks
+from mqstore.roles import RoleState
 from mqstore.running_flags import NOT_WRITEABLE, StoreState
 from mqstore.runtime.loops import Runtime
 from mqstore.scheduler import Scheduler, system_scheduler
@@ -34,10 +37,12 @@ from mqstore.storage.abort_file import abort_exists, create_abort
 from mqstore.storage.checkpoint import Checkpoint
 from mqstore.storage.commit_log import CommitLog
 from mqstore.storage.consume_queue import load_consume_queues
+from mqstore.storage.epoch_file import EpochFile
 from mqstore.storage.mapped_budget import MappedBudget
 from mqstore.storage.queue_floor import offsets_without_message
 from mqstore.storage.queue_manifest import ManifestKeeper, read_entries
 from mqstore.storage.queue_progress import read_queued, remove_queued
+from mqstore.storage.role_file import read_role
 from mqstore.storage.shared_segment import path_segment_name, store_segment_name, unlink_segment
 from mqstore.storage.store_lock import StoreLock
 from mqstore.lifecycle.parts import StoreParts
@@ -147,15 +152,25 @@ class Opener:
             # again (and bounded for a reader) once the log's end is known.
             parts.commit_log.crc_range = (self.meta["record_crc_since"], 1 << 62)
         parts.checkpoint = Checkpoint(self.root, read_only=ro)
+        # The role a run-time promotion or demotion recorded wins over store.role.
+        self.role_record, self.role_problem = (None, None) if ro else read_role(self.root)
+        if self.role_problem:
+            notes.append(self.role_problem)
+        parts.epochs = EpochFile(self.root, read_only=ro)
+        if parts.epochs.problem:
+            notes.append(parts.epochs.problem)
 
     def _recover(self) -> None:
         parts, ro = self.parts, self.state.read_only
         self.abnormal = abort_exists(self.root)
         entries, manifest_problem = read_entries(self.root)
-        known_queues = {key: (first, end) for key, (first, end, _phys) in entries.items()}
         self.manifest = ManifestKeeper(self.root, entries)
         if manifest_problem:
             self.notes.append(manifest_problem)
+        self.cut = self._rejoin()
+        if self.cut:  # NOTE [ Rejoining ]: the cut lowered the manifest's entries
+            entries = dict(self.manifest.recorded)
+        known_queues = {key: (first, end) for key, (first, end, _phys) in entries.items()}
         queued, queued_problem = read_queued(self.root)
         if queued_problem:
             self.notes.append(f"{queued_problem}; ignored")
@@ -177,13 +192,16 @@ class Opener:
         self.holding = False
         if not ro:
             self._floors(floors, report)
+            # After a cut the index files name records past the log's end: the dispatch worker
+            # must take that end before anything is appended (NOTE [ Rejoining ]).
+            self.holding = self.holding or self.cut
         if not ro and queued is not None and report.redispatch_from < queued.phys_offset:
             remove_queued(self.root)  # units rebuilt below it are not on disk yet
         if not ro:
             # A slave's records are its master's, with or without the record CRC as the
             # master wrote them: none can be required to carry it.
             record_crc = (self.config.commit_log.record_crc
-                          and self.config.store.role != "slave")
+                          and self.starting_role != "slave")
             self.meta = settle_record_crc(self.root, self.meta, record_crc,
                                           parts.commit_log.max_offset)
         since = self.meta.get("record_crc_since")
@@ -198,6 +216,47 @@ class Opener:
                     seg.force()
             parts.checkpoint.confirm_phy_offset = parts.commit_log.max_offset
             parts.checkpoint.note_appended(parts.commit_log.max_offset)
+
+    @property
+    def starting_role(self) -> str:
+        """The role this open starts in: the recorded one (``role.json``), else
+        ``store.role``."""
+        record = getattr(self, "role_record", None)
+        return record.role if record is not None else self.config.store.role
+
+    def _rejoin(self) -> bool:
+        """A cut ``role.json`` names, applied before recovery (NOTE [ Rejoining ])."""
+        record = self.role_record
+        if self.state.read_only or record is None or record.cut is None:
+            return False
+        cut = record.cut
+        report = apply_cut(self.root, self.parts.commit_log, self.queues,
+                           self.parts.checkpoint, self.manifest, self.parts.epochs, record)
+        self.role_record = replace(record, cut=None)
+        self.marker = None  # it describes the files before the cut
+        self.notes.append(
+            f"rejoined master {cut.master} (epoch {cut.epoch}): the commit log was cut at "
+            f"{cut.at}; [{report['from']}, {report['to']}) ({report['bytes']} bytes, "
+            f"{report['records']} records) kept in quarantine/{report['file']}, reported in "
+            f"quarantine/{report['file']}.json; state files set aside in "
+            f"{report['set_aside']['directory']}")
+        log.warning("rejoin: %s", self.notes[-1])
+        return True
+
+    def _role(self) -> RoleState:
+        """The role this store starts in (``mqstore.roles``)."""
+        config, record = self.config, self.role_record
+        role = self.starting_role
+        master = record.master if record is not None else config.server.ha_master
+        fenced = None
+        if role != "slave":
+            if self.role_problem:
+                fenced = (f"the recorded role cannot be trusted ({self.role_problem}): puts "
+                          f"are refused until `mqstore role promote` or `demote` records one")
+            elif config.server.ha_peers:
+                fenced = ("the peers in server.ha_peers are not checked yet: a master takes "
+                          "puts once replication has started and found no newer master")
+        return RoleState(role, master=master, epoch=self.parts.epochs.last_epoch, fenced=fenced)
 
     def _floors(self, floors: dict, report: RecoveryReport) -> None:
         """Add what committed consumer offsets show (up to what the lost bytes could have
@@ -275,12 +334,13 @@ class Opener:
             filters=parts.hooks.filters, writes_queues=in_process, manifest=self.manifest,
             known_queues=self.tail.queue_offsets, mapped=self.mapped)
         parts.store_host = parse_host(config.store.store_host)
+        role = parts.role = self._role()
         self.role = READER if ro else (WRITER if in_process else FOLLOWER)
         parts.dispatchers = Dispatchers(parts.hooks.dispatchers, view, self.role)
         memory = (config.get.physical_memory_bytes if config.get.physical_memory_bytes is not None
                   else _physical_memory())
-        limits = PullLimits(config.get, memory,
-                            config.store.role == "slave" and not config.get.offset_check_in_slave)
+        check = config.get.offset_check_in_slave
+        limits = PullLimits(config.get, memory, lambda: role.is_slave and not check)
         if not ro:
             self.channels = shm.Channels.create(
                 store_segment_name(self.meta[ids.ID_KEY], shm.POSITIONS_SEGMENT))
@@ -308,23 +368,24 @@ class Opener:
         if factory is STAGING_WRITER:
             # As RocketMQ's transient pool, a master's only: a slave's copies are readable
             # (and acknowledged) once copied.
-            factory = MapWriter if config.store.role == "slave" else TransientPoolWriter
+            factory = MapWriter if self.starting_role == "slave" else TransientPoolWriter
         runtime = parts.runtime = Runtime(
             state=self.state, config=config, view=parts.view, dispatchers=parts.dispatchers,
             hooks=hooks, writer_factory=factory,
             flush_factory=hooks.flush_policies.get(config.flush.policy),
             channels=self.channels, tail=self.tail, store_lock=parts.lock, clock=self.clock,
             manifest=self.manifest, store_id=self.meta[ids.ID_KEY], scheduler=parts.scheduler)
-        acks = slave_acks(config)
+        acks = slave_acks(config, parts.role)
         selector = hooks.queue_selectors.get(config.queue_select.selector)(
             config, parts.view.string_hash)
         parts.appender = Appender(
             state=self.state, commit_log=parts.commit_log, writer=runtime.writer,
             settings=AppendSettings.of(config, parts.store_host),
             strategies=PutStrategies(selector, runtime.flush_policy, hooks, acks),
-            loops=runtime, tail=self.tail, topics=parts.view.topics, clock=self.clock)
+            loops=runtime, tail=self.tail, topics=parts.view.topics, clock=self.clock,
+            role=parts.role)
         parts.replication = Replication(self.root, config, parts.commit_log, parts.appender,
-                                        acks)
+                                        acks, parts.role, parts.epochs)
         report = parts.recovery_report
         commit_log = parts.commit_log
         start = max(min([report.redispatch_from, *parts.dispatchers.resume_offsets()]),
@@ -339,6 +400,10 @@ class Opener:
             start, report.abnormal, report.trusted_end, hold=self.holding)
         self.tail.queue_offsets.update(self._queue_offsets())
         self._report_lost_offsets(report)
+        if not parts.role.is_slave and not parts.epochs.entries:
+            # A master's first epoch (RocketMQ's changeToMaster): from its log's end on.
+            parts.epochs.append(1, commit_log.max_offset)
+            parts.role.change(epoch=1)
         self._declare_topics()  # once every queue recovery re-dispatched is known
 
     def _declare_topics(self) -> None:

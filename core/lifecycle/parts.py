@@ -21,9 +21,11 @@ if TYPE_CHECKING:
     from mqstore.plugin_api.recovery_report import RecoveryReport
     from mqstore.read.reader import Reader
     from mqstore.replication import Replication
+    from mqstore.roles import RoleState
     from mqstore.runtime.loops import Runtime
     from mqstore.storage.checkpoint import Checkpoint
     from mqstore.storage.commit_log import CommitLog
+    from mqstore.storage.epoch_file import EpochFile
     from mqstore.storage.store_lock import StoreLock
     from mqstore.view.directory_view import DirectoryView
 
@@ -46,6 +48,8 @@ class StoreParts:
     appender: "Appender | ReadOnlyAppender | None" = None
     runtime: "Runtime | None" = None
     replication: "Replication | None" = None
+    role: "RoleState | None" = None  # what the store is now (mqstore.roles)
+    epochs: "EpochFile | None" = None  # its epoch file (storage.epoch_file)
 
     def last_append_end(self) -> int:
         last = getattr(self.appender, "last_append", None)

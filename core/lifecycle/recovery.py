@@ -98,6 +98,9 @@ def _nonzero_extent(seg, begin: int) -> int:
     return end
 
 
+nonzero_extent = _nonzero_extent  # for a rejoin's cut (lifecycle.rejoin)
+
+
 # -- walking -----------------------------------------------------------------------------------
 def _intact_at_start(seg, crc_range) -> bool:
     kind, _size, _head = scan_record(seg.mm, 0, seg.size, True, expected_phys=seg.start,

@@ -18,6 +18,11 @@ serve``'s, for its gRPC endpoint's admin service (``mqstore topic|group ... --se
 endpoint is handed one, it never imports this module). Topic changes apply at once; a topic is
 not deleted there (``ServedAdmin.topic_delete``).
 
+Roles (``mqstore role``, docs/replication.md "Failover"): ``role_status`` reads a directory's
+recorded role and epochs without opening it; ``role_promote`` and ``role_demote`` open a
+closed store to change its role (its next start takes it up), and change a served store's
+while it runs.
+
 Every method returns plain values (what the commands print, ``--json`` as it is), so another
 transport can stand in for this class without a command changing.
 """
@@ -33,6 +38,9 @@ from mqstore.consumer.service import live_instances, refuse_live
 from mqstore.errors import GroupNotFoundError, StoreLockedError, TopicNotFoundError
 from mqstore.format.names import check_stored_topic
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
+from mqstore.replication.status_file import read_status
+from mqstore.storage.epoch_file import read_epochs
+from mqstore.storage.role_file import read_role
 from mqstore.store import MessageStore
 from mqstore.view.topics import Topics, describe
 
@@ -50,7 +58,8 @@ class StoreAdmin:
 
     def topic_list(self) -> list[dict]:
         """Every topic with a config, and every topic with consume queues but none (its
-        config fields None)."""
+        config fields None); system topics (``rmq_sys_*``) included, which the command
+        leaves out unless asked."""
         configs = self._topics().all()
         stored = _stored_queues(self.root)
         out = []
@@ -143,6 +152,41 @@ class StoreAdmin:
         return {"group": group, "topics": sorted(t for t, _g in gone)}
 
 
+    # -- roles -----------------------------------------------------------------------------
+    def role_status(self) -> dict:
+        """The role the store starts in (``role.json``, else ``store.role``), its epochs, and
+        what its replication last said (``replication.json``, a hint dated ``updated_ms``)."""
+        record, problem = read_role(self.root)
+        epochs, epoch_problem = read_epochs(self.root)
+        return {"role": record.role if record else self.config.store.role,
+                "master": record.master if record else self.config.server.ha_master,
+                "configured_role": self.config.store.role,
+                "recorded": None if record is None else {
+                    "since_ms": record.since_ms, "why": record.why,
+                    "cut": None if record.cut is None else vars(record.cut)},
+                "epoch": epochs[-1].epoch if epochs else 0,
+                "epochs": [list(e) for e in epochs],
+                "problems": [p for p in (problem, epoch_problem) if p],
+                "replication": read_status(self.root)}
+
+    def _writable(self):
+        config = self.config.replace(dispatch={"worker": "thread"}, flush={"worker": "thread"})
+        try:
+            return MessageStore.open(self.root, config)
+        except StoreLockedError as exc:
+            raise StoreLockedError(f"the store is running: change its role there with "
+                                   f"--server ({exc})") from None
+
+    def role_promote(self, *, force: bool = False, epoch: int | None = None,
+                     role: str | None = None) -> dict:
+        with self._writable() as store:
+            return store.promote(force=force, epoch=epoch, role=role)
+
+    def role_demote(self, master: str) -> dict:
+        with self._writable() as store:
+            return store.demote(master)
+
+
 class ServedAdmin(StoreAdmin):
     """The same operations on ``store``, open for writing in this process (``mqstore
     serve``'s): topics through its own ``view.topics`` (puts follow a change at once), groups
@@ -158,6 +202,12 @@ class ServedAdmin(StoreAdmin):
 
     def _read(self) -> AbstractContextManager[MessageStore]:
         return nullcontext(self._store)
+
+    def _writable(self) -> AbstractContextManager[MessageStore]:
+        return nullcontext(self._store)
+
+    def role_status(self) -> dict:
+        return self._store.role_status()
 
     def topic_delete(self, name: str) -> dict:
         """Refused (``StoreLockedError``), once the topic is known to exist: a served store's

@@ -41,6 +41,7 @@ from mqstore.ops.admin import ServedAdmin
 from mqstore.ops.http_server import HttpServer, Limits
 from mqstore.ops.metrics import StoreCollector
 from mqstore.ops.checking.repair import describe
+from mqstore.replication.node import advertised
 from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
 from mqstore.storage.abort_file import abort_exists
 from mqstore.store import MessageStore
@@ -286,6 +287,8 @@ async def _serve_endpoints(store: MessageStore, config: StoreConfig, stop: _Stop
         if endpoint is not None:
             await asyncio.to_thread(endpoint.start)
             deployment.endpoint = endpoint
+            if store.replication is not None:  # what slaves forward clients' calls to
+                store.replication.client_endpoint = advertised(endpoint.address)
         reloads = asyncio.ensure_future(hangups.each(deployment.reload))
         remoting = None
         try:

@@ -32,6 +32,7 @@ from mqstore.store import MessageStore
 from mqstore.lifecycle.store_meta import load_meta
 from mqstore.read.time_search import store_time_at
 from mqstore.replication.status_file import read_status
+from mqstore.storage.role_file import read_role
 from mqstore.runtime.workers import shm
 
 HOUR_MS = 3_600_000
@@ -205,7 +206,8 @@ def _replication(ctx) -> dict:
     status = read_status(ctx["root"])
     live = ctx["writer"] == "running" and status is not None and status.get("running", False)
     if status is None:
-        return {"live": False, "role": ctx["config"].store.role}
+        record, _problem = read_role(ctx["root"])  # a run-time role wins over store.role
+        return {"live": False, "role": record.role if record else ctx["config"].store.role}
     return {**status, "live": live}
 
 

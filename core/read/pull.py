@@ -36,7 +36,10 @@ class PullLimits:
     __slots__ = ("window_bytes", "mem_bytes", "mem_count", "disk_bytes", "disk_count",
                  "in_memory_bytes", "correct", "batch")
 
-    def __init__(self, cfg, physical_memory_bytes: int, slave_no_check: bool) -> None:
+    def __init__(self, cfg, physical_memory_bytes: int, slave_no_check) -> None:
+        """``slave_no_check``: whether the store keeps consumers' offsets now (a slave with
+        ``get.offset_check_in_slave`` false), a bool or a callable asked at each pull (the
+        role changes at run time: ``mqstore.roles``)."""
         self.window_bytes = cfg.max_filter_bytes
         self.mem_bytes = cfg.max_transfer_bytes_in_memory
         self.mem_count = cfg.max_transfer_count_in_memory
@@ -44,7 +47,10 @@ class PullLimits:
         self.disk_count = cfg.max_transfer_count_on_disk
         self.in_memory_bytes = physical_memory_bytes * cfg.access_in_memory_max_ratio // 100
         # A slave that does not check offsets keeps the consumer's offset unchanged.
-        self.correct = (lambda old, new: old) if slave_no_check else (lambda old, new: new)
+        if callable(slave_no_check):
+            self.correct = lambda old, new: old if slave_no_check() else new
+        else:
+            self.correct = (lambda old, new: old) if slave_no_check else (lambda old, new: new)
         self.batch = self._batch()
 
     def _batch(self) -> tuple:

@@ -331,10 +331,11 @@ class Reader:
         unit = cq.units_of(seg)[(cq.min_logic_offset - seg.start) // CQ_UNIT_SIZE]
         return store_time_at(self.commit_log, int(unit["phys_offset"]))
 
-    def topics(self) -> list[str]:
+    def topics(self, *, include_system: bool = False) -> list[str]:
         self._check_open()
         self.discover_queues()
-        return sorted({t for t, _q in self.consume_queues})
+        return sorted({t for t, _q in self.consume_queues
+                       if include_system or not names.is_system_topic(t)})
 
     def queue_ids(self, topic: str) -> list[int]:
         self._check_open()

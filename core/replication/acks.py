@@ -12,6 +12,11 @@ put never waits; both kinds wake the connections' senders, so new bytes leave at
 A slave counts once its first offset report arrived (a connection that never reports, a port
 scanner, is no slave); its acknowledgement is its latest report.
 
+``confirmed`` is the master's confirm offset: the end of the furthest put it answered PUT_OK
+(-1 until one is), which its status frames tell mqstore slaves, so a slave's promotion can
+tell whether it lacks anything a client was promised. ``sync`` follows the role: a promoted
+``sync_master`` starts waiting, a store that is not one does not.
+
 Thread-safe: puts call ``complete_put`` from any thread, each connection's reader ``acked``.
 """
 
@@ -33,6 +38,8 @@ class SlaveAcks:
         self._appended = 0  # generation: puts since start, for the senders
         self._senders = 0  # connections waiting for new bytes (puts skip the wake-up without)
         self._stopped = False
+        self.confirmed = -1
+        self._confirm_lock = threading.Lock()
 
     # -- the connections' side -----------------------------------------------------------
     def attach(self, slave: object, offset: int) -> None:
@@ -69,6 +76,13 @@ class SlaveAcks:
 
     # -- what a put calls (``Replicas``) -------------------------------------------------
     def complete_put(self, end_offset: int, wait: bool, status: PutStatus) -> PutStatus:
+        status = self._complete(end_offset, wait, status)
+        if status is PutStatus.PUT_OK and end_offset > self.confirmed:
+            with self._confirm_lock:
+                self.confirmed = max(self.confirmed, end_offset)
+        return status
+
+    def _complete(self, end_offset: int, wait: bool, status: PutStatus) -> PutStatus:
         if self._senders:
             with self._cond:
                 self._appended += 1

@@ -5,13 +5,19 @@ them hold (one message body of at most ``ha_hello.BODY_MAX_BYTES``).
 
 Either side that cannot go on raises ``HandshakeRefused`` naming why (a refusing master first
 answers a result saying so); bytes that are not the protocol raise ``HelloError``.
+
+Both sides also say what they are (NOTE [ Node fields ] in ``format.ha_hello``): the slave in
+its proof (its role, log end and epochs; or that it is a master probing a peer), the master in
+its result (role, log end, confirm offset, epochs, client endpoint). The master's ``Peers``
+judges what a peer said (a slave with a newer epoch than the master's: this master was
+replaced, and is fenced) and answers a probe without taking a slave slot.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from typing import Callable, NamedTuple, Protocol
 
 from mqstore.format import ha_hello as hello
 from mqstore.format.ha_hello import HelloError
@@ -20,7 +26,35 @@ from mqstore.replication.channel import Channel
 
 
 class HandshakeRefused(Exception):
-    """The handshake cannot succeed: the message says why, for the log."""
+    """The handshake cannot succeed: the message says why, for the log; ``peer``: what the
+    other side said of itself, if it did."""
+
+    def __init__(self, message: str, peer: hello.NodeInfo | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+class Peers(Protocol):
+    """What a master's side of the handshake asks of the master."""
+
+    def fields(self) -> bytes:
+        """This master's node fields, for its result."""
+
+    def judge(self, peer: hello.NodeInfo | None, address: str) -> str | None:
+        """Why a peer that said ``peer`` of itself is refused, or None."""
+
+    def status(self) -> tuple[object, bytes]:
+        """What a status frame says now: a key that changes when it must be sent again,
+        and its fields."""
+
+
+class Admission(NamedTuple):
+    how: str  # how the peer proved itself, for the log
+    peer: hello.NodeInfo | None  # what it said of itself (None: no fields, an older slave)
+
+    @property
+    def probe(self) -> bool:
+        return self.peer is not None and self.peer.probe
 
 
 class StreamReader:
@@ -73,9 +107,11 @@ def _expect(header: hello.Header, kind: int) -> None:
 
 
 # -- the master's side -----------------------------------------------------------------------
-def master_handshake(reader: StreamReader, access: HAAccess, promote: Callable[[], bool]) -> str:
+def master_handshake(reader: StreamReader, access: HAAccess, promote: Callable[[], bool],
+                     peers: Peers | None = None, address: str = "") -> Admission:
     """Answer a slave's handshake; ``promote()`` takes a slave slot (False: none free) once
-    the slave has proven itself. Returns how it proved itself, for the log."""
+    the slave has proven itself and ``peers`` did not refuse it (a probe takes none). Returns
+    how it proved itself and what it said of itself."""
     header, opened = reader.message()
     _expect(header, hello.OPEN)
     version = min(hello.VERSION, header.version)
@@ -101,19 +137,30 @@ def master_handshake(reader: StreamReader, access: HAAccess, promote: Callable[[
                    "(server.ha_secret_file differs, or the peer does not know it)")
             channel.sendall(hello.encode_result(version, hello.REFUSED, why, None, b""))
             raise HandshakeRefused(why)
-    if not promote():
+    peer = hello.decode_fields(hello.proof_fields(_body(proved)))
+    why = peers.judge(peer, address) if peers is not None else None
+    fields = peers.fields() if peers is not None and peer is not None else b""
+    if why is not None:
+        channel.sendall(hello.encode_result(version, hello.REFUSED, why, None, b"", fields))
+        raise HandshakeRefused(why, peer)
+    if (peer is None or not peer.probe) and not promote():
         why = "every slave slot of this master is taken"
         channel.sendall(hello.encode_result(version, hello.BUSY, why, None, b""))
         raise HandshakeRefused(why)
-    channel.sendall(hello.encode_result(version, hello.ACCEPTED, "", access.secret, transcript))
-    return "handshake, " + ("shared secret" if auth == hello.AUTH_HMAC else "TLS client "
-                            "certificate") + (" over TLS" if channel.tls and access.secret else "")
+    channel.sendall(hello.encode_result(version, hello.ACCEPTED, "", access.secret, transcript,
+                                        fields))
+    how = "handshake, " + ("shared secret" if auth == hello.AUTH_HMAC else "TLS client "
+                           "certificate") + (" over TLS" if channel.tls and access.secret else "")
+    return Admission(how, peer)
 
 
 # -- the slave's side ------------------------------------------------------------------------
-def slave_handshake(reader: StreamReader, secret: bytes | None) -> None:
-    """Open the handshake, prove this slave, and check the master's proof: HandshakeRefused
-    when the master refuses, asks for another proof, or cannot prove it knows the secret."""
+def slave_handshake(reader: StreamReader, secret: bytes | None,
+                    node: hello.NodeInfo | None = None) -> hello.NodeInfo | None:
+    """Open the handshake, prove this slave (saying ``node`` of itself: NOTE [ Node
+    fields ]), and check the master's proof: HandshakeRefused when the master refuses, asks
+    for another proof, or cannot prove it knows the secret. Returns what the master said of
+    itself (None: nothing, an mqstore master that sends no fields)."""
     channel = reader.channel
     opened = hello.encode_open()
     channel.sendall(opened)
@@ -139,14 +186,16 @@ def slave_handshake(reader: StreamReader, secret: bytes | None) -> None:
     if secret is None and asked.auth == hello.AUTH_HMAC:
         raise HandshakeRefused("the master requires the shared secret: set "
                                "server.ha_secret_file to the master's")
+    fields = hello.encode_fields(node) if node is not None else b""
     proved = hello.encode_proof(header.version, os.urandom(hello.NONCE_BYTES), secret,
-                                opened + challenge)
+                                opened + challenge, fields)
     channel.sendall(proved)
     header, answered = reader.message()
     _expect(header, hello.RESULT)
     result = hello.decode_result(_body(answered))
+    master = hello.decode_fields(hello.result_fields(_body(answered)))
     if result.status != hello.ACCEPTED:
-        _refused(result)
+        _refused(result, master)
     if secret is not None:
         expected = hello.mac(secret, hello.MASTER_LABEL,
                              opened + challenge + proved + answered[:-hello.MAC_BYTES])
@@ -154,11 +203,13 @@ def slave_handshake(reader: StreamReader, secret: bytes | None) -> None:
             raise HandshakeRefused(
                 "the master's proof does not match this slave's shared secret: it is not a "
                 "master that knows server.ha_secret_file; not following it")
+    return master
 
 
-def _refused(result: hello.Result) -> None:
+def _refused(result: hello.Result, peer: hello.NodeInfo | None = None) -> None:
     status = hello.STATUS_NAMES.get(result.status, f"status {result.status}")
-    raise HandshakeRefused(f"the master refused this slave ({status}): {result.reason}")
+    raise HandshakeRefused(f"the master refused this slave ({status}): {result.reason}", peer)
 
 
-__all__ = ["HandshakeRefused", "StreamReader", "master_handshake", "slave_handshake"]
+__all__ = ["HandshakeRefused", "Peers", "Admission", "StreamReader", "master_handshake",
+           "slave_handshake"]

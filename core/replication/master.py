@@ -34,16 +34,19 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
 
 from mqstore.config import parse_listen
 from mqstore.format.ha_frame import (
-    FrameError, ReportDecoder, encode_header, first_transfer_offset,
+    FrameError, ReportDecoder, encode_header, encode_status, first_transfer_offset,
 )
 from mqstore.format.ha_hello import is_hello
 from mqstore.replication.access import HAAccess, peer_address
 from mqstore.replication.acks import SlaveAcks
 from mqstore.replication.channel import PlainChannel, TlsChannel, close_socket, readable
-from mqstore.replication.handshake import HandshakeRefused, StreamReader, master_handshake
+from mqstore.replication.handshake import (
+    HandshakeRefused, Peers, StreamReader, master_handshake,
+)
 
 log = logging.getLogger(__name__)
 MAX_SLAVES = 16
@@ -52,6 +55,7 @@ ACCEPT_POLL_S = 0.2
 READ_POLL_S = 0.2
 IDLE_WAIT_S = 0.1  # RocketMQ's sender waits 100 ms for new bytes unless a put wakes it
 STAGED_WAIT_S = 0.01  # bytes appended but still in the transient pool: look again sooner
+STATUS_EVERY_S = 0.01  # a changed status goes out at most this often while frames flow
 JOIN_S = 5.0
 REFUSAL_LOG_S = 60.0  # one refusal line per address per minute: strangers cannot flood the log
 
@@ -105,12 +109,19 @@ class HAMaster:
     """Listens on ``listen`` (``"host:port"``; port 0 picks one) for slaves."""
 
     def __init__(self, commit_log, acks: SlaveAcks, settings: HASettings, listen: str,
-                 access: HAAccess | None = None) -> None:
+                 access: HAAccess | None = None, peers: Peers | None = None,
+                 on_slave: Callable[[], None] = lambda: None) -> None:
+        """``peers``: what this master says of itself and how it judges what its peers say
+        (``replication.node.Node``; None: it says nothing, an older mqstore master's way);
+        ``on_slave()``: called when an admitted slave's first offset report arrived (the state
+        mirror ships a snapshot then)."""
         self.commit_log = commit_log
+        self.on_slave = on_slave
         self.acks = acks
         self.settings = settings
         self.listen = listen
         self.access = access if access is not None else HAAccess()
+        self.peers = peers
         self.address: str | None = None  # "host:port" bound, once started
         self.refusals = Refusals()
         self._sock: socket.socket | None = None
@@ -258,6 +269,7 @@ class SlaveConnection:
         self.admitted: str | None = None  # how it was admitted, once it was
         self.since_ms = int(time.time() * 1000)
         self.requested = -1  # the first report: where sending starts
+        self.status_frames = False  # it sent node fields: it takes status frames
         self._started = threading.Event()
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
@@ -279,6 +291,9 @@ class SlaveConnection:
     def _serve(self) -> None:
         try:
             first = self._admit()
+            if first is None:  # a peer's probe, answered: it is no slave
+                self.close()
+                return
         except (OSError, FrameError, HandshakeRefused) as exc:
             if not self.closed:
                 why = str(exc) if isinstance(exc, (FrameError, HandshakeRefused)) else \
@@ -294,9 +309,10 @@ class SlaveConnection:
         self._writer.start()
         self._guard(self._read_loop, first)
 
-    def _admit(self) -> bytes:
+    def _admit(self) -> bytes | None:
         """Admit this connection as a slave, or raise why not; returns the bytes read past
-        the admission (the start of the slave's first offset report)."""
+        the admission (the start of the slave's first offset report), None for a peer's
+        probe (answered, and to be closed)."""
         access = self.master.access
         housekeeping = self.master.settings.housekeeping_s
         deadline = time.monotonic() + housekeeping
@@ -311,9 +327,13 @@ class SlaveConnection:
             raise TimeoutError(f"nothing read for {housekeeping:g} s "
                                f"(store.ha_housekeeping_interval_ms)") from None
         if is_hello(first):
-            how = master_handshake(reader, access, lambda: self.master.promote(self))
+            admission = master_handshake(reader, access, lambda: self.master.promote(self),
+                                         self.master.peers, self.peer)
+            if admission.probe:
+                return None
             cert = self.channel.peer_certificate()
-            self.admitted = how + (f" ({cert})" if cert else "")
+            self.admitted = admission.how + (f" ({cert})" if cert else "")
+            self.status_frames = admission.peer is not None and self.master.peers is not None
             return reader.rest()
         if not access.classic_ok(self.addr):
             raise HandshakeRefused(
@@ -365,6 +385,7 @@ class SlaveConnection:
             if self.requested < 0:
                 self.requested = offset
                 self.master.acks.attach(self, offset)
+                self.master.on_slave()
                 self._started.set()
                 log.info("replication: slave %s asks for the commit log from offset %d",
                          self.peer, offset)
@@ -398,7 +419,10 @@ class SlaveConnection:
         last_write = time.monotonic()
         seen = master.acks.generation
         send = self.channel.sendall
+        status = _StatusSender(master.peers, send) if self.status_frames else None
         while not self._closed.is_set():
+            if status is not None:
+                status.send_if_changed()
             lowest = commit_log.min_offset
             if 0 <= nxt < lowest or (nxt < segq.write_end and segq.find(nxt) is None):
                 log.error("replication: slave %s needs commit-log offset %d, which this master "
@@ -432,6 +456,23 @@ class SlaveConnection:
         for thread in (self._reader, self._writer):
             if thread is not threading.current_thread() and thread.is_alive():
                 thread.join(timeout_s)
+
+
+class _StatusSender:
+    """A slave's status frames: sent when what they say changed, at most every
+    ``STATUS_EVERY_S`` while frames flow (format.ha_frame)."""
+
+    def __init__(self, peers: Peers, send) -> None:
+        self.peers, self.send = peers, send
+        self.last_key = None
+        self.last_sent = 0.0
+
+    def send_if_changed(self) -> None:
+        key, fields = self.peers.status()
+        now = time.monotonic()
+        if key != self.last_key and now - self.last_sent >= STATUS_EVERY_S:
+            self.send(encode_status(fields))
+            self.last_key, self.last_sent = key, now
 
 
 def _peer_name(peer) -> str:

@@ -23,6 +23,7 @@ from mqstore.format.cq_unit import (
     valid_run, written_count,
 )
 from mqstore.storage.mapped_budget import Parkable, maps
+from mqstore.storage.queue_cuts import QueueCuts
 from mqstore.storage.mapped_file import MappedFile, segment_name
 from mqstore.storage.segment_queue import SegmentQueue
 
@@ -30,7 +31,7 @@ CONSUME_QUEUE_DIR = "consumequeue"
 RECOVER_LAST_FILES = 3
 
 
-class ConsumeQueue(Parkable):
+class ConsumeQueue(Parkable, QueueCuts):
     def __init__(self, root: str, topic: str, queue_id: int, file_bytes: int | None, *,
                  read_only: bool = False, on_warning=None, known_bytes: int | None = None,
                  budget=None) -> None:
@@ -480,32 +481,6 @@ class ConsumeQueue(Parkable):
             take = min(seg.remaining, len(raw) - at)
             seg.write(raw[at:at + take])
             at += take
-
-    @maps
-    def truncate_to_phys(self, phys: int) -> int:
-        """Drop every unit whose record does not end at or below ``phys`` (one that straddles
-        it names a record the log no longer holds whole); returns how many were dropped."""
-        dropped = 0
-        for seg in reversed(self.segments.segments):
-            n = seg.wrote // CQ_UNIT_SIZE
-            units = self.units_of(seg)[:n]
-            ends = units["phys_offset"].astype(np.int64) + units["size"].astype(np.int64)
-            bad = np.flatnonzero((ends > phys) & (units["size"] != FILLER_SIZE))
-            if not len(bad):
-                break
-            cut = int(bad[0])
-            dropped += n - cut
-            if cut == 0 and seg is not self.segments.segments[0]:
-                self._arrays.pop(seg.start, None)
-                self.segments.drop_last()
-                continue
-            self._zero_tail(seg, cut * CQ_UNIT_SIZE)
-            seg.wrote = seg.flushed = cut * CQ_UNIT_SIZE
-            break
-        self._prune_arrays()
-        if dropped:
-            self._refresh_max_phys()
-        return dropped
 
     @maps
     def delete_files_below(self, min_phys: int) -> list[str]:

@@ -7,7 +7,8 @@ A replacement is written to ``<path>.tmp`` (a leftover one, from a writer killed
 is removed first), forced to disk when asked, renamed over ``<path>``, and the directory
 forced when asked (the rename itself survives a killed process; power loss needs the
 directory synced). A full disk raises ``DiskFullError`` naming the file and leaves no
-temporary file behind.
+temporary file behind. A replaced state file of the registry (``storage.state_files``) is
+noted in its store's change feed (``storage.state_feed``) once it is in place.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import stat
 
 from mqstore.errors import CorruptStateError, DiskFullError
+from mqstore.storage import state_feed
 
 TMP_SUFFIX = ".tmp"
 READ_CHUNK = 1 << 20
@@ -60,6 +62,7 @@ def replace_file(path: str, data: bytes, *, fsync: bool, sync_directory: bool = 
         raise _disk_full(path, exc) from None
     if sync_directory:
         sync_dir(os.path.dirname(path) or ".")
+    state_feed.changed(path)
 
 
 def sync_dir(directory: str) -> None:

@@ -26,12 +26,13 @@ from mqstore.append.appender import Appender
 from mqstore.clock import check_clock, system_clock
 from mqstore.config import StoreConfig, load_config
 from mqstore.consumer.service import ConsumerService
-from mqstore.consumer.store_side import ConsumerStore
 from mqstore.errors import StoreClosedError, WorkerError
 from mqstore.lifecycle.opener import Opener
 from mqstore.store.consumer_calls import ConsumerCalls
+from mqstore.store.consumer_side import consumer_side
 from mqstore.store.internals import MovedToInternals, StoreInternals
 from mqstore.store.reads import StoreReadsOf
+from mqstore.store.roles import RoleCalls
 from mqstore.store.topic_calls import TopicCalls
 from mqstore.message import (
     BatchPutResult, GetResult, Message, MessageBatch, PutCounts, PutResult, ReadBatch,
@@ -83,7 +84,7 @@ def _close_open_stores() -> None:
 atexit.register(_close_open_stores)
 
 
-class MessageStore(TopicCalls, ConsumerCalls):
+class MessageStore(TopicCalls, ConsumerCalls, RoleCalls):
     """An open store directory. Create with :meth:`open`; close with :meth:`close` or ``with``."""
 
     config: StoreConfig
@@ -127,18 +128,21 @@ class MessageStore(TopicCalls, ConsumerCalls):
             config.dispatch.worker, config.flush.worker))
         store = cls.__new__(cls)
         store._state = StoreState(os.path.abspath(os.fspath(root)), read_only)
-        parts = Opener(store._state, config, clock, scheduler or system_scheduler).open()
-        store._adopt(parts)
-        _open_stores.add(store)
-        runtime = store._runtime
+        store._opened(Opener(store._state, config, clock, scheduler or system_scheduler).open())
+        return store
+
+    def _opened(self, parts: StoreParts) -> None:  # an open's parts taken up (or a reopen's)
+        self._adopt(parts)
+        _open_stores.add(self)
+        runtime = self._runtime
         if runtime is not None and runtime.cleanup_reads_store:  # checked when built
             # The plugin protocol's one call once the store has opened; it gets the reads
             # it declared (contracts.StoreReads), not the facade.
-            runtime.cleanup_policy.bind(StoreReadsOf(store._reader, parts.clock,
-                                                     store._consumers))
-        if not read_only:
+            runtime.cleanup_policy.bind(StoreReadsOf(self._reader, parts.clock,
+                                                     self._consumers))
+        if not self.read_only:
             shield.install()  # NOTE [ Uninterrupted puts ]
-        return store
+        self._wire_roles()
 
     def _adopt(self, parts: StoreParts) -> None:
         # An open that returned set every part but the runtime (none when read-only).
@@ -155,10 +159,7 @@ class MessageStore(TopicCalls, ConsumerCalls):
         self.view, self.store_host = parts.view, parts.store_host
         self._commit_log, self._dispatchers = parts.commit_log, parts.dispatchers
         self._reader, self._appender, self._runtime = parts.reader, parts.appender, parts.runtime
-        self._consumers = ConsumerService(ConsumerStore(
-            parts.reader, clock=parts.clock, scheduler=parts.scheduler,
-            config=parts.config.consumer, allocation=parts.hooks.allocation_strategies,
-            compile_filter=parts.view.compile_filter, topic_config=parts.view.topics.get))
+        self._consumers = consumer_side(parts)
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -282,9 +283,10 @@ class MessageStore(TopicCalls, ConsumerCalls):
         """The store time of the queue's first stored message (-1 when it has none)."""
         return self._reader.earliest_message_time(topic, queue_id)
 
-    def topics(self) -> list[str]:
-        """Every topic with a consume queue."""
-        return self._reader.topics()
+    def topics(self, *, include_system: bool = False) -> list[str]:
+        """Every topic with a consume queue; system topics (``rmq_sys_*``, the store's own)
+        only with ``include_system``."""
+        return self._reader.topics(include_system=include_system)
 
     def queue_ids(self, topic: str) -> list[int]:
         """The queue ids of ``topic``, ascending."""
@@ -346,16 +348,14 @@ class MessageStore(TopicCalls, ConsumerCalls):
 
     def dispatch_behind_bytes(self) -> int:
         self._check_open()
-        if self._runtime is None:
-            return 0
-        return max(0, self._runtime.confirm_offset() - self._runtime.dispatched())
+        runtime = self._runtime
+        return 0 if runtime is None else max(0, runtime.confirm_offset() - runtime.dispatched())
 
     def worker_status(self) -> dict:
         """The dispatch loop as the store sees it (pid, restarts, failures in process mode)."""
         return self._writable().worker_status()
 
-    def flush_metadata(self) -> None:
-        """Persist consume queues and the checkpoint now (the store does it every second)."""
+    def flush_metadata(self) -> None:  # consume queues and the checkpoint (done every second)
         self._writable().flush_metadata()
 
     def consume_queue(self, topic: str, queue_id: int, create: bool = False
@@ -365,13 +365,10 @@ class MessageStore(TopicCalls, ConsumerCalls):
         check_queue(topic, queue_id)
         return self.view.consume_queue(topic, queue_id, create)
 
-    # -- replication (docs/replication.md) -----------------------------------------------------
+    # -- replication (docs/replication.md; the role calls: ``store.roles``) ------------------
     @property
     def replication(self) -> Replication | None:
-        """The store's replication by its ``store.role`` (None when read-only): ``start()``
-        listens for slaves (a master with ``server.ha_listen``) or follows the master
-        (a slave, ``server.ha_master``); ``status()``, ``problems()``, ``stop()``. The close
-        stops it first."""
+        """The store's replication (None when read-only): ``start``, ``status``, ``stop``."""
         return self._parts.replication
 
     # -- cleanup ---------------------------------------------------------------------------

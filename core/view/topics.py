@@ -33,8 +33,10 @@ from typing import Callable, Mapping, Sequence
 
 from mqstore.clock import system_clock
 from mqstore.config import MAX_TOPIC_QUEUES, DeclaredTopic
-from mqstore.errors import CorruptStateError, TopicNotFoundError
-from mqstore.format.names import check_stored_topic, check_topic
+from mqstore.errors import CorruptStateError, SystemTopicError, TopicNotFoundError
+from mqstore.format.names import (
+    check_stored_topic, check_topic, is_system_topic, system_topic_refusal,
+)
 from mqstore.format.topic_config import (
     PERM_READ_WRITE, PERM_WRITE, SETTABLE_PERMS, TopicConfig, TopicTable, empty_table, new_topic,
     perm_text,
@@ -106,6 +108,13 @@ class Topics:
             log.error("%s; puts are refused until it is repaired", exc)
             return
         self._table, self._problem, self._ident = table, None, ident
+
+    def reload(self) -> None:
+        """Read the file and the deleted topics again now (they were replaced under this
+        process: the state mirror installed)."""
+        with self._lock:
+            self._ident, self._deleted = _UNREAD, None
+            self._reload_locked(time.monotonic())
 
     def _adopt_locked(self, table: TopicTable, ident: tuple | None) -> None:
         """The table now on disk, as this process just read or wrote it (``ident``: the
@@ -186,7 +195,7 @@ class Topics:
         config = self.get(name)
         if config is not None or not self.auto_create:
             return config
-        check_topic(name)  # a name a put could use
+        _check_user_topic(name)  # a name a put could use
         queues = self._queues_for_new(name)
         return self._create_many({name: new_topic(name, queues, queues)}, exist_ok=True)[name]
 
@@ -313,6 +322,8 @@ class Topics:
                 check_stored_topic(name)
             except ValueError:
                 continue  # not a directory a store makes
+            if is_system_topic(name):
+                continue  # the store's own: never a config of its own
             out[name] = self._queues_for_new(name)
         return out
 
@@ -324,7 +335,7 @@ class Topics:
         return max([self.default_queues, *(q + 1 for q in ids)])
 
     def _checked_new(self, name, queues, read_queues, write_queues, perm) -> TopicConfig:
-        check_topic(name)
+        _check_user_topic(name)
         read, write = _counts(queues if queues is not None else self.default_queues,
                               read_queues, write_queues)
         _check_perm(perm)
@@ -345,6 +356,13 @@ class Topics:
 
     def record_deleted(self, name: str, below: int) -> None:
         self._deleted = record_deleted(self.root, name, below)
+
+
+def _check_user_topic(name: str) -> None:
+    """A topic a user may create: the put rule's characters, and no system topic."""
+    check_topic(name)
+    if is_system_topic(name):
+        raise SystemTopicError(system_topic_refusal(name, "create"))
 
 
 def _entries(directory: str) -> list[str]:

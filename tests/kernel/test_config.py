@@ -55,15 +55,25 @@ def test_shipped_file_lists_every_key_with_a_comment():
     ({"server": {"grpc_tls_cert_file": "c.pem"}}, "grpc_tls_key_file (None) go together"),
     ({"server": {"grpc_access_keys": ["app:"]}}, "access key 'app' has an empty secret key"),
     ({"server": {"grpc_max_request_bytes": 10}}, "server.grpc_max_request_bytes"),
-    ({"store": {"role": "slave"}, "server": {"grpc_listen": "127.0.0.1:8081",
-                                              "ha_master": "127.0.0.1:10912"}},
-     "server.grpc_listen ('127.0.0.1:8081') is for masters: a store with store.role 'slave' "
-     "serves no gRPC clients"),
+    ({"server": {"ha_peers": ["127.0.0.1:10912"]}},
+     "server.ha_peers (['127.0.0.1:10912']) needs server.ha_secret_file or server.ha_tls_*"),
+    ({"server": {"ha_peers": ["127.0.0.1:0"], "ha_secret_file": "s"}},
+     "server.ha_peers entry '127.0.0.1:0': port 0 cannot be dialled"),
 ])
 def test_bad_values_are_rejected_naming_the_key(overrides, needle):
     with pytest.raises(ConfigError) as err:
         load_config(str(CONFIG), overrides=overrides)
     assert needle in str(err.value)
+
+
+def test_a_slave_may_listen_for_clients_and_for_slaves_of_its_own_promotion():
+    cfg = load_config(str(CONFIG), overrides={
+        "store": {"role": "slave"},
+        "server": {"grpc_listen": "127.0.0.1:8081", "ha_listen": "127.0.0.1:10912",
+                   "ha_master": "127.0.0.1:10913", "ha_peers": ["127.0.0.1:10913"],
+                   "ha_secret_file": "ha.secret"}})
+    assert (cfg.server.grpc_listen, cfg.server.ha_peers) == ("127.0.0.1:8081",
+                                                             ("127.0.0.1:10913",))
 
 
 def test_bad_file(tmp_path):

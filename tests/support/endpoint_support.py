@@ -58,18 +58,21 @@ class Served:
     """A running ``mqstore serve``; ``endpoint`` is "127.0.0.1:PORT" of its gRPC endpoint.
     ``nofile``: its RLIMIT_NOFILE (its workers inherit it)."""
 
-    def __init__(self, yaml: Path, log_path: Path, home: Path, nofile: int | None = None) -> None:
+    def __init__(self, yaml: Path, log_path: Path, home: Path,
+                 argv: list[str] | None = None, nofile: int | None = None) -> None:
+        """``argv``: the command to run instead of ``mqstore serve -c yaml``, not waited for
+        (it may end before it serves)."""
         self.log_path = log_path
         log = open(log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mqstore.cli", "serve", "-c", str(yaml)],
+            argv or [sys.executable, "-m", "mqstore.cli", "serve", "-c", str(yaml)],
             stdout=log, stderr=subprocess.STDOUT, env={**env(), "HOME": str(home)},
             start_new_session=True, preexec_fn=None if nofile is None else
             (lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
                                         (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))))
         log.close()
-        self.endpoint = self._wait_for(r"serving gRPC \(apache\.rocketmq\.v2\.MessagingService\)"
-                                       r" on ([\d.]+:\d+)")
+        self.endpoint = None if argv else self._wait_for(
+            r"serving gRPC \(apache\.rocketmq\.v2\.MessagingService\) on ([\d.]+:\d+)")
 
     def _wait_for(self, pattern: str) -> str:
         from mqstore.testing import patience  # here: the client processes import this module

@@ -1,0 +1,136 @@
+"""Two ``mqstore serve`` nodes replicating to each other's knowledge (``server.ha_peers``), each
+with a gRPC endpoint, as the failover tests run them: a master and a slave on 127.0.0.1, the
+slave listening for clients (it forwards to the master) and ready to be promoted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml as yamllib
+
+from cli_support import SMALL_CONFIG, mqstore
+from endpoint_support import Served
+
+SECRET = "0123456789abcdef0123456789abcdef\n"
+FAST_HA = {"ha_heartbeat_interval_ms": 200, "ha_housekeeping_interval_ms": 3000}
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` ports free now, sorted as the client sorts "127.0.0.1:PORT" (by text)."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return sorted(ports, key=lambda p: f"127.0.0.1:{p}")
+
+
+class Node:
+    """One node's directory, configuration and ``serve`` process."""
+
+    def __init__(self, base: Path, name: str, role: str, grpc_port: int, ha_port: int,
+                 peer_ha_port: int, home: Path, store: dict | None = None,
+                 segment_bytes: int | None = None, server: dict | None = None) -> None:
+        extra_server = server
+        self.name = name
+        self.root = base / name
+        self.home = home
+        self.ha = f"127.0.0.1:{ha_port}"
+        self.yaml = base / f"{name}.yaml"
+        secret = base / "ha.secret"
+        if not secret.exists():
+            secret.write_text(SECRET)
+        server = {"metrics_listen": "127.0.0.1:0", "grpc_listen": f"127.0.0.1:{grpc_port}",
+                  "grpc_min_invisible_ms": 1000, "ha_listen": self.ha,
+                  "ha_secret_file": str(secret), "ha_peers": [f"127.0.0.1:{peer_ha_port}"]}
+        if role == "slave":
+            server["ha_master"] = f"127.0.0.1:{peer_ha_port}"
+        server.update(extra_server or {})
+        config = yamllib.safe_load(SMALL_CONFIG)
+        if segment_bytes is not None:
+            config["commit_log"]["segment_bytes"] = segment_bytes
+        config["store"] = {"root": str(self.root), "role": role, **FAST_HA, **(store or {})}
+        config["server"] = server
+        self.yaml.write_text(json.dumps(config))
+        self.endpoint = f"127.0.0.1:{grpc_port}"
+        self.served: Served | None = None
+        self.starts = 0
+
+    def start(self, argv: list[str] | None = None) -> "Node":
+        self.starts += 1
+        log = self.yaml.parent / f"{self.name}.{self.starts}.log"
+        self.served = Served(self.yaml, log, self.home, argv=argv)
+        return self
+
+    def log(self) -> str:
+        return self.served.log() if self.served is not None else ""
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (serve and its workers)."""
+        if self.served is not None:
+            self.served.kill()
+
+    def signal(self, signum: int) -> None:
+        os.killpg(self.served.proc.pid, signum)
+
+    def role(self, *args: str, check: int | None = 0) -> dict | subprocess.CompletedProcess:
+        """``mqstore role ARGS --server`` this node, its JSON (or the process, with check
+        None)."""
+        proc = mqstore("role", *args, "--server", self.endpoint, "--json", check=check)
+        return json.loads(proc.stdout) if check is not None else proc
+
+
+def wait_until(probe, timeout: float = 30.0, what: str = "") -> object:
+    """``probe()`` until it answers truthy (exceptions count as no); AssertionError after
+    ``timeout`` naming ``what`` and the last answer or exception."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+            if last:
+                return last
+        except Exception as exc:  # noqa: BLE001 - the node may be between states
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError(f"{what or probe} not reached within {timeout} s; last: {last!r}")
+
+
+def commit_log_bytes(root: Path) -> bytes:
+    """The commit log's bytes, every segment in order, up to the last non-zero byte (the
+    segments of two logs that hold the same records compare equal so)."""
+    d = root / "commitlog"
+    data = b"".join((d / name).read_bytes() for name in sorted(os.listdir(d)))
+    return data.rstrip(b"\0")
+
+
+def child_serve_argv(yaml: Path, kill_after_step: str) -> list[str]:
+    """``mqstore serve`` in a process that SIGKILLs itself right after the rejoin cut's step
+    ``kill_after_step`` (``lifecycle.rejoin.apply_cut``)."""
+    code = (
+        "import os, signal, sys\n"
+        "import mqstore.lifecycle.opener as opener\n"
+        "real = opener.apply_cut\n"
+        f"def cut(*a, **k):\n"
+        f"    def step(name):\n"
+        f"        if name == {kill_after_step!r}:\n"
+        f"            os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"    return real(*a, step=step, **k)\n"
+        "opener.apply_cut = cut\n"
+        "from mqstore.cli.app import main\n"
+        f"main(['serve', '-c', {str(yaml)!r}])\n")
+    return [sys.executable, "-c", code]
+
+
+__all__ = ["Node", "free_ports", "wait_until", "commit_log_bytes", "child_serve_argv",
+           "signal"]
