@@ -127,7 +127,11 @@ class ConsumerProcess:
             self.lines.append((kind, rest))
 
     def wait_for(self, predicate, timeout: float = 30.0) -> bool:
-        deadline = time.monotonic() + timeout
+        """Whether ``predicate(self)`` came true within ``patience(timeout)`` (or before the
+        process ended)."""
+        from mqstore.testing import patience  # here: the consumer process runs this module
+
+        deadline = time.monotonic() + patience(timeout)
         while not predicate(self):
             if time.monotonic() > deadline or self.proc.poll() is not None and not predicate(self):
                 return predicate(self)

@@ -24,6 +24,7 @@ import pytest
 from cli_support import env, mqstore, mqstore_json
 from endpoint_support import Clients, Served
 from mqstore import MessageStore, load_config
+from mqstore.testing import patience
 from mqstore.format.state_record import STATE_TOPIC
 from mqstore.mirror.install import install_mirror_files
 from mqstore.storage.state_files import state_files
@@ -165,7 +166,11 @@ def test_a_promoted_slave_redelivers_only_what_was_in_flight_at_the_masters_sigk
         billing = clients.consumer("billing", {"orders": rocketmq.FilterExpression()},
                                    await_s=1)
         received, empty = [], 0
-        while empty < 3:  # in-flight ones come back once their 2 s run out
+        # In-flight ones come back once their invisible time (2 s) runs out,
+        # counted from their receive on the old master: receive until every message sent is
+        # in, then until three receives in a row come back empty (nothing more comes).
+        deadline = time.monotonic() + patience(60)
+        while empty < 3 or (not sent <= acked | set(received) and time.monotonic() < deadline):
             batch = billing.receive(32, 30)
             for m in batch:
                 billing.ack(m)
