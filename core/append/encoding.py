@@ -176,6 +176,7 @@ class Prepared:
     wait: bool  # sync flush waits for this message
     delay: bool
     size: int
+    answer_queue_id: int | None = None  # what the put answers, when not queue_id (a delay's)
 
 
 @dataclass(frozen=True, slots=True)
