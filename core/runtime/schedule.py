@@ -26,7 +26,8 @@ properties, body CRC and born time) advances that level. Copies of one level are
 order and a put is all or nothing, so the count is exact: nothing is delivered twice, and
 nothing is lost (the progress never passes a message whose copy is not in the log). A file
 without the key (a RocketMQ broker's) is trusted as it is. While nothing is due the bound is
-moved up to the log's end every ``IDLE_PERSIST_S``, so a start reads little.
+moved up to the log's end every ``IDLE_PERSIST_S``, so a start reads little; a file without
+the bound (none yet, or a RocketMQ broker's) gets one before the first put of copies.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class ScheduleService:
         self.delivered = 0
         self.recovered_copies = 0
         self.ticks = 0  # ticks run to their end (a test waits for one past a clock change)
+        self._bounded = False  # the file on disk has mqstore's bound
         self._persisted_at = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -132,6 +134,8 @@ class ScheduleService:
                 advanced[level] = nxt
             most = max(most, took)
         if copies:
+            if not self._bounded:  # a kill after the put must find where to look from
+                self._persist()
             result = self.appender.put_copies(copies)
             if not result.status.stored:
                 log.warning("schedule of %s: delivering %d message(s) refused (%s: "
@@ -181,6 +185,7 @@ class ScheduleService:
         write_delay_offsets(self.root, DelayOffsets(dict(self.table), self.counted_below,
                                                     self.extra))
         self._persisted_at = time.monotonic()
+        self._bounded = True
 
     def _has_schedule(self) -> bool:
         return bool(self.table) or bool(self.reader.queue_ids(SCHEDULE_TOPIC))
@@ -198,6 +203,7 @@ class ScheduleService:
         if doc.counted_below is not None:
             found = self._count_copies(max(doc.counted_below, self.commit_log.min_offset), end)
         self.counted_below = end if doc.counted_below is not None or found else 0
+        self._bounded = doc.counted_below is not None  # else written before the first put
         self.recovered = True
         self.recovered_copies = found
         if found:
