@@ -502,3 +502,22 @@ def test_a_master_without_state_ships_nothing_until_its_first_state_file(pair):
     m.create_topic("orders", queues=8)  # the first state file: the snapshot comes with it
     wait_for(lambda: mirrored(m, s) and read_state(s.root)[0]["complete"] is not None,
              "the snapshot")
+
+
+def test_a_slave_holds_the_schedule_progress_and_delivers_nothing_itself(pair, manual_clock):
+    m, s = pair()
+    r = m.put(Message("later", b"x", properties={"DELAY": "1"}, queue_id=0))
+    assert r.status is PutStatus.PUT_OK
+    manual_clock.advance(1_000)
+    wait_for(lambda: m.max_offset("later", 0) == 1, "the master's delivery")
+    master_file = Path(m.root) / "config" / "delayOffset.json"
+    wait_for(lambda: master_file.exists() and b"{1:1" in master_file.read_bytes(),
+             "the master's progress recorded")
+    replica = Path(s.root) / "replica" / "config" / "delayOffset.json"
+    wait_for(lambda: replica.exists() and replica.read_bytes() == master_file.read_bytes(),
+             "delayOffset.json on the slave")
+    wait_for(lambda: s.max_offset("later", 0) == 1, "the copy replicated")
+    status = s.schedule_status()
+    assert not status["running"] and status["delivered"] == 0
+    assert not (Path(s.root) / "config" / "delayOffset.json").exists()
+    assert mirrored(m, s)
