@@ -20,6 +20,7 @@ from mqstore.append.placement import Refused, blocks_of, queue_keys, rank_within
 from mqstore.append.settings import AppendSettings, Loops, PutStrategies
 from mqstore.append.tail import AppendTail
 from mqstore.format.names import is_system_topic, system_topic_refusal
+from mqstore.format.schedule import SCHEDULE_TOPIC
 from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
 from mqstore.errors import CorruptStateError, StoreClosedError
 from mqstore.message import (
@@ -101,7 +102,6 @@ class Appender:
         self.selector_name = settings.selector_name
         self.topics = topics
         self.put_ctx = settings.put_ctx
-        self.max_delay_level = settings.max_delay_level
         self.store_host = settings.store_host
         self.msg_id_prefix = offset_msg_id(settings.store_host, 0)[:-16]
         self.clock = clock
@@ -429,9 +429,20 @@ class _Single:
             p.queue_id = encoding.check_queue_id(app.selector.select(message, queues))
             if counts is not None and p.queue_id >= queues:
                 raise app._chosen_wrongly(p.topic, p.queue_id, queues, None)
-        if p.delay and p.queued and app.max_delay_level:
-            p = delays.to_schedule(p, message, app.put_ctx, app.max_delay_level)
-            app._check_fits(p.size, None)
+        if p.queued and (p.delay or message.properties) and p.topic != SCHEDULE_TOPIC:
+            p = _Single.scheduled(app, p, message)  # a schedule record put as one stays
+        return p
+
+    @staticmethod
+    def scheduled(app: Appender, p, message: Message):
+        """A delayed or timed message as its record in the schedule's topic (docs/delays.md)."""
+        settings = app.settings
+        if p.delay and settings.max_delay_level:
+            p = delays.to_schedule(p, message, app.put_ctx, settings.max_delay_level)
+        elif delays.is_timed_message(message):
+            p = delays.to_timer(p, message, app.put_ctx, app.clock(),
+                                settings.timer_max_delay_ms, settings.timer_precision_ms)
+        app._check_fits(p.size, None)
         return p
 
     @staticmethod

@@ -1,6 +1,6 @@
-"""Delay levels on the put path (``format.schedule``): a delayed message rerouted to
-``SCHEDULE_TOPIC_XXXX``, and the schedule's delivered copy of one, both as ``Prepared``
-records the Appender writes like any other.
+"""Delay levels and timers on the put path (``format.schedule``): a delayed message rerouted
+to ``SCHEDULE_TOPIC_XXXX``, a timed one to ``rmq_sys_wheel_timer``, and the schedule's
+delivered copy of either, all as ``Prepared`` records the Appender writes like any other.
 
 ``to_schedule`` runs after the queue of the real topic was chosen (``REAL_QID`` names it), as
 RocketMQ's ``CommitLog.putMessage`` rewrites a message after the broker chose its queue. The
@@ -32,7 +32,8 @@ from mqstore.format.record import (
 )
 from mqstore.format.record_crc import PROPERTY_CRC32
 from mqstore.format.schedule import (
-    PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC, delay_level, queue_of_level,
+    PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, PROPERTY_TIMER_OUT_MS, SCHEDULE_TOPIC,
+    TIMER_PROPERTIES, TIMER_TOPIC, deliver_ms, delay_level, queue_of_level, timer_out_ms,
 )
 from mqstore.message import Message, PutStatus
 
@@ -44,12 +45,44 @@ def to_schedule(p: Prepared, msg: Message, ctx: PutContext, max_level: int) -> P
     level = delay_level(props, max_level)
     if str(level) != props[PROPERTY_DELAY]:
         props[PROPERTY_DELAY] = str(level)  # capped, as RocketMQ's setDelayTimeLevel(max)
+    for name in TIMER_PROPERTIES:  # a level wins over a delivery time, as in RocketMQ 5
+        props.pop(name, None)
+    return _rerouted(p, props, SCHEDULE_TOPIC, queue_of_level(level), ctx)
+
+
+def is_timed_message(msg: Message) -> bool:
+    props = msg.properties
+    return bool(props) and any(name in props for name in TIMER_PROPERTIES)
+
+
+def to_timer(p: Prepared, msg: Message, ctx: PutContext, now: int, max_delay_ms: int,
+             precision_ms: int) -> Prepared:
+    """``p`` (a timed message whose queue was chosen) as its record in the timer topic, or
+    ``p`` itself when its time has come already (stored as any message, as RocketMQ 5 does);
+    ``Rejected`` when its time is not an integer or further than ``max_delay_ms`` away."""
+    props = message_properties(msg.tags, msg.keys, msg.properties)
+    try:
+        deliver = deliver_ms(props, now)
+    except ValueError as exc:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL, str(exc)) from None
+    if deliver <= now:
+        return p
+    if deliver - now > max_delay_ms:
+        raise Rejected(PutStatus.MESSAGE_ILLEGAL, (
+            f"delivery time {deliver} is {deliver - now} ms away; the most is "
+            f"{max_delay_ms} ms (store.timer_max_delay_sec)"))
+    props[PROPERTY_TIMER_OUT_MS] = str(timer_out_ms(deliver, precision_ms))
+    return _rerouted(p, props, TIMER_TOPIC, 0, ctx)
+
+
+def _rerouted(p: Prepared, props: dict, topic: str, queue_id: int, ctx: PutContext
+              ) -> Prepared:
     props[PROPERTY_REAL_TOPIC] = p.topic
     props[PROPERTY_REAL_QID] = str(p.queue_id)
-    tail = finish_tail(SCHEDULE_TOPIC, False, ctx.record_crc, props, None)
+    tail = finish_tail(topic, False, ctx.record_crc, props, None)
     size = HEADER_STRUCTS[(p.sysflag >> 4) & 3].size + len(p.body) + len(tail)
-    return replace(p, topic=SCHEDULE_TOPIC, queue_id=queue_of_level(level), tail=tail,
-                   magic=MAGIC_V1, size=size, answer_queue_id=p.queue_id)
+    return replace(p, topic=topic, queue_id=queue_id, tail=tail, magic=MAGIC_V1, size=size,
+                   answer_queue_id=p.queue_id)
 
 
 class NotACopy(ValueError):
