@@ -31,6 +31,7 @@ from mqstore.roles import RoleState
 from mqstore.running_flags import NOT_WRITEABLE, StoreState
 from mqstore.runtime.loops import Runtime
 from mqstore.runtime.schedule import ScheduleService
+from mqstore.runtime.timers import Timers
 from mqstore.config import parse_delay_levels
 from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.storage import clean_marker
@@ -411,7 +412,10 @@ class Opener:
             root=self.root, reader=parts.reader, commit_log=commit_log,
             appender=parts.appender, put_ctx=parts.appender.put_ctx,
             delays_ms=parse_delay_levels(config.store.message_delay_levels), clock=self.clock,
-            role=parts.role, dispatched=runtime.dispatched)  # started once open
+            role=parts.role, dispatched=runtime.dispatched,
+            timers=Timers(self.root, parts.reader, parts.appender.put_ctx,
+                          config.store.timer_precision_ms,
+                          config.store.timer_max_delay_sec * 1000))  # started once open
 
     def _declare_topics(self) -> None:
         """The topics the deployment declares (``topics.declare``), made as declared in

@@ -1,4 +1,5 @@
-"""The schedule: RocketMQ 4.x's ``ScheduleMessageService``, a thread of the writer process.
+"""The schedule: RocketMQ 4.x's ``ScheduleMessageService`` (and RocketMQ 5's timers,
+``runtime.timers``), a thread of the writer process.
 
 Each delay level is one queue of ``SCHEDULE_TOPIC_XXXX`` (``format.schedule``), in the order
 its messages are due (a level's delay is fixed, and store times never go backwards). Every
@@ -50,6 +51,7 @@ from mqstore.format.schedule import (
     PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC, level_of_queue, queue_of_level,
 )
 from mqstore import log_limit
+from mqstore.runtime.timers import Timers
 from mqstore.storage.delay_offsets import read_delay_offsets, write_delay_offsets
 
 log = logging.getLogger(__name__)
@@ -69,7 +71,8 @@ class ScheduleService:
 
     def __init__(self, *, root: str, reader, commit_log, appender, put_ctx,
                  delays_ms: list[int], clock: Callable[[], int], role,
-                 dispatched: Callable[[], int]) -> None:
+                 dispatched: Callable[[], int], timers: Timers) -> None:
+        """``timers``: RocketMQ 5's timers, delivered by this thread too."""
         self.root = root
         self.reader = reader
         self.commit_log = commit_log
@@ -79,6 +82,7 @@ class ScheduleService:
         self.clock = clock
         self.role = role
         self.dispatched = dispatched
+        self.timers = timers
         self.table: dict[int, int] = {}
         self.extra: dict = {}
         self.counted_below = 0
@@ -133,9 +137,15 @@ class ScheduleService:
             if nxt != self.table.get(level, 0):
                 advanced[level] = nxt
             most = max(most, took)
+        levels = len(copies)
+        self.timers.take_in()
+        taken = self.timers.take_due(now, MAX_PER_LEVEL, copies)
+        most = max(most, len(taken))
         if copies:
-            if not self._bounded:  # a kill after the put must find where to look from
+            if not self._bounded and levels:  # a kill after the put must find where to look
                 self._persist()
+            if not self.timers.bounded and len(taken):
+                self.timers.persist(self.appender.last_append[0])
             result = self.appender.put_copies(copies)
             if not result.status.stored:
                 log.warning("schedule of %s: delivering %d message(s) refused (%s: "
@@ -143,13 +153,19 @@ class ScheduleService:
                                   result.status.value, result.error)
                 self._stop.wait(RETRY_S)
                 return 0
-            self.delivered += len(copies)
+            self.delivered += levels
+        if len(taken):
+            self.timers.delivered_now(taken, now)
+            self.timers.persist(self.appender.last_append[0])
         if advanced:
             self.table.update(advanced)
             self._persist()
         elif time.monotonic() - self._persisted_at >= IDLE_PERSIST_S:
+            self._persisted_at = time.monotonic()
             if self.commit_log.max_offset > self.counted_below and self._has_schedule():
                 self._persist()
+            if self.timers.in_use():
+                self.timers.persist(self.appender.last_append[0])
         self.ticks += 1
         return most
 
@@ -204,8 +220,10 @@ class ScheduleService:
             found = self._count_copies(max(doc.counted_below, self.commit_log.min_offset), end)
         self.counted_below = end if doc.counted_below is not None or found else 0
         self._bounded = doc.counted_below is not None  # else written before the first put
+        self.timers.recover(lambda start: _records(
+            self.commit_log, max(start, self.commit_log.min_offset), end))
         self.recovered = True
-        self.recovered_copies = found
+        self.recovered_copies = found + self.timers.recovered
         if found:
             log.warning("schedule of %s: %d delivered message(s) were not yet counted in "
                         "%s (the writer stopped between delivering and recording); counted "
@@ -256,8 +274,9 @@ class ScheduleService:
         start), ``ticks`` run."""
         return {"running": self.recovered, "offsets": dict(self.table),
                 "pending": self.pending() if self.recovered else {},
-                "delivered": self.delivered, "recovered": self.recovered_copies,
-                "ticks": self.ticks}
+                "timers_pending": self.timers.pending() if self.recovered else 0,
+                "delivered": self.delivered + self.timers.delivered,
+                "recovered": self.recovered_copies, "ticks": self.ticks}
 
     def pending(self) -> dict[int, int]:
         """Each level's messages not yet delivered."""
