@@ -108,8 +108,10 @@ class StoreCollector(Collector):
         for level, count in sorted(status["pending"].items()):
             pending.add_metric([str(level)], count)
         yield pending
-        yield _counter("mqstore_scheduled_delivered", "Delayed messages delivered to their "
-                       "topics since the store opened.", status["delivered"])
+        yield _gauge("mqstore_timers_pending_messages", "Timed messages (delivery times) not "
+                     "yet delivered.", status["timers_pending"])
+        yield _counter("mqstore_scheduled_delivered", "Delayed and timed messages delivered "
+                       "to their topics since the store opened.", status["delivered"])
 
     def _consumers(self):
         # Reads the offset table once and each group's first unconsumed message per queue:

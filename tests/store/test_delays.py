@@ -133,3 +133,44 @@ def test_a_rocketmq_broker_store_continues_its_schedule(make_store, manual_clock
     # RocketMQ's layout (fastjson, tabs, integer keys bare), mqstore's bound beside it.
     assert text.endswith('\n\t"offsetTable":{1:10,3:13,18:10\n\t}\n}')
     assert text.startswith('{\n\t"mqstoreCountedBelow":')
+
+
+def test_a_timed_put_is_kept_in_the_timer_topic_and_delivered_at_its_time(make_store,
+                                                                          manual_clock):
+    store = make_store()
+    now = manual_clock.now  # on a second
+    asked = now + 5_500
+    r = store.put(Message("T", b"timed", tags="A", queue_id=2,
+                          properties={"TIMER_DELIVER_MS": str(asked)}))
+    assert (r.status, r.queue_id, r.queue_offset) == (PutStatus.PUT_OK, 2, 0)
+    m = store.message_at(r.phys_offset)
+    assert (m.topic, m.queue_id) == ("rmq_sys_wheel_timer", 0)
+    # RocketMQ 5's record: TIMER_OUT_MS rounded down to the second, the real topic and queue.
+    assert m.properties_text == (f"TAGS\x01A\x02TIMER_DELIVER_MS\x01{asked}\x02"
+                                 f"TIMER_OUT_MS\x01{now + 5_000}\x02REAL_TOPIC\x01T\x02"
+                                 f"REAL_QID\x012\x02")
+    manual_clock.now = asked - 1
+    status = _tick_past(store)
+    assert store.max_offset("T", 2) == 0 and status["timers_pending"] == 1
+    manual_clock.now = now + 6_000  # the end of its second: never before the time asked
+    wait_for(lambda: store.max_offset("T", 2) == 1, what="the timed delivery")
+    (copy,) = list(store.read("T", 2, 0))
+    assert copy.store_timestamp == now + 6_000 and copy.properties_text == m.properties_text
+    assert _tick_past(store)["timers_pending"] == 0
+
+
+def test_timer_delays_and_refusals(make_store, manual_clock):
+    store = make_store({"store": {"timer_max_delay_sec": 60}})
+    now = manual_clock.now
+    r = store.put(Message("T", b"x", queue_id=0, properties={"TIMER_DELAY_SEC": "30"}))
+    m = store.message_at(r.phys_offset)
+    assert m.properties["TIMER_OUT_MS"] == str(now + 29_000)  # on a second: one step earlier
+    past = store.put(Message("T", b"now", queue_id=0, properties={"TIMER_DELIVER_MS": "5"}))
+    assert store.message_at(past.phys_offset).topic == "T"  # its time has come: stored as is
+    far = store.put(Message("T", b"x", properties={"TIMER_DELAY_SEC": "61"}))
+    assert far.status is PutStatus.MESSAGE_ILLEGAL
+    assert "store.timer_max_delay_sec" in far.error and "61000 ms away" in far.error
+    bad = store.put(Message("T", b"x", properties={"TIMER_DELIVER_MS": "soon"}))
+    assert bad.status is PutStatus.MESSAGE_ILLEGAL and "'soon' must be an integer" in bad.error
+    batch = store.put_batch([Message("T", b"x", properties={"TIMER_DELAY_SEC": "5"})])
+    assert batch.status is PutStatus.MESSAGE_ILLEGAL and "timed" in batch.error

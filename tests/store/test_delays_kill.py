@@ -30,7 +30,8 @@ TIMEOUT_S = 120
 class Scheduler:
     """``schedule_proc.py`` in a process group of its own."""
 
-    def __init__(self, root, clock, kill_after_write: int | None = None) -> None:
+    def __init__(self, root, clock, kill_after_write: int | None = None,
+                 kind: str = "levels") -> None:
         env = dict(os.environ)
         env.pop("MQSTORE_FAULT_SIGKILL_AFTER_WRITES", None)
         if kill_after_write is not None:
@@ -38,7 +39,7 @@ class Scheduler:
         self.err = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, str(PROC), str(root), clock._shm.name, str(COUNT),
-             json.dumps(FAULTS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+             json.dumps(FAULTS), kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self.err, env=env, start_new_session=True)
         line = self.proc.stdout.readline().decode()
         assert line.startswith("ready"), self.stderr()
@@ -65,6 +66,14 @@ class Scheduler:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def _timer_read_time(root) -> int:
+    try:
+        with open(root / "config" / "mqstore_timers.json", encoding="utf-8") as f:
+            return json.load(f)["readTimeMs"]
+    except FileNotFoundError:
+        return 0
 
 
 def _level_offsets(root) -> dict:
@@ -119,3 +128,47 @@ def test_killed_between_delivering_and_recording_delivers_each_exactly_once(
         assert copy.store_timestamp >= source.store_timestamp + DELAYS_MS[level]
         assert copy.properties_text == source.properties_text
     assert store.schedule_status()["offsets"] == {1: 10, 2: 10, 3: 10}
+
+
+def test_timers_killed_between_delivering_and_recording_deliver_each_exactly_once(
+        store_dir, manual_clock, make_store):
+    start = manual_clock.now
+    procs = []
+    try:
+        # Due at the end of their second: start + 1 s, + 5 s, + 10 s (start is on a second).
+        first = Scheduler(store_dir, manual_clock, kill_after_write=COUNT + 1, kind="timers")
+        procs.append(first)
+        manual_clock.now = start + DELAYS_MS[1]
+        first.killed()
+        assert _timer_read_time(store_dir) < start + DELAYS_MS[1]  # written, not recorded
+        second = Scheduler(store_dir, manual_clock, kill_after_write=1, kind="timers")
+        procs.append(second)
+        status = wait_for(lambda: (s := second.status())["running"] and s,
+                          what="the second start's schedule")
+        assert status["recovered"] == 10 and status["timers_pending"] == 20
+        manual_clock.now = start + DELAYS_MS[2]
+        second.killed()
+        third = Scheduler(store_dir, manual_clock, kind="timers")
+        procs.append(third)
+        status = wait_for(lambda: (s := third.status())["running"] and s,
+                          what="the third start's schedule")
+        # Nothing was recorded since the first put: both kills' copies are found past the
+        # same bound, and each cancels the message it is a copy of.
+        assert status["recovered"] == 20 and status["timers_pending"] == 10
+        manual_clock.now = start + DELAYS_MS[3] - 1
+        assert wait_for(lambda: (s := third.status())["ticks"] > status["ticks"] + 1 and s)[
+            "timers_pending"] == 10
+        manual_clock.now = start + DELAYS_MS[3]
+        wait_for(lambda: third.status()["timers_pending"] == 0, what="the last ten delivered")
+        third.close()
+    finally:
+        for proc in procs:
+            proc.stop()
+    store = make_store(root=store_dir)
+    store.wait_dispatched()
+    sources = {m.keys[0]: m for m in store.read("rmq_sys_wheel_timer", 0, 0)}
+    copies = [m for q in (0, 1) for m in store.read("D", q, 0)]
+    assert sorted(m.keys[0] for m in copies) == sorted(f"k{i}" for i in range(COUNT))
+    for copy in copies:
+        asked = int(sources[copy.keys[0]].properties["TIMER_DELIVER_MS"])
+        assert asked <= copy.store_timestamp <= asked + 1_000
