@@ -413,7 +413,7 @@ class Opener:
             appender=parts.appender, put_ctx=parts.appender.put_ctx,
             delays_ms=parse_delay_levels(config.store.message_delay_levels), clock=self.clock,
             role=parts.role, dispatched=runtime.dispatched,
-            timers=Timers(self.root, parts.reader, parts.appender.put_ctx,
+            timers=Timers(self.root, parts.reader, commit_log, parts.appender.put_ctx,
                           config.store.timer_precision_ms,
                           config.store.timer_max_delay_sec * 1000))  # started once open
 

@@ -30,7 +30,8 @@ import numpy as np
 
 from mqstore.append.delays import NotACopy, copy_of
 from mqstore.append.encoding import Rejected
-from mqstore.format.properties import decode_properties
+from mqstore.format.properties import decode_properties, find_property
+from mqstore.format.record import unpack_record
 from mqstore.format.record_crc import PROPERTY_CRC32
 from mqstore.format.schedule import (
     PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, PROPERTY_TIMER_OUT_MS, TIMER_TOPIC,
@@ -41,15 +42,17 @@ from mqstore.storage.timer_progress import read_timer_progress, write_timer_prog
 log = logging.getLogger(__name__)
 READ_UNITS = 4096  # timer-queue units taken in per look
 _EMPTY = np.empty(0, dtype=np.int64)
+_OUT = PROPERTY_TIMER_OUT_MS.encode()
 
 
 class Timers:
     """The pending timed messages of one store, in memory; their progress on disk."""
 
-    def __init__(self, root: str, reader, put_ctx, precision_ms: int, max_delay_ms: int
-                 ) -> None:
+    def __init__(self, root: str, reader, commit_log, put_ctx, precision_ms: int,
+                 max_delay_ms: int) -> None:
         self.root = root
         self.reader = reader
+        self.commit_log = commit_log
         self.put_ctx = put_ctx
         self.precision_ms = precision_ms
         self.max_delay_ms = max_delay_ms
@@ -107,19 +110,19 @@ class Timers:
                 self.queue_offset = batch.next_begin_offset
             return 0
         due, phys = [], []
-        for i in range(len(batch)):
-            msg = batch.message(i)
-            out = msg.properties.get(PROPERTY_TIMER_OUT_MS, "")
-            if not out.lstrip("-").isdecimal():
+        read = self.commit_log.read
+        for i, (at, size) in enumerate(zip(batch.phys_offsets.tolist(), batch.sizes.tolist())):
+            out = _timer_out(read(at, size))
+            if out is None:
                 log.error("timers of %s: %s offset %d has no TIMER_OUT_MS: passed over",
                           self.root, TIMER_TOPIC, int(batch.queue_offsets[i]))
                 continue
-            when = int(out) + self.precision_ms
+            when = out + self.precision_ms
             offset = int(batch.queue_offsets[i])
             if cancel is not None:
                 if offset < taken and when <= self.read_time:
                     continue  # delivered before the progress was recorded
-                key = _key(msg)
+                key = _key(batch.message(i))
                 if cancel[key] > 0:  # delivered, not yet recorded (a kill)
                     cancel[key] -= 1
                     self._cancelled += 1
@@ -169,6 +172,20 @@ class Timers:
 
     def in_use(self) -> bool:
         return self.queue_offset > 0 or bool(self.reader.queue_ids(TIMER_TOPIC))
+
+
+def _timer_out(raw) -> int | None:
+    """``TIMER_OUT_MS`` of the record ``raw`` (checked bytes from a pull), or None."""
+    if raw is None:
+        return None
+    try:
+        lay = unpack_record(raw)
+    except ValueError:
+        return None
+    value = find_property(bytes(raw[lay.props_at:lay.props_at + lay.props_len]), _OUT)
+    if value is None or not value.isdigit():
+        return None
+    return int(value)
 
 
 def _key(msg) -> tuple:
