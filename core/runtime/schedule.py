@@ -132,7 +132,8 @@ class ScheduleService:
                 return 0
         now = self.clock()
         copies, advanced, most = [], {}, 0
-        for level in range(1, len(self.delays_ms) + 1):
+        queues = self.reader.queue_ids(SCHEDULE_TOPIC)  # one directory listing a tick
+        for level in [level_of_queue(q) for q in queues if q < len(self.delays_ms)]:
             took, nxt = self._due(level, now, copies)
             if nxt != self.table.get(level, 0):
                 advanced[level] = nxt

@@ -100,6 +100,8 @@ class Timers:
     # -- taking in new units ------------------------------------------------------------------
     def take_in(self) -> int:
         """Index the timer-queue units dispatch wrote since the last look; how many."""
+        if not self.queue_offset and not self.reader.queue_ids(TIMER_TOPIC):
+            return 0  # no timed message yet: no read of a queue that is not there
         return self._take_in(None, 0)
 
     def _take_in(self, cancel: Counter | None, taken: int) -> int:
