@@ -174,3 +174,22 @@ def test_timer_delays_and_refusals(make_store, manual_clock):
     assert bad.status is PutStatus.MESSAGE_ILLEGAL and "'soon' must be an integer" in bad.error
     batch = store.put_batch([Message("T", b"x", properties={"TIMER_DELAY_SEC": "5"})])
     assert batch.status is PutStatus.MESSAGE_ILLEGAL and "timed" in batch.error
+
+
+def test_a_damaged_delay_offsets_file_is_reported_and_left_alone(make_store, manual_clock,
+                                                                 store_dir, caplog):
+    store = make_store()
+    store.put(Message("T", b"x", properties={"DELAY": "1"}, queue_id=0))
+    store.close()
+    damaged = store_dir / "config" / "delayOffset.json"
+    damaged.parent.mkdir(exist_ok=True)
+    damaged.write_text('{"offsetTable":{1:"ten"}}')
+    caplog.set_level("ERROR", logger="mqstore.runtime.schedule")
+    again = make_store()
+    manual_clock.advance(60_000)
+    wait_for(lambda: "level 1 offset 'ten'" in caplog.text, what="the damage reported")
+    assert str(damaged) in caplog.text and "delivers nothing until it is repaired" in caplog.text
+    assert not again.schedule_status()["running"] and again.max_offset("T", 0) == 0
+    assert damaged.read_text() == '{"offsetTable":{1:"ten"}}'  # never replaced
+    damaged.write_text('{"offsetTable":{}}')  # repaired: the next try delivers
+    wait_for(lambda: again.max_offset("T", 0) == 1, what="the delivery once repaired")
