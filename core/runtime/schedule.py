@@ -91,6 +91,7 @@ class ScheduleService:
         self.recovered_copies = 0
         self.ticks = 0  # ticks run to their end (a test waits for one past a clock change)
         self._bounded = False  # the file on disk has mqstore's bound
+        self._recover_end: int | None = None
         self._persisted_at = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -211,9 +212,12 @@ class ScheduleService:
     def recover(self) -> bool:
         """Read the progress and count the copies past its bound; False while dispatch has
         not yet reached the log's end (the schedule's own queues must be whole)."""
-        end = self.commit_log.max_offset
+        if self._recover_end is None:  # the log's end when this run began: copies of this
+            self._recover_end = self.commit_log.max_offset  # run can only come after it
+        end = self._recover_end
         if self.dispatched() < end:
             return False
+        self._recover_end = None
         doc = read_delay_offsets(self.root) or DelayOffsets()
         self.table, self.extra = dict(doc.table), dict(doc.extra)
         found = 0
