@@ -150,9 +150,9 @@ class ScheduleService:
                 self.timers.persist(self.appender.last_append[0])
             result = self.appender.put_copies(copies)
             if not result.status.stored:
-                log.warning("schedule of %s: delivering %d message(s) refused (%s: "
-                                  "%s); trying again", self.root, len(copies),
-                                  result.status.value, result.error)
+                log.warning("schedule of %s: delivering %d message(s) refused (%s: %s); "
+                            "trying again", self.root, len(copies), result.status.value,
+                            result.error)
                 self._stop.wait(RETRY_S)
                 return 0
             self.delivered += levels

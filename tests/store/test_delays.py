@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import tarfile
 
-import pytest
 
 from mqstore import Message
 from mqstore.format.delay_offsets import decode
