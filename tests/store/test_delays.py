@@ -1,12 +1,12 @@
-"""RocketMQ 4.x delay levels through the embedding API (docs/delays.md): a put with ``DELAY``
-is kept in ``SCHEDULE_TOPIC_XXXX`` and delivered to its topic once due, by the store clock,
-with the loops in worker processes as the default configuration runs them."""
+"""Delayed messages through the embedding API (docs/delays.md): a put with ``DELAY`` is kept
+in ``SCHEDULE_TOPIC_XXXX``, one with a delivery time in ``rmq_sys_wheel_timer``, and each is
+delivered to its topic once due by the store clock, with the loops in worker processes as the
+default configuration runs them; a RocketMQ 4.9.8 broker's store continues its schedule."""
 
 from __future__ import annotations
 
 import json
 import tarfile
-
 
 from mqstore import Message
 from mqstore.format.delay_offsets import decode
