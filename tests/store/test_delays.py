@@ -192,3 +192,19 @@ def test_a_damaged_delay_offsets_file_is_reported_and_left_alone(make_store, man
     assert damaged.read_text() == '{"offsetTable":{1:"ten"}}'  # never replaced
     damaged.write_text('{"offsetTable":{}}')  # repaired: the next try delivers
     wait_for(lambda: again.max_offset("T", 0) == 1, what="the delivery once repaired")
+
+
+def test_stats_show_the_schedule_beside_a_running_writer(make_store, manual_clock, store_dir):
+    from mqstore.ops.stats import store_stats
+
+    store = make_store()
+    for level in (1, 1, 3):
+        store.put(Message("T", b"x", properties={"DELAY": str(level)}, queue_id=0))
+    store.put(Message("T", b"t", properties={"TIMER_DELAY_SEC": "60"}, queue_id=0))
+    manual_clock.advance(1_000)
+    wait_for(lambda: store.max_offset("T", 0) == 2, what="level 1 delivered")
+    wait_for(lambda: (store_dir / "config" / "delayOffset.json").exists(), what="its record")
+    stats = store_stats(str(store_dir), store.config, sections=("schedule",))["schedule"]
+    assert stats["levels"] == {"1": {"next": 2, "max_offset": 2, "pending": 0},
+                               "3": {"next": 0, "max_offset": 1, "pending": 1}}
+    assert stats["timers"]["queued"] == 1
