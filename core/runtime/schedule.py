@@ -242,8 +242,9 @@ class ScheduleService:
             if head.topic == SCHEDULE_TOPIC or find_property(head.properties, _DELAY) is None:
                 continue
             level = self._copy_level(head)
-            if level and self._matches_next(level, head):
-                self.table[level] = self.table.get(level, 0) + 1
+            matched = self._matched(level, head) if level else None
+            if matched is not None:
+                self.table[level] = matched + 1
                 found += 1
         return found
 
@@ -258,19 +259,26 @@ class ScheduleService:
             return 0
         return int(text)
 
-    def _matches_next(self, level: int, head) -> bool:
-        """Whether ``head`` is the copy of the next undelivered message of ``level``."""
-        offset = self.table.get(level, 0)
-        batch = self.reader.read(SCHEDULE_TOPIC, queue_of_level(level), offset, 1)
-        if batch is None or not len(batch):
-            return False
-        source = batch.message(0)
+    def _matched(self, level: int, head) -> int | None:
+        """The queue offset of the next undelivered message of ``level`` when ``head`` is its
+        copy (messages the schedule drops, naming no real topic, passed over), else None."""
         copy = self.reader.message_at(head.phys_offset)
-        if copy is None:
-            return False
-        return (copy.body_crc == source.body_crc
-                and copy.born_timestamp == source.born_timestamp
-                and _without_crc(copy.properties) == _without_crc(source.properties))
+        offset = self.table.get(level, 0)
+        for _ in range(MAX_PER_LEVEL):
+            batch = self.reader.read(SCHEDULE_TOPIC, queue_of_level(level), offset, 1)
+            if copy is None or batch is None or not len(batch):
+                return None
+            source = batch.message(0)
+            try:
+                copy_of(source, self.put_ctx)
+            except (NotACopy, Rejected):
+                offset = int(batch.next_begin_offset)  # dropped by the run that stopped
+                continue
+            same = (copy.body_crc == source.body_crc
+                    and copy.born_timestamp == source.born_timestamp
+                    and _without_crc(copy.properties) == _without_crc(source.properties))
+            return int(batch.queue_offsets[0]) if same else None
+        return None
 
     # -- what /metrics and stats show ---------------------------------------------------------
     def status(self) -> dict:
