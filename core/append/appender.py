@@ -442,6 +442,8 @@ class _Single:
         elif delays.is_timed_message(message):
             p = delays.to_timer(p, message, app.put_ctx, app.clock(),
                                 settings.timer_max_delay_ms, settings.timer_precision_ms)
+        else:
+            return p
         app._check_fits(p.size, None)
         return p
 
