@@ -105,8 +105,8 @@ class StoreCollector(Collector):
         pending = GaugeMetricFamily("mqstore_scheduled_pending_messages",
                                     "Delayed messages of a level not yet delivered.",
                                     labels=["level"])
-        for level, count in sorted(status["pending"].items()):
-            pending.add_metric([str(level)], count)
+        for level in range(1, status["levels"] + 1):  # every level, 0 when none waits
+            pending.add_metric([str(level)], status["pending"].get(level, 0))
         yield pending
         yield _gauge("mqstore_timers_pending_messages", "Timed messages (delivery times) not "
                      "yet delivered.", status["timers_pending"])

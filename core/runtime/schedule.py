@@ -282,10 +282,11 @@ class ScheduleService:
 
     # -- what /metrics and stats show ---------------------------------------------------------
     def status(self) -> dict:
-        """``running`` (recovered, on a master), each level's next ``offsets`` and
-        ``pending`` messages, copies ``delivered`` and ``recovered`` (found uncounted at
+        """``running`` (recovered, on a master), the number of ``levels``, each level's next
+        ``offsets`` and ``pending`` messages (levels with some), copies ``delivered`` and ``recovered`` (found uncounted at
         start), ``ticks`` run."""
-        return {"running": self.recovered, "offsets": dict(self.table),
+        return {"running": self.recovered, "levels": len(self.delays_ms),
+                "offsets": dict(self.table),
                 "pending": self.pending() if self.recovered else {},
                 "timers_pending": self.timers.pending() if self.recovered else 0,
                 "delivered": self.delivered + self.timers.delivered,
