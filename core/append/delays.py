@@ -28,7 +28,7 @@ from mqstore.format.properties import (
 )
 from mqstore.format.properties import MAX_PROPERTIES_BYTES
 from mqstore.format.record import (
-    HEADER_STRUCTS, MAGIC_V1, MAGIC_V2, MAX_V1_TOPIC_BYTES, SYSFLAG_STOREHOST_V6,
+    HEADER_STRUCTS, MAGIC_V1, MAGIC_V2, MAX_V1_TOPIC_BYTES, SYSFLAG_STOREHOST_V6, unpack_record,
 )
 from mqstore.format.record_crc import PROPERTY_CRC32
 from mqstore.format.schedule import (
@@ -91,8 +91,8 @@ class NotACopy(ValueError):
 
 def copy_of(stored, ctx: PutContext) -> Prepared:
     """The delivered copy of the schedule record ``stored`` (a ``StoredMessage``)."""
-    lay = stored._lay
     raw = stored.raw
+    lay = unpack_record(raw)
     block = bytes(raw[lay.props_at:lay.props_at + lay.props_len])
     props = decode_properties(block.decode("utf-8", "replace"))
     topic, qid = props.get(PROPERTY_REAL_TOPIC), props.get(PROPERTY_REAL_QID)
