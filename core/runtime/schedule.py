@@ -191,7 +191,7 @@ class ScheduleService:
         for i in range(took):
             try:
                 copies.append(copy_of(batch.message(i), self.put_ctx))
-            except (NotACopy, Rejected, LookupError) as exc:
+            except (NotACopy, Rejected, LookupError, ValueError) as exc:
                 log.error("schedule of %s: level %d offset %d dropped: %s", self.root, level,
                           int(batch.queue_offsets[i]), exc)
         if took < len(codes):
