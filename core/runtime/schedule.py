@@ -271,7 +271,7 @@ class ScheduleService:
             source = batch.message(0)
             try:
                 copy_of(source, self.put_ctx)
-            except (NotACopy, Rejected):
+            except (Rejected, ValueError):  # NotACopy among them
                 offset = int(batch.next_begin_offset)  # dropped by the run that stopped
                 continue
             same = (copy.body_crc == source.body_crc
