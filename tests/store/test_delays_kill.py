@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -172,3 +174,30 @@ def test_timers_killed_between_delivering_and_recording_deliver_each_exactly_onc
     for copy in copies:
         asked = int(sources[copy.keys[0]].properties["TIMER_DELIVER_MS"])
         assert asked <= copy.store_timestamp <= asked + 1_000
+
+
+@pytest.mark.parametrize("kind", ["levels", "timers"])
+def test_sigkills_at_random_moments_of_the_deliveries_lose_and_repeat_nothing(
+        store_dir, manual_clock, make_store, kind):
+    """The test kills the writer's process group itself, at random moments while the clock
+    moves through the deliveries: wherever a kill lands, each message arrives once."""
+    rng = random.Random(f"random-kills:{kind}")
+    start = manual_clock.now
+    kills = sorted(rng.sample(range(1, 40), 4))
+    proc = Scheduler(store_dir, manual_clock, kind=kind)
+    try:
+        for step in range(1, 45):
+            manual_clock.now = start + step * 250
+            if step in kills:
+                time.sleep(rng.random() * 0.15)  # somewhere in a tick's work, or between
+                proc.stop()
+                proc = Scheduler(store_dir, manual_clock, kind=kind)
+        wait_for(lambda: (s := proc.status())["running"] and not s["pending"]
+                 and not s["timers_pending"], what="every message delivered")
+        proc.close()
+    finally:
+        proc.stop()
+    store = make_store(root=store_dir)
+    store.wait_dispatched()
+    copies = [m for q in (0, 1) for m in store.read("D", q, 0)]
+    assert sorted(m.keys[0] for m in copies) == sorted(f"k{i}" for i in range(COUNT))
