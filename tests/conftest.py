@@ -124,6 +124,12 @@ def manifest():
         return json.load(f)
 
 
+@pytest.fixture(scope="session")
+def broker_fixture():
+    """The RocketMQ 4.9.8 broker fixture's folder (delays, transactions, a DLQ)."""
+    return FIXTURE.parent / "rocketmq-4.9.8-broker"
+
+
 @pytest.fixture(scope="module")
 def rocketmq_dir(tmp_path_factory):
     """A fresh extraction of the RocketMQ store directory (mtimes kept), one per module."""

@@ -13,11 +13,14 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from mqstore.append import encoding
+from mqstore.append import delays, encoding
 from mqstore.append.columns import columns_from_batch, columns_from_messages, encode_columns
+from mqstore.append.copies import Copies
+from mqstore.append.placement import Refused, blocks_of, queue_keys, rank_within_group
 from mqstore.append.settings import AppendSettings, Loops, PutStrategies
 from mqstore.append.tail import AppendTail
 from mqstore.format.names import is_system_topic, system_topic_refusal
+from mqstore.format.schedule import SCHEDULE_TOPIC
 from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
 from mqstore.errors import CorruptStateError, StoreClosedError
 from mqstore.message import (
@@ -43,19 +46,6 @@ def _explicit_ids(messages, n: int):
     return [m.queue_id for m in messages]
 
 
-def _queue_keys(topics: list[str], queue_ids: np.ndarray) -> tuple[list, np.ndarray]:
-    """Distinct (topic, queue id) keys of a batch and each message's index into them."""
-    if len(set(topics)) == 1:
-        uniq, inverse = np.unique(queue_ids, return_inverse=True)
-        topic = topics[0]
-        return [(topic, int(q)) for q in uniq.tolist()], inverse.ravel()
-    index: dict = {}
-    inverse = np.fromiter((index.setdefault((t, q), len(index))
-                           for t, q in zip(topics, queue_ids.tolist())),
-                          dtype=np.int64, count=len(topics))
-    return list(index), inverse
-
-
 def _highest_ids(topics: list[str], queue_ids) -> dict[str, int]:
     """``{topic: the highest queue id the batch names for it, -1 for none}``, topics in the
     order of their first message; ``queue_ids``: an array, a list with None where the
@@ -65,7 +55,7 @@ def _highest_ids(topics: list[str], queue_ids) -> dict[str, int]:
     if isinstance(queue_ids, np.ndarray):
         if len(set(topics)) == 1:
             return {topics[0]: int(queue_ids.max())}
-        keys, inverse = _queue_keys(topics, np.zeros(len(topics), dtype=np.int64))
+        keys, inverse = queue_keys(topics, np.zeros(len(topics), dtype=np.int64))
         highest = np.full(len(keys), -1, dtype=np.int64)
         np.maximum.at(highest, inverse, queue_ids)
         return {t: int(h) for (t, _q), h in zip(keys, highest.tolist())}
@@ -83,33 +73,6 @@ def _refused_index(topics: list[str], queue_ids, refused: TopicRefused) -> int:
             if t == refused.topic and q is not None and q >= refused.queues:
                 return i
     return topics.index(refused.topic)
-
-
-def _blocks(ends: np.ndarray, limit: int) -> list[tuple[int, int]]:
-    """Split a batch (record ends ``ends``) into runs of whole records of at most ``limit``
-    bytes each: one run per commit-log segment it will occupy."""
-    blocks = []
-    start, n = 0, len(ends)
-    while start < n:
-        base = int(ends[start - 1]) if start else 0
-        stop = int(np.searchsorted(ends, base + limit, side="right"))
-        blocks.append((start, stop))
-        start = stop
-    return blocks
-
-
-def _rank_within_group(inverse: np.ndarray, groups: int) -> np.ndarray:
-    """For each message, how many earlier messages of the batch share its queue."""
-    order = np.argsort(inverse, kind="stable")
-    counts = np.bincount(inverse, minlength=groups)
-    starts = np.cumsum(counts) - counts
-    rank = np.empty(len(inverse), dtype=np.int64)
-    rank[order] = np.arange(len(inverse)) - np.repeat(starts, counts)
-    return rank
-
-
-class _Refused(Exception):
-    """A segment could not be reserved: the put answers CREATE_MAPPED_FILE_FAILED."""
 
 
 class Appender:
@@ -196,6 +159,22 @@ class Appender:
         queue ids, which producers are refused, put past the topic configs."""
         return self._put(batch, _SystemBatch)
 
+    def put_copies(self, items: list) -> BatchPutResult:
+        """The schedule's delivered copies (``append.delays.copy_of``), written as one put:
+        all or nothing, past the topic configs and the put hooks, as the store's own records."""
+        refused = self.refusal()
+        if refused is not None:
+            return BatchPutResult.rejected(*refused)
+        try:
+            end, written = Copies.append(self, items)
+        except Refused as exc:
+            return BatchPutResult.rejected(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc))
+        status = self.flush_policy.complete_put(end, False)
+        if self.replicas is not None:
+            status = self.replicas.complete_put(end, False, status)
+        qids, qoffs, phys, sizes, now = written
+        return BatchPutResult(status, qids, qoffs, phys, sizes, now, self.store_host)
+
     def put_counts(self) -> PutCounts:
         with self.lock:
             appended = self._appended_messages, self._appended_bytes
@@ -231,7 +210,7 @@ class Appender:
             return self._refusing(answer)
         try:
             end, written = kind.append(self, plan)
-        except _Refused as exc:
+        except Refused as exc:
             return self._refusing(kind.refused(PutStatus.CREATE_MAPPED_FILE_FAILED, str(exc)))
         status = self.flush_policy.complete_put(end, plan.wait)
         if self.replicas is not None:
@@ -367,7 +346,7 @@ class Appender:
                                 if len(block_bytes) > 1
                                 else [log.reserve_locked(block_bytes[0], writer)])
                     except (OSError, BlockTooLargeError, PoolExhaustedError) as exc:
-                        raise _Refused(str(exc)) from None
+                        raise Refused(str(exc)) from None
                     try:
                         records, first = encode(self, plan, segs, bases, now)
                     except BaseException:
@@ -450,6 +429,22 @@ class _Single:
             p.queue_id = encoding.check_queue_id(app.selector.select(message, queues))
             if counts is not None and p.queue_id >= queues:
                 raise app._chosen_wrongly(p.topic, p.queue_id, queues, None)
+        if p.queued and (p.delay or message.properties) and p.topic != SCHEDULE_TOPIC:
+            p = _Single.scheduled(app, p, message)  # a schedule record put as one stays
+        return p
+
+    @staticmethod
+    def scheduled(app: Appender, p, message: Message):
+        """A delayed or timed message as its record in the schedule's topic (docs/delays.md)."""
+        settings = app.settings
+        if p.delay and settings.max_delay_level:
+            p = delays.to_schedule(p, message, app.put_ctx, settings.max_delay_level)
+        elif delays.is_timed_message(message):
+            p = delays.to_timer(p, message, app.put_ctx, app.clock(),
+                                settings.timer_max_delay_ms, settings.timer_precision_ms)
+        else:
+            return p
+        app._check_fits(p.size, None)
         return p
 
     @staticmethod
@@ -475,7 +470,8 @@ class _Single:
     @staticmethod
     def answer(app: Appender, p, written: tuple[int, int, int], status: PutStatus) -> PutResult:
         qoff, phys, now = written
-        return PutResult(status, p.queue_id, qoff, phys, p.size,
+        queue_id = p.queue_id if p.answer_queue_id is None else p.answer_queue_id
+        return PutResult(status, queue_id, qoff, phys, p.size,
                          f"{app.msg_id_prefix}{phys:016X}", now)
 
     @staticmethod
@@ -523,8 +519,8 @@ class _Batch:
         """The last record's end, and ``(queue offsets, commit-log offsets, store time)``."""
         sizes, qids = cols.sizes, cols.queue_ids
         ends = np.cumsum(sizes)
-        blocks = _blocks(ends, app._limit)
-        keys, inverse = _queue_keys(cols.topics, qids)
+        blocks = blocks_of(ends, app._limit)
+        keys, inverse = queue_keys(cols.topics, qids)
         counts = np.bincount(inverse, minlength=len(keys))
         phys = np.empty(cols.n, dtype=np.int64)
         qoffs = None
@@ -532,7 +528,7 @@ class _Batch:
 
         def encode(_app, _plan, segs, bases, now):
             nonlocal qoffs
-            qoffs = np.asarray(bases, dtype=np.int64)[inverse] + _rank_within_group(
+            qoffs = np.asarray(bases, dtype=np.int64)[inverse] + rank_within_group(
                 inverse, len(keys))
             records = []
             for (start, stop), seg in zip(blocks, segs):

@@ -28,7 +28,7 @@ import numpy as np
 
 from mqstore.append.encoding import (
     BODY_IS_NONE, DELAY_IN_BATCH, INNER_NUM_WITHOUT_BATCH, INT32_MAX, INT32_MIN, INT64_MAX,
-    INT64_MIN, MAX_RECORD_OVERHEAD, Prepared, PutContext, Rejected, at_message,
+    INT64_MIN, TIMED_IN_BATCH, MAX_RECORD_OVERHEAD, Prepared, PutContext, Rejected, at_message,
     body_too_large, check_body, check_int, check_queue_id, check_topic, finish_tail, is_delayed,
     message_properties, prepare_batch, record_too_large, tail_for, topic_refusal, waits,
 )
@@ -42,6 +42,7 @@ from mqstore.format.record import (
     HEADER_STRUCTS, MAGIC_V1, MAGIC_V2, MAX_V1_TOPIC_BYTES, SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6, header_dtype, record_dtype, topic_field,
 )
+from mqstore.format.schedule import is_timed
 from mqstore.hashing import zlib_crc32
 from mqstore.message import Message, MessageBatch, PutStatus
 
@@ -395,6 +396,8 @@ def _check_batch_properties(props_seen: list[dict]) -> bool:
             raise Rejected(PutStatus.MESSAGE_ILLEGAL, INNER_NUM_WITHOUT_BATCH, i)
         if PROPERTY_DELAY in p and is_delayed(p):
             raise Rejected(PutStatus.MESSAGE_ILLEGAL, DELAY_IN_BATCH, i)
+        if is_timed(p):
+            raise Rejected(PutStatus.MESSAGE_ILLEGAL, TIMED_IN_BATCH, i)
         wait = wait or waits(p)
     return wait
 

@@ -31,6 +31,7 @@ from mqstore.format.properties import (
     PROPERTY_TAGS, PROPERTY_WAIT, check_keys, check_property, check_tags, encode_properties,
 )
 from mqstore.format.record_crc import PROPERTY_CRC32
+from mqstore.format.schedule import is_timed
 from mqstore.format.record import (
     HEADER_STRUCTS, MAGIC_V1, MAGIC_V2, MAX_TOPIC_BYTES, MAX_V1_TOPIC_BYTES, SYSFLAG_BORNHOST_V6,
     SYSFLAG_INNER_BATCH, SYSFLAG_STOREHOST_V6, SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, TX_COMMIT,
@@ -48,6 +49,8 @@ BODY_IS_NONE = "message body is None"
 INNER_NUM_WITHOUT_BATCH = "INNER_NUM property without the INNER_BATCH sysflag"
 TX_IN_BATCH = "a batch may not hold transaction messages"
 DELAY_IN_BATCH = "a batch may not hold delayed messages (DELAY > 0)"
+TIMED_IN_BATCH = ("a batch may not hold timed messages (TIMER_DELIVER_MS, TIMER_DELAY_SEC, "
+                  "TIMER_DELAY_MS): put them one by one")
 
 
 class Rejected(Exception):
@@ -176,6 +179,7 @@ class Prepared:
     wait: bool  # sync flush waits for this message
     delay: bool
     size: int
+    answer_queue_id: int | None = None  # what the put answers, when not queue_id (a delay's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,6 +361,8 @@ def prepare_batch(messages: Sequence[Message], ctx: PutContext) -> list[Prepared
                     raise Rejected(PutStatus.MESSAGE_ILLEGAL, TX_IN_BATCH)
                 if p.delay:
                     raise Rejected(PutStatus.MESSAGE_ILLEGAL, DELAY_IN_BATCH)
+                if msg.properties and is_timed(msg.properties):
+                    raise Rejected(PutStatus.MESSAGE_ILLEGAL, TIMED_IN_BATCH)
             except Rejected as rej:
                 if refused is None:
                     rej.index = i

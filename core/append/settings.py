@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from mqstore.append import encoding
+from mqstore.config import parse_delay_levels
 
 if TYPE_CHECKING:
     from mqstore.append.replicas import Replicas
@@ -26,6 +27,9 @@ class AppendSettings:
     disk_warning_ratio: float
     queues_per_topic: int
     selector_name: str
+    max_delay_level: int = 0  # the highest delay level (store.message_delay_levels)
+    timer_max_delay_ms: int = 0  # RocketMQ 5's timers (store.timer_*)
+    timer_precision_ms: int = 1000
 
     @classmethod
     def of(cls, config: StoreConfig, store_host: Host) -> AppendSettings:
@@ -35,7 +39,9 @@ class AppendSettings:
                                 store_host.is_v6, log.record_crc),
             store_host, config.store.os_page_cache_busy_timeout_ms,
             config.cleanup.disk_warning_ratio, config.queue_select.queues_per_topic,
-            config.queue_select.selector)
+            config.queue_select.selector,
+            len(parse_delay_levels(config.store.message_delay_levels)),
+            config.store.timer_max_delay_sec * 1000, config.store.timer_precision_ms)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,10 @@ class StoreSection(_Section):
     store_host: str = "127.0.0.1:10911"
     role: Literal["async_master", "sync_master", "slave"] = "async_master"
     message_delay_levels: str = DEFAULT_DELAY_LEVELS
+    # RocketMQ 5's timers (delivery times; docs/delays.md), its defaults: three days at most,
+    # deliver times rounded down to a second.
+    timer_max_delay_sec: int = Field(3 * 24 * 3600, ge=1, le=10 * 365 * 24 * 3600)
+    timer_precision_ms: int = Field(1000, ge=1, le=60_000)
     os_page_cache_busy_timeout_ms: int = Field(1000, ge=1)
     # Replication (RocketMQ's HA protocol; docs/replication.md), RocketMQ's defaults.
     ha_slave_fallbehind_max: int = Field(256 << 20, ge=1)

@@ -10,7 +10,7 @@ that does not exist creates it when ``topics.auto_create`` allows; a route query
 for it then answers the queues it will have, as a RocketMQ broker with autoCreateTopicEnable
 answers with its default topic's route; a receive from it gets TOPIC_NOT_FOUND.
 
-The route names one broker (``BROKER_NAME``, id 0, read-write, NORMAL and FIFO messages) whose
+The route names one broker (``BROKER_NAME``, id 0, read-write, NORMAL, FIFO and DELAY messages) whose
 endpoints are the address the client dialled (the request's ``endpoints``), so a client behind
 NAT or a name keeps using the address that reached us; the endpoint's own address otherwise.
 """
@@ -22,7 +22,8 @@ from mqstore.errors import CorruptStateError
 from mqstore.endpoint.status import EndpointError, ok
 
 BROKER_NAME = "mqstore"
-ACCEPTED_TYPES = (definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO)
+ACCEPTED_TYPES = (definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO,
+                  definition_pb2.MessageType.DELAY)
 
 
 class Topics:

@@ -191,9 +191,11 @@ _STORED_ONE = service_pb2.SendMessageResponse(status=ok(),
 
 class Sender:
     def __init__(self, store, topics, config, creations) -> None:
+        self._store = store
         self._topics = topics
         self._creations = creations  # a send that creates a topic counts against its host
         self._max_body = config.commit_log.max_message_bytes
+        self._max_delay_ms = config.store.timer_max_delay_sec * 1000
         self._auto_v2 = config.commit_log.auto_v2_on_long_topic
         self._pool = None
         if config.flush.policy != NON_WAITING_FLUSH:
@@ -212,6 +214,9 @@ class Sender:
             topic = topic_to_write(full_name(m.topic), self._auto_v2)
             exists = topics.for_send(topic)
             msg = wire.to_store(m, topic, born_host, self._max_body)
+            deliver = wire.delivery_ms(msg)
+            if deliver is not None:
+                self._check_delivery(deliver)
             if not exists:
                 self._creations.topic(peer, topic)
             group = m.system_properties.message_group
@@ -221,9 +226,33 @@ class Sender:
             out.append(msg)
         return out
 
+    def _check_delivery(self, deliver: int) -> None:
+        """The proxy's check: no further ahead than the store's timers go."""
+        ahead = deliver - self._store.clock()
+        if ahead > self._max_delay_ms:
+            raise EndpointError(Code.ILLEGAL_DELIVERY_TIME, (
+                f"delivery_timestamp is {ahead} ms ahead; the most is {self._max_delay_ms} "
+                f"ms (store.timer_max_delay_sec)"))
+
+    async def _put(self, messages: list):
+        """Timed messages are put one by one (a batch may not hold them); the rest grouped."""
+        if all(wire.delivery_ms(m) is None for m in messages):
+            return await self._batcher.put(messages)
+        out = [None, None, []]
+        for m in messages:
+            if self._pool is None:
+                put, error, offsets = put_request(self._store, [m])
+            else:
+                put, error, offsets = await asyncio.get_running_loop().run_in_executor(
+                    self._pool, put_request, self._store, [m])
+            if out[0] is None or out[0] is PutStatus.PUT_OK:
+                out[0], out[1] = put, error
+            out[2] += offsets
+        return tuple(out)
+
     async def send(self, request, peer: str) -> service_pb2.SendMessageResponse:
         messages = self.messages(request, peer)
-        put, error, offsets = await self._batcher.put(messages)
+        put, error, offsets = await self._put(messages)
         if put.stored:
             for m in messages:
                 self._topics.created(m.topic)

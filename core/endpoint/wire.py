@@ -11,6 +11,7 @@ Sending (``to_store``)::
     message_group                 __SHARDINGKEY (a FIFO message)
     trace_context                 TRACE_CONTEXT
     born_timestamp                the record's born timestamp (the Python client sends seconds)
+    delivery_timestamp            TIMER_DELIVER_MS (a DELAY message: the store's timers)
     user_properties               the other properties; RocketMQ's own names are refused
     (the connection's peer)       the record's born host
 
@@ -67,7 +68,8 @@ SYSTEM_PROPERTY_NAMES = frozenset((
     SHARDING_KEY, TRACE_CONTEXT,
 ))
 STORED_TYPES = frozenset((MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL,
-                          MessageType.FIFO))
+                          MessageType.FIFO, MessageType.DELAY))
+TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 # The enum values as plain ints: each attribute of a protobuf enum wrapper is a Python-level
 # lookup, which every message of every send would pay for again.
 _GZIP = Encoding.GZIP
@@ -105,9 +107,8 @@ def to_store(msg, topic: str, born_host: str | None, max_body_bytes: int) -> Mes
     if sp.message_type not in STORED_TYPES:
         kind = MessageType.Name(sp.message_type)
         raise EndpointError(Code.UNSUPPORTED, f"message type {kind} is not supported: mqstore "
-                                              f"stores NORMAL and FIFO messages (no delivery "
-                                              f"times, transactions, lite topics or "
-                                              f"priorities)")
+                                              f"stores NORMAL, FIFO and DELAY messages (no "
+                                              f"transactions, lite topics or priorities)")
     body = msg.body
     encoding = sp.body_encoding
     if encoding == _GZIP:
@@ -175,8 +176,27 @@ def to_store(msg, topic: str, born_host: str | None, max_body_bytes: int) -> Mes
             born_ms = stamp.ToMilliseconds()
             if born_ms <= 0:
                 born_ms = None
+    if sp.message_type == _DELAY:
+        properties[TIMER_DELIVER_MS] = str(_delivery_ms(sp))
     return Message(topic, body, tags=tags, keys=keys, properties=properties,
                    born_timestamp=born_ms, born_host=born_host)
+
+
+def _delivery_ms(sp) -> int:
+    if not sp.HasField("delivery_timestamp"):
+        raise EndpointError(Code.ILLEGAL_DELIVERY_TIME, "a DELAY message needs its "
+                                                        "delivery_timestamp")
+    try:
+        return sp.delivery_timestamp.ToMilliseconds()
+    except ValueError as exc:
+        raise EndpointError(Code.ILLEGAL_DELIVERY_TIME, f"delivery_timestamp: {exc}") from None
+
+
+def delivery_ms(msg: Message) -> int | None:
+    """The delivery time a store message of ``to_store`` asks for, or None."""
+    props = msg.properties
+    text = props.get(TIMER_DELIVER_MS) if props else None
+    return None if text is None else int(text)
 
 
 def peer_host(peer: str) -> str | None:
@@ -244,6 +264,9 @@ def to_wire(popped, receipt_handle: str, delivery_attempt: int) -> definition_pb
     group = props.get(SHARDING_KEY)
     if group:
         sp.message_group = group
+    deliver = props.get(TIMER_DELIVER_MS)
+    if deliver is not None and deliver.isdecimal():
+        sp.delivery_timestamp.FromMilliseconds(int(deliver))
     trace = props.get(TRACE_CONTEXT)
     if trace:
         sp.trace_context = trace

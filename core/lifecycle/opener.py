@@ -30,6 +30,9 @@ from mqstore.replication import Replication, slave_acks
 from mqstore.roles import RoleState
 from mqstore.running_flags import NOT_WRITEABLE, StoreState
 from mqstore.runtime.loops import Runtime
+from mqstore.runtime.schedule import ScheduleService
+from mqstore.runtime.timers import Timers
+from mqstore.config import parse_delay_levels
 from mqstore.scheduler import Scheduler, system_scheduler
 from mqstore.storage import clean_marker
 from mqstore.storage import store_id as ids
@@ -405,6 +408,14 @@ class Opener:
             parts.epochs.append(1, commit_log.max_offset)
             parts.role.change(epoch=1)
         self._declare_topics()  # once every queue recovery re-dispatched is known
+        parts.schedule = ScheduleService(
+            root=self.root, reader=parts.reader, commit_log=commit_log,
+            appender=parts.appender, put_ctx=parts.appender.put_ctx,
+            delays_ms=parse_delay_levels(config.store.message_delay_levels), clock=self.clock,
+            role=parts.role, dispatched=runtime.dispatched,
+            timers=Timers(self.root, parts.reader, commit_log, parts.appender.put_ctx,
+                          config.store.timer_precision_ms,
+                          config.store.timer_max_delay_sec * 1000))  # started once open
 
     def _declare_topics(self) -> None:
         """The topics the deployment declares (``topics.declare``), made as declared in

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from mqstore.replication import Replication
     from mqstore.roles import RoleState
     from mqstore.runtime.loops import Runtime
+    from mqstore.runtime.schedule import ScheduleService
     from mqstore.storage.checkpoint import Checkpoint
     from mqstore.storage.commit_log import CommitLog
     from mqstore.storage.epoch_file import EpochFile
@@ -50,13 +51,18 @@ class StoreParts:
     replication: "Replication | None" = None
     role: "RoleState | None" = None  # what the store is now (mqstore.roles)
     epochs: "EpochFile | None" = None  # its epoch file (storage.epoch_file)
+    schedule: "ScheduleService | None" = None  # a writable store's delay levels
+
 
     def last_append_end(self) -> int:
         last = getattr(self.appender, "last_append", None)
         return last[0] if last is not None else 0
 
     def stop_replication(self) -> None:
-        """Before anything else closes: no slave reads or appends through a closing store."""
+        """Before anything else closes: no slave reads or appends through a closing store,
+        and the schedule delivers no more."""
+        if self.schedule is not None:
+            self.schedule.stop()
         if self.replication is not None:
             self.replication.stop()
 

@@ -37,7 +37,7 @@ class StoreCollector(Collector):
         self.store = store
         self.sources = (self._puts, self._commit_log, self._flush, self._dispatch,
                         self._queues, self._consumers, self._workers, self._disk,
-                        self._replication)
+                        self._replication, self._schedule)
 
     def collect(self):
         if self.store._state.closed:
@@ -97,6 +97,21 @@ class StoreCollector(Collector):
                 high.add_metric(labels, hi)
                 low.add_metric(labels, lo)
         yield from (depth, high, low)
+
+    def _schedule(self):
+        status = self.store.schedule_status()
+        if status is None:
+            return
+        pending = GaugeMetricFamily("mqstore_scheduled_pending_messages",
+                                    "Delayed messages of a level not yet delivered.",
+                                    labels=["level"])
+        for level in range(1, status["levels"] + 1):  # every level, 0 when none waits
+            pending.add_metric([str(level)], status["pending"].get(level, 0))
+        yield pending
+        yield _gauge("mqstore_timers_pending_messages", "Timed messages (delivery times) not "
+                     "yet delivered.", status["timers_pending"])
+        yield _counter("mqstore_scheduled_delivered", "Delayed and timed messages delivered "
+                       "to their topics since the store opened.", status["delivered"])
 
     def _consumers(self):
         # Reads the offset table once and each group's first unconsumed message per queue:

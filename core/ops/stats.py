@@ -23,7 +23,11 @@ import numpy as np
 from mqstore.runtime import cleanup
 from mqstore.config import StoreConfig
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
+from mqstore.errors import CorruptStateError
+from mqstore.format.schedule import SCHEDULE_TOPIC, TIMER_TOPIC, level_of_queue
 from mqstore.ops.consumer_lag import group_lags
+from mqstore.storage.delay_offsets import read_delay_offsets
+from mqstore.storage.timer_progress import read_timer_progress
 from mqstore.ops.store_files import abort_state
 from mqstore.storage.checkpoint import Checkpoint
 from mqstore.storage.shared_segment import path_segment_name, store_segment_name
@@ -211,6 +215,26 @@ def _replication(ctx) -> dict:
     return {**status, "live": live}
 
 
+def _schedule(ctx) -> dict:
+    """Each delay level's next offset (``delayOffset.json``), queue end and pending messages;
+    the timers' progress (``mqstore_timers.json``) and their queue's end (docs/delays.md)."""
+    store, root = ctx["store"], ctx["root"]
+    try:
+        doc, timers = read_delay_offsets(root), read_timer_progress(root)
+    except CorruptStateError as exc:
+        return {"error": str(exc)}
+    table = doc.table if doc is not None else {}
+    levels = {}
+    for queue_id in store.queue_ids(SCHEDULE_TOPIC):
+        level, end = level_of_queue(queue_id), store.max_offset(SCHEDULE_TOPIC, queue_id)
+        nxt = table.get(level, 0)
+        levels[str(level)] = {"next": nxt, "max_offset": end, "pending": max(0, end - nxt)}
+    queued = store.max_offset(TIMER_TOPIC, 0) if store.queue_ids(TIMER_TOPIC) else 0
+    return {"levels": levels, "timers": {
+        "queued": queued, "queue_offset": timers.queue_offset if timers else 0,
+        "read_time_ms": timers.read_time_ms if timers else 0}}
+
+
 SECTIONS = (("store", _store), ("commit_log", _commit_log), ("topics", _topics),
             ("consumers", _consumers), ("dispatch", _dispatch), ("flush", _flush), ("disk", _disk),
-            ("cleanup", _cleanup), ("replication", _replication))
+            ("cleanup", _cleanup), ("replication", _replication), ("schedule", _schedule))

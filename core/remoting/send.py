@@ -8,7 +8,10 @@ which is false: its whole body is stored as one message, as the Java broker stor
 
 A send to a topic the broker does not have creates it (``BrokerTopics.for_send``) and tells
 the NameServers; a send to a group's ``%RETRY%`` topic past its ``maxReconsumeTimes`` goes to
-the group's ``%DLQ%`` topic instead. The put's status answers with the broker's code
+the group's ``%DLQ%`` topic instead. A message with a ``DELAY`` level is the store's to
+schedule (``SCHEDULE_TOPIC_XXXX``, docs/delays.md): the answer names the real queue and the
+schedule queue's offset, as RocketMQ's does; a batch holding one is refused
+(MESSAGE_ILLEGAL), as RocketMQ refuses it. The put's status answers with the broker's code
 (``codes.PUT_CODES``); a stored message answers msgId (the offset message id: the advertised
 address and the commit-log offset), queueId and queueOffset, a batch its comma-joined msgIds
 and its first queue offset.
@@ -22,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import random
 
-from mqstore.format.properties import PROPERTY_DELAY, decode_properties
+from mqstore.append.encoding import DELAY_IN_BATCH
+from mqstore.format.properties import decode_properties
+from mqstore.format.schedule import delay_level
 from mqstore.format.record import SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, offset_msg_id
 from mqstore.format.remoting_frame import Command
 from mqstore.format.remoting_message import decode_batch
@@ -86,17 +91,6 @@ def _topic_of(broker, req: SendRequest) -> tuple[str, int]:
     return topic, queue_id
 
 
-def _refuse_delay(broker, props: dict) -> None:
-    """A delayed message (DELAY level > 0) is refused, not stored for immediate delivery:
-    delay levels (``SCHEDULE_TOPIC_XXXX``) are not served yet. NO_PERMISSION, so a producer
-    in a cluster tries another broker."""
-    level = props.get(PROPERTY_DELAY, "").strip()
-    if level.isdecimal() and int(level) > 0:
-        raise RemotingError(Resp.NO_PERMISSION, (
-            f"the broker[{broker.name}] sending delayed message (delay level {level}) is "
-            f"forbidden: mqstore does not serve delay levels yet"))
-
-
 def messages_of(broker, conn, cmd: Command, req: SendRequest) -> list[Message]:
     if broker.slave:
         raise RemotingError(Resp.SERVICE_NOT_AVAILABLE, (
@@ -110,7 +104,6 @@ def messages_of(broker, conn, cmd: Command, req: SendRequest) -> list[Message]:
     common = {PROPERTY_CLUSTER: broker.cluster}
     if not req.batch:
         props = decode_properties(req.properties)
-        _refuse_delay(broker, props)
         props.update(common)
         return [Message(topic, cmd.body, properties=props, queue_id=queue_id, flag=req.flag,
                         sysflag=sysflag, born_timestamp=req.born, born_host=conn.peer,
@@ -124,7 +117,8 @@ def messages_of(broker, conn, cmd: Command, req: SendRequest) -> list[Message]:
     out = []
     for flag, body, text in items:
         props = decode_properties(text)
-        _refuse_delay(broker, props)
+        if delay_level(props, 1):  # a batch of one is put alone: refused here, as RocketMQ
+            raise RemotingError(Resp.MESSAGE_ILLEGAL, DELAY_IN_BATCH)
         props.update(common)
         out.append(Message(topic, body, properties=props, queue_id=queue_id, flag=flag,
                            sysflag=sysflag, born_timestamp=req.born, born_host=conn.peer,

@@ -143,6 +143,8 @@ class MessageStore(TopicCalls, ConsumerCalls, RoleCalls):
         if not self.read_only:
             shield.install()  # NOTE [ Uninterrupted puts ]
         self._wire_roles()
+        if parts.schedule is not None:
+            parts.schedule.start()
 
     def _adopt(self, parts: StoreParts) -> None:
         # An open that returned set every part but the runtime (none when read-only).
@@ -354,6 +356,14 @@ class MessageStore(TopicCalls, ConsumerCalls, RoleCalls):
     def worker_status(self) -> dict:
         """The dispatch loop as the store sees it (pid, restarts, failures in process mode)."""
         return self._writable().worker_status()
+
+    def schedule_status(self) -> dict | None:
+        """The delay levels' schedule (docs/delays.md): ``running``, each level's next
+        ``offsets`` and ``pending`` messages, copies ``delivered``, ``recovered`` at start,
+        ``ticks``; None for a read-only store, which runs none."""
+        self._check_open()
+        schedule = self._parts.schedule
+        return None if schedule is None else schedule.status()
 
     def flush_metadata(self) -> None:  # consume queues and the checkpoint (done every second)
         self._writable().flush_metadata()

@@ -10,7 +10,10 @@ This module is also a plugin (``plugins.modules: [mqstore.testing.faults]``): it
 writers ``mmap_ctrl_c`` and ``transient_pool_ctrl_c``, the built-in ones except that right
 after copying the Nth record block (N listed in ``$MQSTORE_FAULT_SIGINT_AFTER_WRITES``, e.g.
 ``"17,230"``) they send SIGINT to their own process group, as a terminal's Ctrl-C: the
-signal then lands exactly between a put's bytes and its queue-offset update. (The mmap one wraps
+signal then lands exactly between a put's bytes and its queue-offset update. After the Nth
+listed in ``$MQSTORE_FAULT_SIGKILL_AFTER_WRITES`` they SIGKILL their process group instead:
+the process dies with the bytes written and nothing after them done (a schedule's delivered
+copies in the log, its progress not yet recorded). (The mmap one wraps
 the registered ``mmap`` writer; the transient-pool one subclasses the core's pool writer, since
 only that writer stages.)
 """
@@ -38,6 +41,7 @@ QUEUES = 4
 BORN_TIMESTAMP = 1_700_000_000_000
 BLANK_MAGIC = -875286124  # 0xCBD43194, the record that closes a commit-log segment
 SIGINT_AFTER_WRITES_ENV = "MQSTORE_FAULT_SIGINT_AFTER_WRITES"
+SIGKILL_AFTER_WRITES_ENV = "MQSTORE_FAULT_SIGKILL_AFTER_WRITES"
 
 
 def body_for(seed: int, index: int) -> bytes:
@@ -351,16 +355,19 @@ def resize_filesystem(path: str, size_bytes: int) -> None:
 
 
 # -- Ctrl-C at the worst moment (a plugin: see the module docstring) -------------------------
-def _interrupt_after_writes() -> set[int]:
-    raw = os.environ.get(SIGINT_AFTER_WRITES_ENV, "")
+def _interrupt_after_writes(env: str = SIGINT_AFTER_WRITES_ENV) -> set[int]:
+    raw = os.environ.get(env, "")
     return {int(n) for n in raw.split(",") if n.strip()}
 
 
 def _wrote(writer) -> None:
-    """Count one record copy; SIGINT to the process group after the chosen ones."""
+    """Count one record copy; SIGINT (or SIGKILL) to the process group after the chosen
+    ones."""
     writer.writes += 1
     if writer.writes in writer.interrupt_after:
         os.killpg(0, signal.SIGINT)  # the whole group, as a terminal does
+    if writer.writes in _interrupt_after_writes(SIGKILL_AFTER_WRITES_ENV):
+        os.killpg(0, signal.SIGKILL)
 
 
 class _Interrupting:

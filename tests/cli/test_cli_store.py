@@ -150,7 +150,9 @@ def test_query_lookups(store, config):
 def test_stats(store, config):
     s = mqstore_json("stats", store["root"], "-c", config)
     assert set(s) == {"store", "commit_log", "topics", "consumers", "dispatch", "flush", "disk",
-                      "cleanup", "replication"}
+                      "cleanup", "replication", "schedule"}
+    assert s["schedule"] == {"levels": {}, "timers": {"queued": 0, "queue_offset": 0,
+                                                      "read_time_ms": 0}}
     assert s["replication"] == {"live": False, "role": "async_master"}  # none ever ran
     assert s["consumers"] == []  # no group has consumed (tests/cli/test_cli_consume.py: with groups)
     end = store["second"]["messages"][-1]["phys_offset"] + store["second"]["messages"][-1]["size"]

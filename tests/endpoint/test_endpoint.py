@@ -64,6 +64,36 @@ def stored(served, topic: str, count: int, timeout_s: float = 10.0) -> dict:
         time.sleep(0.1)
 
 
+def test_a_delay_message_is_received_at_its_time_not_before(clients, served):
+    producer = clients.producer("Delayed")
+    consumer = clients.consumer("delayed-g", {"Delayed": clients.mq.FilterExpression()})
+    due_s = int(time.time()) + 3
+    msg = clients.message("Delayed", b"later", keys="dk")
+    msg.delivery_timestamp = due_s  # this client sends the value as the Timestamp's seconds
+    producer.send(msg)
+    got = clients.receive_all(consumer, 1, timeout_s=patience(60))
+    received_at = time.time()
+    assert [m.body for m in got] == [b"later"] and received_at >= due_s
+    assert got[0].delivery_timestamp == due_s * 1000
+    (copy,) = stored(served, "Delayed", 1).values()
+    assert copy.store_timestamp >= due_s * 1000
+    assert (copy.properties["TIMER_DELIVER_MS"], copy.properties["REAL_TOPIC"]) == (
+        str(due_s * 1000), "Delayed")
+    assert clients.receive_all(consumer, 1, timeout_s=3) == []  # once
+
+
+def test_a_delay_past_the_timers_reach_is_refused(clients, stub):
+    from mqstore.endpoint.protocol import Code, definition_pb2, service_pb2
+    msg = definition_pb2.Message(topic=definition_pb2.Resource(name="Delayed"), body=b"x")
+    msg.system_properties.message_id = "01DELAY"
+    msg.system_properties.message_type = definition_pb2.DELAY
+    msg.system_properties.delivery_timestamp.FromMilliseconds(
+        int(time.time() * 1000) + 4 * 24 * 3600 * 1000)
+    reply = stub.SendMessage(service_pb2.SendMessageRequest(messages=[msg]), timeout=10)
+    assert Code.Name(reply.status.code) == "ILLEGAL_DELIVERY_TIME"
+    assert "store.timer_max_delay_sec" in reply.status.message
+
+
 def test_sent_messages_arrive_with_every_field(clients, served):
     producer = clients.producer("Fields")
     sent = {}
@@ -236,7 +266,8 @@ def test_requests_refused_with_rocketmqs_codes(clients, stub, served):
         ({"body": b""}, Code.MESSAGE_BODY_EMPTY, "cannot be empty"),
         ({"topic": "bad topic!"}, Code.ILLEGAL_TOPIC, "'bad topic!'"),
         ({"properties": {"UNIQ_KEY": "mine"}}, Code.ILLEGAL_MESSAGE_PROPERTY_KEY, "UNIQ_KEY"),
-        ({"kind": definition_pb2.DELAY}, Code.UNSUPPORTED, "DELAY"),
+        ({"kind": definition_pb2.DELAY}, Code.ILLEGAL_DELIVERY_TIME, "delivery_timestamp"),
+        ({"kind": definition_pb2.TRANSACTION}, Code.UNSUPPORTED, "TRANSACTION"),
     ]:
         reply = send(**fields)
         assert (Code.Name(reply.status.code), len(reply.entries)) == (Code.Name(code), 0), fields
@@ -325,7 +356,8 @@ def test_route_names_one_broker_at_the_address_dialled(stub, served):
     for q in reply.message_queues:
         assert q.permission == definition_pb2.READ_WRITE and q.broker.id == 0
         assert q.broker.endpoints == dialled
-        assert list(q.accept_message_types) == [definition_pb2.NORMAL, definition_pb2.FIFO]
+        assert list(q.accept_message_types) == [definition_pb2.NORMAL, definition_pb2.FIFO,
+                                                definition_pb2.DELAY]
     own = stub.QueryRoute(service_pb2.QueryRouteRequest(
         topic=definition_pb2.Resource(name="NotYetSent")), timeout=10)
     address = own.message_queues[0].broker.endpoints.addresses[0]

@@ -502,3 +502,47 @@ def test_a_master_without_state_ships_nothing_until_its_first_state_file(pair):
     m.create_topic("orders", queues=8)  # the first state file: the snapshot comes with it
     wait_for(lambda: mirrored(m, s) and read_state(s.root)[0]["complete"] is not None,
              "the snapshot")
+
+
+def test_a_slave_holds_the_schedule_progress_and_delivers_nothing_itself(pair, manual_clock):
+    m, s = pair()
+    r = m.put(Message("later", b"x", properties={"DELAY": "1"}, queue_id=0))
+    assert r.status is PutStatus.PUT_OK
+    manual_clock.advance(1_000)
+    wait_for(lambda: m.max_offset("later", 0) == 1, "the master's delivery")
+    master_file = Path(m.root) / "config" / "delayOffset.json"
+    wait_for(lambda: master_file.exists() and b"{1:1" in master_file.read_bytes(),
+             "the master's progress recorded")
+    replica = Path(s.root) / "replica" / "config" / "delayOffset.json"
+    wait_for(lambda: replica.exists() and replica.read_bytes() == master_file.read_bytes(),
+             "delayOffset.json on the slave")
+    wait_for(lambda: s.max_offset("later", 0) == 1, "the copy replicated")
+    status = s.schedule_status()
+    assert not status["running"] and status["delivered"] == 0
+    assert not (Path(s.root) / "config" / "delayOffset.json").exists()
+    assert mirrored(m, s)
+
+
+def test_a_promoted_slave_goes_on_with_the_schedule_delivering_nothing_twice(
+        pair, make_store, tmp_path, manual_clock):
+    m, _none = pair(slave=False)
+    s = make_store({"commit_log": {"segment_bytes": SEG},
+                    "store": {**FAST, "role": "slave"},
+                    "server": {"ha_master": m.replication.address,
+                               "ha_listen": "127.0.0.1:0"}}, root=tmp_path / "slave")
+    s.replication.start()
+    for body, props in ((b"a0", {"DELAY": "1"}), (b"a1", {"DELAY": "1"}),
+                        (b"b", {"DELAY": "2"}), (b"t", {"TIMER_DELAY_SEC": "8"})):
+        assert m.put(Message("later", body, properties=props, queue_id=0)).status.stored
+    manual_clock.advance(1_000)
+    wait_for(lambda: m.max_offset("later", 0) == 2, "the master's level-1 deliveries")
+    wait_for(lambda: (Path(m.root) / "config/delayOffset.json").exists()
+             and s.max_offset("later", 0) == 2 and mirrored(m, s), "the slave caught up")
+    m.close()
+    wait_for(lambda: not s.replication.client.connected, "the slave sees its master gone")
+    assert s.promote()["mirror"] is not None
+    manual_clock.advance(10_000)
+    wait_for(lambda: s.max_offset("later", 0) == 4, "the promoted slave's deliveries")
+    status = s.schedule_status()
+    wait_for(lambda: s.schedule_status()["ticks"] > status["ticks"] + 1, "a tick more")
+    assert [x.body for x in s.read("later", 0, 0)] == [b"a0", b"a1", b"b", b"t"]

@@ -11,12 +11,13 @@ import urllib.request
 
 import pytest
 
-from mqstore import MessageBatch, MessageStore, load_config
+from mqstore import Message, MessageBatch, MessageStore, load_config
 from mqstore.errors import ConfigError
 from mqstore.ops.metrics import StoreCollector
 from mqstore.storage.shared_segment import store_segment_name
 from mqstore.lifecycle.store_meta import load_meta
 from mqstore.storage.store_id import recorded_id
+from mqstore.testing import wait_for
 from cli_support import SMALL_CONFIG, mqstore_json
 from paths import REPO
 from serve_support import STOP_TIMEOUT_S, scrape, start
@@ -40,6 +41,23 @@ def deployment(tmp_path):
     yaml.write_text(SMALL_CONFIG + f"store: {{root: {json.dumps(str(root))}}}\n"
                     "server: {metrics_listen: \"127.0.0.1:0\", log_level: info}\n")
     return root, yaml, end
+
+
+def test_serve_metrics_count_the_pending_delayed_messages(deployment, tmp_path):
+    root, yaml, _end = deployment
+    with MessageStore.open(root, config=load_config(overrides={
+            "plugins": {"load_entry_points": False}})) as store:
+        for i in range(3):
+            store.put(Message("later", b"d%d" % i, properties={"DELAY": "18"}))  # 2 h
+    proc, url = start(yaml, tmp_path / "serve.log")
+    try:
+        m = wait_for(lambda: (got := scrape(url)).get(
+            ("mqstore_scheduled_pending_messages", (("level", "18"),))) == 3 and got,
+            what="the pending level-18 messages")
+        assert m[("mqstore_scheduled_delivered_total", ())] == 0
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(STOP_TIMEOUT_S) == 0
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -14,7 +14,7 @@ from mqstore.format.remoting_message import decode_batch
 from mqstore.testing import wait_for
 
 from cpp_client_support import cpp_env
-from remoting_support import Wire, pull_ext, records
+from remoting_support import Served, Wire, deployment_yaml, pull_ext, records
 
 pytestmark = pytest.mark.slow
 PROC = Path(__file__).resolve().parents[1] / "support" / "cpp_client_proc.py"
@@ -67,3 +67,32 @@ def test_send_batch_is_stored_as_the_java_broker_stores_it(served, cpp_client, t
             return bodies
         (body,) = wait_for(stored, what="the batch dispatched")
     assert [item.body for item in decode_batch(body, 10)] == [b"batch-0", b"batch-1"]
+
+
+@pytest.fixture(scope="module")
+def served_short_delays(tmp_path_factory):
+    """A serve whose delay levels are 1 s, 2 s and 3 s."""
+    tmp = tmp_path_factory.mktemp("served_delays")
+    yaml = deployment_yaml(tmp / "deploy.yaml", tmp / "root")
+    yaml.write_text(yaml.read_text().replace(
+        "store: {root:", 'store: {message_delay_levels: "1s 2s 3s", root:'))
+    server = Served(yaml, tmp / "serve.log")
+    yield server
+    server.stop()
+
+
+def test_a_send_at_a_delay_level_is_consumed_once_due(served_short_delays, cpp_client,
+                                                     tmp_path):
+    address = served_short_delays.address
+    sent = run(cpp_client, tmp_path, "delay", address, "CppDelayT", 3, 2)["sent"]
+    assert [s["status"] for s in sent] == [0] * 3
+    consumed = run(cpp_client, tmp_path, "consume", address, "CppDelayT", "cpp-delay", 3, "*")
+    assert sorted(m["body"] for m in consumed["got"]) == [f"body-{i}" for i in range(3)]
+    with Wire(address) as wire:
+        kept = records(wire.call(11, pull_ext("g", "SCHEDULE_TOPIC_XXXX", 1, 0)).body or b"")
+        delivered = [m for q in range(4) for m in records(
+            wire.call(11, pull_ext("g", "CppDelayT", q, 0)).body or b"")]
+    assert len(kept) == 3 and len(delivered) == 3  # once each
+    due = {m.uniq_key: m.store_timestamp + 2_000 for m in kept}
+    assert all(m.store_timestamp >= due[m.uniq_key] for m in delivered)
+    assert {m.uniq_key for m in delivered} == {s["msg_id"] for s in sent}

@@ -100,7 +100,6 @@ def test_auto_create_follows_the_default_topic_queue_nums(wire):
     ({"queueId": "x1"}, b"x", 1, "queueId = 'x1' is not a Java int"),
     ({"sysFlag": 4}, b"x", 16, "transaction message is forbidden"),
     ({}, None, 13, "body"),
-    ({"properties": props(DELAY="3")}, b"x", 16, "delay level 3"),
     ({"properties": props(**{"bad\x01": "v"})}, b"x", 13, "reserved separator"),
 ])
 def test_send_refusals(wire, ext, body, code, remark):
@@ -110,6 +109,21 @@ def test_send_refusals(wire, ext, body, code, remark):
     assert r.code == code
     if remark is not None:
         assert remark in r.remark
+
+
+def test_a_send_with_a_delay_level_is_kept_in_the_schedule_topic(wire):
+    r = send(wire, "DelayWireT", b"later", 1, DELAY="2", KEYS="dk")
+    # RocketMQ's answer: the queue sent to, the offset in the schedule queue (level 2: queue 1).
+    assert r.code == 0 and (r.ext["queueId"], r.ext["queueOffset"]) == ("1", "0")
+    pulled = wait_for(lambda: (p := wire.call(11, pull_ext("g", "SCHEDULE_TOPIC_XXXX", 1, 0)))
+                      .code == 0 and p, what="the schedule record")
+    (m,) = records(pulled.body)
+    assert (m.topic, m.queue_id, m.body) == ("SCHEDULE_TOPIC_XXXX", 1, b"later")
+    assert {k: m.properties[k] for k in ("DELAY", "REAL_TOPIC", "REAL_QID", "KEYS")} == {
+        "DELAY": "2", "REAL_TOPIC": "DelayWireT", "REAL_QID": "1", "KEYS": "dk"}
+    batch = wire.call(320, send_ext("DelayWireT", 1, "", batch="true"),
+                      encode_batch([BatchItem(0, b"a", props(DELAY="1"))]))
+    assert batch.code == 13 and "DELAY" in batch.remark  # MESSAGE_ILLEGAL, as RocketMQ
 
 
 def test_a_retry_past_its_maximum_goes_to_the_dead_letter_topic(wire):

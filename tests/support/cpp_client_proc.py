@@ -5,6 +5,7 @@ on PYTHONPATH). Prints one JSON document on its last line.
     cpp_client_proc.py produce ADDR TOPIC COUNT            sync sends with keys, tags, properties
     cpp_client_proc.py consume ADDR TOPIC GROUP COUNT EXPR  a push consumer until COUNT arrived
     cpp_client_proc.py batch ADDR TOPIC                      send_batch of two messages
+    cpp_client_proc.py delay ADDR TOPIC COUNT LEVEL          sync sends at a delay level
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rocketmq.client import Message, Producer, PushConsumer
 WAIT_S = 60
 
 
-def produce(addr: str, topic: str, count: int) -> dict:
+def produce(addr: str, topic: str, count: int, level: int = 0) -> dict:
     producer = Producer("cpp-producer")
     producer.set_namesrv_addr(addr)
     producer.start()
@@ -31,6 +32,8 @@ def produce(addr: str, topic: str, count: int) -> dict:
             msg.set_tags("TagA" if i % 2 == 0 else "TagB")
             msg.set_property("order", str(i))
             msg.set_body(f"body-{i}")
+            if level:
+                msg.set_delay_time_level(level)
             r = producer.send_sync(msg)
             sent.append({"status": int(r.status), "msg_id": r.msg_id, "offset": r.offset})
     finally:
@@ -84,6 +87,8 @@ def main(argv: list[str]) -> None:
     kind = argv[1]
     if kind == "produce":
         out = produce(argv[2], argv[3], int(argv[4]))
+    elif kind == "delay":
+        out = produce(argv[2], argv[3], int(argv[4]), int(argv[5]))
     elif kind == "batch":
         out = batch(argv[2], argv[3])
     else:
