@@ -24,6 +24,7 @@ from mqstore.runtime import cleanup
 from mqstore.config import StoreConfig
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 from mqstore.ops.consumer_lag import group_lags
+from mqstore.ops.coordination_file import read_coordination
 from mqstore.ops.store_files import abort_state
 from mqstore.storage.checkpoint import Checkpoint
 from mqstore.storage.shared_segment import path_segment_name, store_segment_name
@@ -211,6 +212,16 @@ def _replication(ctx) -> dict:
     return {**status, "live": live}
 
 
+def _coordination(ctx) -> dict:
+    """What the running store's automatic failover last wrote (``coordination.json``: the
+    leader, its epoch, whether this node may write, why it waits): live while that store
+    runs; ``{"configured": false}`` without ``coordination.etcd_endpoints``."""
+    if not ctx["config"].coordination.etcd_endpoints:
+        return {"configured": False}
+    status = read_coordination(ctx["root"]) or {}
+    return {**status, "configured": True, "live": ctx["writer"] == "running" and bool(status)}
+
+
 SECTIONS = (("store", _store), ("commit_log", _commit_log), ("topics", _topics),
             ("consumers", _consumers), ("dispatch", _dispatch), ("flush", _flush), ("disk", _disk),
-            ("cleanup", _cleanup), ("replication", _replication))
+            ("cleanup", _cleanup), ("replication", _replication), ("coordination", _coordination))

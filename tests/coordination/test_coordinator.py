@@ -217,3 +217,31 @@ def test_a_restarted_node_revokes_the_key_its_killed_process_left(coordinators, 
              what="an election once the stale key is revoked")
     assert observer.keepalive(int(old["lease"])) is None  # revoked, not expired:
     assert time.monotonic() - killed < 60
+
+
+def test_a_node_that_does_not_bootstrap_waits_for_the_first_election_then_stands(
+        coordinators, settings, observer, cluster):
+    slave = coordinators(settings("a"), offset=0, bootstrap=False)
+    wait_for(lambda: "no election has happened in this cluster yet" in (
+        slave.status()["waiting_for"] or ""), what="the slave waits for a first election")
+    assert slave.epoch is None and leader_of(observer, cluster) is None
+    z = coordinators(settings("z"), offset=0)
+    wait_for(lambda: z.epoch == 1, what="z, which bootstraps, elected")
+    wait_for(lambda: leader_name(slave) == "z", what="the slave sees z lead")
+    z.stop()  # an election has happened: the slave stands from now on
+    wait_for(lambda: slave.epoch == 2, what="the slave elected after z")
+    assert slave.recorder.kinds("elected") == [2]
+
+
+def test_an_election_hands_out_an_epoch_above_the_newest_the_store_knows(
+        coordinators, settings, observer, cluster):
+    a = coordinators(settings("a"), offset=0, known_epoch=6)
+    wait_for(lambda: a.epoch == 7, what="a elected above its store's epoch 6")
+    assert a.recorder.kinds("elected") == [7]
+    assert observer.range(Keys(cluster).epoch)[1][0].value == b"7"
+    a.publish(known_epoch=9)  # its store heard of epoch 9 meanwhile
+    assert a.step_down()
+    b = coordinators(settings("b"), offset=0)
+    wait_for(lambda: b.epoch == 8, what="b elected next: the epoch key + 1")
+    b.stop()
+    wait_for(lambda: a.epoch == 10, what="a elected again, above 9")
