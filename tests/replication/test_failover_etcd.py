@@ -16,6 +16,7 @@ import pytest
 from mqstore import MessageStore, load_config
 
 from cli_support import mqstore
+from endpoint_support import client_module
 from etcd_support import EtcdServer
 from failover_support import Clients, Node, commit_log_bytes, free_ports, wait_until
 
@@ -29,6 +30,11 @@ ELECTED_WITHIN_S = 30.0
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture(scope="module")
+def rocketmq(home):
+    return client_module(home)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +54,8 @@ def nodes():
         node.kill()
 
 
-def coordinated(tmp_path, home, nodes, etcd, master_role: str, **store) -> tuple[Node, Node]:
+def coordinated(tmp_path, home, nodes, etcd, master_role: str, segment_bytes=None,
+                **store) -> tuple[Node, Node]:
     """A master and its slave in one etcd cluster of the test's own; the master elected (it
     starts first: a configured slave does not stand in a cluster's first election), the slave
     connected."""
@@ -56,8 +63,9 @@ def coordinated(tmp_path, home, nodes, etcd, master_role: str, **store) -> tuple
     h1, h2 = free_ports(2)
     coordination = {"etcd_endpoints": [etcd.endpoint], "cluster": tmp_path.name[-40:]}
     m = Node(tmp_path, "m", master_role, g1, h1, h2, home, coordination=coordination,
-             store=store)
-    s = Node(tmp_path, "s", "slave", g2, h2, h1, home, coordination=coordination, store=store)
+             store=store, segment_bytes=segment_bytes)
+    s = Node(tmp_path, "s", "slave", g2, h2, h1, home, coordination=coordination, store=store,
+             segment_bytes=segment_bytes)
     nodes += [m, s]
     m.start()
     s.start()
@@ -139,3 +147,116 @@ def test_the_slave_takes_over_by_itself_and_the_old_master_rejoins_it(
     else:
         assert not report.exists()
     assert commit_log_bytes(m.root) == commit_log_bytes(s.root)
+
+
+def raw_send(endpoint: str, body: bytes):
+    """One SendMessage on a channel of its own: (status code, message)."""
+    import grpc
+    from rocketmq.grpc_protocol import MessagingServiceStub, definition_pb2 as d, service_pb2
+    request = service_pb2.SendMessageRequest(messages=[d.Message(
+        topic=d.Resource(name="orders"), body=body, system_properties=d.SystemProperties(
+            message_id="01" + body.hex().upper().ljust(30, "0")[:30],
+            message_type=d.MessageType.NORMAL, body_encoding=d.Encoding.IDENTITY))])
+    with grpc.insecure_channel(endpoint) as channel:
+        response = MessagingServiceStub(channel).SendMessage(request, timeout=10)
+    return response.status.code, response.status.message
+
+
+def bodies(node: Node, topic: str = "orders") -> set[str]:
+    with MessageStore.open(node.root, load_config(str(node.yaml)), read_only=True) as store:
+        return {m.body.decode() for q in store.queue_ids(topic)
+                for m in store.read(topic, q, 0, 100_000)}
+
+
+def test_a_master_paused_past_its_lease_takes_no_write_when_it_resumes_and_rejoins(
+        tmp_path, home, nodes, etcd, rocketmq):
+    m, s = coordinated(tmp_path, home, nodes, etcd, "sync_master")
+    orders(m)
+    # Sends only to the master: through the pause, and to it again once it resumes.
+    clients = Clients(tmp_path, home, m.endpoint, 400, consume=False)
+    try:
+        wait_until(lambda: len(clients.sent()) >= 100, WAIT_S, "sends under way")
+        m.signal(signal.SIGSTOP)
+        paused = time.monotonic()
+        wait_until(lambda: s.role("status")["writable"], ELECTED_WITHIN_S,
+                   "the slave elected while the master is paused")
+        print(f"slave writable {time.monotonic() - paused:.1f} s after the SIGSTOP")
+        m.signal(signal.SIGCONT)
+        first = m.role("status")  # its first answer after it runs again
+        assert first["writable"] is False, first
+        code, message = raw_send(m.endpoint, b"after-the-pause")
+        # Refused, or (once it follows s) forwarded to s: never stored by m as a master.
+        assert code in (20000, 40300), (code, message)
+        if code == 40300:
+            assert "fenced" in message or "store role is slave" in message, message
+        clients.wait_all(consumed=False)
+    finally:
+        clients.close()
+    def rejoined():
+        mine, theirs = m.role("status"), s.role("status")
+        return (mine["role"] == "slave" and mine["master"] == s.ha
+                and mine["max_offset"] == theirs["max_offset"])
+    wait_until(rejoined, WAIT_S, "the paused master following the new one, caught up")
+    assert s.role("status")["coordination"]["leader"] == "s"
+    sent = clients.sent()
+    stored = bodies(s)
+    assert sent <= stored  # every send answered OK is on the one master
+    assert (code != 20000) or "after-the-pause" in stored
+    assert commit_log_bytes(m.root) == commit_log_bytes(s.root)
+
+
+def test_a_slave_behind_the_acknowledged_offset_is_not_elected(tmp_path, home, nodes, etcd,
+                                                               rocketmq):
+    from mqstore.coordination.etcd import EtcdClient
+    from mqstore.coordination.records import Keys
+    m, s = coordinated(tmp_path, home, nodes, etcd, "async_master", segment_bytes=8 << 20)
+    orders(m)
+    producer = rocketmq.Producer(rocketmq.ClientConfiguration(
+        m.endpoint, rocketmq.Credentials(), request_timeout=10), ("orders",))
+    producer.startup()
+    try:
+        # Stopped, the slave reads nothing: async_master answers at once, and 32 MiB is more
+        # than the sockets between them hold.
+        s.signal(signal.SIGSTOP)
+        for i in range(128):
+            msg = rocketmq.Message()
+            msg.topic, msg.body = "orders", b"acked-%d-" % i + b"x" * (256 << 10)
+            producer.send(msg)
+    finally:
+        producer.shutdown()
+    m_end = m.role("status")["max_offset"]
+    client = EtcdClient([etcd.endpoint], budget_s=5.0)
+    try:
+        def confirmed() -> int:
+            kvs = client.range(Keys(tmp_path.name[-40:]).confirmed)[1]
+            return json.loads(kvs[0].value)["offset"] if kvs else 0
+        wait_until(lambda: confirmed() == m_end, WAIT_S, "the master published its confirm offset")
+    finally:
+        client.close()
+    m.kill()
+    s.signal(signal.SIGCONT)
+    seen: list[dict] = []
+
+    def waiting():
+        seen.append(s.role("status"))
+        coordination = seen[-1]["coordination"]
+        return seen[-1] if coordination["leader"] is None and \
+            "behind the leader's confirmed offset" in (coordination["waiting_for"] or "") \
+            else None
+    try:
+        status = wait_until(waiting, ELECTED_WITHIN_S, "the slave waiting, not elected")
+    except AssertionError:
+        raise AssertionError(f"last status: {seen[-1] if seen else None}") from None
+    assert status["role"] == "slave" and not status["writable"]
+    assert f"confirmed offset {m_end}" in status["coordination"]["waiting_for"]
+    refused = s.role("promote", check=None)  # by hand: refused as well, saying what it lacks
+    assert refused.returncode == 1 and "of acknowledged messages" in refused.stderr, \
+        refused.stderr
+    m.start()  # the master, back, is the best candidate: elected again, in a new epoch
+    def caught_up():
+        mine, theirs = s.role("status"), m.role("status")
+        return (theirs["writable"] and mine["role"] == "slave"
+                and mine["max_offset"] == theirs["max_offset"])
+    wait_until(caught_up, WAIT_S, "the master elected again, the slave caught up")
+    assert m.role("status")["epochs"] == [[1, 0], [2, m_end]]
+    assert {f"acked-{i}-" for i in range(128)} <= {b[:b.index("-", 6) + 1] for b in bodies(s)}

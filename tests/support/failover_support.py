@@ -100,13 +100,13 @@ class Clients:
     when the master died, ``outcome()`` what came after."""
 
     def __init__(self, base: Path, home: Path, endpoints: str, count: int,
-                 topic: str = "orders", group: str = "billing") -> None:
+                 topic: str = "orders", group: str = "billing", consume: bool = True) -> None:
         self.base = base
         self.stop_file = base / "consumers.stop"
         self.producer = _client(base / "producer.out", home, "failover-produce", endpoints,
                                 topic, "p", count)
         self.consumer = _client(base / "consumer.out", home, "failover-consume", endpoints,
-                                topic, group, "3,7", self.stop_file)
+                                topic, group, "3,7", self.stop_file) if consume else None
         self.count = count
         self.before: tuple[set, set] | None = None
 
@@ -114,6 +114,10 @@ class Clients:
         path = self.base / f"{which}.out"
         return [line.split()[1:] for line in path.read_text().splitlines()
                 if line.startswith(first + " ")]
+
+    def sent(self) -> set[str]:
+        """Bodies whose send was answered OK."""
+        return {words[0] for words in self.lines("producer", "sent")}
 
     def acked(self) -> set[str]:
         return {words[1] for words in self.lines("consumer", "acked")}
@@ -124,10 +128,13 @@ class Clients:
         got = self.lines("consumer", "got")
         self.before = (len(got), {w[2] for w in got}, self.acked())
 
-    def wait_all(self, timeout: float = 60.0) -> None:
-        """Until every send was answered OK and every body sent was acknowledged."""
+    def wait_all(self, timeout: float = 60.0, consumed: bool = True) -> None:
+        """Until every send was answered OK and (``consumed``) every body sent was
+        acknowledged."""
         def done():
-            sent = {w[0] for w in self.lines("producer", "sent")}
+            sent = self.sent()
+            if not consumed:
+                return len(sent) == self.count
             acked = {w[0] for w in self.lines("consumer", "acked")}
             return len(sent) == self.count and sent <= acked
         wait_until(done, timeout, "every send answered and every message acknowledged")
@@ -135,6 +142,8 @@ class Clients:
     def close(self) -> None:
         self.stop_file.touch()
         for proc in (self.producer, self.consumer):
+            if proc is None:
+                continue
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
