@@ -144,7 +144,7 @@ def test_a_manual_promotion_mid_stream_redelivers_only_what_was_in_flight(tmp_pa
     role promote`; the clients go on by themselves."""
     m, s = pair(tmp_path, home, nodes, "sync_master")
     mqstore("topic", "create", "orders", "-q", "8", "--server", m.endpoint)
-    clients = Clients(tmp_path, home, f"{m.endpoint};{s.endpoint}", 600)
+    clients = Clients(tmp_path, home, f"{m.endpoint};{s.endpoint}", 400)
     try:
         wait_until(lambda: len(clients.acked()) >= 150, WAIT_S, "acks under way")
         m.kill()

@@ -111,7 +111,7 @@ def test_the_slave_takes_over_by_itself_and_the_old_master_rejoins_it(
         tmp_path, home, nodes, etcd):
     m, s = coordinated(tmp_path, home, nodes, etcd, "sync_master")
     orders(m)
-    clients = Clients(tmp_path, home, f"{m.endpoint};{s.endpoint}", 600)
+    clients = Clients(tmp_path, home, f"{m.endpoint};{s.endpoint}", 400)
     try:
         wait_until(lambda: len(clients.acked()) >= 150, WAIT_S, "acks under way")
         m.kill()

@@ -179,7 +179,10 @@ def _client(out: Path, home: Path, *args) -> subprocess.Popen:
 
 def wait_until(probe, timeout: float = 30.0, what: str = "") -> object:
     """``probe()`` until it answers truthy (exceptions count as no); AssertionError after
-    ``timeout`` naming ``what`` and the last answer or exception."""
+    ``timeout`` (stretched on a loaded machine: ``mqstore.testing.patience``) naming ``what``
+    and the last answer or exception."""
+    from mqstore.testing import patience
+    timeout = patience(timeout)
     deadline = time.monotonic() + timeout
     last: object = None
     while time.monotonic() < deadline:
