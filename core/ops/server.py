@@ -34,7 +34,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, disable_created_metrics, make_wsgi_app
 
-from mqstore.config import StoreConfig, parse_listen
+from mqstore.config import StoreConfig, coordination_listen_problem, parse_listen
 from mqstore.errors import ConfigError
 from mqstore.ops import reload
 from mqstore.ops.admin import ServedAdmin
@@ -243,6 +243,10 @@ def _start_remoting(store: MessageStore, config: StoreConfig, rpc_metrics):
 
 
 def _run(root, config, stop: _Stop, on_ready, reloading) -> bool:
+    if config.coordination.etcd_endpoints:  # refused before the store is touched
+        problem = coordination_listen_problem(config.server, config.coordination)
+        if problem is not None:
+            raise ConfigError(problem)
     log.info("opening store %s (writer %s, flush %s, dispatch worker %s, flush worker %s)",
              root, config.writer.kind, config.flush.policy, config.dispatch.worker,
              config.flush.worker)

@@ -127,6 +127,15 @@ def test_the_slave_takes_over_by_itself_and_the_old_master_rejoins_it(
         clients.close()
     check_outcome(clients)
     check_orders(s)
+    metrics = s.metrics()
+    for line in ("mqstore_coordination_leading 1.0", "mqstore_coordination_may_write 1.0",
+                 "mqstore_coordination_epoch 2.0", 'mqstore_coordination_leader{leader="s"} 1.0'):
+        assert line in metrics.splitlines(), line
+    stats = wait_until(lambda: (lambda c: c if c.get("epoch") == 2 else None)(json.loads(
+        mqstore("stats", s.root, "-c", s.yaml, "--json").stdout)["coordination"]), WAIT_S,
+        "stats showing the new term")
+    assert (stats["leader"], stats["leading"], stats["may_write"], stats["live"]) == (
+        "s", True, True, True)
 
     point = s.role("status")["epochs"][-1][1]  # where the new master's epoch began
     m_end = offline_end(m)
@@ -139,6 +148,8 @@ def test_the_slave_takes_over_by_itself_and_the_old_master_rejoins_it(
     wait_until(rejoined, WAIT_S, "the old master following the new one, caught up")
     status = m.role("status")
     assert not status["writable"] and status["coordination"]["leader"] == "s"
+    assert status["coordination"]["last_action"].startswith("following s (epoch 2) at " + s.ha)
+    assert "mqstore_coordination_may_write 0.0" in m.metrics().splitlines()
     report = m.root / "quarantine" / f"rejoin-{point:020d}.json"
     print(f"old master end {m_end}, new epoch from {point}")
     if m_end > point:  # it had records the new master lacks: cut, and reported

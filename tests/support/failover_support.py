@@ -78,6 +78,14 @@ class Node:
     def log(self) -> str:
         return self.served.log() if self.served is not None else ""
 
+    def metrics(self) -> str:
+        """``/metrics`` of this node's current serve, as text."""
+        import re
+        import urllib.request
+        url = re.findall(r"serving metrics on (http://\S+)/metrics", self.log())[-1]
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            return resp.read().decode()
+
     def kill(self) -> None:
         """SIGKILL the whole process group (serve and its workers)."""
         if self.served is not None:
