@@ -64,9 +64,10 @@ class Failover:
             CoordinationSettings.of(config.coordination), role=state.role,
             offset=store.max_phys_offset, addresses={"ha": self.ha_address},
             on_elected=self._elected, on_fenced=self._fenced,
-            on_leader_changed=lambda leader: self._follow(leader),
+            on_leader_changed=lambda leader: self._follow(leader, told=True),
             bootstrap=not state.is_slave, known_epoch=_known_epoch(state))
         self.interval_s = self.coordinator.settings.renew_s
+        self.max_lag = config.coordination.max_lag_bytes
         self.last_action: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -98,7 +99,7 @@ class Failover:
     # -- the coordinator's callbacks (its events thread, one at a time) ----------------------
     def _elected(self, epoch: int) -> None:
         try:
-            done = self.store.promote(epoch=epoch, elected=True)
+            done = self.store.promote(epoch=epoch, elected=True, accept_lag=self.max_lag)
         except Exception as exc:  # noqa: BLE001 - any refusal: let another node lead
             self._did(f"elected in epoch {epoch} but not promoted, stepped down: {exc}",
                       logging.ERROR)
@@ -119,7 +120,9 @@ class Failover:
             return
         self._did(f"fenced: {why}", logging.WARNING)
 
-    def _follow(self, leader: LeaderInfo | None) -> None:
+    def _follow(self, leader: LeaderInfo | None, told: bool = False) -> None:
+        """Follow ``leader`` unless it is this node (``told``: the coordinator reported a new
+        leader, so the status says so even when the store already follows it)."""
         if leader is None or leader.name == self.node:
             return
         ha = leader.member.addresses.get("ha") if leader.member is not None else None
@@ -131,7 +134,7 @@ class Failover:
         except Exception as exc:  # noqa: BLE001 - tried again at the next publish
             self._did(f"could not follow {leader.name} at {ha}: {exc}", logging.ERROR)
             return
-        if not done.get("unchanged"):
+        if told or not done.get("unchanged"):
             self._did(f"following {leader.name} (epoch {leader.epoch}) at {ha}, was "
                       f"{done['was']}")
 

@@ -147,14 +147,15 @@ class RoleCalls:
 
     def promote(self, *, epoch: int | None = None, force: bool = False,
                 role: str | None = None, timeout: float = DISPATCH_TIMEOUT_S,
-                elected: bool = False) -> dict:
+                elected: bool = False, accept_lag: int = 0) -> dict:
         """Make this slave the master now (the module docstring); ``epoch``: the epoch to be
         master in (an election's; default: one above every epoch it knows); ``role``:
         ``async_master`` or ``sync_master`` (default: the configured role when it is a master
         role, else ``async_master``); ``elected``: an election made it (coordination): the
         old master's lease ran out, so it takes no puts even while its connection lasts (a
-        paused process), and the connection does not refuse the promotion. Returns what was
-        done."""
+        paused process), and the connection does not refuse the promotion; ``accept_lag``:
+        lacking at most this many acknowledged bytes does not refuse it (coordination's
+        ``max_lag_bytes``, which let the election choose it). Returns what was done."""
         self._writable()
         target = role or (self._parts.config.store.role
                           if self._parts.config.store.role in MASTER_ROLES else "async_master")
@@ -165,7 +166,7 @@ class RoleCalls:
             state = self.role_state
             if not state.is_slave:
                 return self._reelected(epoch, target)
-            return self._promote(state, epoch, force, target, timeout, elected)
+            return self._promote(state, epoch, force, target, timeout, elected, accept_lag)
 
     def _reelected(self, epoch: int | None, target: str) -> dict:
         """A master promoted again: a fenced one elected in a new epoch takes puts again."""
@@ -182,7 +183,7 @@ class RoleCalls:
                 "lacked": None, "forced": False, "mirror": None}
 
     def _promote(self, state: RoleState, epoch: int | None, force: bool, target: str,
-                 timeout: float, elected: bool = False) -> dict:
+                 timeout: float, elected: bool = False, accept_lag: int = 0) -> dict:
         parts, epochs = self._parts, self._epochs
         replication = self._replication
         client = replication.client
@@ -193,7 +194,7 @@ class RoleCalls:
                 f"promoting it now would make two masters; stop the master first (or force)")
         end = self._commit_log.max_offset
         lacked = _lacked(state, end)
-        if lacked is not None and not force:
+        if lacked is not None and not force and lacked["bytes"] > accept_lag:
             raise PromotionRefusedError(
                 f"this slave's log ends at {end}, but its master {followed} had answered "
                 f"PUT_OK up to {lacked['to']} (its confirm offset, as this slave last heard "
@@ -233,7 +234,7 @@ class RoleCalls:
         replication.become_master()
         log.warning("promoted: this store is %s in epoch %d from commit-log offset %d (it "
                     "followed %s)%s", target, new_epoch, end, followed,
-                    f"; forced, lacking {lacked['bytes']} bytes" if lacked else "")
+                    f"; lacking {lacked['bytes']} acknowledged bytes" if lacked else "")
         return {"role": target, "epoch": new_epoch, "start_offset": end, "followed": followed,
                 "lacked": lacked, "forced": force, "mirror": mirror}
 
@@ -258,11 +259,11 @@ class RoleCalls:
         just follows the new master). ``if_needed``: nothing is done when this store is a
         slave of ``master`` already (``"unchanged": true``). Returns what was done."""
         from mqstore.config import parse_listen
-        self._writable()
         if parse_listen(master)[1] == 0:
             raise ValueError(f"master address {master!r}: port 0 cannot be dialled")
         why = why or f"demoted to follow {master}"
-        with self._role_lock:
+        with self._role_lock:  # a reopen under way (another demotion, a cut) ends first
+            self._writable()
             state = self.role_state
             was = state.role
             if if_needed and state.is_slave and state.master == master:

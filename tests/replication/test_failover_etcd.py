@@ -8,6 +8,7 @@ these tests hold the nodes to."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 
@@ -55,16 +56,17 @@ def nodes():
 
 
 def coordinated(tmp_path, home, nodes, etcd, master_role: str, segment_bytes=None,
-                **store) -> tuple[Node, Node]:
+                **settings) -> tuple[Node, Node]:
     """A master and its slave in one etcd cluster of the test's own; the master elected (it
     starts first: a configured slave does not stand in a cluster's first election), the slave
     connected."""
     g1, g2 = free_ports(2)
     h1, h2 = free_ports(2)
-    coordination = {"etcd_endpoints": [etcd.endpoint], "cluster": tmp_path.name[-40:]}
+    coordination = {"etcd_endpoints": [etcd.endpoint], "cluster": tmp_path.name[-40:],
+                    **settings}
     m = Node(tmp_path, "m", master_role, g1, h1, h2, home, coordination=coordination,
-             store=store, segment_bytes=segment_bytes)
-    s = Node(tmp_path, "s", "slave", g2, h2, h1, home, coordination=coordination, store=store,
+             segment_bytes=segment_bytes)
+    s = Node(tmp_path, "s", "slave", g2, h2, h1, home, coordination=coordination,
              segment_bytes=segment_bytes)
     nodes += [m, s]
     m.start()
@@ -216,19 +218,20 @@ def test_a_master_paused_past_its_lease_takes_no_write_when_it_resumes_and_rejoi
     assert commit_log_bytes(m.root) == commit_log_bytes(s.root)
 
 
-def test_a_slave_behind_the_acknowledged_offset_is_not_elected(tmp_path, home, nodes, etcd,
-                                                               rocketmq):
+def behind_and_killed(tmp_path, home, nodes, etcd, rocketmq, **coordination):
+    """An async_master and its slave, the slave stopped while 32 MiB are acknowledged (more
+    than the sockets between them hold), the master's confirm offset in etcd, the master
+    SIGKILLed and the slave running again. Returns the nodes and the master's end."""
     from mqstore.coordination.etcd import EtcdClient
     from mqstore.coordination.records import Keys
-    m, s = coordinated(tmp_path, home, nodes, etcd, "async_master", segment_bytes=8 << 20)
+    m, s = coordinated(tmp_path, home, nodes, etcd, "async_master", segment_bytes=8 << 20,
+                       **coordination)
     orders(m)
     producer = rocketmq.Producer(rocketmq.ClientConfiguration(
         m.endpoint, rocketmq.Credentials(), request_timeout=10), ("orders",))
     producer.startup()
     try:
-        # Stopped, the slave reads nothing: async_master answers at once, and 32 MiB is more
-        # than the sockets between them hold.
-        s.signal(signal.SIGSTOP)
+        s.signal(signal.SIGSTOP)  # it reads nothing: async_master answers at once
         for i in range(128):
             msg = rocketmq.Message()
             msg.topic, msg.body = "orders", b"acked-%d-" % i + b"x" * (256 << 10)
@@ -246,6 +249,12 @@ def test_a_slave_behind_the_acknowledged_offset_is_not_elected(tmp_path, home, n
         client.close()
     m.kill()
     s.signal(signal.SIGCONT)
+    return m, s, m_end
+
+
+def test_a_slave_behind_the_acknowledged_offset_is_not_elected(tmp_path, home, nodes, etcd,
+                                                               rocketmq):
+    m, s, m_end = behind_and_killed(tmp_path, home, nodes, etcd, rocketmq)
     seen: list[dict] = []
 
     def waiting():
@@ -271,3 +280,28 @@ def test_a_slave_behind_the_acknowledged_offset_is_not_elected(tmp_path, home, n
     wait_until(caught_up, WAIT_S, "the master elected again, the slave caught up")
     assert m.role("status")["epochs"] == [[1, 0], [2, m_end]]
     assert {f"acked-{i}-" for i in range(128)} <= {b[:b.index("-", 6) + 1] for b in bodies(s)}
+
+
+def test_a_slave_within_max_lag_bytes_is_elected_and_the_old_master_cuts_what_it_lacks(
+        tmp_path, home, nodes, etcd, rocketmq):
+    m, s, m_end = behind_and_killed(tmp_path, home, nodes, etcd, rocketmq,
+                                    max_lag_bytes=64 << 20)
+    status = wait_until(lambda: (lambda st: st if st["writable"] else None)(s.role("status")),
+                        ELECTED_WITHIN_S, "the slave elected, lacking what the lag allows")
+    point = status["epochs"][-1][1]
+    # It lacks what it heard acknowledged past its end (its master's confirm offset in the
+    # status frames it read), within the lag the election allowed.
+    assert point < m_end and re.fullmatch(
+        rf"elected: async_master in epoch 2 from commit-log offset {point}, lacking "
+        rf"[1-9]\d* bytes", status["coordination"]["last_action"])
+    m.start()  # it reads the leader key: it rejoins s, cutting [point, m_end)
+    def rejoined():
+        mine, theirs = m.role("status"), s.role("status")
+        return (mine["role"] == "slave" and mine["master"] == s.ha
+                and mine["max_offset"] == theirs["max_offset"])
+    wait_until(rejoined, WAIT_S, "the old master following the new one, caught up")
+    report = json.loads((m.root / "quarantine" / f"rejoin-{point:020d}.json").read_text())
+    assert (report["from"], report["to"], report["bytes"], report["master"]) == (
+        point, m_end, m_end - point, s.ha)
+    assert report["records"] > 0 and report["master_epoch"] == 2
+    assert commit_log_bytes(m.root) == commit_log_bytes(s.root)
