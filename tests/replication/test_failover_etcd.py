@@ -305,3 +305,32 @@ def test_a_slave_within_max_lag_bytes_is_elected_and_the_old_master_cuts_what_it
         point, m_end, m_end - point, s.ha)
     assert report["records"] > 0 and report["master_epoch"] == 2
     assert commit_log_bytes(m.root) == commit_log_bytes(s.root)
+
+
+def test_a_master_that_loses_etcd_refuses_puts_until_an_election_after_etcd_returns(
+        tmp_path, home, nodes):
+    own = EtcdServer(tmp_path / "etcd").start()
+    try:
+        m, s = coordinated(tmp_path, home, nodes, own, "sync_master")
+        orders(m)
+        assert raw_send(m.endpoint, b"before")[0] == 20000
+        own.kill()
+        lost = time.monotonic()
+        wait_until(lambda: not m.role("status")["writable"], ELECTED_WITHIN_S,
+                   "the master fenced at its write deadline")
+        print(f"master fenced {time.monotonic() - lost:.1f} s after etcd went away")
+        code, message = raw_send(m.endpoint, b"during")
+        assert code == 40300 and "this node takes no writes (fenced: " in message, message
+        status = m.role("status")
+        assert "not renewed before its write deadline" in status["coordination"]["fenced_reason"]
+        assert status["coordination"]["may_write"] is False
+        assert not s.role("status")["writable"]  # nobody is elected without etcd
+        own.start()
+        writable = wait_until(lambda: [n for n in (m, s) if n.role("status")["writable"]],
+                              ELECTED_WITHIN_S, "an election once etcd answers again")
+        assert len(writable) == 1
+        leader = writable[0]
+        assert leader.role("status")["epochs"][-1][0] == 2
+        assert raw_send(leader.endpoint, b"after")[0] == 20000
+    finally:
+        own.kill()
