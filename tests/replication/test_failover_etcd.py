@@ -129,6 +129,8 @@ def test_the_slave_takes_over_by_itself_and_the_old_master_rejoins_it(
         clients.close()
     check_outcome(clients)
     check_orders(s)
+    shown = mqstore("role", "status", "--server", s.endpoint).stdout  # as a person reads it
+    assert "coordination" in shown and "may_write" in shown and "last_action" in shown, shown
     metrics = s.metrics()
     for line in ("mqstore_coordination_leading 1.0", "mqstore_coordination_may_write 1.0",
                  "mqstore_coordination_epoch 2.0", 'mqstore_coordination_leader{leader="s"} 1.0'):
