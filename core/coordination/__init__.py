@@ -31,6 +31,7 @@ The interface the store and ``mqstore serve`` use::
     coordinator.publish(known_epoch=n)      # the store learnt of a newer epoch
     coordinator.epoch                       # the epoch this node leads in, else None
     coordinator.step_down()                 # hand leadership over (sits out the next election)
+    coordinator.withdraw("why")             # stand in no election until withdraw(None)
     coordinator.status()                    # for /healthz and stats: leader, deadline, errors
     coordinator.stop()                      # steps down, removes this node's keys
 

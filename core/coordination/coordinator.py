@@ -66,6 +66,7 @@ class Coordinator:
         self._registered: tuple[int, bytes] | None = None
         self._seen: tuple[str, int] | None = None
         self._sit_out: tuple[float, int] | None = None  # (until, the epoch it stepped down from)
+        self._withdrawn: str | None = None  # why it does not stand until told otherwise
         self.leader: LeaderInfo | None = None
         self.waiting_for: str | None = "the first read of etcd"
         self.last_error: str | None = None
@@ -138,6 +139,13 @@ class Coordinator:
             self._sit_out = (now() + self.settings.ttl_s, epoch)
         return self.lease.step_down()
 
+    def withdraw(self, why: str | None) -> None:
+        """Stand in no election while ``why`` is set (a node whose store refused a promotion:
+        elected again, it would refuse again, and other nodes would read it as the leader
+        meanwhile); ``withdraw(None)`` stands again. Published by the next round."""
+        with self._lock:
+            self._withdrawn = why
+
     def status(self) -> dict:
         leader = self.leader
         left = self.lease.writable_until() - now()
@@ -204,7 +212,7 @@ class Coordinator:
             # the others do not wait for it in that one.
             standing = self.settings.priority > 0 and not (
                 self._sit_out and now() < self._sit_out[0]) and (
-                self.bootstrap or view.epoch_mod_revision != 0)
+                self.bootstrap or view.epoch_mod_revision != 0) and self._withdrawn is None
             if standing != self._member.candidate:
                 self._member = replace(self._member, candidate=standing)
         self.leader = leader
@@ -227,6 +235,9 @@ class Coordinator:
         if view.epoch_mod_revision == 0 and not self.bootstrap:
             reason = ("no election has happened in this cluster yet, and this node does not "
                       "stand in the first (a configured slave waits for its master to win it)")
+        withdrawn = self._withdrawn
+        if withdrawn is not None:  # it names the cause that ``why_not`` cannot
+            reason = f"it withdrew from elections: {withdrawn}"
         if reason is None and not self._member.candidate:
             reason = "it stepped down and sits out this election"
         if reason is None and not self.lease.can_campaign():

@@ -69,6 +69,7 @@ class Failover:
         self.interval_s = self.coordinator.settings.renew_s
         self.max_lag = config.coordination.max_lag_bytes
         self.last_action: str | None = None
+        self._withdrawn_at: int | None = None  # the log end when it withdrew from elections
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         store.set_write_guard(self.coordinator.may_write, self.status)
@@ -101,8 +102,12 @@ class Failover:
         try:
             done = self.store.promote(epoch=epoch, elected=True, accept_lag=self.max_lag)
         except Exception as exc:  # noqa: BLE001 - any refusal: let another node lead
+            # It would refuse again: it stands again once its log moves or it follows a
+            # leader, not at the next election (others would read it as the leader meanwhile).
             self._did(f"elected in epoch {epoch} but not promoted, stepped down: {exc}",
                       logging.ERROR)
+            self._withdrawn_at = self._end()
+            self.coordinator.withdraw(f"its store refused the promotion in epoch {epoch}")
             self.coordinator.step_down()
             return
         self.coordinator.publish(role=done["role"], known_epoch=epoch)
@@ -137,6 +142,7 @@ class Failover:
         if told or not done.get("unchanged"):
             self._did(f"following {leader.name} (epoch {leader.epoch}) at {ha}, was "
                       f"{done['was']}")
+        self._stand_again()
 
     # -- the publisher ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -149,8 +155,10 @@ class Failover:
     def _publish(self) -> None:
         store, coordinator = self.store, self.coordinator
         state = store.role_state
-        coordinator.publish(offset=store.max_phys_offset, role=state.role,
-                            known_epoch=_known_epoch(state))
+        end = store.max_phys_offset
+        coordinator.publish(offset=end, role=state.role, known_epoch=_known_epoch(state))
+        if self._withdrawn_at is not None and end != self._withdrawn_at:
+            self._stand_again()
         replication = store.replication
         if coordinator.epoch is not None and not state.is_slave and replication is not None:
             confirmed = replication.acks.confirmed
@@ -160,6 +168,17 @@ class Failover:
         if leader is not None and leader.name != self.node:
             self._follow(leader)
         write_coordination(store.root, {**self.status(), "updated_ms": int(time.time() * 1000)})
+
+    def _end(self) -> int | None:
+        try:
+            return self.store.max_phys_offset
+        except Exception:  # noqa: BLE001 - reopening
+            return None
+
+    def _stand_again(self) -> None:
+        if self._withdrawn_at is not None:
+            self._withdrawn_at = None
+            self.coordinator.withdraw(None)
 
     def _did(self, what: str, level: int = logging.WARNING) -> None:
         self.last_action = what

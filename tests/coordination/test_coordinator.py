@@ -245,3 +245,20 @@ def test_an_election_hands_out_an_epoch_above_the_newest_the_store_knows(
     wait_for(lambda: b.epoch == 8, what="b elected next: the epoch key + 1")
     b.stop()
     wait_for(lambda: a.epoch == 10, what="a elected again, above 9")
+
+
+def test_a_withdrawn_node_stands_in_no_election_until_it_stands_again(coordinators, settings,
+                                                                      observer, cluster):
+    z = first_leader(coordinators, settings, observer, cluster)
+    a = coordinators(settings("a"), offset=1000)  # the best candidate, but withdrawn
+    a.withdraw("its store refused the promotion in epoch 2")
+    b = coordinators(settings("b"), offset=10)
+    wait_for(lambda: members(observer, cluster) == {"a", "b", "z"}, what="all registered")
+    z.stop()
+    wait_for(lambda: b.epoch == 2, what="b elected: a does not stand")
+    assert a.recorder.kinds("elected") == []
+    b.stop()
+    wait_for(lambda: "it withdrew from elections: its store refused the promotion in epoch 2"
+             in (a.status()["waiting_for"] or ""), what="a says why it waits")
+    a.withdraw(None)
+    wait_for(lambda: a.epoch == 3, what="a elected once it stands again")

@@ -271,6 +271,8 @@ def test_a_slave_behind_the_acknowledged_offset_is_not_elected(tmp_path, home, n
         raise AssertionError(f"last status: {seen[-1] if seen else None}") from None
     assert status["role"] == "slave" and not status["writable"]
     assert f"confirmed offset {m_end}" in status["coordination"]["waiting_for"]
+    wait_until(lambda: not s.role("status")["replication"]["connected"], WAIT_S,
+               "the slave noticed its master gone")
     refused = s.role("promote", check=None)  # by hand: refused as well, saying what it lacks
     assert refused.returncode == 1 and "of acknowledged messages" in refused.stderr, \
         refused.stderr
