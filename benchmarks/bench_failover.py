@@ -207,12 +207,12 @@ class Receiver(threading.Thread):
                 continue
             for msg in batch:
                 self.got.append(msg.message_id)
+                self.bodies.add(msg.body)
                 try:
                     self.consumer.ack(msg)
-                except Exception:  # noqa: BLE001 - it comes back
+                except Exception:  # noqa: BLE001 - it comes back, or the master took it
                     continue
                 self.acked.add(msg.message_id)
-                self.bodies.add(msg.body)
 
     def close(self) -> None:
         self.stopping.set()

@@ -243,6 +243,9 @@ class Coordinator:
         if reason is None and not self.lease.can_campaign():
             reason = "its lease is not renewed yet"
         self.waiting_for = reason
+        if reason is None:  # above every epoch a member's store knows (NOTE [ Epoch floors ])
+            known = max((m.epoch for m in view.members.values()), default=0)
+            self.lease.epoch_floor = max(self.lease.epoch_floor, known)
         if reason is None and self.lease.acquire() is None:
             self.waiting_for = "another node won the election"
 

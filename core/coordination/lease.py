@@ -17,7 +17,7 @@ NOTE [ Epoch floors ]
 The epoch key starts at 0 in a new etcd (or a new cluster name) while the stores may already
 hold epochs (manual promotions, an earlier etcd): a store's epoch file needs each new master's
 epoch above every one it knows. So a candidate's txn puts ``max(epoch key, the newest epoch its
-store knows) + 1``, still under the compare on the epoch key's revision: elections stay
+store or any member's store knows, as published) + 1``, still under the compare on the epoch key's revision: elections stay
 serialized by that key, and its value only grows.
 
 Fencing ends a term for good: the lease it was held on is revoked (now, or by the keeper once

@@ -162,6 +162,14 @@ class RoleCalls:
         if target not in MASTER_ROLES:
             raise ValueError(f"role {target!r}: a store is promoted to one of "
                              f"{', '.join(MASTER_ROLES)}")
+        coordination = None if elected else self.coordination_status
+        if coordination is not None:
+            raise PromotionRefusedError(
+                f"this node's role is decided by etcd (coordination.etcd_endpoints): an "
+                f"election promotes it, not a command; it is not elected now because: "
+                f"{coordination.get('waiting_for') or 'another node leads'}. To promote a "
+                f"node lacking acknowledged bytes, raise coordination.max_lag_bytes on it and "
+                f"restart it")
         with self._role_lock:
             state = self.role_state
             if not state.is_slave:

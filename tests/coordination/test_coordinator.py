@@ -236,15 +236,22 @@ def test_a_node_that_does_not_bootstrap_waits_for_the_first_election_then_stands
 def test_an_election_hands_out_an_epoch_above_the_newest_the_store_knows(
         coordinators, settings, observer, cluster):
     a = coordinators(settings("a"), offset=0, known_epoch=6)
-    wait_for(lambda: a.epoch == 7, what="a elected above its store's epoch 6")
-    assert a.recorder.kinds("elected") == [7]
+    wait_for(lambda: a.recorder.kinds("elected") == [7],
+             what="a elected above its store's epoch 6")
     assert observer.range(Keys(cluster).epoch)[1][0].value == b"7"
-    a.publish(known_epoch=9)  # its store heard of epoch 9 meanwhile
-    assert a.step_down()
     b = coordinators(settings("b"), offset=0)
+    wait_for(lambda: leader_name(b) == "a", what="b follows a")
+    assert a.step_down()
     wait_for(lambda: b.epoch == 8, what="b elected next: the epoch key + 1")
-    b.stop()
-    wait_for(lambda: a.epoch == 10, what="a elected again, above 9")
+    a.publish(known_epoch=11)  # a's store heard of epoch 11 meanwhile: it publishes it
+
+    def published() -> int:
+        kvs = observer.range(Keys(cluster).member("a"))[1]
+        return json.loads(kvs[0].value)["epoch"] if kvs else 0
+    wait_for(lambda: published() == 11, what="a's record naming epoch 11")
+    a.withdraw("the test keeps it out")
+    b.step_down()  # b's store knows only 8, but a member's knows 11
+    wait_for(lambda: b.epoch == 12, what="b elected again above 11")
 
 
 def test_a_withdrawn_node_stands_in_no_election_until_it_stands_again(coordinators, settings,

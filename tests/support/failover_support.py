@@ -138,14 +138,26 @@ class Clients:
 
     def wait_all(self, timeout: float = 60.0, consumed: bool = True) -> None:
         """Until every send was answered OK and (``consumed``) every body sent was
-        acknowledged."""
+        acknowledged, or its ack failed (an ack the master took as it died: it does not come
+        back), and then no delivery came for 3 s (redeliveries due have come)."""
         def done():
             sent = self.sent()
             if not consumed:
                 return len(sent) == self.count
-            acked = {w[0] for w in self.lines("consumer", "acked")}
-            return len(sent) == self.count and sent <= acked
+            settled = {w[0] for w in self.lines("consumer", "acked")} | {
+                w[0] for w in self.lines("consumer", "ackfailed")}
+            return len(sent) == self.count and sent <= settled
         wait_until(done, timeout, "every send answered and every message acknowledged")
+        if consumed:
+            path = self.base / "consumer.out"
+            seen = [path.stat().st_size, time.monotonic()]
+
+            def quiet():
+                size = path.stat().st_size
+                if size != seen[0]:
+                    seen[:] = [size, time.monotonic()]
+                return time.monotonic() - seen[1] >= 3.0
+            wait_until(quiet, timeout, "no delivery for 3 s")
 
     def close(self) -> None:
         self.stop_file.touch()
@@ -169,10 +181,10 @@ class Clients:
         n_before, got_before, acked_before = self.before
         after = [w[2] for w in self.lines("consumer", "got")[n_before:]]
         sent = {w[0] for w in self.lines("producer", "sent")}
-        acked_bodies = {w[0] for w in self.lines("consumer", "acked")}
+        received = {w[0] for w in self.lines("consumer", "got")}
         return {"acked_before": acked_before, "in_flight": got_before - acked_before,
                 "redelivered": set(after) & got_before, "sent": sent,
-                "lost": sent - acked_bodies}
+                "lost": sent - received}
 
 
 def _client(out: Path, home: Path, *args) -> subprocess.Popen:
