@@ -29,16 +29,21 @@ def role() -> None:
 @admin_server_options
 @json_option
 def status(admin, as_json: bool) -> None:
-    """Show the role, epochs and replication state of the store in ROOT (or --server)."""
+    """Show the role, epochs and replication state of the store in ROOT (or --server); with
+    automatic failover, the coordination's too (the leader, its epoch, whether this node may
+    write, why it waits, what it did last)."""
     result = admin.role_status()
     if as_json:
         output.emit_json(result)
         return
-    shown = {k: v for k, v in result.items() if k not in ("replication", "recorded")}
+    shown = {k: v for k, v in result.items()
+             if k not in ("replication", "recorded", "coordination")}
     shown["epochs"] = ", ".join(f"{e}-{s}" for e, s in result.get("epochs", [])) or "none"
     output.print_fields(shown, title="role")
     if result.get("replication"):
         output.print_fields(result["replication"], title="replication")
+    if result.get("coordination"):
+        output.print_fields(result["coordination"], title="coordination")
 
 
 @role.command("promote")

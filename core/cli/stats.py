@@ -22,7 +22,8 @@ def stats(root: str, group: str | None, config_path: str | None, as_json: bool) 
     bytes), consumer groups (committed offsets, lag, age of the oldest message not yet
     consumed), dispatch and flush positions, disk use, the cleanup policy's state and
     replication (a master's slaves with their acknowledged offsets and lag, a slave's
-    master and its lag).
+    master and its lag), and with coordination.etcd_endpoints the automatic failover's
+    state (the leader, its epoch, whether this node may write, why it waits).
 
     Read-only: works beside a running writer (its live positions are read from its shared
     memory) and on RocketMQ directories. The -c configuration supplies the cleanup settings
@@ -52,6 +53,8 @@ def stats(root: str, group: str | None, config_path: str | None, as_json: bool) 
         output.print_table(("slave", "acknowledged offset", "lag bytes"),
                            [(s["address"], s["ack_offset"], s["lag_bytes"]) for s in slaves],
                            title="slaves")
+    if data["coordination"]["configured"]:
+        output.print_fields(data["coordination"], title="coordination")
 
 
 def _group(root: str, group: str, config, as_json: bool) -> None:

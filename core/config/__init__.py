@@ -96,6 +96,20 @@ def master_listen_problem(server: ServerSection) -> str | None:
             f"server.ha_allow ['0.0.0.0/0', '::/0'] admits every peer, knowingly")
 
 
+def coordination_listen_problem(server: ServerSection, section) -> str | None:
+    """Why a node of a coordinated cluster cannot lead as configured, or None."""
+    if server.ha_listen is None or parse_listen(server.ha_listen)[1] == 0:
+        return (f"coordination.etcd_endpoints is set, so this node may be elected master, but "
+                f"server.ha_listen ({server.ha_listen!r}) gives no fixed port for its slaves "
+                f"to dial: set it to HOST:PORT on every node")
+    host = parse_listen(server.ha_listen)[0].strip("[]")
+    if section.ha_address is None and host in ("0.0.0.0", "::", ""):
+        return (f"server.ha_listen ({server.ha_listen!r}) listens on every interface: set "
+                f"coordination.ha_address to the HOST:PORT the other nodes dial to follow "
+                f"this one when it leads")
+    return master_listen_problem(server)
+
+
 def _deep_merge(base: dict, extra: Mapping[str, Any]) -> dict:
     out = copy.deepcopy(base)
     for key, value in extra.items():

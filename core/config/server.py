@@ -147,6 +147,7 @@ class ServerSection(_Section, RemotingKeys):
         return self
 
 
+WILDCARDS = ("0.0.0.0", "::", "")
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -164,6 +165,9 @@ class CoordinationSection(_Section):
     safety_margin_ms: int = Field(1_000, ge=100, le=3_600_000)
     priority: int = Field(1, ge=0, le=JAVA_INT_MAX)
     max_lag_bytes: int = Field(0, ge=0)
+    # What the other nodes dial to follow this one when it leads (default: server.ha_listen,
+    # which then must name a host, not a wildcard).
+    ha_address: str | None = None
 
     @field_validator("etcd_endpoints", mode="before")
     @classmethod
@@ -177,6 +181,16 @@ class CoordinationSection(_Section):
             if parse_listen(text)[1] == 0:
                 raise ValueError(f"etcd endpoint {text!r}: port 0 cannot be dialled; give the "
                                  f"port of etcd's client URL (2379 by default)")
+        return value
+
+    @field_validator("ha_address")
+    @classmethod
+    def _dialable(cls, value: str | None) -> str | None:
+        if value is not None and (parse_listen(value)[1] == 0
+                                  or parse_listen(value)[0].strip("[]") in WILDCARDS):
+            raise ValueError(f"coordination.ha_address {value!r}: other nodes dial it to follow "
+                             f"this one; give a host they reach and the port of "
+                             f"server.ha_listen")
         return value
 
     @field_validator("cluster", "node")

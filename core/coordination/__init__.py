@@ -19,14 +19,19 @@ The interface the store and ``mqstore serve`` use::
                                             # cannot: may_write() is False before this runs)
         on_leader_changed=follow,           # (LeaderInfo | None): whom to replicate from;
                                             # LeaderInfo.member.addresses says where it is
+        bootstrap=True,                     # False: it does not stand in the cluster's first
+                                            # election (a configured slave)
+        known_epoch=3,                      # its store's newest epoch: it wins above it
     )
     coordinator.start()                     # threads; never blocks on etcd, never raises for it
     coordinator.may_write()                 # on every put: the clock against the deadline
     coordinator.publish(offset=end)         # as the log grows (written every renew_interval)
     coordinator.publish(confirmed_offset=n) # leader: every PUT_OK so far covers [0, n)
     coordinator.publish(role="master")      # after a promotion
+    coordinator.publish(known_epoch=n)      # the store learnt of a newer epoch
     coordinator.epoch                       # the epoch this node leads in, else None
     coordinator.step_down()                 # hand leadership over (sits out the next election)
+    coordinator.withdraw("why")             # stand in no election until withdraw(None)
     coordinator.status()                    # for /healthz and stats: leader, deadline, errors
     coordinator.stop()                      # steps down, removes this node's keys
 

@@ -44,7 +44,8 @@ class Coordinator:
                  on_elected: Callable[[int], object] | None = None,
                  on_fenced: Callable[[str], object] | None = None,
                  on_leader_changed: Callable[[LeaderInfo | None], object] | None = None,
-                 client_factory: Callable[[], EtcdClient] | None = None) -> None:
+                 client_factory: Callable[[], EtcdClient] | None = None,
+                 bootstrap: bool = True, known_epoch: int = 0) -> None:
         self.settings = settings
         self.keys = Keys(settings.cluster)
         self.on_leader_changed = on_leader_changed
@@ -54,7 +55,10 @@ class Coordinator:
         self.lease = LeaderLease(settings, on_elected=on_elected, on_fenced=on_fenced,
                                  events=self.events, client_factory=self._factory)
         self._member = MemberInfo(settings.node, role, offset, settings.priority,
-                                  settings.priority > 0, dict(addresses or {}))
+                                  settings.priority > 0 and bootstrap, dict(addresses or {}),
+                                  _whole(known_epoch, "known_epoch"))
+        self.lease.epoch_floor = self._member.epoch
+        self.bootstrap = bootstrap  # may win a cluster's first election
         self._confirmed: int | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -62,6 +66,7 @@ class Coordinator:
         self._registered: tuple[int, bytes] | None = None
         self._seen: tuple[str, int] | None = None
         self._sit_out: tuple[float, int] | None = None  # (until, the epoch it stepped down from)
+        self._withdrawn: str | None = None  # why it does not stand until told otherwise
         self.leader: LeaderInfo | None = None
         self.waiting_for: str | None = "the first read of etcd"
         self.last_error: str | None = None
@@ -101,10 +106,13 @@ class Coordinator:
 
     def publish(self, *, offset: int | None = None, role: str | None = None,
                 confirmed_offset: int | None = None,
-                addresses: Mapping[str, str] | None = None) -> None:
+                addresses: Mapping[str, str] | None = None,
+                known_epoch: int | None = None) -> None:
         """Update what this node publishes; written by the next round (within
         ``renew_interval``). ``offset``: the commit log's end; ``confirmed_offset`` (used while
-        leading): the last offset every PUT_OK so far is known to cover."""
+        leading): the last offset every PUT_OK so far is known to cover; ``known_epoch``: the
+        newest epoch its store knows (its epoch file's, its master's): an election this node
+        wins hands out an epoch above it (NOTE [ Epoch floors ] in ``lease``)."""
         with self._lock:
             changes: dict[str, object] = {}
             if offset is not None:
@@ -113,6 +121,9 @@ class Coordinator:
                 changes["role"] = role
             if addresses is not None:
                 changes["addresses"] = dict(addresses)
+            if known_epoch is not None and known_epoch > self._member.epoch:
+                changes["epoch"] = _whole(known_epoch, "known_epoch")
+                self.lease.epoch_floor = max(self.lease.epoch_floor, known_epoch)
             self._member = replace(self._member, **changes)  # type: ignore[arg-type]
             if confirmed_offset is not None:
                 self._confirmed = max(self._confirmed or 0,
@@ -127,6 +138,13 @@ class Coordinator:
         with self._lock:
             self._sit_out = (now() + self.settings.ttl_s, epoch)
         return self.lease.step_down()
+
+    def withdraw(self, why: str | None) -> None:
+        """Stand in no election while ``why`` is set (a node whose store refused a promotion:
+        elected again, it would refuse again, and other nodes would read it as the leader
+        meanwhile); ``withdraw(None)`` stands again. Published by the next round."""
+        with self._lock:
+            self._withdrawn = why
 
     def status(self) -> dict:
         leader = self.leader
@@ -190,8 +208,11 @@ class Coordinator:
                 self._member = replace(self._member, epoch=view.epoch)
             if leader is not None and self._sit_out and leader.epoch > self._sit_out[1]:
                 self._sit_out = None
+            # A node that does not bootstrap stands from the cluster's first election on, so
+            # the others do not wait for it in that one.
             standing = self.settings.priority > 0 and not (
-                self._sit_out and now() < self._sit_out[0])
+                self._sit_out and now() < self._sit_out[0]) and (
+                self.bootstrap or view.epoch_mod_revision != 0) and self._withdrawn is None
             if standing != self._member.candidate:
                 self._member = replace(self._member, candidate=standing)
         self.leader = leader
@@ -211,11 +232,20 @@ class Coordinator:
                 self.lease.disown(leader.lease)
             return
         reason = why_not(view, self.settings.node, self.settings.max_lag_bytes)
+        if view.epoch_mod_revision == 0 and not self.bootstrap:
+            reason = ("no election has happened in this cluster yet, and this node does not "
+                      "stand in the first (a configured slave waits for its master to win it)")
+        withdrawn = self._withdrawn
+        if withdrawn is not None:  # it names the cause that ``why_not`` cannot
+            reason = f"it withdrew from elections: {withdrawn}"
         if reason is None and not self._member.candidate:
             reason = "it stepped down and sits out this election"
         if reason is None and not self.lease.can_campaign():
             reason = "its lease is not renewed yet"
         self.waiting_for = reason
+        if reason is None:  # above every epoch a member's store knows (NOTE [ Epoch floors ])
+            known = max((m.epoch for m in view.members.values()), default=0)
+            self.lease.epoch_floor = max(self.lease.epoch_floor, known)
         if reason is None and self.lease.acquire() is None:
             self.waiting_for = "another node won the election"
 

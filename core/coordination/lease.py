@@ -13,6 +13,13 @@ since it was read, then put the leader key on this lease and the epoch + 1. Two 
 the same epoch cannot both succeed, and a successful txn is the only way an epoch is handed out:
 epochs only grow, one winner each.
 
+NOTE [ Epoch floors ]
+The epoch key starts at 0 in a new etcd (or a new cluster name) while the stores may already
+hold epochs (manual promotions, an earlier etcd): a store's epoch file needs each new master's
+epoch above every one it knows. So a candidate's txn puts ``max(epoch key, the newest epoch its
+store or any member's store knows, as published) + 1``, still under the compare on the epoch key's revision: elections stay
+serialized by that key, and its value only grows.
+
 Fencing ends a term for good: the lease it was held on is revoked (now, or by the keeper once
 etcd answers: after an outage etcd renews every lease to its full TTL, and a fenced leader's key
 must not block the next election that long) and a new lease is granted. The node can win a
@@ -68,6 +75,7 @@ class LeaderLease:
         self.fenced_reason: str | None = None
         self.fenced_deadline = NEVER  # the write deadline the last term ended with
         self.last_error: str | None = None
+        self.epoch_floor = 0  # an election hands out an epoch above it (NOTE [ Epoch floors ])
         self._revoke: list[int] = []
         self._ttl_warned = False
 
@@ -128,7 +136,7 @@ class LeaderLease:
                 return None
             _, kvs = self._client.range(self.keys.epoch)
             epoch_kv = kvs[0] if kvs else None
-            epoch = parse_epoch(epoch_kv) + 1
+            epoch = max(parse_epoch(epoch_kv), self.epoch_floor) + 1
             record = LeaderInfo(self.settings.node, epoch, lease).encode()
             try:
                 won = self._client.txn(

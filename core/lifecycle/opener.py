@@ -403,8 +403,10 @@ class Opener:
             start, report.abnormal, report.trusted_end, hold=self.holding)
         self.tail.queue_offsets.update(self._queue_offsets())
         self._report_lost_offsets(report)
-        if not parts.role.is_slave and not parts.epochs.entries:
-            # A master's first epoch (RocketMQ's changeToMaster): from its log's end on.
+        if (not parts.role.is_slave and not parts.epochs.entries
+                and not self.config.coordination.etcd_endpoints):
+            # A master's first epoch (RocketMQ's changeToMaster): from its log's end on. Under
+            # coordination its first election gives it one (``store.roles``).
             parts.epochs.append(1, commit_log.max_offset)
             parts.role.change(epoch=1)
         self._declare_topics()  # once every queue recovery re-dispatched is known

@@ -37,7 +37,7 @@ class StoreCollector(Collector):
         self.store = store
         self.sources = (self._puts, self._commit_log, self._flush, self._dispatch,
                         self._queues, self._consumers, self._workers, self._disk,
-                        self._replication, self._schedule)
+                        self._replication, self._schedule, self._coordination)
 
     def collect(self):
         if self.store._state.closed:
@@ -180,3 +180,25 @@ class StoreCollector(Collector):
             ack.add_metric([slave["address"]], slave["ack_offset"])
             lag.add_metric([slave["address"]], slave["lag_bytes"])
         yield from (ack, lag)
+
+    def _coordination(self):
+        """Automatic failover (``ops.failover``): who leads, in which epoch, and whether this
+        node may write now; nothing without coordination."""
+        status = self.store.coordination_status
+        if status is None:
+            return
+        yield _gauge("mqstore_coordination_leading",
+                     "1 while this node holds the cluster's leader key in etcd.",
+                     1 if status["leading"] else 0)
+        yield _gauge("mqstore_coordination_may_write",
+                     "1 while this node's lease lets it take puts (its write deadline ahead).",
+                     1 if status["may_write"] else 0)
+        yield _gauge("mqstore_coordination_epoch",
+                     "The epoch of the cluster's leader as this node last read it (0: none).",
+                     status["leader_epoch"] or 0)
+        leader = GaugeMetricFamily("mqstore_coordination_leader",
+                                   "1 for the node that leads the cluster, as this node last "
+                                   "read etcd.", labels=["leader"])
+        if status["leader"] is not None:
+            leader.add_metric([status["leader"]], 1)
+        yield leader

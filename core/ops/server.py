@@ -34,7 +34,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, disable_created_metrics, make_wsgi_app
 
-from mqstore.config import StoreConfig, parse_listen
+from mqstore.config import StoreConfig, coordination_listen_problem, parse_listen
 from mqstore.errors import ConfigError
 from mqstore.ops import reload
 from mqstore.ops.admin import ServedAdmin
@@ -243,6 +243,10 @@ def _start_remoting(store: MessageStore, config: StoreConfig, rpc_metrics):
 
 
 def _run(root, config, stop: _Stop, on_ready, reloading) -> bool:
+    if config.coordination.etcd_endpoints:  # refused before the store is touched
+        problem = coordination_listen_problem(config.server, config.coordination)
+        if problem is not None:
+            raise ConfigError(problem)
     log.info("opening store %s (writer %s, flush %s, dispatch worker %s, flush worker %s)",
              root, config.writer.kind, config.flush.policy, config.dispatch.worker,
              config.flush.worker)
@@ -251,8 +255,14 @@ def _run(root, config, stop: _Stop, on_ready, reloading) -> bool:
         for line in describe(store.recovery_report):
             log.info("recovery: %s", line)
         log.info("store open: commit log [%d, %d)", store.min_phys_offset, store.max_phys_offset)
+        # Its write guard holds before replication or an endpoint can act on the store.
+        failover = _failover(store, config)
         store.replication.start()  # by store.role; the store's close stops it
-        asyncio.run(_serve_endpoints(store, config, stop, on_ready, reloading))
+        try:
+            asyncio.run(_serve_endpoints(store, config, stop, on_ready, reloading, failover))
+        finally:
+            if failover is not None:
+                failover.stop()  # steps down first: another node is elected at once
     finally:
         store.close()
     clean = not abort_exists(root)
@@ -263,8 +273,17 @@ def _run(root, config, stop: _Stop, on_ready, reloading) -> bool:
     return clean
 
 
+def _failover(store: MessageStore, config: StoreConfig):
+    """Automatic failover (``ops.failover``) when ``coordination.etcd_endpoints`` is set
+    (imported only then: it needs the ha extra); not started yet."""
+    if not config.coordination.etcd_endpoints:
+        return None
+    from mqstore.ops.failover import Failover
+    return Failover(store, config)
+
+
 async def _serve_endpoints(store: MessageStore, config: StoreConfig, stop: _Stop,
-                           on_ready, reloading) -> None:
+                           on_ready, reloading, failover=None) -> None:
     hangups, reread, debug = reloading
     host, port = parse_listen(config.server.metrics_listen)
     limits = Limits.of(config.server)
@@ -289,6 +308,8 @@ async def _serve_endpoints(store: MessageStore, config: StoreConfig, stop: _Stop
             deployment.endpoint = endpoint
             if store.replication is not None:  # what slaves forward clients' calls to
                 store.replication.client_endpoint = advertised(endpoint.address)
+        if failover is not None:
+            await asyncio.to_thread(failover.start, endpoint.address if endpoint else None)
         reloads = asyncio.ensure_future(hangups.each(deployment.reload))
         remoting = None
         try:

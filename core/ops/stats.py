@@ -26,6 +26,7 @@ from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 from mqstore.errors import CorruptStateError
 from mqstore.format.schedule import SCHEDULE_TOPIC, TIMER_TOPIC, level_of_queue
 from mqstore.ops.consumer_lag import group_lags
+from mqstore.ops.coordination_file import read_coordination
 from mqstore.storage.delay_offsets import read_delay_offsets
 from mqstore.storage.timer_progress import read_timer_progress
 from mqstore.ops.store_files import abort_state
@@ -235,6 +236,17 @@ def _schedule(ctx) -> dict:
         "read_time_ms": timers.read_time_ms if timers else 0}}
 
 
+def _coordination(ctx) -> dict:
+    """What the running store's automatic failover last wrote (``coordination.json``: the
+    leader, its epoch, whether this node may write, why it waits): live while that store
+    runs; ``{"configured": false}`` without ``coordination.etcd_endpoints``."""
+    if not ctx["config"].coordination.etcd_endpoints:
+        return {"configured": False}
+    status = read_coordination(ctx["root"]) or {}
+    return {**status, "configured": True, "live": ctx["writer"] == "running" and bool(status)}
+
+
 SECTIONS = (("store", _store), ("commit_log", _commit_log), ("topics", _topics),
             ("consumers", _consumers), ("dispatch", _dispatch), ("flush", _flush), ("disk", _disk),
-            ("cleanup", _cleanup), ("replication", _replication), ("schedule", _schedule))
+            ("cleanup", _cleanup), ("replication", _replication), ("schedule", _schedule),
+            ("coordination", _coordination))

@@ -2,7 +2,9 @@
 
 Identity, as RocketMQ's ``BrokerConfig`` names it: ``brokerName``
 (``server.remoting_broker_name``), ``brokerClusterName`` (``server.remoting_cluster``),
-``brokerId`` (0 for a master; a slave's ``server.remoting_broker_id``, default 1), the address
+``brokerId`` (0 while the store is a master; while it is a slave, ``server.remoting_broker_id``,
+default 1: it follows the store's role as it is now, so a promoted slave registers and takes
+sends as broker 0, and a demoted master as a slave), the address
 clients are told (``server.remoting_advertise``, else the listen address: offset message ids
 carry it, and ``mqadmin queryMsgById`` dials it), and a master's HA address
 (``server.ha_listen``).
@@ -47,7 +49,7 @@ class Broker:
     address: str  # "ip:port" clients are told
     name: str
     cluster: str
-    broker_id: int
+    slave_id: int  # the brokerId while the store is a slave
     ha_address: str | None
     topics: BrokerTopics
     clients: Clients = field(default_factory=Clients)
@@ -66,8 +68,16 @@ class Broker:
         return parse_host(self.address)
 
     @property
+    def broker_id(self) -> int:
+        return self.slave_id if self.slave else MASTER_ID
+
+    @property
     def slave(self) -> bool:
-        return self.broker_id != MASTER_ID
+        """Whether the store is a slave now (its role changes at run time: ``store.roles``)."""
+        try:
+            return self.store.role_state.is_slave  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - the store reopening for a role change
+            return True
 
     @property
     def slave_read_enable(self) -> bool:

@@ -94,7 +94,7 @@ def _topic_of(broker, req: SendRequest) -> tuple[str, int]:
 def messages_of(broker, conn, cmd: Command, req: SendRequest) -> list[Message]:
     if broker.slave:
         raise RemotingError(Resp.SERVICE_NOT_AVAILABLE, (
-            f"broker {broker.name} is a slave (store.role slave): send to its master"))
+            f"broker {broker.name} is a slave now: send to its master"))
     if req.sysflag & SYSFLAG_TX_MASK:
         raise RemotingError(Resp.NO_PERMISSION, (
             f"the broker[{broker.name}] sending transaction message is forbidden: mqstore "

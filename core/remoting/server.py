@@ -72,16 +72,15 @@ def ha_address(store, address: str) -> str | None:
 def build_broker(store, config: StoreConfig, port: int) -> Broker:
     server = config.server
     host, _ = parse_listen(server.remoting_listen)
-    slave = config.store.role == "slave"
-    broker_id = (server.remoting_broker_id if server.remoting_broker_id is not None
-                 else (1 if slave else MASTER_ID))
+    slave_id = (server.remoting_broker_id if server.remoting_broker_id not in (None, MASTER_ID)
+                else 1)
     address = advertised(host, port, server.remoting_advertise)
     put_pool = None
     if config.flush.policy != NON_WAITING_FLUSH or config.store.role == "sync_master":
         put_pool = ThreadPoolExecutor(PUT_THREADS, thread_name_prefix="mqstore-remoting-put")
     return Broker(store=store, config=config,
                   address=address, name=server.remoting_broker_name,
-                  cluster=server.remoting_cluster, broker_id=broker_id,
+                  cluster=server.remoting_cluster, slave_id=slave_id,
                   ha_address=ha_address(store, address),
                   topics=BrokerTopics(store, config), put_pool=put_pool,
                   slow_pool=ThreadPoolExecutor(SLOW_THREADS,

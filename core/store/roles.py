@@ -111,6 +111,20 @@ class RoleCalls:
         assert role is not None
         return role
 
+    def set_write_guard(self, guard: Callable[[], bool] | None,
+                        status: Callable[[], dict] | None = None) -> None:
+        """Take puts only while ``guard()`` holds (coordination's ``may_write``), now and
+        after every reopen of this store (a demotion, a rejoin); ``status()``: what
+        ``role_status`` shows of the coordination (its leader, epoch, why it waits)."""
+        self.__dict__["_write_guard"] = (guard, status)
+        self.role_state.change(guard=guard)
+
+    @property
+    def coordination_status(self) -> dict | None:
+        """What the coordination says (``set_write_guard``'s ``status``), else None."""
+        status = self.__dict__.get("_write_guard", (None, None))[1]
+        return status() if status is not None else None
+
     def role_status(self) -> dict:
         """The role, the epochs, and for a slave what it heard of its master."""
         self._check_open()
@@ -124,6 +138,9 @@ class RoleCalls:
         if parts.replication is not None:
             status = parts.replication.status()
             out["replication"] = {k: v for k, v in status.items() if k != "updated_ms"}
+        coordination = self.coordination_status
+        if coordination is not None:
+            out["coordination"] = coordination
         return out
 
     def fence(self, why: str) -> None:
@@ -132,22 +149,35 @@ class RoleCalls:
         self.role_state.fence(why if why.startswith("fenced") else f"fenced: {why}")
 
     def promote(self, *, epoch: int | None = None, force: bool = False,
-                role: str | None = None, timeout: float = DISPATCH_TIMEOUT_S) -> dict:
+                role: str | None = None, timeout: float = DISPATCH_TIMEOUT_S,
+                elected: bool = False, accept_lag: int = 0) -> dict:
         """Make this slave the master now (the module docstring); ``epoch``: the epoch to be
         master in (an election's; default: one above every epoch it knows); ``role``:
         ``async_master`` or ``sync_master`` (default: the configured role when it is a master
-        role, else ``async_master``). Returns what was done."""
+        role, else ``async_master``); ``elected``: an election made it (coordination): the
+        old master's lease ran out, so it takes no puts even while its connection lasts (a
+        paused process), and the connection does not refuse the promotion; ``accept_lag``:
+        lacking at most this many acknowledged bytes does not refuse it (coordination's
+        ``max_lag_bytes``, which let the election choose it). Returns what was done."""
         self._writable()
         target = role or (self._parts.config.store.role
                           if self._parts.config.store.role in MASTER_ROLES else "async_master")
         if target not in MASTER_ROLES:
             raise ValueError(f"role {target!r}: a store is promoted to one of "
                              f"{', '.join(MASTER_ROLES)}")
+        coordination = None if elected else self.coordination_status
+        if coordination is not None:
+            raise PromotionRefusedError(
+                f"this node's role is decided by etcd (coordination.etcd_endpoints): an "
+                f"election promotes it, not a command; it is not elected now because: "
+                f"{coordination.get('waiting_for') or 'another node leads'}. To promote a "
+                f"node lacking acknowledged bytes, raise coordination.max_lag_bytes on it and "
+                f"restart it")
         with self._role_lock:
             state = self.role_state
             if not state.is_slave:
                 return self._reelected(epoch, target)
-            return self._promote(state, epoch, force, target, timeout)
+            return self._promote(state, epoch, force, target, timeout, elected, accept_lag)
 
     def _reelected(self, epoch: int | None, target: str) -> dict:
         """A master promoted again: a fenced one elected in a new epoch takes puts again."""
@@ -157,25 +187,25 @@ class RoleCalls:
                              f"(epoch {epochs.last_epoch}); only an election's newer epoch "
                              f"promotes it again")
         end = self._commit_log.max_offset
-        epochs.append(epoch, end)
+        _begin(epochs, epoch, end)
         self._record(RoleRecord(target, None, epoch, _now(), "elected again"))
         state.change(role=target, epoch=epoch, fenced=None)
         return {"role": target, "epoch": epoch, "start_offset": end, "followed": None,
                 "lacked": None, "forced": False, "mirror": None}
 
     def _promote(self, state: RoleState, epoch: int | None, force: bool, target: str,
-                 timeout: float) -> dict:
+                 timeout: float, elected: bool = False, accept_lag: int = 0) -> dict:
         parts, epochs = self._parts, self._epochs
         replication = self._replication
         client = replication.client
         followed = state.master
-        if client is not None and client.connected and not force:
+        if client is not None and client.connected and not (force or elected):
             raise PromotionRefusedError(
                 f"this slave is connected to its master {followed}, which serves it: "
                 f"promoting it now would make two masters; stop the master first (or force)")
         end = self._commit_log.max_offset
         lacked = _lacked(state, end)
-        if lacked is not None and not force:
+        if lacked is not None and not force and lacked["bytes"] > accept_lag:
             raise PromotionRefusedError(
                 f"this slave's log ends at {end}, but its master {followed} had answered "
                 f"PUT_OK up to {lacked['to']} (its confirm offset, as this slave last heard "
@@ -209,7 +239,7 @@ class RoleCalls:
         if new_epoch <= known:
             raise ValueError(f"epoch {new_epoch} is not above {known}, the newest this store "
                              f"knows: epochs only grow")
-        epochs.append(new_epoch, end)
+        _begin(epochs, new_epoch, end)
         self._record(RoleRecord(target, None, new_epoch, _now(),
                                 f"promoted from slave of {followed}"))
         mirror = (asdict(install_mirror(self, timeout_s=timeout))  # type: ignore[arg-type]
@@ -219,7 +249,7 @@ class RoleCalls:
         replication.become_master()
         log.warning("promoted: this store is %s in epoch %d from commit-log offset %d (it "
                     "followed %s)%s", target, new_epoch, end, followed,
-                    f"; forced, lacking {lacked['bytes']} bytes" if lacked else "")
+                    f"; lacking {lacked['bytes']} acknowledged bytes" if lacked else "")
         return {"role": target, "epoch": new_epoch, "start_offset": end, "followed": followed,
                 "lacked": lacked, "forced": force, "mirror": mirror}
 
@@ -238,18 +268,21 @@ class RoleCalls:
     def _record(self, record: RoleRecord) -> None:
         write_role(self.root, record)
 
-    def demote(self, master: str, *, why: str | None = None) -> dict:
+    def demote(self, master: str, *, why: str | None = None, if_needed: bool = False) -> dict:
         """Make this store follow ``master`` (its ``server.ha_listen``): a master is fenced at
         once, ``role.json`` names the master, and the store reopens as its slave (a slave
-        just follows the new master). Returns what was done."""
+        just follows the new master). ``if_needed``: nothing is done when this store is a
+        slave of ``master`` already (``"unchanged": true``). Returns what was done."""
         from mqstore.config import parse_listen
-        self._writable()
         if parse_listen(master)[1] == 0:
             raise ValueError(f"master address {master!r}: port 0 cannot be dialled")
         why = why or f"demoted to follow {master}"
-        with self._role_lock:
+        with self._role_lock:  # a reopen under way (another demotion, a cut) ends first
+            self._writable()
             state = self.role_state
             was = state.role
+            if if_needed and state.is_slave and state.master == master:
+                return {"role": "slave", "master": master, "was": was, "unchanged": True}
             if not state.is_slave:
                 state.fence(f"fenced: {why}")
             self._record(RoleRecord("slave", master, self._epochs.last_epoch, _now(), why))
@@ -273,6 +306,9 @@ class RoleCalls:
     # -- what replication tells the store ----------------------------------------------------
     def _wire_roles(self) -> None:
         """Called by the facade once the parts are adopted."""
+        guard = self.__dict__.get("_write_guard", (None, None))[0]
+        if guard is not None and self._parts.role is not None:
+            self._parts.role.guard = guard
         replication = self._parts.replication
         if replication is None:
             return
@@ -309,6 +345,18 @@ class RoleCalls:
             log.error("replication: %s; its replication address is unknown (no "
                       "server.ha_peers): `mqstore role demote --master HOST:PORT` makes this "
                       "store follow it", why)
+
+
+def _begin(epochs: EpochFile, epoch: int, end: int) -> None:
+    """Start ``epoch`` at ``end``. When the last epoch starts there too it holds no record of
+    this log: the new epoch takes its place (an entry per start offset, as the file needs);
+    the span before it, which other stores share, is unchanged, so their consistent point
+    with this log is too."""
+    entries = epochs.entries
+    if entries and entries[-1].start == end and epoch > entries[-1].epoch:
+        epochs.replace([*entries[:-1], type(entries[-1])(epoch, end)])
+    else:
+        epochs.append(epoch, end)
 
 
 def _lacked(state: RoleState, end: int) -> dict | None:

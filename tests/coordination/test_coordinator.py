@@ -223,3 +223,55 @@ def test_a_restarted_node_revokes_the_key_its_killed_process_left(coordinators, 
              what="an election once the stale key is revoked")
     assert observer.keepalive(int(old["lease"])) is None  # revoked, not expired:
     assert time.monotonic() - killed < 60
+
+
+def test_a_node_that_does_not_bootstrap_waits_for_the_first_election_then_stands(
+        coordinators, settings, observer, cluster):
+    slave = coordinators(settings("a"), offset=0, bootstrap=False)
+    wait_for(lambda: "no election has happened in this cluster yet" in (
+        slave.status()["waiting_for"] or ""), what="the slave waits for a first election")
+    assert slave.epoch is None and leader_of(observer, cluster) is None
+    z = coordinators(settings("z"), offset=0)
+    wait_for(lambda: z.epoch == 1, what="z, which bootstraps, elected")
+    wait_for(lambda: leader_name(slave) == "z", what="the slave sees z lead")
+    z.stop()  # an election has happened: the slave stands from now on
+    wait_for(lambda: slave.epoch == 2, what="the slave elected after z")
+    assert slave.recorder.kinds("elected") == [2]
+
+
+def test_an_election_hands_out_an_epoch_above_the_newest_the_store_knows(
+        coordinators, settings, observer, cluster):
+    a = coordinators(settings("a"), offset=0, known_epoch=6)
+    wait_for(lambda: a.recorder.kinds("elected") == [7],
+             what="a elected above its store's epoch 6")
+    assert observer.range(Keys(cluster).epoch)[1][0].value == b"7"
+    b = coordinators(settings("b"), offset=0)
+    wait_for(lambda: leader_name(b) == "a", what="b follows a")
+    assert a.step_down()
+    wait_for(lambda: b.epoch == 8, what="b elected next: the epoch key + 1")
+    a.publish(known_epoch=11)  # a's store heard of epoch 11 meanwhile: it publishes it
+
+    def published() -> int:
+        kvs = observer.range(Keys(cluster).member("a"))[1]
+        return json.loads(kvs[0].value)["epoch"] if kvs else 0
+    wait_for(lambda: published() == 11, what="a's record naming epoch 11")
+    a.withdraw("the test keeps it out")
+    b.step_down()  # b's store knows only 8, but a member's knows 11
+    wait_for(lambda: b.epoch == 12, what="b elected again above 11")
+
+
+def test_a_withdrawn_node_stands_in_no_election_until_it_stands_again(coordinators, settings,
+                                                                      observer, cluster):
+    z = first_leader(coordinators, settings, observer, cluster)
+    a = coordinators(settings("a"), offset=1000)  # the best candidate, but withdrawn
+    a.withdraw("its store refused the promotion in epoch 2")
+    b = coordinators(settings("b"), offset=10)
+    wait_for(lambda: members(observer, cluster) == {"a", "b", "z"}, what="all registered")
+    z.stop()
+    wait_for(lambda: b.epoch == 2, what="b elected: a does not stand")
+    assert a.recorder.kinds("elected") == []
+    b.stop()
+    wait_for(lambda: "it withdrew from elections: its store refused the promotion in epoch 2"
+             in (a.status()["waiting_for"] or ""), what="a says why it waits")
+    a.withdraw(None)
+    wait_for(lambda: a.epoch == 3, what="a elected once it stands again")

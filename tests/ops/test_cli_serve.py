@@ -147,3 +147,27 @@ def test_server_defaults():
     assert (cfg.server.max_connections, cfg.server.idle_timeout_ms,
             cfg.server.request_timeout_ms, cfg.server.max_header_bytes) == (
         64, 10_000, 10_000, 16_384)
+
+
+@pytest.mark.parametrize("server, needle", [
+    ({"metrics_listen": "127.0.0.1:0"},
+     "server.ha_listen (None) gives no fixed port for its slaves to dial"),
+    ({"metrics_listen": "127.0.0.1:0", "ha_listen": "127.0.0.1:0"},
+     "server.ha_listen ('127.0.0.1:0') gives no fixed port"),
+    ({"metrics_listen": "127.0.0.1:0", "ha_listen": "0.0.0.0:10912",
+      "ha_secret_file": "/nonexistent-but-named"},
+     "set coordination.ha_address to the HOST:PORT the other nodes dial"),
+])
+def test_serve_refuses_coordination_it_cannot_lead_with_and_touches_nothing(tmp_path, server,
+                                                                             needle):
+    root = tmp_path / "store"
+    yaml = tmp_path / "deploy.yaml"
+    import yaml as yamllib
+    config = yamllib.safe_load(SMALL_CONFIG)
+    config.update({"store": {"root": str(root)}, "server": server,
+                   "coordination": {"etcd_endpoints": ["127.0.0.1:2379"], "node": "a"}})
+    yaml.write_text(json.dumps(config))
+    from cli_support import mqstore
+    proc = mqstore("serve", "-c", yaml, check=2)  # a configuration error
+    assert needle in " ".join(proc.stderr.split()), proc.stderr
+    assert not root.exists() or not os.listdir(root)

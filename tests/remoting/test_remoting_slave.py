@@ -56,3 +56,42 @@ def test_a_slave_serves_pulls_of_what_it_replicated(tmp_path):
     finally:
         for server in reversed(servers):
             server.stop()
+
+
+def test_a_promoted_slave_takes_sends_as_broker_0(tmp_path):
+    import json as jsonlib
+
+    from cli_support import mqstore
+    master = Served(deployment_yaml(tmp_path / "m.yaml", tmp_path / "master",
+                                    {"ha_listen": "127.0.0.1:0"}), tmp_path / "master.log")
+    servers = [master]
+    try:
+        ha = master.wait_for(r"master listening for slaves on ([\d.]+:\d+)")
+        yaml = slave_yaml(tmp_path / "s.yaml", tmp_path / "slave", ha, True)
+        yaml.write_text(yaml.read_text().replace('"remoting_listen"',
+                                                 '"grpc_listen": "127.0.0.1:0", "remoting_listen"'))
+        slave = Served(yaml, tmp_path / "slave.log")
+        servers.append(slave)
+        grpc = slave.wait_for(r"serving gRPC \S+ on ([\d.]+:\d+)")
+        with Wire(master.address) as m:
+            assert m.call(10, send_ext("RepT", 0), b"r0").code == 0
+        with Wire(slave.address) as s:
+            wait_for(lambda: s.call(30, {"topic": "RepT", "queueId": 0}).ext["offset"] == "1",
+                     timeout=60, what="the slave replicating")
+            refused = s.call(10, send_ext("RepT", 0), b"no")
+            assert refused.code == 14 and "slave" in refused.remark
+            master.stop()
+            servers.remove(master)
+            promoted = jsonlib.loads(mqstore("role", "promote", "--server", grpc, "--force",
+                                             "--json").stdout)
+            assert promoted["role"] == "async_master"
+            r = s.call(10, send_ext("RepT", 0), b"r1")
+            assert r.code == 0, r.remark
+            wait_for(lambda: s.call(30, {"topic": "RepT", "queueId": 0}).ext["offset"] == "2",
+                     timeout=60, what="the send dispatched")
+            r = s.call(11, pull_ext("g", "RepT", 0, 0))
+            assert [m.body for m in records(r.body)] == [b"r0", b"r1"]
+            assert r.ext["suggestWhichBrokerId"] == "0"
+    finally:
+        for server in reversed(servers):
+            server.stop()

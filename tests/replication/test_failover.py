@@ -20,8 +20,9 @@ from mqstore import MessageStore, load_config
 from mqstore.storage.role_file import read_role
 
 from endpoint_support import client_module
+from cli_support import mqstore
 from failover_support import (
-    Node, child_serve_argv, commit_log_bytes, free_ports, wait_until,
+    Clients, Node, child_serve_argv, commit_log_bytes, free_ports, wait_until,
 )
 
 WAIT_S = 60.0
@@ -134,6 +135,41 @@ def test_a_client_listing_both_endpoints_reaches_the_promoted_slave(
     finally:
         producer.shutdown()
         consumer.shutdown()
+
+
+@pytest.mark.slow
+def test_a_manual_promotion_mid_stream_redelivers_only_what_was_in_flight(tmp_path, home, nodes):
+    """The measured outcome: "orders" of 8 queues, a producer and a SimpleConsumer group
+    acking, each listing both endpoints; the master SIGKILLed, the slave promoted with `mqstore
+    role promote`; the clients go on by themselves."""
+    m, s = pair(tmp_path, home, nodes, "sync_master")
+    mqstore("topic", "create", "orders", "-q", "8", "--server", m.endpoint)
+    clients = Clients(tmp_path, home, f"{m.endpoint};{s.endpoint}", 400)
+    try:
+        wait_until(lambda: len(clients.acked()) >= 150, WAIT_S, "acks under way")
+        m.kill()
+        clients.at_kill()
+        wait_disconnected(s)
+        promoted = s.role("promote")
+        assert (promoted["role"], promoted["epoch"], promoted["lacked"]) == (
+            "async_master", 2, None)
+        assert "config/topics.json" in promoted["mirror"]["installed"]
+        clients.wait_all()
+    finally:
+        clients.close()
+    out = clients.outcome()
+    print(f"acked before the kill: {len(out['acked_before'])}, in flight: "
+          f"{len(out['in_flight'])}, redelivered: {len(out['redelivered'])}")
+    assert len(out["acked_before"]) >= 150 and out["in_flight"]
+    assert not out["redelivered"] & out["acked_before"]  # nothing acknowledged comes back
+    assert out["redelivered"] <= out["in_flight"]
+    assert not out["lost"]  # every send answered OK was received
+    with MessageStore.open(s.root, load_config(str(s.yaml)), read_only=True) as store:
+        assert store.queue_ids("orders") == list(range(8))
+        ends = {q: store.max_offset("orders", q) for q in range(8)}
+        after = {q: [m for m in store.read("orders", q, 0, 10_000)
+                     if m.phys_offset >= promoted["start_offset"]] for q in range(8)}
+    assert all(ends.values()) and all(after.values()), (ends, {q: len(v) for q, v in after.items()})
 
 
 def test_a_slave_behind_what_its_master_acknowledged_is_refused_and_force_says_what_it_lacks(

@@ -320,3 +320,35 @@ def test_a_demoted_master_cuts_and_keeps_what_its_new_master_lacks(node):
     refused = m.put(Message("orders", b"no"))
     assert (refused.status, refused.error) == (PutStatus.SERVICE_NOT_AVAILABLE,
                                                "store role is slave")
+
+
+def test_a_master_elected_again_before_it_wrote_takes_the_new_epoch_in_place(node):
+    m = node("m", "async_master")
+    assert EpochFile(m.root).entries == [EpochEntry(1, 0)]  # nothing written in epoch 1
+    m.fence("the lease ran out")
+    assert m.promote(epoch=3) == {"role": "async_master", "epoch": 3, "start_offset": 0,
+                                  "followed": None, "lacked": None, "forced": False,
+                                  "mirror": None}
+    assert EpochFile(m.root).entries == [EpochEntry(3, 0)]  # one entry per start offset
+    assert m.put(Message("t", b"a")).status is PutStatus.PUT_OK
+    m.fence("again")
+    end = m.max_phys_offset
+    assert m.promote(epoch=4)["start_offset"] == end
+    assert EpochFile(m.root).entries == [EpochEntry(3, 0), EpochEntry(4, end)]
+
+
+def test_the_write_guard_and_its_status_outlive_a_reopen(node):
+    m = node("m", "async_master")
+    other = node("o", "async_master")
+    allowed = [True]
+    m.set_write_guard(lambda: allowed[0], lambda: {"leader": "m", "may_write": allowed[0]})
+    assert m.role_status()["coordination"] == {"leader": "m", "may_write": True}
+    allowed[0] = False
+    refused = m.put(Message("t", b"a"))
+    assert "write guard (the coordination lease) does not hold" in refused.error
+    done = m.demote(ha_of(other))  # reopens the store as a slave
+    assert done == {"role": "slave", "master": ha_of(other), "was": "async_master"}
+    assert m.role_state.guard is not None and m.role_state.guard() is False
+    assert m.role_status()["coordination"] == {"leader": "m", "may_write": False}
+    assert m.demote(ha_of(other), if_needed=True) == {
+        "role": "slave", "master": ha_of(other), "was": "slave", "unchanged": True}

@@ -8,12 +8,20 @@ send returned. A consumer receives until the stop file exists, printing ``got <b
 when the ack came after the invisible time and the message had gone to another delivery); it
 withholds the ack of a first delivery whose body ends in one of the comma-separated
 ``withhold`` suffixes (that message must come back). Each line is flushed at once.
+
+``failover-produce`` and ``failover-consume`` (same arguments; the endpoint may list several,
+``a;b``) go on through a failover: a send that fails is tried again (a new message with the
+same body) until one is answered OK, printing ``failed <body> <error>`` for each failure; a
+receive that fails is tried again; ``got`` lines carry the message id as a fourth word (a
+delivery of the same id again is a redelivery; a body sent twice has two ids), and an ack that
+fails prints ``ackfailed <body> <id>``.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 from endpoint_support import CLIENT_REQUEST_TIMEOUT_S
 
@@ -25,6 +33,8 @@ def main(argv: list[str]) -> int:
     from rocketmq.v5.exception import BadRequestException
 
     mode, endpoint, topic = argv[1:4]
+    if mode.startswith("failover-"):
+        return through_failover(mode, endpoint, topic, argv)
     config = rocketmq.ClientConfiguration(endpoint, rocketmq.Credentials(),
                                           request_timeout=CLIENT_REQUEST_TIMEOUT_S)
     if mode == "produce":
@@ -55,6 +65,54 @@ def main(argv: list[str]) -> int:
                 print("stale", body, flush=True)
                 continue
             print("acked", body, flush=True)
+    consumer.shutdown()
+    return 0
+
+
+def through_failover(mode: str, endpoint: str, topic: str, argv: list[str]) -> int:
+    import rocketmq
+    # Short: a call to a paused master must give up in time to go elsewhere.
+    config = rocketmq.ClientConfiguration(endpoint, rocketmq.Credentials(), request_timeout=5)
+    if mode == "failover-produce":
+        name, count = argv[4], int(argv[5])
+        producer = rocketmq.Producer(config, (topic,))
+        producer.startup()
+        for i in range(count):
+            body = f"{name}-{i}"
+            while True:
+                msg = rocketmq.Message()
+                msg.topic, msg.body = topic, body.encode()
+                try:
+                    producer.send(msg)
+                    break
+                except Exception as exc:  # noqa: BLE001 - no master for a while: again
+                    print("failed", body, type(exc).__name__, flush=True)
+                    time.sleep(0.2)
+            print("sent", body, flush=True)
+        producer.shutdown()
+        return 0
+    group, withhold, stop_file = argv[4], argv[5].split(","), argv[6]
+    consumer = rocketmq.SimpleConsumer(config, group, {topic: rocketmq.FilterExpression()},
+                                       await_duration=1)
+    consumer.startup()
+    while not os.path.exists(stop_file):
+        try:
+            batch = consumer.receive(16, INVISIBLE_S)
+        except Exception as exc:  # noqa: BLE001 - no master for a while: again
+            print("error", type(exc).__name__, flush=True)
+            time.sleep(0.2)
+            continue
+        for msg in batch:
+            body = msg.body.decode()
+            print("got", body, msg.delivery_attempt, msg.message_id, flush=True)
+            if msg.delivery_attempt == 1 and any(body.endswith(s) for s in withhold if s):
+                continue
+            try:
+                consumer.ack(msg)
+            except Exception:  # noqa: BLE001 - it comes back: counted as a redelivery
+                print("ackfailed", body, msg.message_id, flush=True)
+                continue
+            print("acked", body, msg.message_id, flush=True)
     consumer.shutdown()
     return 0
 

@@ -40,7 +40,8 @@ class Node:
 
     def __init__(self, base: Path, name: str, role: str, grpc_port: int, ha_port: int,
                  peer_ha_port: int, home: Path, store: dict | None = None,
-                 segment_bytes: int | None = None, server: dict | None = None) -> None:
+                 segment_bytes: int | None = None, server: dict | None = None,
+                 coordination: dict | None = None) -> None:
         extra_server = server
         self.name = name
         self.root = base / name
@@ -61,6 +62,8 @@ class Node:
             config["commit_log"]["segment_bytes"] = segment_bytes
         config["store"] = {"root": str(self.root), "role": role, **FAST_HA, **(store or {})}
         config["server"] = server
+        if coordination is not None:  # automatic failover: this node's name is its own
+            config["coordination"] = {"node": name, **coordination}
         self.yaml.write_text(json.dumps(config))
         self.endpoint = f"127.0.0.1:{grpc_port}"
         self.served: Served | None = None
@@ -74,6 +77,14 @@ class Node:
 
     def log(self) -> str:
         return self.served.log() if self.served is not None else ""
+
+    def metrics(self) -> str:
+        """``/metrics`` of this node's current serve, as text."""
+        import re
+        import urllib.request
+        url = re.findall(r"serving metrics on (http://\S+)/metrics", self.log())[-1]
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            return resp.read().decode()
 
     def kill(self) -> None:
         """SIGKILL the whole process group (serve and its workers)."""
@@ -90,9 +101,108 @@ class Node:
         return json.loads(proc.stdout) if check is not None else proc
 
 
+class Clients:
+    """A producer and a SimpleConsumer group in processes of their own
+    (``endpoint_client_proc.py``'s failover modes), given every node's endpoint, going on
+    through a failover; ``at_kill()`` notes what the consumer had received and acknowledged
+    when the master died, ``outcome()`` what came after."""
+
+    def __init__(self, base: Path, home: Path, endpoints: str, count: int,
+                 topic: str = "orders", group: str = "billing", consume: bool = True) -> None:
+        self.base = base
+        self.stop_file = base / "consumers.stop"
+        self.producer = _client(base / "producer.out", home, "failover-produce", endpoints,
+                                topic, "p", count)
+        self.consumer = _client(base / "consumer.out", home, "failover-consume", endpoints,
+                                topic, group, "3,7", self.stop_file) if consume else None
+        self.count = count
+        self.before: tuple[set, set] | None = None
+
+    def lines(self, which: str, first: str) -> list[list[str]]:
+        path = self.base / f"{which}.out"
+        return [line.split()[1:] for line in path.read_text().splitlines()
+                if line.startswith(first + " ")]
+
+    def sent(self) -> set[str]:
+        """Bodies whose send was answered OK."""
+        return {words[0] for words in self.lines("producer", "sent")}
+
+    def acked(self) -> set[str]:
+        return {words[1] for words in self.lines("consumer", "acked")}
+
+    def at_kill(self) -> None:
+        """Right after the SIGKILL: no ack can complete on a dead master, and none on the
+        next one before it is promoted, so these are exactly the acks before the kill."""
+        got = self.lines("consumer", "got")
+        self.before = (len(got), {w[2] for w in got}, self.acked())
+
+    def wait_all(self, timeout: float = 60.0, consumed: bool = True) -> None:
+        """Until every send was answered OK and (``consumed``) every body sent was
+        acknowledged, or its ack failed (an ack the master took as it died: it does not come
+        back), and then no delivery came for 3 s (redeliveries due have come)."""
+        def done():
+            sent = self.sent()
+            if not consumed:
+                return len(sent) == self.count
+            settled = {w[0] for w in self.lines("consumer", "acked")} | {
+                w[0] for w in self.lines("consumer", "ackfailed")}
+            return len(sent) == self.count and sent <= settled
+        wait_until(done, timeout, "every send answered and every message acknowledged")
+        if consumed:
+            path = self.base / "consumer.out"
+            seen = [path.stat().st_size, time.monotonic()]
+
+            def quiet():
+                size = path.stat().st_size
+                if size != seen[0]:
+                    seen[:] = [size, time.monotonic()]
+                return time.monotonic() - seen[1] >= 3.0
+            wait_until(quiet, timeout, "no delivery for 3 s")
+
+    def close(self) -> None:
+        self.stop_file.touch()
+        for proc in (self.producer, self.consumer):
+            if proc is None:
+                continue
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+
+    def outcome(self) -> dict:
+        """After the kill: the ids delivered again that had been delivered before it
+        (``redelivered``), against those in flight at the kill (delivered, not acked) and
+        those acknowledged before it; bodies answered OK to the producer and never
+        acknowledged (``lost``)."""
+        assert self.before is not None, "at_kill() was not called"
+        n_before, got_before, acked_before = self.before
+        after = [w[2] for w in self.lines("consumer", "got")[n_before:]]
+        sent = {w[0] for w in self.lines("producer", "sent")}
+        received = {w[0] for w in self.lines("consumer", "got")}
+        return {"acked_before": acked_before, "in_flight": got_before - acked_before,
+                "redelivered": set(after) & got_before, "sent": sent,
+                "lost": sent - received}
+
+
+def _client(out: Path, home: Path, *args) -> subprocess.Popen:
+    from cli_support import env
+    from paths import SUPPORT
+    with open(out, "w") as f:
+        return subprocess.Popen([sys.executable, str(SUPPORT / "endpoint_client_proc.py"),
+                                 *map(str, args)], stdout=f, stderr=subprocess.STDOUT,
+                                env={**env(), "HOME": str(home), "PYTHONPATH": str(SUPPORT)},
+                                start_new_session=True)
+
+
 def wait_until(probe, timeout: float = 30.0, what: str = "") -> object:
     """``probe()`` until it answers truthy (exceptions count as no); AssertionError after
-    ``timeout`` naming ``what`` and the last answer or exception."""
+    ``timeout`` (stretched on a loaded machine: ``mqstore.testing.patience``) naming ``what``
+    and the last answer or exception."""
+    from mqstore.testing import patience
+    timeout = patience(timeout)
     deadline = time.monotonic() + timeout
     last: object = None
     while time.monotonic() < deadline:
@@ -132,5 +242,5 @@ def child_serve_argv(yaml: Path, kill_after_step: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-__all__ = ["Node", "free_ports", "wait_until", "commit_log_bytes", "child_serve_argv",
+__all__ = ["Node", "Clients", "free_ports", "wait_until", "commit_log_bytes", "child_serve_argv",
            "signal"]
