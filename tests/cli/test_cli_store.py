@@ -150,7 +150,7 @@ def test_query_lookups(store, config):
 def test_stats(store, config):
     s = mqstore_json("stats", store["root"], "-c", config)
     assert set(s) == {"store", "commit_log", "topics", "consumers", "dispatch", "flush", "disk",
-                      "cleanup", "replication", "schedule"}
+                      "cleanup", "replication", "schedule", "coordination"}
     assert s["schedule"] == {"levels": {}, "timers": {"queued": 0, "queue_offset": 0,
                                                       "read_time_ms": 0}}
     assert s["replication"] == {"live": False, "role": "async_master"}  # none ever ran
