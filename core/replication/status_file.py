@@ -8,28 +8,20 @@ the moment, not data. A reader takes it as a hint, dated by its ``updated_ms``.
 
 from __future__ import annotations
 
-import json
 import os
+
+from mqstore.storage.durable_file import read_hint, write_hint
 
 STATUS_FILE = "replication.json"
 
 
 def write_status(root: str, status: dict) -> None:
-    path = os.path.join(root, STATUS_FILE)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(status, f, sort_keys=True)
-    os.replace(tmp, path)
+    write_hint(os.path.join(root, STATUS_FILE), status)
 
 
 def read_status(root: str) -> dict | None:
     """The last status written, or None when there is none (or it cannot be read)."""
-    try:
-        with open(os.path.join(root, STATUS_FILE), encoding="utf-8") as f:
-            status = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return status if isinstance(status, dict) else None
+    return read_hint(os.path.join(root, STATUS_FILE))
 
 
 __all__ = ["STATUS_FILE", "write_status", "read_status"]

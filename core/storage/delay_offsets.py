@@ -14,7 +14,7 @@ import os
 
 from mqstore.errors import CorruptStateError
 from mqstore.format.delay_offsets import DelayOffsets, decode, encode
-from mqstore.storage.durable_file import read_all, replace_file
+from mqstore.storage.durable_file import read_if_exists, replace_file
 
 CONFIG_DIR = "config"
 DELAY_OFFSET_FILE = "delayOffset.json"
@@ -28,14 +28,9 @@ def read_delay_offsets(root: str) -> DelayOffsets | None:
     """The document, or None when the store has none; CorruptStateError when it does not
     parse."""
     path = delay_offsets_path(root)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    data = read_if_exists(path)
+    if data is None:
         return None
-    try:
-        data = read_all(fd, path)
-    finally:
-        os.close(fd)
     try:
         return decode(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import stat
 
@@ -94,6 +95,37 @@ def read_all(fd: int, path: str | None = None) -> bytes:
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
+
+
+def read_if_exists(path: str) -> bytes | None:
+    """The file's bytes, or None when there is no file (``read_all``'s checks apply)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        return read_all(fd, path)
+    finally:
+        os.close(fd)
+
+
+def write_hint(path: str, status: dict) -> None:
+    """A JSON document describing the moment for other processes (a status, not data):
+    replaced by rename, never in place, and not forced to disk."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(status, f, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def read_hint(path: str) -> dict | None:
+    """The document ``write_hint`` last wrote, or None (none written, or unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            status = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
 
 
 def _disk_full(path: str, exc: OSError) -> OSError:

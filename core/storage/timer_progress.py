@@ -7,7 +7,7 @@ import os
 
 from mqstore.errors import CorruptStateError
 from mqstore.format.timer_progress import TimerProgress, decode, encode
-from mqstore.storage.durable_file import read_all, replace_file
+from mqstore.storage.durable_file import read_if_exists, replace_file
 
 CONFIG_DIR = "config"
 TIMERS_FILE = "mqstore_timers.json"
@@ -19,14 +19,9 @@ def timer_progress_path(root: str) -> str:
 
 def read_timer_progress(root: str) -> TimerProgress | None:
     path = timer_progress_path(root)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    data = read_if_exists(path)
+    if data is None:
         return None
-    try:
-        data = read_all(fd, path)
-    finally:
-        os.close(fd)
     try:
         return decode(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
