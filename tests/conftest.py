@@ -139,6 +139,20 @@ def rocketmq_dir(tmp_path_factory):
     return dest / "store"
 
 
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A home directory of the module's own for the official RocketMQ client (it writes its
+    logs under ``~/logs``)."""
+    return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture(scope="module")
+def rocketmq(home):
+    """The official RocketMQ 5 client, loaded once per module with ``home`` as its home."""
+    from endpoint_support import client_module
+    return client_module(home)
+
+
 @pytest.fixture
 def no_plugin_env(monkeypatch):
     """No plugin-selection variables from the environment (modules opt in with usefixtures)."""

@@ -6,8 +6,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import signal
+
 import pytest
 
+from failover_support import Node
 from replication_procs import kill_all
 
 
@@ -18,6 +21,18 @@ def procs():
     started: list = []
     yield started
     kill_all(started)
+
+
+@pytest.fixture
+def nodes():
+    """Every ``failover_support.Node`` a test starts is gone when it ends (a stopped one is
+    continued first, so it dies at once)."""
+    started: list[Node] = []
+    yield started
+    for node in started:
+        if node.served is not None and node.served.proc.poll() is None:
+            node.signal(signal.SIGCONT)
+        node.kill()
 
 
 def _openssl(*args: str) -> None:

@@ -19,31 +19,12 @@ import pytest
 from mqstore import MessageStore, load_config
 from mqstore.storage.role_file import read_role
 
-from endpoint_support import client_module
 from cli_support import mqstore
 from failover_support import (
     Clients, Node, child_serve_argv, commit_log_bytes, free_ports, wait_until,
 )
 
 WAIT_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    return tmp_path_factory.mktemp("home")
-
-
-@pytest.fixture(scope="module")
-def rocketmq(home):
-    return client_module(home)
-
-
-@pytest.fixture
-def nodes():
-    started: list[Node] = []
-    yield started
-    for node in started:
-        node.kill()
 
 
 def pair(tmp_path, home, nodes, master_role: str, *, master_first: bool = True,

@@ -17,7 +17,6 @@ import pytest
 from mqstore import MessageStore, load_config
 
 from cli_support import mqstore
-from endpoint_support import client_module
 from etcd_support import EtcdServer
 from failover_support import Clients, Node, commit_log_bytes, free_ports, wait_until
 
@@ -29,30 +28,10 @@ ELECTED_WITHIN_S = 30.0
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    return tmp_path_factory.mktemp("home")
-
-
-@pytest.fixture(scope="module")
-def rocketmq(home):
-    return client_module(home)
-
-
-@pytest.fixture(scope="module")
 def etcd(tmp_path_factory):
     server = EtcdServer(tmp_path_factory.mktemp("etcd")).start()
     yield server
     server.kill()
-
-
-@pytest.fixture
-def nodes():
-    started: list[Node] = []
-    yield started
-    for node in started:
-        if node.served is not None and node.served.proc.poll() is None:
-            node.signal(signal.SIGCONT)
-        node.kill()
 
 
 def coordinated(tmp_path, home, nodes, etcd, master_role: str, segment_bytes=None,
