@@ -68,6 +68,9 @@ class Coordinator:
         self._sit_out: tuple[float, int] | None = None  # (until, the epoch it stepped down from)
         self._withdrawn: str | None = None  # why it does not stand until told otherwise
         self.leader: LeaderInfo | None = None
+        # The cluster's confirmed offset as last read: an elected node lacking bytes below it
+        # lacks acknowledged messages, whatever its old master's frames told it.
+        self.confirmed = 0
         self.waiting_for: str | None = "the first read of etcd"
         self.last_error: str | None = None
 
@@ -216,6 +219,7 @@ class Coordinator:
             if standing != self._member.candidate:
                 self._member = replace(self._member, candidate=standing)
         self.leader = leader
+        self.confirmed = max(self.confirmed, view.confirmed)
         seen = (leader.name, leader.epoch) if leader is not None else None
         if seen != self._seen:
             self._seen = seen

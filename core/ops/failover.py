@@ -100,7 +100,8 @@ class Failover:
     # -- the coordinator's callbacks (its events thread, one at a time) ----------------------
     def _elected(self, epoch: int) -> None:
         try:
-            done = self.store.promote(epoch=epoch, elected=True, accept_lag=self.max_lag)
+            done = self.store.promote(epoch=epoch, elected=True, accept_lag=self.max_lag,
+                                    confirmed=self.coordinator.confirmed)
         except Exception as exc:  # noqa: BLE001 - any refusal: let another node lead
             # It would refuse again: it stands again once its log moves or it follows a
             # leader, not at the next election (others would read it as the leader meanwhile).

@@ -150,7 +150,7 @@ class RoleCalls:
 
     def promote(self, *, epoch: int | None = None, force: bool = False,
                 role: str | None = None, timeout: float = DISPATCH_TIMEOUT_S,
-                elected: bool = False, accept_lag: int = 0) -> dict:
+                elected: bool = False, accept_lag: int = 0, confirmed: int = 0) -> dict:
         """Make this slave the master now (the module docstring); ``epoch``: the epoch to be
         master in (an election's; default: one above every epoch it knows); ``role``:
         ``async_master`` or ``sync_master`` (default: the configured role when it is a master
@@ -158,7 +158,9 @@ class RoleCalls:
         old master's lease ran out, so it takes no puts even while its connection lasts (a
         paused process), and the connection does not refuse the promotion; ``accept_lag``:
         lacking at most this many acknowledged bytes does not refuse it (coordination's
-        ``max_lag_bytes``, which let the election choose it). Returns what was done."""
+        ``max_lag_bytes``, which let the election choose it); ``confirmed``: an offset every
+        PUT_OK of the old master covered, learnt elsewhere than from its frames (the
+        cluster's, in etcd), counted as acknowledged too. Returns what was done."""
         self._writable()
         target = role or (self._parts.config.store.role
                           if self._parts.config.store.role in MASTER_ROLES else "async_master")
@@ -177,7 +179,8 @@ class RoleCalls:
             state = self.role_state
             if not state.is_slave:
                 return self._reelected(epoch, target)
-            return self._promote(state, epoch, force, target, timeout, elected, accept_lag)
+            return self._promote(state, epoch, force, target, timeout, elected, accept_lag,
+                                 confirmed)
 
     def _reelected(self, epoch: int | None, target: str) -> dict:
         """A master promoted again: a fenced one elected in a new epoch takes puts again."""
@@ -194,7 +197,8 @@ class RoleCalls:
                 "lacked": None, "forced": False, "mirror": None}
 
     def _promote(self, state: RoleState, epoch: int | None, force: bool, target: str,
-                 timeout: float, elected: bool = False, accept_lag: int = 0) -> dict:
+                 timeout: float, elected: bool = False, accept_lag: int = 0,
+                 confirmed: int = 0) -> dict:
         parts, epochs = self._parts, self._epochs
         replication = self._replication
         client = replication.client
@@ -204,12 +208,12 @@ class RoleCalls:
                 f"this slave is connected to its master {followed}, which serves it: "
                 f"promoting it now would make two masters; stop the master first (or force)")
         end = self._commit_log.max_offset
-        lacked = _lacked(state, end)
+        lacked = _lacked(state, end, confirmed)
         if lacked is not None and not force and lacked["bytes"] > accept_lag:
             raise PromotionRefusedError(
                 f"this slave's log ends at {end}, but its master {followed} had answered "
                 f"PUT_OK up to {lacked['to']} (its confirm offset, as this slave last heard "
-                f"it): it lacks {lacked['bytes']} bytes [{end}, {lacked['to']}) of "
+                f"it or the cluster published it): it lacks {lacked['bytes']} bytes [{end}, {lacked['to']}) of "
                 f"acknowledged messages; promote it with force to accept losing them")
         problem = master_listen_problem(parts.config.server)
         if problem is not None:
@@ -359,8 +363,8 @@ def _begin(epochs: EpochFile, epoch: int, end: int) -> None:
         epochs.append(epoch, end)
 
 
-def _lacked(state: RoleState, end: int) -> dict | None:
-    confirmed = state.master_confirmed
+def _lacked(state: RoleState, end: int, confirmed: int) -> dict | None:
+    confirmed = max(state.master_confirmed, confirmed)
     if confirmed <= end:
         return None
     return {"from": end, "to": confirmed, "bytes": confirmed - end}
