@@ -19,7 +19,7 @@ from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 from mqstore.format.record import HEADER_STRUCTS, MAGIC_V1, POS_SYSFLAG, RecordLayout
 from mqstore.format.verify import verify_queue_record
 from mqstore.hashing import zlib_crc32 as crc32
-from mqstore.message import GetResult, GetStatus, StoredMessage
+from mqstore.message import CHECKED_V1, GetResult, GetStatus, StoredMessage
 from mqstore.read.served_rows import MIN_RECORD
 
 _UNIT = struct.Struct(">qiq")  # a consume-queue unit: commit-log offset, size, tag code
@@ -27,6 +27,10 @@ _TWO_UNITS = struct.Struct(">qiqqiq")
 _FOUND = GetStatus.FOUND
 _HOSTS_BYTE = POS_SYSFLAG + 3  # the big-endian sysflag's low byte holds the host-family bits
 _HEADS = tuple((hs, hs.size) for hs in HEADER_STRUCTS)  # the header and where the body starts
+# Per host family, the header fields a plain get checks (TOTALSIZE, MAGICCODE, BODYCRC,
+# QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, BODYLENGTH) and where the body starts: the whole
+# header is read only when the message's other fields are (``message.CHECKED_V1``).
+_CHECKED = tuple((struct.Struct(f">iiii4xqq{hs.size - 40}xi"), hs.size) for hs in HEADER_STRUCTS)
 _CRC_BYTES = record_crc.RESERVED
 _FIRST, _SECOND, _THIRD = record_crc.THIRDS
 _THIRDS = struct.Struct("3s3s3s")  # where a record CRC property's name would lie, in thirds
@@ -34,6 +38,34 @@ _new_layout = tuple.__new__
 _NO_RANGE = (0, 0)  # no commit-log range where records must carry the record CRC
 _TOO_LONG = b""  # the topic field of a topic too long for V1 records
 _topic_fields: dict[str, bytes] = {}  # topic -> its V1 topic field (topics of open queues)
+# NOTE [ shapes ]
+# A queue's records mostly repeat a few shapes: the same size, body length and topic. A shape
+# (the record's size, its topic field's length and its host families, one int) seen twice
+# gets one struct that reads every field a plain get checks: the header's, the topic field
+# and the properties' length after the body, and the three thirds of where a record CRC
+# property would lie. A record whose body length is not the shape's (same size, another
+# split) fails that check and takes the field-by-field path, as does every record of a new
+# shape; both paths check the same things. Records too short for a record CRC property to
+# fit are always read field by field.
+_shapes: dict[int, tuple] = {}  # shape -> (unpack_from, body_at, body_end, body_len, props_len)
+_seen: set[int] = set()  # shapes met once
+_MAX_SHAPES = 4096  # a bound only: the tables start over when a store's sizes vary widely
+
+
+def _learn(shape: int, body_at: int, body_len: int, key_len: int, gap: int) -> None:
+    """Remember a shape the first time it is met, give it a struct the second time."""
+    if shape not in _seen:
+        if len(_seen) >= _MAX_SHAPES:
+            _seen.clear()
+        _seen.add(shape)
+        return
+    if len(_shapes) >= _MAX_SHAPES:
+        _shapes.clear()
+    unpack = struct.Struct(f">iiii4xqq{body_at - 40}xi{body_len}x{key_len}sH{gap}x3s3s3s"
+                           ).unpack_from
+    _shapes[shape] = (unpack, body_at, body_at + body_len, body_len, gap + _CRC_BYTES)
+
+
 # A V1 record's tail up to its properties: the topic field of the given length, then the
 # properties' length.
 _TAILS = {n: struct.Struct(f">{n}sH") for n in range(1, 257)}
@@ -73,6 +105,7 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
     topic, queue_id, crc_range = cq.topic.encode(), cq.queue_id, commit_log.crc_range
     key, topic_len = _topic_fields.get(cq.topic) or _topic_field(cq.topic), len(topic)
     tail = _TAILS[len(key)].unpack_from if key else None
+    kbits, shape_of = len(key) << 2, _shapes.get
     crc_lo, crc_hi = crc_range or _NO_RANGE
     find = commit_log.segments.find
     in_memory, mem_bytes, mem_count, disk_bytes, disk_count = limits.batch
@@ -103,30 +136,49 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
             raw = mm[rel:rel + size]
         except ValueError:  # the segment closed meanwhile
             return None
-        # _intact inlined (this runs once per message), to the same effect.
-        head, body_at = _HEADS[(raw[_HOSTS_BYTE] >> 4) & 3]
-        lay = None
+        # _intact inlined (this runs once per message), to the same effect; the message
+        # keeps the body the CRC was taken of, and reads the rest of its header when asked.
+        # A record of a shape seen before is read with one struct call (NOTE [ shapes ]).
+        shape = shape_of(size << 11 | kbits | (raw[_HOSTS_BYTE] >> 4) & 3)
+        if shape is not None:
+            (stated, magic, body_crc, qid, qoff, phys, body_len, field, props_len, c0, c1,
+             c2) = shape[0](raw)
+            if (body_len == shape[3] and stated == size and magic == MAGIC_V1 and phys == pos
+                    and qid == queue_id and qoff == offset + n and field == key
+                    and props_len == shape[4] and c0 != _FIRST and c1 != _SECOND
+                    and c2 != _THIRD and not crc_lo <= pos < crc_hi
+                    and crc32(body := raw[shape[1]:shape[2]]) & 0x7FFFFFFF == body_crc):
+                append(StoredMessage(raw, CHECKED_V1, body))
+                n += 1
+                total += size
+                last = pos
+                continue
+        head, body_at = _CHECKED[(raw[_HOSTS_BYTE] >> 4) & 3]
         if size >= body_at + 3 and key:
-            f = head.unpack_from(raw)
-            body_len = f[16]
+            stated, magic, body_crc, qid, qoff, phys, body_len = head.unpack_from(raw)
             topic_at = body_at + body_len + 1
             props_at = topic_at + topic_len + 2
             crc_at = size - _CRC_BYTES
-            if (f[0] == size and f[1] == MAGIC_V1 and f[6] == pos and f[3] == queue_id
-                    and f[5] == offset + n and body_len >= 0 and props_at <= size
+            if (stated == size and magic == MAGIC_V1 and phys == pos and qid == queue_id
+                    and qoff == offset + n and body_len >= 0 and props_at <= size
                     and (t := tail(raw, topic_at - 1))[0] == key and props_at + t[1] == size
                     and (crc_at < props_at or (c := _THIRDS.unpack_from(raw, crc_at))[0]
                          != _FIRST and c[1] != _SECOND and c[2] != _THIRD)
                     and not crc_lo <= pos < crc_hi
-                    and crc32(raw[body_at:body_at + body_len]) & 0x7FFFFFFF == f[2]):
-                lay = _new_layout(RecordLayout,
-                                  (f, body_at, topic_at, topic_len, props_at, size - props_at))
-        if lay is None:
-            try:
-                lay = verify_queue_record(raw, pos, size, topic, queue_id, offset + n,
-                                          crc_range)
-            except ValueError:  # damaged (CorruptRecordError)
-                return None
+                    and crc32(body := raw[body_at:body_at + body_len]) & 0x7FFFFFFF
+                    == body_crc):
+                if shape is None and crc_at >= props_at:
+                    _learn(size << 11 | kbits | (raw[_HOSTS_BYTE] >> 4) & 3, body_at,
+                           body_len, len(key), crc_at - props_at)
+                append(StoredMessage(raw, CHECKED_V1, body))
+                n += 1
+                total += size
+                last = pos
+                continue
+        try:
+            lay = verify_queue_record(raw, pos, size, topic, queue_id, offset + n, crc_range)
+        except ValueError:  # damaged (CorruptRecordError)
+            return None
         append(StoredMessage(raw, lay))
         n += 1
         total += size
