@@ -23,6 +23,7 @@ from mqstore.message import CHECKED_V1, GetResult, GetStatus, StoredMessage
 from mqstore.read.served_rows import MIN_RECORD
 
 _UNIT = struct.Struct(">qiq")  # a consume-queue unit: commit-log offset, size, tag code
+_UNIT_HEAD = struct.Struct(">qi8x")  # a unit's commit-log offset and size
 _TWO_UNITS = struct.Struct(">qiqqiq")
 _FOUND = GetStatus.FOUND
 _HOSTS_BYTE = POS_SYSFLAG + 3  # the big-endian sysflag's low byte holds the host-family bits
@@ -39,31 +40,37 @@ _NO_RANGE = (0, 0)  # no commit-log range where records must carry the record CR
 _TOO_LONG = b""  # the topic field of a topic too long for V1 records
 _topic_fields: dict[str, bytes] = {}  # topic -> its V1 topic field (topics of open queues)
 # NOTE [ shapes ]
-# A queue's records mostly repeat a few shapes: the same size, body length and topic. A shape
-# (the record's size, its topic field's length and its host families, one int) seen twice
-# gets one struct that reads every field a plain get checks: the header's, the topic field
-# and the properties' length after the body, and the three thirds of where a record CRC
-# property would lie. A record whose body length is not the shape's (same size, another
-# split) fails that check and takes the field-by-field path, as does every record of a new
-# shape; both paths check the same things. Records too short for a record CRC property to
-# fit are always read field by field.
-_shapes: dict[int, tuple] = {}  # shape -> (unpack_from, body_at, body_end, body_len, props_len)
-_seen: set[int] = set()  # shapes met once
+# A queue's records mostly repeat a few shapes: the same size, body length, topic and host
+# families. A shape (per topic-field length, the record's size) seen twice gets one struct
+# that reads every field a plain get checks: the header's (the sysflag for its host bits),
+# the topic field and the properties' length after the body, and the three thirds of where a
+# record CRC property would lie. A record of the shape's size but another split or other
+# host families fails those checks and takes the field-by-field path, as does every record
+# of a new shape; both paths check the same things. Records too short for a record CRC
+# property to fit are always read field by field.
+# topic-field length -> size -> (unpack_from, body_at, body_end, body_len, props_len, hosts)
+_shapes: dict[int, dict[int, tuple]] = {n: {} for n in range(1, 257)}
+_seen: set[int] = set()  # shapes met once, as size << 9 | topic-field length
 _MAX_SHAPES = 4096  # a bound only: the tables start over when a store's sizes vary widely
+_HOST_BITS = 0x30
 
 
-def _learn(shape: int, body_at: int, body_len: int, key_len: int, gap: int) -> None:
+def _learn(size: int, key_len: int, sysflag_byte: int, body_at: int, body_len: int,
+           gap: int) -> None:
     """Remember a shape the first time it is met, give it a struct the second time."""
-    if shape not in _seen:
+    seen = size << 9 | key_len
+    if seen not in _seen:
         if len(_seen) >= _MAX_SHAPES:
             _seen.clear()
-        _seen.add(shape)
+        _seen.add(seen)
         return
-    if len(_shapes) >= _MAX_SHAPES:
-        _shapes.clear()
-    unpack = struct.Struct(f">iiii4xqq{body_at - 40}xi{body_len}x{key_len}sH{gap}x3s3s3s"
+    shapes = _shapes[key_len]
+    if len(shapes) >= _MAX_SHAPES:
+        shapes.clear()
+    unpack = struct.Struct(f">iiii4xqqi{body_at - 44}xi{body_len}x{key_len}sH{gap}x3s3s3s"
                            ).unpack_from
-    _shapes[shape] = (unpack, body_at, body_at + body_len, body_len, gap + _CRC_BYTES)
+    shapes[size] = (unpack, body_at, body_at + body_len, body_len, gap + _CRC_BYTES,
+                    sysflag_byte & _HOST_BITS)
 
 
 # A V1 record's tail up to its properties: the topic field of the given length, then the
@@ -105,7 +112,7 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
     topic, queue_id, crc_range = cq.topic.encode(), cq.queue_id, commit_log.crc_range
     key, topic_len = _topic_fields.get(cq.topic) or _topic_field(cq.topic), len(topic)
     tail = _TAILS[len(key)].unpack_from if key else None
-    kbits, shape_of = len(key) << 2, _shapes.get
+    shape_of = _shapes[len(key)].get if key else {}.get
     crc_lo, crc_hi = crc_range or _NO_RANGE
     find = commit_log.segments.find
     in_memory, mem_bytes, mem_count, disk_bytes, disk_count = limits.batch
@@ -113,7 +120,7 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
     append = messages.append
     log_start = log_end = n = total = 0
     last = -1
-    for pos, size, _code in _UNIT.iter_unpack(units):
+    for pos, size in _UNIT_HEAD.iter_unpack(units):
         if size < MIN_RECORD or size == FILLER_SIZE or pos < 0:
             return None
         if n:
@@ -139,11 +146,12 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
         # _intact inlined (this runs once per message), to the same effect; the message
         # keeps the body the CRC was taken of, and reads the rest of its header when asked.
         # A record of a shape seen before is read with one struct call (NOTE [ shapes ]).
-        shape = shape_of(size << 11 | kbits | (raw[_HOSTS_BYTE] >> 4) & 3)
+        shape = shape_of(size)
         if shape is not None:
-            (stated, magic, body_crc, qid, qoff, phys, body_len, field, props_len, c0, c1,
-             c2) = shape[0](raw)
-            if (body_len == shape[3] and stated == size and magic == MAGIC_V1 and phys == pos
+            (stated, magic, body_crc, qid, qoff, phys, sysflag, body_len, field, props_len, c0,
+             c1, c2) = shape[0](raw)
+            if (body_len == shape[3] and sysflag & _HOST_BITS == shape[5] and stated == size
+                    and magic == MAGIC_V1 and phys == pos
                     and qid == queue_id and qoff == offset + n and field == key
                     and props_len == shape[4] and c0 != _FIRST and c1 != _SECOND
                     and c2 != _THIRD and not crc_lo <= pos < crc_hi
@@ -168,8 +176,8 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
                     and crc32(body := raw[body_at:body_at + body_len]) & 0x7FFFFFFF
                     == body_crc):
                 if shape is None and crc_at >= props_at:
-                    _learn(size << 11 | kbits | (raw[_HOSTS_BYTE] >> 4) & 3, body_at,
-                           body_len, len(key), crc_at - props_at)
+                    _learn(size, len(key), raw[_HOSTS_BYTE], body_at, body_len,
+                           crc_at - props_at)
                 append(StoredMessage(raw, CHECKED_V1, body))
                 n += 1
                 total += size
