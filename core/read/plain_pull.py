@@ -41,36 +41,56 @@ _TOO_LONG = b""  # the topic field of a topic too long for V1 records
 _topic_fields: dict[str, bytes] = {}  # topic -> its V1 topic field (topics of open queues)
 # NOTE [ shapes ]
 # A queue's records mostly repeat a few shapes: the same size, body length, topic and host
-# families. A shape (per topic-field length, the record's size) seen twice gets one struct
-# that reads every field a plain get checks: the header's (the sysflag for its host bits),
-# the topic field and the properties' length after the body, and the three thirds of where a
-# record CRC property would lie. A record of the shape's size but another split or other
-# host families fails those checks and takes the field-by-field path, as does every record
-# of a new shape; both paths check the same things. Records too short for a record CRC
-# property to fit are always read field by field.
-# topic-field length -> size -> (unpack_from, body_at, body_end, body_len, props_len, hosts)
-_shapes: dict[int, dict[int, tuple]] = {n: {} for n in range(1, 257)}
-_seen: set[int] = set()  # shapes met once, as size << 9 | topic-field length
-_MAX_SHAPES = 4096  # a bound only: the tables start over when a store's sizes vary widely
+# families. A shape (per topic, the record's size) seen twice gets one struct that reads
+# every field a plain get checks: the size and magic as one number, the body CRC, queue id,
+# queue and commit-log offsets, the sysflag (for its host bits), the body length, the topic
+# field with the properties' length after the body as one string, and the three thirds of
+# where a record CRC property would lie. A record of the shape's size but another split or
+# other host families fails those checks and takes the field-by-field path, as does every
+# record of a new shape; both paths check the same things. Records too short for a record
+# CRC property to fit are always read field by field.
+# topic field -> size -> (unpack_from, size and magic, body length, host bits, topic field
+# and properties length, body_at, body_end)
+_shapes: dict[bytes, dict[int, tuple]] = {}
+_seen: set[tuple[bytes, int]] = set()  # shapes met once
+# A bound only, on the topics and on the shapes in all: the tables start over when a store's
+# sizes vary widely.
+_MAX_SHAPES = 4096
+_learned = [0]  # shapes given a struct since the tables last started over
 _HOST_BITS = 0x30
+_SIZE_MAGIC = struct.Struct(">ii")
+_Q = struct.Struct(">q")
+_H = struct.Struct(">H")
 
 
-def _learn(size: int, key_len: int, sysflag_byte: int, body_at: int, body_len: int,
+def _shapes_of(key: bytes) -> dict[int, tuple]:
+    """The shapes of the topic whose V1 topic field is ``key``."""
+    shapes = _shapes.get(key)
+    if shapes is None:
+        if len(_shapes) >= _MAX_SHAPES:
+            _shapes.clear()
+        shapes = _shapes[key] = {}
+    return shapes
+
+
+def _learn(key: bytes, size: int, sysflag_byte: int, body_at: int, body_len: int,
            gap: int) -> None:
     """Remember a shape the first time it is met, give it a struct the second time."""
-    seen = size << 9 | key_len
-    if seen not in _seen:
+    if (key, size) not in _seen:
         if len(_seen) >= _MAX_SHAPES:
             _seen.clear()
-        _seen.add(seen)
+        _seen.add((key, size))
         return
-    shapes = _shapes[key_len]
-    if len(shapes) >= _MAX_SHAPES:
-        shapes.clear()
-    unpack = struct.Struct(f">iiii4xqqi{body_at - 44}xi{body_len}x{key_len}sH{gap}x3s3s3s"
+    if _learned[0] >= _MAX_SHAPES:
+        _shapes.clear()
+        _learned[0] = 0
+    shapes = _shapes_of(key)
+    unpack = struct.Struct(f">qii4xqqi{body_at - 44}xi{body_len}x{len(key) + 2}s{gap}x3s3s3s"
                            ).unpack_from
-    shapes[size] = (unpack, body_at, body_at + body_len, body_len, gap + _CRC_BYTES,
-                    sysflag_byte & _HOST_BITS)
+    size_magic = _Q.unpack(_SIZE_MAGIC.pack(size, MAGIC_V1))[0]
+    shapes[size] = (unpack, size_magic, body_len, sysflag_byte & _HOST_BITS,
+                    key + _H.pack(gap + _CRC_BYTES), body_at, body_at + body_len)
+    _learned[0] += 1
 
 
 # A V1 record's tail up to its properties: the topic field of the given length, then the
@@ -112,7 +132,7 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
     topic, queue_id, crc_range = cq.topic.encode(), cq.queue_id, commit_log.crc_range
     key, topic_len = _topic_fields.get(cq.topic) or _topic_field(cq.topic), len(topic)
     tail = _TAILS[len(key)].unpack_from if key else None
-    shape_of = _shapes[len(key)].get if key else {}.get
+    shape_of = _shapes_of(key).get
     crc_lo, crc_hi = crc_range or _NO_RANGE
     find = commit_log.segments.find
     in_memory, mem_bytes, mem_count, disk_bytes, disk_count = limits.batch
@@ -121,7 +141,9 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
     log_start = log_end = n = total = 0
     last = -1
     for pos, size in _UNIT_HEAD.iter_unpack(units):
-        if size < MIN_RECORD or size == FILLER_SIZE or pos < 0:
+        # A shape's size is a record's (NOTE [ shapes ]): no filler, no damaged size.
+        shape = shape_of(size)
+        if shape is None and (size < MIN_RECORD or size == FILLER_SIZE) or pos < 0:
             return None
         if n:
             # RocketMQ's isTheBatchFull; the first message is always served.
@@ -146,16 +168,15 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
         # _intact inlined (this runs once per message), to the same effect; the message
         # keeps the body the CRC was taken of, and reads the rest of its header when asked.
         # A record of a shape seen before is read with one struct call (NOTE [ shapes ]).
-        shape = shape_of(size)
         if shape is not None:
-            (stated, magic, body_crc, qid, qoff, phys, sysflag, body_len, field, props_len, c0,
-             c1, c2) = shape[0](raw)
-            if (body_len == shape[3] and sysflag & _HOST_BITS == shape[5] and stated == size
-                    and magic == MAGIC_V1 and phys == pos
-                    and qid == queue_id and qoff == offset + n and field == key
-                    and props_len == shape[4] and c0 != _FIRST and c1 != _SECOND
+            unpack, size_magic, shape_body_len, hosts, tail_bytes, body_at, body_end = shape
+            (stated, body_crc, qid, qoff, phys, sysflag, body_len, field, c0, c1,
+             c2) = unpack(raw)
+            if (stated == size_magic and body_len == shape_body_len and phys == pos
+                    and qoff == offset + n and qid == queue_id and sysflag & _HOST_BITS == hosts
+                    and field == tail_bytes and c0 != _FIRST and c1 != _SECOND
                     and c2 != _THIRD and not crc_lo <= pos < crc_hi
-                    and crc32(body := raw[shape[1]:shape[2]]) & 0x7FFFFFFF == body_crc):
+                    and crc32(body := raw[body_at:body_end]) & 0x7FFFFFFF == body_crc):
                 append(StoredMessage(raw, CHECKED_V1, body))
                 n += 1
                 total += size
@@ -176,7 +197,7 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
                     and crc32(body := raw[body_at:body_at + body_len]) & 0x7FFFFFFF
                     == body_crc):
                 if shape is None and crc_at >= props_at:
-                    _learn(size, len(key), raw[_HOSTS_BYTE], body_at, body_len,
+                    _learn(key, size, raw[_HOSTS_BYTE], body_at, body_len,
                            crc_at - props_at)
                 append(StoredMessage(raw, CHECKED_V1, body))
                 n += 1

@@ -167,7 +167,7 @@ def _shaped_store(make_store):
 
 
 def _fresh_shapes(monkeypatch) -> None:
-    monkeypatch.setattr(pull_plain, "_shapes", {n: {} for n in range(1, 257)})
+    monkeypatch.setattr(pull_plain, "_shapes", {})
     monkeypatch.setattr(pull_plain, "_seen", set())
 
 
@@ -188,19 +188,19 @@ def test_records_of_a_size_met_before_are_read_by_one_struct(make_store, monkeyp
     first = store.get("g", SHAPED, 0, 0, 32)
     size = first.messages[0].size
     assert [m.size == size for m in first.messages[:6]] == [True] * 5 + [False]
-    key_len = len(SHAPED) + 1
+    key = bytes([len(SHAPED)]) + SHAPED.encode()  # the V1 topic field
     # The first record of the size is remembered, the second gives it its struct; the other
     # makes of that size and the short records add none.
-    assert set(pull_plain._shapes[key_len]) == {size}
-    unpack = pull_plain._shapes[key_len][size][0]
+    assert list(pull_plain._shapes) == [key] and set(pull_plain._shapes[key]) == {size}
+    unpack = pull_plain._shapes[key][size][0]
     read: list = []
 
     def counting(raw):
         read.append(len(raw))
         return unpack(raw)
 
-    shape = pull_plain._shapes[key_len][size]
-    pull_plain._shapes[key_len][size] = (counting, *shape[1:])
+    shape = pull_plain._shapes[key][size]
+    pull_plain._shapes[key][size] = (counting, *shape[1:])
     served, offset = [], 0
     while (got := store.get("g", SHAPED, 0, offset, 32)).status is GetStatus.FOUND:
         served += got.messages
@@ -235,7 +235,8 @@ def _crc_window(lay) -> int:
 
 @pytest.mark.parametrize("field, damage, served", [
     ("total size", _flip(lambda lay: 3), False), ("magic", _flip(lambda lay: 7), False),
-    ("body crc", _flip(lambda lay: 11), False), ("queue offset", _flip(lambda lay: 27), False),
+    ("body crc", _flip(lambda lay: 11), False), ("queue id", _flip(lambda lay: 15), False),
+    ("queue offset", _flip(lambda lay: 27), False),
     ("commit-log offset", _flip(lambda lay: 35), False),
     ("host bits", _flip(lambda lay: 39), False), ("body", _flip(lambda lay: 88 + 50), False),
     ("body length", _flip(lambda lay: 87), False),
@@ -253,7 +254,7 @@ def test_damage_to_a_record_of_a_known_shape(make_store, monkeypatch, field, dam
     _fresh_shapes(monkeypatch)
     before = store.get("g", SHAPED, 0, 0, 32)
     size = before.messages[0].size
-    assert size in pull_plain._shapes[len(SHAPED) + 1]
+    assert size in pull_plain._shapes[bytes([len(SHAPED)]) + SHAPED.encode()]
     victim = before.messages[7]  # the usual split
     pos = victim.phys_offset
     seg = store.internals.commit_log.segments.find(pos)
@@ -267,3 +268,24 @@ def test_damage_to_a_record_of_a_known_shape(make_store, monkeypatch, field, dam
     else:
         assert [c[0] for c in got.corrupt][:1] == [7]
         assert 7 not in [m.queue_offset for m in got.messages]
+
+
+def test_the_shape_tables_are_bounded(make_store, monkeypatch):
+    store = make_store()
+    # 12 topics of 20 messages in 4 sizes: 48 shapes, each met five times.
+    msgs = [Message(f"B{i % 12}", b"x" * (40 + i // 12 % 4), tags="TagA",
+                    keys=[f"key-{i:04d}"], queue_id=0) for i in range(240)]
+    assert store.put_batch(msgs).status is PutStatus.PUT_OK
+    store.wait_dispatched()
+    _fresh_shapes(monkeypatch)
+    monkeypatch.setattr(pull_plain, "_MAX_SHAPES", 8)
+    monkeypatch.setattr(pull_plain, "_learned", [0])
+    most = 0
+    for _ in range(3):
+        for t in range(12):
+            got = store.get("g", f"B{t}", 0, 0, 32)
+            assert [m.body for m in got.messages] == [b"x" * (40 + i // 12 % 4)
+                                                      for i in range(t, 240, 12)]
+            most = max(most, sum(map(len, pull_plain._shapes.values())))
+            assert len(pull_plain._shapes) <= 8 and len(pull_plain._seen) <= 8
+    assert 0 < most <= 8
