@@ -184,9 +184,15 @@ class BatchPutResult:
         return cls(status, empty, empty, empty, empty, 0, None, error, index)
 
 
-#: A ``StoredMessage`` layout to read from its record when first needed: the record is a V1
-#: record whose checks have passed (``format.record.checked_layout``).
-CHECKED_V1 = object()
+class _Deferred(enum.Enum):
+    """A ``StoredMessage`` layout read from its record when first needed (an enum member, so
+    a pickled or copied message still knows it)."""
+
+    #: The record is a V1 record whose checks have passed (``format.record.checked_layout``).
+    CHECKED_V1 = "checked V1"
+
+
+CHECKED_V1 = _Deferred.CHECKED_V1
 
 
 class StoredMessage:

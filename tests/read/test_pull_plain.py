@@ -6,6 +6,8 @@ consume-queue file ends and around damaged units and records."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 
 import pytest
@@ -289,3 +291,14 @@ def test_the_shape_tables_are_bounded(make_store, monkeypatch):
             most = max(most, sum(map(len, pull_plain._shapes.values())))
             assert len(pull_plain._shapes) <= 8 and len(pull_plain._seen) <= 8
     assert 0 < most <= 8
+
+
+def test_a_served_message_pickles_and_copies_with_its_fields(make_store, monkeypatch):
+    store = _shaped_store(make_store)
+    _fresh_shapes(monkeypatch)
+    store.get("g", SHAPED, 0, 0, 32)  # the shape is learned
+    served = store.get("g", SHAPED, 0, 0, 32).messages
+    for m in served[:6]:
+        again = pickle.loads(pickle.dumps(m))
+        assert _fields(again) == _fields(copy.deepcopy(m)) == _fields(copy.copy(m)) \
+            == _fields(store.message_at(m.phys_offset))
