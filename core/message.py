@@ -15,7 +15,8 @@ from mqstore.format.properties import (
     KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, decode_properties,
 )
 from mqstore.format.record import (
-    DecodedRecord, RecordLayout, decode_record, decompress_body, offset_msg_id, unpack_record,
+    DecodedRecord, RecordLayout, checked_layout, decode_record, decompress_body, offset_msg_id,
+    unpack_record,
 )
 
 
@@ -183,19 +184,34 @@ class BatchPutResult:
         return cls(status, empty, empty, empty, empty, 0, None, error, index)
 
 
+class _Deferred(enum.Enum):
+    """A ``StoredMessage`` layout read from its record when first needed (an enum member, so
+    a pickled or copied message still knows it)."""
+
+    #: The record is a V1 record whose checks have passed (``format.record.checked_layout``).
+    CHECKED_V1 = "checked V1"
+
+
+CHECKED_V1 = _Deferred.CHECKED_V1
+
+
 class StoredMessage:
     """A message read back from the commit log with every stored field.
 
     Holds the record's bytes; fields are read from them on first use, so a pull that only
-    needs bodies and offsets pays for nothing else.
+    needs bodies and offsets pays for nothing else. ``layout``: the record's, None to parse
+    (and check) it on first use, or ``CHECKED_V1``; ``body``: the body's bytes when the
+    reader already holds them (as ``body`` would slice them).
     """
 
-    __slots__ = ("_raw", "_layout", "_props")
+    __slots__ = ("_raw", "_layout", "_props", "_body")
 
-    def __init__(self, raw: bytes, layout: RecordLayout | None = None) -> None:
+    def __init__(self, raw: bytes, layout: RecordLayout | object | None = None,
+                 body: bytes | None = None) -> None:
         self._raw = raw
         self._layout = layout
         self._props: dict[str, str] | None = None
+        self._body = body
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "StoredMessage":
@@ -209,7 +225,9 @@ class StoredMessage:
         lay = self._layout
         if lay is None:
             lay = self._layout = unpack_record(self._raw)
-        return lay
+        elif lay is CHECKED_V1:
+            lay = self._layout = checked_layout(self._raw)
+        return lay  # type: ignore[return-value]
 
     size = property(lambda self: self._lay.fields[0])
     magic = property(lambda self: self._lay.fields[1])
@@ -226,8 +244,11 @@ class StoredMessage:
 
     @property
     def body(self) -> bytes:
-        lay = self._lay
-        return self._raw[lay.body_at:lay.body_at + lay.fields[16]]
+        body = self._body
+        if body is None:
+            lay = self._lay
+            body = self._raw[lay.body_at:lay.body_at + lay.fields[16]]
+        return body
 
     @property
     def topic(self) -> str:

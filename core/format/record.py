@@ -280,6 +280,19 @@ class RecordLayout(NamedTuple):
     props_len: int
 
 
+def checked_layout(raw) -> RecordLayout:
+    """The layout of ``raw``, a whole V1 record that has passed ``verify_queue_record``'s
+    checks (or a pull's own, to the same effect): read, not checked again."""
+    hs = HEADER_STRUCTS[(raw[POS_SYSFLAG + 3] >> 4) & 3]
+    f = hs.unpack_from(raw)
+    body_at = hs.size
+    topic_at = body_at + f[16] + 1
+    topic_len = raw[topic_at - 1]
+    props_at = topic_at + topic_len + 2
+    return tuple.__new__(RecordLayout,  # no NamedTuple constructor frame
+                         (f, body_at, topic_at, topic_len, props_at, f[0] - props_at))
+
+
 def unpack_record(buf, pos: int = 0, limit: int | None = None) -> RecordLayout:
     """Parse and check the record at ``pos``: known magic, lengths that add up to TOTALSIZE.
 

@@ -19,14 +19,19 @@ from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 from mqstore.format.record import HEADER_STRUCTS, MAGIC_V1, POS_SYSFLAG, RecordLayout
 from mqstore.format.verify import verify_queue_record
 from mqstore.hashing import zlib_crc32 as crc32
-from mqstore.message import GetResult, GetStatus, StoredMessage
+from mqstore.message import CHECKED_V1, GetResult, GetStatus, StoredMessage
 from mqstore.read.served_rows import MIN_RECORD
 
 _UNIT = struct.Struct(">qiq")  # a consume-queue unit: commit-log offset, size, tag code
+_UNIT_HEAD = struct.Struct(">qi8x")  # a unit's commit-log offset and size
 _TWO_UNITS = struct.Struct(">qiqqiq")
 _FOUND = GetStatus.FOUND
 _HOSTS_BYTE = POS_SYSFLAG + 3  # the big-endian sysflag's low byte holds the host-family bits
 _HEADS = tuple((hs, hs.size) for hs in HEADER_STRUCTS)  # the header and where the body starts
+# Per host family, the header fields a plain get checks (TOTALSIZE, MAGICCODE, BODYCRC,
+# QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, BODYLENGTH) and where the body starts: the whole
+# header is read only when the message's other fields are (``message.CHECKED_V1``).
+_CHECKED = tuple((struct.Struct(f">iiii4xqq{hs.size - 40}xi"), hs.size) for hs in HEADER_STRUCTS)
 _CRC_BYTES = record_crc.RESERVED
 _FIRST, _SECOND, _THIRD = record_crc.THIRDS
 _THIRDS = struct.Struct("3s3s3s")  # where a record CRC property's name would lie, in thirds
@@ -34,6 +39,60 @@ _new_layout = tuple.__new__
 _NO_RANGE = (0, 0)  # no commit-log range where records must carry the record CRC
 _TOO_LONG = b""  # the topic field of a topic too long for V1 records
 _topic_fields: dict[str, bytes] = {}  # topic -> its V1 topic field (topics of open queues)
+# NOTE [ shapes ]
+# A queue's records mostly repeat a few shapes: the same size, body length, topic and host
+# families. A shape (per topic, the record's size) seen twice gets one struct that reads
+# every field a plain get checks: the size and magic as one number, the body CRC, queue id,
+# queue and commit-log offsets, the sysflag (for its host bits), the body length, the topic
+# field with the properties' length after the body as one string, and the three thirds of
+# where a record CRC property would lie. A record of the shape's size but another split or
+# other host families fails those checks and takes the field-by-field path, as does every
+# record of a new shape; both paths check the same things. Records too short for a record
+# CRC property to fit are always read field by field.
+# topic field -> size -> (unpack_from, size and magic, body length, host bits, topic field
+# and properties length, body_at, body_end)
+_shapes: dict[bytes, dict[int, tuple]] = {}
+_seen: set[tuple[bytes, int]] = set()  # shapes met once
+# A bound only, on the topics and on the shapes in all: the tables start over when a store's
+# sizes vary widely.
+_MAX_SHAPES = 4096
+_learned = [0]  # shapes given a struct since the tables last started over
+_HOST_BITS = 0x30
+_SIZE_MAGIC = struct.Struct(">ii")
+_Q = struct.Struct(">q")
+_H = struct.Struct(">H")
+
+
+def _shapes_of(key: bytes) -> dict[int, tuple]:
+    """The shapes of the topic whose V1 topic field is ``key``."""
+    shapes = _shapes.get(key)
+    if shapes is None:
+        if len(_shapes) >= _MAX_SHAPES:
+            _shapes.clear()
+        shapes = _shapes[key] = {}
+    return shapes
+
+
+def _learn(key: bytes, size: int, sysflag_byte: int, body_at: int, body_len: int,
+           gap: int) -> None:
+    """Remember a shape the first time it is met, give it a struct the second time."""
+    if (key, size) not in _seen:
+        if len(_seen) >= _MAX_SHAPES:
+            _seen.clear()
+        _seen.add((key, size))
+        return
+    if _learned[0] >= _MAX_SHAPES:
+        _shapes.clear()
+        _learned[0] = 0
+    shapes = _shapes_of(key)
+    unpack = struct.Struct(f">qii4xqqi{body_at - 44}xi{body_len}x{len(key) + 2}s{gap}x3s3s3s"
+                           ).unpack_from
+    size_magic = _Q.unpack(_SIZE_MAGIC.pack(size, MAGIC_V1))[0]
+    shapes[size] = (unpack, size_magic, body_len, sysflag_byte & _HOST_BITS,
+                    key + _H.pack(gap + _CRC_BYTES), body_at, body_at + body_len)
+    _learned[0] += 1
+
+
 # A V1 record's tail up to its properties: the topic field of the given length, then the
 # properties' length.
 _TAILS = {n: struct.Struct(f">{n}sH") for n in range(1, 257)}
@@ -73,6 +132,7 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
     topic, queue_id, crc_range = cq.topic.encode(), cq.queue_id, commit_log.crc_range
     key, topic_len = _topic_fields.get(cq.topic) or _topic_field(cq.topic), len(topic)
     tail = _TAILS[len(key)].unpack_from if key else None
+    shape_of = _shapes_of(key).get
     crc_lo, crc_hi = crc_range or _NO_RANGE
     find = commit_log.segments.find
     in_memory, mem_bytes, mem_count, disk_bytes, disk_count = limits.batch
@@ -80,8 +140,10 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
     append = messages.append
     log_start = log_end = n = total = 0
     last = -1
-    for pos, size, _code in _UNIT.iter_unpack(units):
-        if size < MIN_RECORD or size == FILLER_SIZE or pos < 0:
+    for pos, size in _UNIT_HEAD.iter_unpack(units):
+        # A shape's size is a record's (NOTE [ shapes ]): no filler, no damaged size.
+        shape = shape_of(size)
+        if shape is None and (size < MIN_RECORD or size == FILLER_SIZE) or pos < 0:
             return None
         if n:
             # RocketMQ's isTheBatchFull; the first message is always served.
@@ -103,30 +165,49 @@ def get_plain(commit_log, cq, offset: int, max_msgs: int, limits) -> GetResult |
             raw = mm[rel:rel + size]
         except ValueError:  # the segment closed meanwhile
             return None
-        # _intact inlined (this runs once per message), to the same effect.
-        head, body_at = _HEADS[(raw[_HOSTS_BYTE] >> 4) & 3]
-        lay = None
+        # _intact inlined (this runs once per message), to the same effect; the message
+        # keeps the body the CRC was taken of, and reads the rest of its header when asked.
+        # A record of a shape seen before is read with one struct call (NOTE [ shapes ]).
+        if shape is not None:
+            unpack, size_magic, shape_body_len, hosts, tail_bytes, body_at, body_end = shape
+            (stated, body_crc, qid, qoff, phys, sysflag, body_len, field, c0, c1,
+             c2) = unpack(raw)
+            if (stated == size_magic and body_len == shape_body_len and phys == pos
+                    and qoff == offset + n and qid == queue_id and sysflag & _HOST_BITS == hosts
+                    and field == tail_bytes and c0 != _FIRST and c1 != _SECOND
+                    and c2 != _THIRD and not crc_lo <= pos < crc_hi
+                    and crc32(body := raw[body_at:body_end]) & 0x7FFFFFFF == body_crc):
+                append(StoredMessage(raw, CHECKED_V1, body))
+                n += 1
+                total += size
+                last = pos
+                continue
+        head, body_at = _CHECKED[(raw[_HOSTS_BYTE] >> 4) & 3]
         if size >= body_at + 3 and key:
-            f = head.unpack_from(raw)
-            body_len = f[16]
+            stated, magic, body_crc, qid, qoff, phys, body_len = head.unpack_from(raw)
             topic_at = body_at + body_len + 1
             props_at = topic_at + topic_len + 2
             crc_at = size - _CRC_BYTES
-            if (f[0] == size and f[1] == MAGIC_V1 and f[6] == pos and f[3] == queue_id
-                    and f[5] == offset + n and body_len >= 0 and props_at <= size
+            if (stated == size and magic == MAGIC_V1 and phys == pos and qid == queue_id
+                    and qoff == offset + n and body_len >= 0 and props_at <= size
                     and (t := tail(raw, topic_at - 1))[0] == key and props_at + t[1] == size
                     and (crc_at < props_at or (c := _THIRDS.unpack_from(raw, crc_at))[0]
                          != _FIRST and c[1] != _SECOND and c[2] != _THIRD)
                     and not crc_lo <= pos < crc_hi
-                    and crc32(raw[body_at:body_at + body_len]) & 0x7FFFFFFF == f[2]):
-                lay = _new_layout(RecordLayout,
-                                  (f, body_at, topic_at, topic_len, props_at, size - props_at))
-        if lay is None:
-            try:
-                lay = verify_queue_record(raw, pos, size, topic, queue_id, offset + n,
-                                          crc_range)
-            except ValueError:  # damaged (CorruptRecordError)
-                return None
+                    and crc32(body := raw[body_at:body_at + body_len]) & 0x7FFFFFFF
+                    == body_crc):
+                if shape is None and crc_at >= props_at:
+                    _learn(key, size, raw[_HOSTS_BYTE], body_at, body_len,
+                           crc_at - props_at)
+                append(StoredMessage(raw, CHECKED_V1, body))
+                n += 1
+                total += size
+                last = pos
+                continue
+        try:
+            lay = verify_queue_record(raw, pos, size, topic, queue_id, offset + n, crc_range)
+        except ValueError:  # damaged (CorruptRecordError)
+            return None
         append(StoredMessage(raw, lay))
         n += 1
         total += size
