@@ -17,10 +17,13 @@ SCHEDULE = "SCHEDULE_TOPIC_XXXX"
 
 
 def _tick_past(store, ticks: int | None = None) -> dict:
-    """The schedule's status once it ran a whole tick after this call."""
+    """The schedule's status once it ran a whole tick after this call, recovered (it reports
+    nothing pending before) and with every put so far dispatched (it counts pending messages
+    in the schedule topic's queues)."""
+    store.wait_dispatched()
     seen = store.schedule_status()["ticks"] if ticks is None else ticks
-    return wait_for(lambda: (s := store.schedule_status())["ticks"] > seen + 1 and s,
-                    what="a schedule tick")
+    return wait_for(lambda: (s := store.schedule_status())["ticks"] > seen + 1
+                    and s["running"] and s, what="a schedule tick")
 
 
 def test_a_delayed_put_is_kept_in_the_schedule_topic_with_its_real_topic(make_store,
