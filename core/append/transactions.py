@@ -13,6 +13,7 @@ and ``preparedTransactionOffset``, as 4.9.8's ``endMessageTransaction`` and
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 
 from mqstore.append.delays import copy_of
@@ -20,7 +21,9 @@ from mqstore.append.encoding import (
     Prepared, PutContext, Rejected, encode_tail, message_properties, properties_too_large,
 )
 from mqstore.format import record_crc
-from mqstore.format.properties import MAX_PROPERTIES_BYTES, decode_properties
+from mqstore.format.properties import (
+    MAX_PROPERTIES_BYTES, PROPERTY_UNIQ_KEY, decode_properties,
+)
 from mqstore.format.record import HEADER_STRUCTS, MAGIC_V1, unpack_record
 from mqstore.format.record_crc import PROPERTY_CRC32
 from mqstore.format.transaction import (
@@ -40,6 +43,10 @@ def is_half_message(msg: Message) -> bool:
 def to_half(p: Prepared, msg: Message, ctx: PutContext) -> Prepared:
     """``p`` (a transaction's half whose real queue was chosen) as its half record."""
     props = message_properties(msg.tags, msg.keys, msg.properties)
+    if not props.get(PROPERTY_UNIQ_KEY):
+        # RocketMQ's producers always set one; it is what names the transaction through its
+        # re-appended copies, and what clients end and are asked about it by.
+        props[PROPERTY_UNIQ_KEY] = uuid.uuid4().hex.upper()
     text = java_properties_text(half_properties(props, p.topic, p.queue_id), props)
     sysflag = p.sysflag & ~SYSFLAG_TX_MASK  # the broker stores a half as NOT_TYPE
     return _record(p, HALF_TOPIC, 0, text, ctx, sysflag=sysflag, answer_queue_id=p.queue_id)

@@ -319,7 +319,7 @@ class TransactionService:
     def _discard(self, t: OpenTransaction, latest) -> None:
         result = self.appender.put_copies([records.discarded(latest, self.put_ctx)])
         if result.status.stored:
-            del self.open[t.message_id]
+            self.open.pop(t.message_id, None)
             self.counts["discarded"] += 1
             log.warning("transactions: %s of producer group %s discarded after %d checks "
                         "(store.transaction_check_max)", t.message_id, t.producer_group,

@@ -81,7 +81,8 @@ class TransactionCalls:
         return self._transaction_service().end(half_offset, bool(commit))
 
     def open_transactions(self) -> list[OpenTransaction]:
-        """The transactions neither committed, rolled back nor discarded, oldest first: each
+        """The transactions neither committed, rolled back nor discarded, of the halves
+        dispatch has reached (``wait_dispatched`` first to see a put's), oldest first: each
         with its ``message_id``, ``producer_group``, ``topic``, latest half's offsets, and
         ``checks`` so far."""
         return self._transaction_service().open_transactions()

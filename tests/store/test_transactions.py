@@ -68,7 +68,10 @@ def test_a_half_is_kept_in_the_half_topic_and_invisible_until_committed(make_sto
 
 def test_a_rollback_writes_only_the_op_record(make_store):
     store = make_store()
-    r = store.put(_half(UNIQ_KEY="U2"))
+    r = store.put(_half())  # no UNIQ_KEY: the half gets one, its transaction's id
+    key = store.message_at(r.phys_offset).uniq_key
+    store.wait_dispatched()
+    assert len(key) == 32 and [t.message_id for t in store.open_transactions()] == [key]
     rb = store.end_transaction(r.phys_offset, commit=False)
     assert rb.status is PutStatus.PUT_OK and len(rb) == 1
     op = store.message_at(int(rb.phys_offsets[0]))
@@ -106,25 +109,26 @@ def test_an_open_transaction_is_checked_back_then_discarded(make_store, manual_c
     store.set_transaction_checker(asked.append)
     born = manual_clock.now
     r = store.put(_half(UNIQ_KEY="U4"))
+    store.put(_half(body=b"other"))  # one without UNIQ_KEY goes the same way
     _ticked(store)
     assert asked == [] and store.transaction_status()["checks"] == 0
     manual_clock.now = born + 3000  # the timeout: the first check
-    wait_for(lambda: len(asked) == 1, what="the first check")
+    wait_for(lambda: len(asked) == 2, what="the first checks")
     first = asked[0]
     assert (first.producer_group, first.message_id) == ("PG", "U4")
     copy = first.message
-    assert (copy.topic, copy.queue_offset, copy.born_timestamp) == (HALF, 1, born)
+    assert (copy.topic, copy.queue_offset, copy.born_timestamp) == (HALF, 2, born)
     assert copy.properties_text.startswith("REAL_TOPIC\x01T\x02TRANSACTION_CHECK_TIMES\x011")
     _ticked(store)
-    assert len(asked) == 1  # the next only a check interval later
+    assert len(asked) == 2  # the next only a check interval later
     manual_clock.now += 2000
-    wait_for(lambda: len(asked) == 2, what="the second check")
-    assert asked[1].message.properties["TRANSACTION_CHECK_TIMES"] == "2"
+    wait_for(lambda: len(asked) == 4, what="the second checks")
+    assert asked[2].message.properties["TRANSACTION_CHECK_TIMES"] == "2"
     manual_clock.now += 2000  # checked twice (check max 2): discarded
-    wait_for(lambda: store.transaction_status()["discarded"] == 1, what="the discard")
-    assert len(asked) == 2 and store.open_transactions() == []
+    wait_for(lambda: store.transaction_status()["discarded"] == 2, what="the discards")
+    assert len(asked) == 4 and store.open_transactions() == []
     store.wait_dispatched()
-    (gone,) = store.read("TRANS_CHECK_MAX_TIME_TOPIC", 0, 0)
+    gone, _other = store.read("TRANS_CHECK_MAX_TIME_TOPIC", 0, 0)
     assert (gone.body, gone.properties["TRANSACTION_CHECK_TIMES"]) == (b"order #1", "2")
     assert gone.born_timestamp == store.message_at(r.phys_offset).born_timestamp
 
