@@ -96,6 +96,15 @@ def test_bad_ends_are_refused_and_write_nothing(make_store):
     assert len(store.open_transactions()) == 1
 
 
+def test_a_batch_may_not_hold_a_half(make_store):
+    store = make_store()
+    r = store.put_batch([Message("T", b"plain"), _half(UNIQ_KEY="U6")])
+    assert r.status is PutStatus.MESSAGE_ILLEGAL and r.error_index == 1
+    assert "may not hold a transaction's half (TRAN_MSG=true)" in r.error
+    store.wait_dispatched()
+    assert store.max_offset("T", 0) == store.max_offset("T", 1) == 0
+
+
 def test_a_producer_may_not_put_to_the_transaction_topics(make_store):
     store = make_store()
     for topic in (HALF, OP, "TRANS_CHECK_MAX_TIME_TOPIC"):
