@@ -149,6 +149,7 @@ class MessageStore(TopicCalls, ConsumerCalls, RoleCalls, TransactionCalls):
         self._transactions = parts.transactions = transaction_side(
             parts, lambda: self._consumers.offsets)
         if parts.transactions is not None:
+            parts.transactions.checker = self._transaction_checker
             parts.transactions.start()
 
     def _adopt(self, parts: StoreParts) -> None:

@@ -59,6 +59,7 @@ def transaction_side(parts: "StoreParts", offsets: Callable[[], "ConsumerOffsets
 class TransactionCalls:
     # What the calls use of the store that inherits them.
     _transactions: TransactionService | None = None
+    _transaction_checker: Callable[[TransactionCheck], None] | None = None
 
     if TYPE_CHECKING:
         def _check_open(self) -> None: ...
@@ -90,8 +91,10 @@ class TransactionCalls:
     def set_transaction_checker(self, checker: Callable[[TransactionCheck], None] | None
                                 ) -> None:
         """Who is asked about a transaction left open past the timeout (called in the
-        checker's thread with a ``TransactionCheck``; it answers by ``end_transaction``)."""
+        checker's thread with a ``TransactionCheck``; it answers by ``end_transaction``); it
+        stays through a role change that rebuilds the store's parts."""
         self._transaction_service().checker = checker
+        self._transaction_checker = checker
 
     def transaction_status(self) -> dict | None:
         """The checker's counts (``open``, ``committed``, ``rolled_back``, ``checks``,

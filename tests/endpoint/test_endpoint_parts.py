@@ -150,10 +150,20 @@ def test_keys_are_joined_and_split_as_rocketmq_does_and_bad_text_is_refused():
     for fields, code in (({"tag": "a\x01b"}, Code.ILLEGAL_MESSAGE_TAG),
                          ({"keys": ["k\x02"]}, Code.ILLEGAL_MESSAGE_KEY),
                          ({"message_id": ""}, Code.ILLEGAL_MESSAGE_ID),
-                         ({"message_type": definition_pb2.TRANSACTION}, Code.UNSUPPORTED)):
+                         ({"message_type": definition_pb2.LITE}, Code.UNSUPPORTED)):
         with pytest.raises(EndpointError) as err:
             to_store(wire_message(**fields), "T", None, 4096)
         assert err.value.code == code, fields
+
+
+def test_a_transactional_send_is_a_half_of_the_topics_group():
+    """As the proxy: TRAN_MSG, the topic as producer group, the recovery duration's seconds."""
+    m = to_store(wire_message(message_type=definition_pb2.TRANSACTION), "T", None, 4096)
+    assert (m.properties["TRAN_MSG"], m.properties["PGROUP"]) == ("true", "T")
+    assert "CHECK_IMMUNITY_TIME_IN_SECONDS" not in m.properties
+    msg = wire_message(message_type=definition_pb2.TRANSACTION)
+    msg.system_properties.orphaned_transaction_recovery_duration.seconds = 30
+    assert to_store(msg, "T", None, 4096).properties["CHECK_IMMUNITY_TIME_IN_SECONDS"] == "30"
 
 
 def test_born_timestamps_read_as_protobuf_reads_them():
