@@ -347,7 +347,11 @@ class TransactionService:
 
     # -- what callers see -----------------------------------------------------------------------
     def open_transactions(self) -> list[OpenTransaction]:
+        """The open transactions (none known yet on a slave, or while dispatch catches up
+        after an open: ``status()["running"]`` says when they are)."""
         with self._lock:
+            if not self.recovered and self.role.refusal() is None:
+                self.recover()
             if self.recovered:
                 self.tail()
             return sorted(self.open.values(), key=lambda t: t.queue_offset)
