@@ -431,12 +431,12 @@ class _Single:
             p.queue_id = encoding.check_queue_id(app.selector.select(message, queues))
             if counts is not None and p.queue_id >= queues:
                 raise app._chosen_wrongly(p.topic, p.queue_id, queues, None)
-        if p.queued and (p.delay or message.properties) and p.topic not in _KEPT_AS_PUT:
-            if transactions.is_half_message(message):  # docs/transactions.md
-                p = transactions.to_half(p, message, app.put_ctx)
-                app._check_fits(p.size, None)
-            else:
-                p = _Single.scheduled(app, p, message)  # a schedule record put as one stays
+        if message.properties and p.topic not in _KEPT_AS_PUT and (
+                transactions.is_half_message(message)):  # docs/transactions.md
+            p = transactions.to_half(p, message, app.put_ctx)  # PREPARED or not
+            app._check_fits(p.size, None)
+        elif p.queued and (p.delay or message.properties) and p.topic != SCHEDULE_TOPIC:
+            p = _Single.scheduled(app, p, message)  # a schedule record put as one stays
         return p
 
     @staticmethod

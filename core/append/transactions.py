@@ -49,7 +49,8 @@ def to_half(p: Prepared, msg: Message, ctx: PutContext) -> Prepared:
         props[PROPERTY_UNIQ_KEY] = uuid.uuid4().hex.upper()
     text = java_properties_text(half_properties(props, p.topic, p.queue_id), props)
     sysflag = p.sysflag & ~SYSFLAG_TX_MASK  # the broker stores a half as NOT_TYPE
-    return _record(p, HALF_TOPIC, 0, text, ctx, sysflag=sysflag, answer_queue_id=p.queue_id)
+    return replace(_record(p, HALF_TOPIC, 0, text, ctx, sysflag=sysflag,
+                           answer_queue_id=p.queue_id), queued=True)
 
 
 def committed(half, ctx: PutContext) -> Prepared:

@@ -190,7 +190,7 @@ class Endpoint:
         access_keys = AccessKeys(_pairs(server.grpc_access_keys), server.grpc_signature_skew_ms)
         producers = Producers()
         transactions = Transactions(store, producers, loop)
-        store.set_transaction_checker(transactions.check)
+        store.add_transaction_checker(transactions.check)
         return Parts(
             store=store, topics=topics, pops=pops,
             sender=Sender(store, topics, config, creations),
@@ -254,7 +254,7 @@ class Endpoint:
             await server.stop(STOP_GRACE_S)
         finally:
             sweeper.cancel()
-            _no_checker(self._store)
+            _no_checker(self._store, parts.transactions.check)
             if admin is not None:
                 admin.close()
             parts.sender.close()
@@ -287,10 +287,10 @@ class Endpoint:
                 log.debug("forgot idle client %s", client_id)
 
 
-def _no_checker(store) -> None:
+def _no_checker(store, checker) -> None:
     """The store's transactions are no longer checked back through this endpoint."""
     try:
-        store.set_transaction_checker(None)
+        store.remove_transaction_checker(checker)
     except (StoreClosedError, PermissionError):
         pass  # closed first, or read-only: nothing to undo
 

@@ -127,7 +127,9 @@ class TransactionService:
         self.dispatched = dispatched
         self.settings = settings
         self.progress = progress
-        self.checker: Callable[[TransactionCheck], None] | None = None
+        # Who is asked (each endpoint's producers); every one, each ignoring a check no
+        # producer of its own can answer.
+        self.checkers: tuple[Callable[[TransactionCheck], None], ...] = ()
         self.open: dict[str, OpenTransaction] = {}
         self._done: dict[int, int] = {}  # half queue offset -> the op record's queue offset
         self._half_read = self._op_read = 0
@@ -326,13 +328,12 @@ class TransactionService:
                         t.checks)
 
     def _ask(self, check: TransactionCheck) -> None:
-        checker = self.checker
-        if checker is None:
-            return  # RocketMQ re-appends, and asks when a producer of the group is there
-        try:
-            checker(check)
-        except Exception:
-            log.exception("transactions: the checker failed on %s", check.message_id)
+        # With none, the half was re-appended all the same, as RocketMQ does.
+        for checker in self.checkers:
+            try:
+                checker(check)
+            except Exception:
+                log.exception("transactions: a checker failed on %s", check.message_id)
 
     # -- progress (NOTE [ Transaction progress ]) ---------------------------------------------
     def _save_progress(self) -> None:

@@ -146,10 +146,11 @@ class MessageStore(TopicCalls, ConsumerCalls, RoleCalls, TransactionCalls):
         self._wire_roles()
         if parts.schedule is not None:
             parts.schedule.start()
+        this = weakref.ref(self)  # the checker's thread must not keep a dropped store alive
         self._transactions = parts.transactions = transaction_side(
-            parts, lambda: self._consumers.offsets)
+            parts, lambda: this()._consumers.offsets)  # type: ignore[union-attr]
         if parts.transactions is not None:
-            parts.transactions.checker = self._transaction_checker
+            parts.transactions.checkers = self._transaction_checkers
             parts.transactions.start()
 
     def _adopt(self, parts: StoreParts) -> None:

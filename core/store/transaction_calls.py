@@ -59,7 +59,7 @@ def transaction_side(parts: "StoreParts", offsets: Callable[[], "ConsumerOffsets
 class TransactionCalls:
     # What the calls use of the store that inherits them.
     _transactions: TransactionService | None = None
-    _transaction_checker: Callable[[TransactionCheck], None] | None = None
+    _transaction_checkers: tuple[Callable[[TransactionCheck], None], ...] = ()
 
     if TYPE_CHECKING:
         def _check_open(self) -> None: ...
@@ -91,10 +91,22 @@ class TransactionCalls:
     def set_transaction_checker(self, checker: Callable[[TransactionCheck], None] | None
                                 ) -> None:
         """Who is asked about a transaction left open past the timeout (called in the
-        checker's thread with a ``TransactionCheck``; it answers by ``end_transaction``); it
-        stays through a role change that rebuilds the store's parts."""
-        self._transaction_service().checker = checker
-        self._transaction_checker = checker
+        checker's thread with a ``TransactionCheck``; it answers by ``end_transaction``),
+        instead of any other; None: no one. It stays through a role change that rebuilds the
+        store's parts."""
+        self._set_checkers(() if checker is None else (checker,))
+
+    def add_transaction_checker(self, checker: Callable[[TransactionCheck], None]) -> None:
+        """One more checker, asked beside the others (each endpoint asks its producers)."""
+        self._set_checkers((*self._transaction_checkers, checker))
+
+    def remove_transaction_checker(self, checker: Callable[[TransactionCheck], None]
+                                   ) -> None:
+        self._set_checkers(tuple(c for c in self._transaction_checkers if c != checker))
+
+    def _set_checkers(self, checkers: tuple) -> None:
+        service = self._transaction_service()
+        self._transaction_checkers = service.checkers = checkers
 
     def transaction_status(self) -> dict | None:
         """The checker's counts (``open``, ``committed``, ``rolled_back``, ``checks``,

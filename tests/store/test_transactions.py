@@ -96,6 +96,16 @@ def test_bad_ends_are_refused_and_write_nothing(make_store):
     assert len(store.open_transactions()) == 1
 
 
+def test_a_half_sent_with_the_prepared_sysflag_is_stored_as_rocketmq_stores_it(make_store):
+    store = make_store()
+    r = store.put(Message("T", b"prepared", sysflag=4, queue_id=0,
+                          properties={"TRAN_MSG": "true", "PGROUP": "PG", "UNIQ_KEY": "P1"}))
+    h = store.message_at(r.phys_offset)
+    assert (h.topic, h.sysflag, h.queue_offset) == (HALF, 0, 0)  # NOT_TYPE, in the half queue
+    store.wait_dispatched()
+    assert [t.message_id for t in store.open_transactions()] == ["P1"]
+
+
 def test_a_batch_may_not_hold_a_half(make_store):
     store = make_store()
     r = store.put_batch([Message("T", b"plain"), _half(UNIQ_KEY="U6")])
