@@ -49,6 +49,7 @@ log_limit.limit(log, level=logging.WARNING)
 TICK_S = 0.1
 RETRY_S = 1.0
 READ_BATCH = 1024
+_NEVER = 1 << 62
 
 
 class TransactionEndedError(ValueError):
@@ -84,11 +85,14 @@ class OpenTransaction:
     checks: int
     immunity_ms: int | None
 
-    def due(self, now: int, settings: Settings) -> bool:
+    def due_at(self, settings: Settings) -> int:
+        """When (store clock) it is next checked: once the timeout has passed since its
+        birth, and a check interval since its last check."""
         timeout = settings.timeout_ms if self.immunity_ms is None else self.immunity_ms
-        if now - self.born_timestamp < timeout:
-            return False
-        return self.checks == 0 or now - self.store_timestamp >= settings.check_interval_ms
+        first = self.born_timestamp + timeout
+        if self.checks == 0:
+            return first
+        return max(first, self.store_timestamp + settings.check_interval_ms)
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,7 @@ class TransactionService:
         self.open: dict[str, OpenTransaction] = {}
         self._done: dict[int, int] = {}  # half queue offset -> the op record's queue offset
         self._half_read = self._op_read = 0
+        self._next_due = _NEVER  # the store time the first open transaction is due
         self._saved: tuple[int, int] | None = None
         self.recovered = False
         self.counts = {"committed": 0, "rolled_back": 0, "checks": 0, "discarded": 0}
@@ -190,7 +195,7 @@ class TransactionService:
                 return False
             self._recover_end = None
             half, op = self.progress.load()
-            self.open, self._done = {}, {}
+            self.open, self._done, self._next_due = {}, {}, _NEVER
             self._half_read = max(half or 0, self._min_offset(HALF_TOPIC))
             self._op_read = max(op or 0, self._min_offset(OP_TOPIC))
             self._saved = (half, op) if half is not None and op is not None else None
@@ -245,6 +250,7 @@ class TransactionService:
             known = self.open.get(t.message_id)
             if known is None or known.queue_offset <= offset:
                 self.open[t.message_id] = t  # a later copy supersedes the earlier
+                self._next_due = min(self._next_due, t.due_at(self.settings))
         self._half_read = int(batch.next_begin_offset)
         return len(batch)
 
@@ -287,12 +293,15 @@ class TransactionService:
 
     # -- checking -------------------------------------------------------------------------------
     def _check_due(self) -> list[TransactionCheck]:
-        asks = []
+        asks: list[TransactionCheck] = []
         with self._lock:
             now = self.clock()
-            for t in sorted(self.open.values(), key=lambda t: t.queue_offset):
-                if not t.due(now, self.settings):
-                    continue
+            if now < self._next_due:
+                return asks  # nothing is due: no pass over every open transaction
+            settings = self.settings
+            due = sorted((t for t in self.open.values() if t.due_at(settings) <= now),
+                         key=lambda t: t.queue_offset)
+            for t in due:
                 latest = self.reader.message_at(t.phys_offset)
                 if latest is None:
                     continue
@@ -316,6 +325,8 @@ class TransactionService:
                 self.open[t.message_id] = _open_of(copy)
                 self.counts["checks"] += 1
                 asks.append(TransactionCheck(t.producer_group, t.message_id, copy))
+            self._next_due = min((t.due_at(settings) for t in self.open.values()),
+                                 default=_NEVER)
         return asks
 
     def _discard(self, t: OpenTransaction, latest) -> None:
