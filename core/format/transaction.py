@@ -17,6 +17,7 @@ it, which is how mqstore's half records and re-appended halves read byte for byt
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 
 from mqstore.hashing import java_string_hash
@@ -50,6 +51,7 @@ def is_half(props: Mapping[str, str]) -> bool:
     return props.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true"
 
 
+@functools.lru_cache(maxsize=4096)  # the same few names, message after message
 def _bucket_hash(name: str) -> int:
     h = java_string_hash(name) & 0xFFFFFFFF
     return h ^ (h >> 16)

@@ -270,11 +270,12 @@ class TransactionService:
                 return BatchPutResult.rejected(PutStatus.SERVICE_NOT_AVAILABLE, (
                     "the store's transactions are not ready (a slave, or dispatch is still "
                     "catching up after the open); try again"))
-            self.tail()
+            # No read of the queues: the halves not read yet cannot have been checked, and
+            # every op record since the start is this service's own (``_done``).
             key = half.uniq_key or f"@{half.phys_offset}"
             t = self.open.get(key)
             if t is None:
-                if half.queue_offset < self._half_read:
+                if half.queue_offset < self._half_read or half.queue_offset in self._done:
                     raise TransactionEndedError(
                         f"transaction {key} (half at offset {phys_offset}) is not open: it "
                         f"was committed, rolled back or discarded")
