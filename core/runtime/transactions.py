@@ -311,9 +311,12 @@ class TransactionService:
                     continue
                 try:
                     item = records.rechecked(latest, self.put_ctx)
-                except Rejected as exc:
-                    log.error("transactions: %s cannot be checked again: %s",
-                              t.message_id, exc.reason)
+                    records.committed(latest, self.put_ctx)  # it could be committed
+                except (Rejected, ValueError) as exc:  # NotACopy among them: no real topic
+                    # Never to be committed: no one is asked, it is let go (logged).
+                    log.error("transactions: %s (half at %d) passed over: %s", t.message_id,
+                              t.phys_offset, getattr(exc, "reason", exc))
+                    self.open.pop(t.message_id, None)
                     continue
                 result = self.appender.put_copies([item])
                 if not result.status.stored:
