@@ -198,7 +198,8 @@ class TransactionService:
             self.open, self._done, self._next_due = {}, {}, _NEVER
             self._half_read = max(half or 0, self._min_offset(HALF_TOPIC))
             self._op_read = max(op or 0, self._min_offset(OP_TOPIC))
-            self._saved = (half, op) if half is not None and op is not None else None
+            # None recorded reads as 0: a store that never held a half writes no progress.
+            self._saved = (half or 0, op or 0)
             self.recovered = True
             self.tail()
             return True
