@@ -225,3 +225,19 @@ def test_a_rocketmq_broker_store_keeps_its_pending_transactions(make_store, manu
     assert store.message_at(int(c.phys_offsets[1])).body == str(
         one.message.queue_offset).encode()
     assert [t.message_id for t in store.open_transactions()] == [asked[1].message_id]
+
+
+def test_a_store_without_transactions_records_no_checker_progress(make_store):
+    store = make_store()
+    store.put(Message("T", b"plain", queue_id=0))
+    store.wait_dispatched()
+    _ticked(store)
+    root = store.root
+    store.close()
+    path = f"{root}/config/consumerOffset.json"
+    try:
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)["offsetTable"]
+    except FileNotFoundError:
+        table = {}
+    assert [key for key in table if "CID_RMQ_SYS_TRANS" in key] == []
