@@ -228,11 +228,11 @@ class TransactionService:
                 log.error("transactions: op record %d passed over: %s",
                           int(batch.queue_offsets[i]), exc)
                 continue
-            for half in closed:
+            for half in closed:  # a half named twice (RocketMQ may write it so) is one end
                 self._done.setdefault(half, int(batch.queue_offsets[i]))
-                key = by_offset.get(half)
+                key = by_offset.pop(half, None)
                 if key is not None:
-                    del self.open[key]
+                    self.open.pop(key, None)
         self._op_read = int(batch.next_begin_offset)
         return len(batch)
 

@@ -241,3 +241,26 @@ def test_a_store_without_transactions_records_no_checker_progress(make_store):
     except FileNotFoundError:
         table = {}
     assert [key for key in table if "CID_RMQ_SYS_TRANS" in key] == []
+
+
+def test_op_records_naming_a_half_twice_end_it_once(make_store, caplog):
+    """RocketMQ 5 writes several offsets in one op record, and may name a half again."""
+    from mqstore.append.transactions import op_record
+
+    store = make_store()
+    first = store.put(_half(UNIQ_KEY="D1"))
+    store.put(_half(UNIQ_KEY="D2"))
+    store.wait_dispatched()
+    assert len(store.open_transactions()) == 2
+    service = store._transactions
+    twice = op_record(0, service.put_ctx)
+    assert service.appender.put_copies([twice, twice]).status is PutStatus.PUT_OK
+    store.wait_dispatched()
+    ticks = store.transaction_status()["ticks"]
+    _ticked(store, ticks)
+    assert [t.message_id for t in store.open_transactions()] == ["D2"]
+    with pytest.raises(TransactionEndedError):
+        store.end_transaction(first.phys_offset, commit=True)
+    failed = [r.getMessage() for r in caplog.records if r.name == "mqstore.runtime.transactions"
+              and r.levelname == "ERROR"]
+    assert failed == []  # no tick failed on the second naming
