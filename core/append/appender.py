@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from mqstore.append import delays, encoding
+from mqstore.append import delays, encoding, transactions
 from mqstore.append.columns import columns_from_batch, columns_from_messages, encode_columns
 from mqstore.append.copies import Copies
 from mqstore.append.placement import Refused, blocks_of, queue_keys, rank_within_group
@@ -21,6 +21,7 @@ from mqstore.append.settings import AppendSettings, Loops, PutStrategies
 from mqstore.append.tail import AppendTail
 from mqstore.format.names import is_system_topic, system_topic_refusal
 from mqstore.format.schedule import SCHEDULE_TOPIC
+from mqstore.format.transaction import HALF_TOPIC
 from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
 from mqstore.errors import CorruptStateError, StoreClosedError
 from mqstore.message import (
@@ -403,6 +404,7 @@ class Appender:
         return end
 
 
+_KEPT_AS_PUT = (SCHEDULE_TOPIC, HALF_TOPIC)  # a record of these put as one stays as put
 _ONE = [1]  # a single record's count for its queue (read, never changed)
 
 
@@ -429,7 +431,11 @@ class _Single:
             p.queue_id = encoding.check_queue_id(app.selector.select(message, queues))
             if counts is not None and p.queue_id >= queues:
                 raise app._chosen_wrongly(p.topic, p.queue_id, queues, None)
-        if p.queued and (p.delay or message.properties) and p.topic != SCHEDULE_TOPIC:
+        if message.properties and p.topic not in _KEPT_AS_PUT and (
+                transactions.is_half_message(message)):  # docs/transactions.md
+            p = transactions.to_half(p, message, app.put_ctx)  # PREPARED or not
+            app._check_fits(p.size, None)
+        elif p.queued and (p.delay or message.properties) and p.topic != SCHEDULE_TOPIC:
             p = _Single.scheduled(app, p, message)  # a schedule record put as one stays
         return p
 

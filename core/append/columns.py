@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from mqstore.append.encoding import (
-    BODY_IS_NONE, DELAY_IN_BATCH, INNER_NUM_WITHOUT_BATCH, INT32_MAX, INT32_MIN, INT64_MAX,
-    INT64_MIN, TIMED_IN_BATCH, MAX_RECORD_OVERHEAD, Prepared, PutContext, Rejected, at_message,
+    BODY_IS_NONE, DELAY_IN_BATCH, HALF_IN_BATCH, INNER_NUM_WITHOUT_BATCH, INT32_MAX,
+    INT32_MIN, INT64_MAX, INT64_MIN, TIMED_IN_BATCH, MAX_RECORD_OVERHEAD, Prepared, PutContext, Rejected, at_message,
     body_too_large, check_body, check_int, check_queue_id, check_topic, finish_tail, is_delayed,
     message_properties, prepare_batch, record_too_large, tail_for, topic_refusal, waits,
 )
@@ -43,6 +43,7 @@ from mqstore.format.record import (
     SYSFLAG_STOREHOST_V6, header_dtype, record_dtype, topic_field,
 )
 from mqstore.format.schedule import is_timed
+from mqstore.format.transaction import is_half
 from mqstore.hashing import zlib_crc32
 from mqstore.message import Message, MessageBatch, PutStatus
 
@@ -398,6 +399,8 @@ def _check_batch_properties(props_seen: list[dict]) -> bool:
             raise Rejected(PutStatus.MESSAGE_ILLEGAL, DELAY_IN_BATCH, i)
         if is_timed(p):
             raise Rejected(PutStatus.MESSAGE_ILLEGAL, TIMED_IN_BATCH, i)
+        if is_half(p):
+            raise Rejected(PutStatus.MESSAGE_ILLEGAL, HALF_IN_BATCH, i)
         wait = wait or waits(p)
     return wait
 

@@ -32,6 +32,7 @@ from mqstore.format.properties import (
 )
 from mqstore.format.record_crc import PROPERTY_CRC32
 from mqstore.format.schedule import is_timed
+from mqstore.format.transaction import is_half
 from mqstore.format.record import (
     HEADER_STRUCTS, MAGIC_V1, MAGIC_V2, MAX_TOPIC_BYTES, MAX_V1_TOPIC_BYTES, SYSFLAG_BORNHOST_V6,
     SYSFLAG_INNER_BATCH, SYSFLAG_STOREHOST_V6, SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, TX_COMMIT,
@@ -49,6 +50,8 @@ BODY_IS_NONE = "message body is None"
 INNER_NUM_WITHOUT_BATCH = "INNER_NUM property without the INNER_BATCH sysflag"
 TX_IN_BATCH = "a batch may not hold transaction messages"
 DELAY_IN_BATCH = "a batch may not hold delayed messages (DELAY > 0)"
+HALF_IN_BATCH = ("a batch may not hold a transaction's half (TRAN_MSG=true): put it alone, "
+                 "as RocketMQ's producers send it")
 TIMED_IN_BATCH = ("a batch may not hold timed messages (TIMER_DELIVER_MS, TIMER_DELAY_SEC, "
                   "TIMER_DELAY_MS): put them one by one")
 
@@ -363,6 +366,8 @@ def prepare_batch(messages: Sequence[Message], ctx: PutContext) -> list[Prepared
                     raise Rejected(PutStatus.MESSAGE_ILLEGAL, DELAY_IN_BATCH)
                 if msg.properties and is_timed(msg.properties):
                     raise Rejected(PutStatus.MESSAGE_ILLEGAL, TIMED_IN_BATCH)
+                if msg.properties and is_half(msg.properties):
+                    raise Rejected(PutStatus.MESSAGE_ILLEGAL, HALF_IN_BATCH)
             except Rejected as rej:
                 if refused is None:
                     rej.index = i

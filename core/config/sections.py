@@ -29,6 +29,11 @@ class StoreSection(_Section):
     timer_max_delay_sec: int = Field(3 * 24 * 3600, ge=1, le=10 * 365 * 24 * 3600)
     timer_precision_ms: int = Field(1000, ge=1, le=60_000)
     os_page_cache_busy_timeout_ms: int = Field(1000, ge=1)
+    # Transactions (docs/transactions.md), RocketMQ's defaults: a half is checked back once
+    # 6 s old, then once a minute, and discarded after 15 checks.
+    transaction_timeout_ms: int = Field(6_000, ge=1, le=24 * 3600 * 1000)
+    transaction_check_interval_ms: int = Field(60_000, ge=10, le=24 * 3600 * 1000)
+    transaction_check_max: int = Field(15, ge=1, le=10_000)
     # Replication (RocketMQ's HA protocol; docs/replication.md), RocketMQ's defaults.
     ha_slave_fallbehind_max: int = Field(256 << 20, ge=1)
     ha_heartbeat_interval_ms: int = Field(5_000, ge=10, le=3_600_000)

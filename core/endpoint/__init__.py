@@ -27,6 +27,7 @@ Python client, whose package ships the generated stubs. The store never imports 
     longpoll     dispatch wake-ups delivered to asyncio waiters
     receive      ReceiveMessage: pops across the topic's queues, long polling
     acks         AckMessage and ChangeInvisibleDuration
+    transactions EndTransaction; check-backs on producers' Telemetry streams
     service      the servicer: every RPC, guarded (auth, limits, errors -> statuses)
     server       lifecycle: the grpc.aio server on its own thread, TLS, graceful stop
     client       `mqstore produce|consume --server` through the official client

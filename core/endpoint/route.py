@@ -23,7 +23,7 @@ from mqstore.endpoint.status import EndpointError, ok
 
 BROKER_NAME = "mqstore"
 ACCEPTED_TYPES = (definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO,
-                  definition_pb2.MessageType.DELAY)
+                  definition_pb2.MessageType.DELAY, definition_pb2.MessageType.TRANSACTION)
 
 
 class Topics:

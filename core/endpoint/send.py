@@ -49,6 +49,7 @@ from mqstore.endpoint import wire
 from mqstore.endpoint.protocol import Code, service_pb2
 from mqstore.endpoint.resources import full_name, topic_to_write
 from mqstore.endpoint.status import EndpointError, ok, put_status
+from mqstore.endpoint.transactions import transaction_id
 from mqstore.hashing import java_string_hash
 from mqstore.message import PutStatus
 
@@ -250,8 +251,32 @@ class Sender:
             out[2] += offsets
         return tuple(out)
 
+    async def _put_halves(self, request, messages: list) -> service_pb2.SendMessageResponse:
+        """Transactions' halves, put one by one (a batch may not hold them); each entry
+        carries its transaction id (``endpoint.transactions``)."""
+        entries, head = [], None
+        for wire_msg, m in zip(request.messages, messages):
+            if self._pool is None:
+                r = self._store.put(m)
+            else:
+                r = await asyncio.get_running_loop().run_in_executor(self._pool,
+                                                                     self._store.put, m)
+            if r.status.stored:
+                self._topics.created(m.topic)
+            one = put_status(r.status, r.error)
+            head = one if head is None or head.code == Code.OK else head
+            entry = service_pb2.SendResultEntry(status=one,
+                                                message_id=wire_msg.system_properties.message_id)
+            if r.status is PutStatus.PUT_OK:
+                entry.offset = r.queue_offset
+                entry.transaction_id = transaction_id(self._store.store_host, r.phys_offset)
+            entries.append(entry)
+        return service_pb2.SendMessageResponse(status=head, entries=entries)
+
     async def send(self, request, peer: str) -> service_pb2.SendMessageResponse:
         messages = self.messages(request, peer)
+        if any(m.properties.get(wire.TRANSACTION_PREPARED) == "true" for m in messages):
+            return await self._put_halves(request, messages)
         put, error, offsets = await self._put(messages)
         if put.stored:
             for m in messages:

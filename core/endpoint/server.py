@@ -32,6 +32,7 @@ import grpc
 from mqstore.config import StoreConfig, parse_listen
 from mqstore.consumer.pop_journal import state_exists
 from mqstore.endpoint.admin_service import AdminService
+from mqstore.errors import StoreClosedError
 from mqstore.endpoint.auth import AccessKeys, AdminAccess
 from mqstore.endpoint.backlog import Backlog
 from mqstore.endpoint.creations import Creations
@@ -48,6 +49,7 @@ from mqstore.endpoint.route import Topics, endpoints_of
 from mqstore.endpoint.send import Sender
 from mqstore.endpoint.service import MessagingService
 from mqstore.endpoint.settings import SESSIONS_PER_CONNECTION, Sessions, SettingsPolicy
+from mqstore.endpoint.transactions import Producers, Transactions
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 30.0
@@ -73,6 +75,8 @@ class Parts:
     backlog: Backlog
     settings_policy: SettingsPolicy
     endpoints: object  # Endpoints answered when a route query names none
+    producers: Producers  # their Telemetry streams, which carry transaction check-backs
+    transactions: Transactions
 
 
 def _read(path: str, key: str) -> bytes:
@@ -184,6 +188,9 @@ class Endpoint:
         backlog = Backlog(server.grpc_max_unwritten_bytes_per_connection,
                           server.grpc_max_unwritten_bytes)
         access_keys = AccessKeys(_pairs(server.grpc_access_keys), server.grpc_signature_skew_ms)
+        producers = Producers()
+        transactions = Transactions(store, producers, loop)
+        store.add_transaction_checker(transactions.check)
         return Parts(
             store=store, topics=topics, pops=pops,
             sender=Sender(store, topics, config, creations),
@@ -197,7 +204,7 @@ class Endpoint:
                                                 server.grpc_signature_skew_ms,
                                                 setting="server.grpc_admin_keys"), access_keys),
             backlog=backlog, settings_policy=SettingsPolicy(config),
-            endpoints=endpoints_of(host, port))
+            endpoints=endpoints_of(host, port), producers=producers, transactions=transactions)
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -247,6 +254,7 @@ class Endpoint:
             await server.stop(STOP_GRACE_S)
         finally:
             sweeper.cancel()
+            _no_checker(self._store, parts.transactions.check)
             if admin is not None:
                 admin.close()
             parts.sender.close()
@@ -277,6 +285,14 @@ class Endpoint:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             for client_id in parts.sessions.forget_idle():
                 log.debug("forgot idle client %s", client_id)
+
+
+def _no_checker(store, checker) -> None:
+    """The store's transactions are no longer checked back through this endpoint."""
+    try:
+        store.remove_transaction_checker(checker)
+    except (StoreClosedError, PermissionError):
+        pass  # closed first, or read-only: nothing to undo
 
 
 class _Captured:

@@ -6,7 +6,7 @@ Clients are known by their ``x-mq-client-id`` from Telemetry, Heartbeat (every 1
 NotifyClientTermination (``settings.Sessions``). A refusal raised anywhere
 (``EndpointError``) becomes the response's status, as RocketMQ answers (the RPC itself
 succeeds); anything unexpected is logged and answered INTERNAL_SERVER_ERROR naming it. RPCs
-mqstore does not serve (PullMessage, offsets, transactions, assignments, dead-letter
+mqstore does not serve (PullMessage, offsets, assignments, dead-letter
 forwarding, recall, lite topics) end with gRPC's UNIMPLEMENTED and a message saying so.
 
 Everything runs on the event loop's thread; store calls that may wait for the disk run on
@@ -32,7 +32,7 @@ from mqstore.errors import StoreClosedError
 log = logging.getLogger(__name__)
 CLIENT_ID = "x-mq-client-id"
 SERVED = ("QueryRoute", "Heartbeat", "SendMessage", "ReceiveMessage", "AckMessage",
-          "ChangeInvisibleDuration", "Telemetry", "NotifyClientTermination")
+          "ChangeInvisibleDuration", "Telemetry", "NotifyClientTermination", "EndTransaction")
 
 
 def _failure(name: str, exc: BaseException) -> tuple[int, str]:
@@ -128,9 +128,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             await context.write(service_pb2.TelemetryCommand(status=status(exc.code,
                                                                            exc.message)))
             return
+        client = client_id(context)
         try:
-            reader = asyncio.ensure_future(self._settings(request_iterator, context,
-                                                          client_id(context)))
+            reader = asyncio.ensure_future(self._settings(request_iterator, context, client))
             stopper = asyncio.ensure_future(self.stopping.wait())
             await asyncio.wait((reader, stopper), return_when=asyncio.FIRST_COMPLETED)
             for task in (reader, stopper):
@@ -142,6 +142,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             elif failure is not None:  # the client went away mid-stream
                 log.debug("telemetry stream of %s ended: %r", peer, failure)
         finally:
+            self.parts.producers.gone(client, context)
             self.peers.leave(peer)
 
     async def _settings(self, request_iterator, context, client_id: str) -> None:
@@ -150,7 +151,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             if command.HasField("settings"):
                 filled = parts.settings_policy.fill(command.settings)
                 parts.sessions.seen(client_id, command.settings.client_type, filled)
-                await context.write(service_pb2.TelemetryCommand(status=ok(), settings=filled))
+                # A producer's stream also carries the transactions' check-backs.
+                stream = parts.producers.publishing(client_id, context, command.settings)
+                async with stream.lock:
+                    await context.write(service_pb2.TelemetryCommand(status=ok(),
+                                                                     settings=filled))
             # Other commands answer commands this endpoint never sends (stack traces,
             # message verification, transaction checks).
 
@@ -177,6 +182,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             await receiver.answer(context, handed, answer)
         finally:
             self.peers.leave(peer)
+
+    @unary(service_pb2.EndTransactionResponse)
+    async def EndTransaction(self, request, context, peer):
+        return await self.parts.transactions.end(request)
 
     @unary(service_pb2.AckMessageResponse)
     def AckMessage(self, request, context, peer):
@@ -207,7 +216,7 @@ def _add_unimplemented(name: str, streaming: bool) -> None:
 
 for _name, _streaming in (("QueryAssignment", False), ("ForwardMessageToDeadLetterQueue", False),
                           ("PullMessage", True), ("UpdateOffset", False), ("GetOffset", False),
-                          ("QueryOffset", False), ("EndTransaction", False),
+                          ("QueryOffset", False),
                           ("RecallMessage", False), ("SyncLiteSubscription", False)):
     _add_unimplemented(_name, _streaming)
 

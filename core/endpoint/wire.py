@@ -68,7 +68,9 @@ SYSTEM_PROPERTY_NAMES = frozenset((
     SHARDING_KEY, TRACE_CONTEXT,
 ))
 STORED_TYPES = frozenset((MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL,
-                          MessageType.FIFO, MessageType.DELAY))
+                          MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION))
+PRODUCER_GROUP = "PGROUP"
+CHECK_IMMUNITY_S = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 # The enum values as plain ints: each attribute of a protobuf enum wrapper is a Python-level
 # lookup, which every message of every send would pay for again.
@@ -107,8 +109,8 @@ def to_store(msg, topic: str, born_host: str | None, max_body_bytes: int) -> Mes
     if sp.message_type not in STORED_TYPES:
         kind = MessageType.Name(sp.message_type)
         raise EndpointError(Code.UNSUPPORTED, f"message type {kind} is not supported: mqstore "
-                                              f"stores NORMAL, FIFO and DELAY messages (no "
-                                              f"transactions, lite topics or priorities)")
+                                              f"stores NORMAL, FIFO, DELAY and TRANSACTION "
+                                              f"messages (no lite topics or priorities)")
     body = msg.body
     encoding = sp.body_encoding
     if encoding == _GZIP:
@@ -178,6 +180,12 @@ def to_store(msg, topic: str, born_host: str | None, max_body_bytes: int) -> Mes
                 born_ms = None
     if sp.message_type == _DELAY:
         properties[TIMER_DELIVER_MS] = str(_delivery_ms(sp))
+    elif sp.message_type == _TRANSACTION:  # a half; the topic is its group, as the proxy's
+        properties[TRANSACTION_PREPARED] = "true"
+        properties[PRODUCER_GROUP] = topic
+        if sp.HasField("orphaned_transaction_recovery_duration"):
+            properties[CHECK_IMMUNITY_S] = str(
+                max(0, sp.orphaned_transaction_recovery_duration.seconds))
     return Message(topic, body, tags=tags, keys=keys, properties=properties,
                    born_timestamp=born_ms, born_host=born_host)
 

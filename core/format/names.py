@@ -65,14 +65,22 @@ def check_stored_topic(topic: object) -> str:
     return topic
 
 
+# The transactions' topics (``format.transaction``): RocketMQ's TopicValidator lists them as
+# system topics too, and only the store writes and reads them.
+TRANSACTION_TOPICS = frozenset(("RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+                                "TRANS_CHECK_MAX_TIME_TOPIC"))
+
+
 def is_system_topic(topic: str) -> bool:
-    """A topic the store keeps for itself (``SYSTEM_TOPIC_PREFIX``)."""
-    return topic.startswith(SYSTEM_TOPIC_PREFIX)
+    """A topic the store keeps for itself (``SYSTEM_TOPIC_PREFIX``, ``TRANSACTION_TOPICS``)."""
+    return topic.startswith(SYSTEM_TOPIC_PREFIX) or topic in TRANSACTION_TOPICS
 
 
 def system_topic_refusal(topic: str, doing: str) -> str:
     """Why ``doing`` (``"send to"``, ``"consume"``) is refused for a system topic."""
-    return (f"topic {shown(topic)} is a system topic (prefix {SYSTEM_TOPIC_PREFIX}): the store "
+    kind = (f"prefix {SYSTEM_TOPIC_PREFIX}" if topic.startswith(SYSTEM_TOPIC_PREFIX)
+            else "a transaction's")
+    return (f"topic {shown(topic)} is a system topic ({kind}): the store "
             f"keeps its own state there, and clients may not {doing} it")
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from mqstore.roles import RoleState
     from mqstore.runtime.loops import Runtime
     from mqstore.runtime.schedule import ScheduleService
+    from mqstore.runtime.transactions import TransactionService
     from mqstore.storage.checkpoint import Checkpoint
     from mqstore.storage.commit_log import CommitLog
     from mqstore.storage.epoch_file import EpochFile
@@ -52,6 +53,7 @@ class StoreParts:
     role: "RoleState | None" = None  # what the store is now (mqstore.roles)
     epochs: "EpochFile | None" = None  # its epoch file (storage.epoch_file)
     schedule: "ScheduleService | None" = None  # a writable store's delay levels
+    transactions: "TransactionService | None" = None  # its open transactions and checker
 
 
     def last_append_end(self) -> int:
@@ -63,6 +65,8 @@ class StoreParts:
         and the schedule delivers no more."""
         if self.schedule is not None:
             self.schedule.stop()
+        if self.transactions is not None:
+            self.transactions.stop()
         if self.replication is not None:
             self.replication.stop()
 

@@ -37,7 +37,8 @@ class StoreCollector(Collector):
         self.store = store
         self.sources = (self._puts, self._commit_log, self._flush, self._dispatch,
                         self._queues, self._consumers, self._workers, self._disk,
-                        self._replication, self._schedule, self._coordination)
+                        self._replication, self._schedule, self._transactions,
+                        self._coordination)
 
     def collect(self):
         if self.store._state.closed:
@@ -112,6 +113,18 @@ class StoreCollector(Collector):
                      "yet delivered.", status["timers_pending"])
         yield _counter("mqstore_scheduled_delivered", "Delayed and timed messages delivered "
                        "to their topics since the store opened.", status["delivered"])
+
+    def _transactions(self):
+        status = self.store.transaction_status()
+        if status is None:
+            return
+        yield _gauge("mqstore_transactions_open", "Transactions neither committed, rolled "
+                     "back nor discarded (docs/transactions.md).", status["open"])
+        for name, doc in (("committed", "committed"), ("rolled_back", "rolled back"),
+                          ("checks", "checked back (halves re-appended)"),
+                          ("discarded", "discarded after store.transaction_check_max checks")):
+            yield _counter(f"mqstore_transactions_{name}", f"Transactions {doc} since the "
+                           f"store opened.", status[name])
 
     def _consumers(self):
         # Reads the offset table once and each group's first unconsumed message per queue:

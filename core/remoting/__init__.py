@@ -14,6 +14,7 @@ serve`` (docs/remoting.md). Standard library only; the store never imports this 
     stats         what mqadmin's status commands read
     wakeups       dispatch wake-ups for held pulls
     send          SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE
+    transactions  END_TRANSACTION; CHECK_TRANSACTION_STATE to a producer of the group
     pull          PULL_MESSAGE and long polling
     queries       offsets by time, min/max offsets, earliest time, messages by id and key
     offsets       consumer offsets (query, update, commit in a pull)

@@ -11,7 +11,10 @@ the NameServers; a send to a group's ``%RETRY%`` topic past its ``maxReconsumeTi
 the group's ``%DLQ%`` topic instead. A message with a ``DELAY`` level is the store's to
 schedule (``SCHEDULE_TOPIC_XXXX``, docs/delays.md): the answer names the real queue and the
 schedule queue's offset, as RocketMQ's does; a batch holding one is refused
-(MESSAGE_ILLEGAL), as RocketMQ refuses it. The put's status answers with the broker's code
+(MESSAGE_ILLEGAL), as RocketMQ refuses it. A transaction's half (the prepared sysFlag,
+``TRAN_MSG=true``) is the store's to keep in ``RMQ_SYS_TRANS_HALF_TOPIC``
+(``remoting.transactions``, docs/transactions.md); other transaction sysFlags are refused
+(NO_PERMISSION). The put's status answers with the broker's code
 (``codes.PUT_CODES``); a stored message answers msgId (the offset message id: the advertised
 address and the commit-log offset), queueId and queueOffset, a batch its comma-joined msgIds
 and its first queue offset.
@@ -28,6 +31,7 @@ import random
 from mqstore.append.encoding import DELAY_IN_BATCH
 from mqstore.format.properties import decode_properties
 from mqstore.format.schedule import delay_level
+from mqstore.format.transaction import SYSFLAG_PREPARED, is_half
 from mqstore.format.record import SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, offset_msg_id
 from mqstore.format.remoting_frame import Command
 from mqstore.format.remoting_message import decode_batch
@@ -95,15 +99,17 @@ def messages_of(broker, conn, cmd: Command, req: SendRequest) -> list[Message]:
     if broker.slave:
         raise RemotingError(Resp.SERVICE_NOT_AVAILABLE, (
             f"broker {broker.name} is a slave now: send to its master"))
-    if req.sysflag & SYSFLAG_TX_MASK:
+    tx = req.sysflag & SYSFLAG_TX_MASK
+    props = decode_properties(req.properties) if not req.batch else {}
+    if tx and not (tx == SYSFLAG_PREPARED and not req.batch and is_half(props)):
         raise RemotingError(Resp.NO_PERMISSION, (
-            f"the broker[{broker.name}] sending transaction message is forbidden: mqstore "
-            f"stores no transaction messages"))
+            f"the broker[{broker.name}] sending transaction message is forbidden: a "
+            f"transaction's half is one message with the prepared sysFlag and TRAN_MSG=true, "
+            f"ended by END_TRANSACTION"))
     topic, queue_id = _topic_of(broker, req)
-    sysflag = req.sysflag & SYSFLAG_USER_BITS
+    sysflag = req.sysflag & SYSFLAG_USER_BITS & ~SYSFLAG_TX_MASK  # a half's: the store's
     common = {PROPERTY_CLUSTER: broker.cluster}
     if not req.batch:
-        props = decode_properties(req.properties)
         props.update(common)
         return [Message(topic, cmd.body, properties=props, queue_id=queue_id, flag=req.flag,
                         sysflag=sysflag, born_timestamp=req.born, born_host=conn.peer,

@@ -34,7 +34,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from mqstore.config import StoreConfig, parse_listen
 from mqstore.format.remoting_frame import Command
-from mqstore.remoting import admin, client_calls, namesrv, offsets, pull, queries, send
+from mqstore.remoting import (
+    admin, client_calls, namesrv, offsets, pull, queries, send, transactions,
+)
+from mqstore.errors import StoreClosedError
 from mqstore.remoting.broker import MASTER_ID, Broker, advertised, show
 from mqstore.remoting.client_calls import notify_changed
 from mqstore.remoting.codes import RemotingError, Resp
@@ -53,7 +56,7 @@ PUT_THREADS = 16
 SLOW_THREADS = 4
 # The request processors, each one module (``handlers(broker)``). CONSUMER_SEND_MSG_BACK (36)
 # comes as one more module here.
-PROCESSORS = (send, pull, queries, offsets, client_calls, admin, namesrv)
+PROCESSORS = (send, pull, queries, offsets, client_calls, admin, namesrv, transactions)
 
 
 def ha_address(store, address: str) -> str | None:
@@ -168,6 +171,8 @@ class RemotingServer:
             broker.registration = Registration(broker, cfg.namesrv_addr)
         for module in PROCESSORS:
             self._handlers.update(module.handlers(broker))
+        checks = transactions.Checks(broker, loop)  # producers asked about open ones
+        _checker(self._store, checks.check, add=True)
         watch.start()
         if broker.registration is not None:
             broker.registration.start()
@@ -197,6 +202,7 @@ class RemotingServer:
                 await broker.registration.stop()
         finally:
             sweeper.cancel()
+            _checker(self._store, checks.check, add=False)
             for conn in list(self.connections):
                 conn.close()
             await asyncio.sleep(0)
@@ -314,6 +320,17 @@ class RemotingServer:
             return cmd.response(Resp.SYSTEM_ERROR, str(exc))
         log.exception("request %d from %s failed", cmd.code, conn.peer)
         return cmd.response(Resp.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def _checker(store, check, add: bool) -> None:
+    """Ask this server's producers about the store's open transactions, or no longer."""
+    try:
+        if add:
+            store.add_transaction_checker(check)
+        else:
+            store.remove_transaction_checker(check)
+    except (StoreClosedError, PermissionError):
+        pass  # closed first, or read-only: no checker
 
 
 def start_remoting(store, config: StoreConfig, observe=None) -> RemotingServer:

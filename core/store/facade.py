@@ -34,6 +34,7 @@ from mqstore.store.internals import MovedToInternals, StoreInternals
 from mqstore.store.reads import StoreReadsOf
 from mqstore.store.roles import RoleCalls
 from mqstore.store.topic_calls import TopicCalls
+from mqstore.store.transaction_calls import TransactionCalls, transaction_side
 from mqstore.message import (
     BatchPutResult, GetResult, Message, MessageBatch, PutCounts, PutResult, ReadBatch,
     StoredMessage,
@@ -84,7 +85,7 @@ def _close_open_stores() -> None:
 atexit.register(_close_open_stores)
 
 
-class MessageStore(TopicCalls, ConsumerCalls, RoleCalls):
+class MessageStore(TopicCalls, ConsumerCalls, RoleCalls, TransactionCalls):
     """An open store directory. Create with :meth:`open`; close with :meth:`close` or ``with``."""
 
     config: StoreConfig
@@ -145,6 +146,12 @@ class MessageStore(TopicCalls, ConsumerCalls, RoleCalls):
         self._wire_roles()
         if parts.schedule is not None:
             parts.schedule.start()
+        this = weakref.ref(self)  # the checker's thread must not keep a dropped store alive
+        self._transactions = parts.transactions = transaction_side(
+            parts, lambda: this()._consumers.offsets)  # type: ignore[union-attr]
+        if parts.transactions is not None:
+            parts.transactions.checkers = self._transaction_checkers
+            parts.transactions.start()
 
     def _adopt(self, parts: StoreParts) -> None:
         # An open that returned set every part but the runtime (none when read-only).

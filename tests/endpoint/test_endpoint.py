@@ -267,7 +267,7 @@ def test_requests_refused_with_rocketmqs_codes(clients, stub, served):
         ({"topic": "bad topic!"}, Code.ILLEGAL_TOPIC, "'bad topic!'"),
         ({"properties": {"UNIQ_KEY": "mine"}}, Code.ILLEGAL_MESSAGE_PROPERTY_KEY, "UNIQ_KEY"),
         ({"kind": definition_pb2.DELAY}, Code.ILLEGAL_DELIVERY_TIME, "delivery_timestamp"),
-        ({"kind": definition_pb2.TRANSACTION}, Code.UNSUPPORTED, "TRANSACTION"),
+        ({"kind": definition_pb2.LITE}, Code.UNSUPPORTED, "LITE"),
     ]:
         reply = send(**fields)
         assert (Code.Name(reply.status.code), len(reply.entries)) == (Code.Name(code), 0), fields
@@ -357,7 +357,8 @@ def test_route_names_one_broker_at_the_address_dialled(stub, served):
         assert q.permission == definition_pb2.READ_WRITE and q.broker.id == 0
         assert q.broker.endpoints == dialled
         assert list(q.accept_message_types) == [definition_pb2.NORMAL, definition_pb2.FIFO,
-                                                definition_pb2.DELAY]
+                                                definition_pb2.DELAY,
+                                                definition_pb2.TRANSACTION]
     own = stub.QueryRoute(service_pb2.QueryRouteRequest(
         topic=definition_pb2.Resource(name="NotYetSent")), timeout=10)
     address = own.message_queues[0].broker.endpoints.addresses[0]

@@ -150,10 +150,20 @@ def test_keys_are_joined_and_split_as_rocketmq_does_and_bad_text_is_refused():
     for fields, code in (({"tag": "a\x01b"}, Code.ILLEGAL_MESSAGE_TAG),
                          ({"keys": ["k\x02"]}, Code.ILLEGAL_MESSAGE_KEY),
                          ({"message_id": ""}, Code.ILLEGAL_MESSAGE_ID),
-                         ({"message_type": definition_pb2.TRANSACTION}, Code.UNSUPPORTED)):
+                         ({"message_type": definition_pb2.LITE}, Code.UNSUPPORTED)):
         with pytest.raises(EndpointError) as err:
             to_store(wire_message(**fields), "T", None, 4096)
         assert err.value.code == code, fields
+
+
+def test_a_transactional_send_is_a_half_of_the_topics_group():
+    """As the proxy: TRAN_MSG, the topic as producer group, the recovery duration's seconds."""
+    m = to_store(wire_message(message_type=definition_pb2.TRANSACTION), "T", None, 4096)
+    assert (m.properties["TRAN_MSG"], m.properties["PGROUP"]) == ("true", "T")
+    assert "CHECK_IMMUNITY_TIME_IN_SECONDS" not in m.properties
+    msg = wire_message(message_type=definition_pb2.TRANSACTION)
+    msg.system_properties.orphaned_transaction_recovery_duration.seconds = 30
+    assert to_store(msg, "T", None, 4096).properties["CHECK_IMMUNITY_TIME_IN_SECONDS"] == "30"
 
 
 def test_born_timestamps_read_as_protobuf_reads_them():
@@ -381,3 +391,46 @@ def test_an_open_admin_service_is_refused_beyond_loopback(listen, open_ok):
     check_exposure(ServerSection(grpc_listen=listen, grpc_admin_keys=["ops:s"]), True)
     check_exposure(ServerSection(grpc_listen=listen, grpc_admin_enabled=False), True)
     check_exposure(server, admin_served=False)
+
+
+def test_transaction_ids_name_the_half_and_others_are_refused():
+    from mqstore.endpoint.transactions import half_offset, transaction_id
+    from mqstore.format.hosts import parse_host
+
+    text = transaction_id(parse_host("127.0.0.1:10911"), 30_061)
+    assert text == "7F00000100002A9F000000000000756D"  # the fixture's half tx-0, as 4.9.8
+    assert half_offset(text) == 30_061
+    for bad in ("", "xyz", text[:-1], text + "0", "G" * 32):
+        with pytest.raises(EndpointError) as err:
+            half_offset(bad)
+        assert err.value.code == Code.INVALID_TRANSACTION_ID and "32 hex digits" in err.value.message
+
+
+def test_end_transaction_of_no_open_half_is_invalid(make_store):
+    from mqstore.endpoint.transactions import Producers, Transactions, transaction_id
+
+    store = make_store()
+    plain = store.put(Message("T", b"plain", queue_id=0))
+    half = store.put(Message("T", b"h", queue_id=0, properties={
+        "TRAN_MSG": "true", "PGROUP": "T", "UNIQ_KEY": "M1"}))
+    loop = asyncio.new_event_loop()
+    try:
+        tx = Transactions(store, Producers(), loop)
+
+        def end(offset, message_id, resolution=definition_pb2.TransactionResolution.COMMIT):
+            request = service_pb2.EndTransactionRequest(
+                message_id=message_id, resolution=resolution,
+                transaction_id=transaction_id(store.store_host, offset))
+            return loop.run_until_complete(tx.end(request)).status
+
+        assert end(plain.phys_offset, "M1").code == Code.INVALID_TRANSACTION_ID
+        assert end(half.phys_offset, "other").code == Code.INVALID_TRANSACTION_ID
+        unknown = definition_pb2.TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED
+        assert end(half.phys_offset, "M1", unknown).code == Code.OK  # still open
+        store.wait_dispatched()
+        assert [t.message_id for t in store.open_transactions()] == ["M1"]
+        assert end(half.phys_offset, "M1").code == Code.OK
+        again = end(half.phys_offset, "M1")
+        assert again.code == Code.INVALID_TRANSACTION_ID and "not open" in again.message
+    finally:
+        loop.close()

@@ -546,3 +546,49 @@ def test_a_promoted_slave_goes_on_with_the_schedule_delivering_nothing_twice(
     status = s.schedule_status()
     wait_for(lambda: s.schedule_status()["ticks"] > status["ticks"] + 1, "a tick more")
     assert [x.body for x in s.read("later", 0, 0)] == [b"a0", b"a1", b"b", b"t"]
+
+
+def test_a_promoted_slave_continues_the_open_transactions(pair, make_store, tmp_path,
+                                                          manual_clock):
+    """Halves, op records and re-appended halves travel in the log, the checker's progress
+    (CID_RMQ_SYS_TRANS's offsets) in the mirror: the promoted slave holds the same open
+    transactions, checks them, and ends them by any copy's offset."""
+    txn = {"transaction_timeout_ms": 3000, "transaction_check_interval_ms": 2000}
+    m, _none = pair(slave=False, **txn)
+    s = make_store({"commit_log": {"segment_bytes": SEG},
+                    "store": {**FAST, **txn, "role": "slave"},
+                    "server": {"ha_master": m.replication.address,
+                               "ha_listen": "127.0.0.1:0"}}, root=tmp_path / "slave")
+    s.replication.start()
+    halves = {}
+    for key in ("A", "B", "C"):
+        halves[key] = m.put(Message("pay", key.encode(), queue_id=0, properties={
+            "TRAN_MSG": "true", "PGROUP": "shop", "UNIQ_KEY": key}))
+        assert halves[key].status.stored
+    m.end_transaction(halves["A"].phys_offset, commit=True)
+    asked = []
+    m.set_transaction_checker(asked.append)
+    manual_clock.advance(3_000)  # B and C checked once on the master: their halves re-appended
+    wait_for(lambda: len(asked) == 2, "the master's checks")
+    wait_for(lambda: m.transaction_status()["progress"] == (3, 1), "the master's progress")
+    assert s.transaction_status()["running"] is False  # a slave checks nothing
+    wait_for(lambda: s.max_offset("pay", 0) == 1 and mirrored(m, s), "the slave caught up")
+    m.close()
+    wait_for(lambda: not s.replication.client.connected, "the slave sees its master gone")
+    assert s.promote()["mirror"] is not None
+    wait_for(lambda: s.transaction_status()["running"], "the promoted slave's checker")
+    opened = s.open_transactions()
+    assert [(t.message_id, t.queue_offset, t.checks) for t in opened] == [("B", 3, 1),
+                                                                          ("C", 4, 1)]
+    promoted = []
+    s.set_transaction_checker(promoted.append)
+    manual_clock.advance(2_000)
+    wait_for(lambda: len(promoted) == 2, "the promoted slave's checks")
+    assert sorted((c.message_id, c.message.properties["TRANSACTION_CHECK_TIMES"])
+                  for c in promoted) == [("B", "2"), ("C", "2")]
+    c = s.end_transaction(halves["B"].phys_offset, commit=True)  # the original half's offset
+    assert c.status.stored
+    s.end_transaction(halves["C"].phys_offset, commit=False)
+    s.wait_dispatched()
+    assert [x.body for x in s.read("pay", 0, 0)] == [b"A", b"B"]
+    assert s.open_transactions() == []

@@ -60,6 +60,31 @@ def test_serve_metrics_count_the_pending_delayed_messages(deployment, tmp_path):
         assert proc.wait(STOP_TIMEOUT_S) == 0
 
 
+def test_serve_checks_open_transactions_and_counts_the_discarded(deployment, tmp_path):
+    root, yaml, _end = deployment
+    with MessageStore.open(root, config=load_config(overrides={
+            "plugins": {"load_entry_points": False}})) as store:
+        for i in range(2):
+            store.put(Message("orders", b"t%d" % i, properties={"TRAN_MSG": "true",
+                                                                 "PGROUP": "shop"}))
+    yaml.write_text(SMALL_CONFIG + f"store: {{root: {json.dumps(str(root))}, "
+                    "transaction_timeout_ms: 50, transaction_check_interval_ms: 50, "
+                    "transaction_check_max: 1}\n"
+                    "server: {metrics_listen: \"127.0.0.1:0\", log_level: info}\n")
+    proc, url = start(yaml, tmp_path / "serve.log")
+    try:
+        # No producer answers: each is checked once (its half re-appended), then discarded.
+        m = wait_for(lambda: (got := scrape(url)).get(
+            ("mqstore_transactions_discarded_total", ())) == 2 and got,
+            what="both transactions discarded")
+        assert m[("mqstore_transactions_checks_total", ())] == 2
+        assert m[("mqstore_transactions_open", ())] == 0
+        assert m[("mqstore_transactions_committed_total", ())] == 0
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(STOP_TIMEOUT_S) == 0
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_serve_metrics_health_and_clean_shutdown(deployment, tmp_path, signum):
     root, yaml, end = deployment

@@ -9,6 +9,9 @@ when the ack came after the invisible time and the message had gone to another d
 withholds the ack of a first delivery whose body ends in one of the comma-separated
 ``withhold`` suffixes (that message must come back). Each line is flushed at once.
 
+``half`` (``... half <endpoint> <topic> <body>``) sends one transaction's half, prints
+``sent <message id>`` and waits to be killed.
+
 ``failover-produce`` and ``failover-consume`` (same arguments; the endpoint may list several,
 ``a;b``) go on through a failover: a send that fails is tried again (a new message with the
 same body) until one is answered OK, printing ``failed <body> <error>`` for each failure; a
@@ -49,6 +52,17 @@ def main(argv: list[str]) -> int:
             print("sent", msg.body.decode(), flush=True)
         producer.shutdown()
         return 0
+    if mode == "half":  # one transaction's half, never ended: the process is killed
+        name = argv[4]
+        producer = rocketmq.Producer(config, (topic,), checker=_Undecided())
+        producer.startup()
+        msg = rocketmq.Message()
+        msg.topic = topic
+        msg.body = name.encode()
+        receipt = producer.send(msg, transaction=producer.begin_transaction())
+        print("sent", receipt.message_id, flush=True)
+        time.sleep(3600)
+        return 1
     group, withhold, stop_file = argv[4], argv[5].split(","), argv[6]
     consumer = rocketmq.SimpleConsumer(config, group, {topic: rocketmq.FilterExpression()},
                                        await_duration=1)
@@ -67,6 +81,14 @@ def main(argv: list[str]) -> int:
             print("acked", body, flush=True)
     consumer.shutdown()
     return 0
+
+
+class _Undecided:
+    """A transaction checker that never decides (the process is killed before it could)."""
+
+    def check(self, message):
+        from rocketmq import TransactionResolution
+        return TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED
 
 
 def through_failover(mode: str, endpoint: str, topic: str, argv: list[str]) -> int:
@@ -91,6 +113,17 @@ def through_failover(mode: str, endpoint: str, topic: str, argv: list[str]) -> i
             print("sent", body, flush=True)
         producer.shutdown()
         return 0
+    if mode == "half":  # one transaction's half, never ended: the process is killed
+        name = argv[4]
+        producer = rocketmq.Producer(config, (topic,), checker=_Undecided())
+        producer.startup()
+        msg = rocketmq.Message()
+        msg.topic = topic
+        msg.body = name.encode()
+        receipt = producer.send(msg, transaction=producer.begin_transaction())
+        print("sent", receipt.message_id, flush=True)
+        time.sleep(3600)
+        return 1
     group, withhold, stop_file = argv[4], argv[5].split(","), argv[6]
     consumer = rocketmq.SimpleConsumer(config, group, {topic: rocketmq.FilterExpression()},
                                        await_duration=1)
