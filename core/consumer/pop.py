@@ -74,6 +74,7 @@ _NOTHING_NEW = (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
 POP_CONSUME_FROM = (names.FIRST, names.LAST, names.MAX)
 _EMPTY: dict = {}
 _DUE_ROUNDS = 8  # looks past dead-lettered messages for ones to deliver again, per pop
+_DEAD_BATCH = 256  # due messages one look takes, so exhausted ones go in batches
 log = logging.getLogger(__name__)
 log_limit.limit(log, level=logging.WARNING)  # a store refusing writes fails every pop
 
@@ -276,11 +277,14 @@ class PopConsumer:
         out: list = []
         kept: list = []
         for _round in range(_DUE_ROUNDS):
-            taken = state.take_due(now, limit - len(out))
+            taken = state.take_due(now, max(limit - len(out), _DEAD_BATCH))
             if not taken:
                 break
             spent = [t for t in taken if t[2] >= max_attempts or (t[0], t[1]) in state.dead]
-            out += [t for t in taken if t[2] < max_attempts and (t[0], t[1]) not in state.dead]
+            again = [t for t in taken if t[2] < max_attempts and (t[0], t[1]) not in state.dead]
+            room = limit - len(out)
+            out += again[:room]
+            kept += again[room:]  # beyond this pop's room: due still, for the next
             if spent:
                 if dead is None:
                     kept += spent
