@@ -11,7 +11,7 @@ the attempts made, and 5.x's ``DLQ_ORIGIN_TOPIC`` and ``DLQ_ORIGIN_MESSAGE_ID`` 
 It is written as the schedule writes its copies (``Appender.put_copies``): past the put hooks
 and topic configs, all or nothing.
 
-``find`` looks for a group's dead letter of one message in the commit log from a position on
+``found`` looks for a group's dead letters of one message in the commit log from a position on
 (NOTE [ Dead-lettering exactly once ] in ``pop``): it reads the records themselves, never the
 consume queues, which may not have caught up yet.
 """
@@ -108,9 +108,9 @@ class DeadLetters:
     def log_end(self) -> int:
         return self._log.max_offset
 
-    def put(self, stored, group: str, attempts: int) -> tuple[PutStatus, int]:
-        """Write ``stored``'s dead letter; ``(status, its queue offset)``. Raises when it
-        cannot be written (nothing was)."""
+    def put_many(self, group: str, letters: list) -> None:
+        """Write the dead letters of ``letters`` (``(StoredMessage, attempts)``) in one put, all
+        or nothing; raises (nothing written) when they cannot be written."""
         topic = dlq_topic(group)
         if self._topics.get(topic) is None:
             try:
@@ -118,43 +118,45 @@ class DeadLetters:
             except ValueError:
                 if self._topics.get(topic) is None:  # not another process's creation
                     raise
-        result = self._appender.put_copies([dead_letter_of(stored, group, attempts, self._ctx)])
+        prepared = [dead_letter_of(m, group, attempts, self._ctx) for m, attempts in letters]
+        result = self._appender.put_copies(prepared)
         if not result.status.stored:
-            raise OSError(f"dead letter of {message_id(stored)} to {topic} not written: "
+            raise OSError(f"{len(letters)} dead letter(s) to {topic} not written: "
                           f"{result.status.name} {result.error or ''}".rstrip())
         with self._lock:
-            self._counts[group] = self._counts.get(group, 0) + 1
-        return result.status, int(result.queue_offsets[0])
+            self._counts[group] = self._counts.get(group, 0) + len(letters)
 
     def counts(self) -> dict[str, int]:
         """Dead letters this process wrote since the store opened, per group."""
         with self._lock:
             return dict(self._counts)
 
-    def find(self, group: str, origin_topic: str, origin_id: str, log_from: int) -> bool:
-        """Whether the commit log from ``log_from`` on holds ``group``'s dead letter of the
-        message ``origin_id`` of ``origin_topic``."""
-        topic = dlq_topic(group).encode("utf-8")
+    def found(self, group: str, origin_topic: str, ids: set, log_from: int) -> set:
+        """Which of the message ids ``ids`` of ``origin_topic`` have a dead letter of
+        ``group`` in the commit log from ``log_from`` on (the records, read in chunks)."""
+        topic = dlq_topic(group)
+        out: set = set()
         pos, end = log_from, self._log.max_offset
-        while pos < end:
+        while pos < end and len(out) < len(ids):
             buf = self._log.read_span(pos, _SCAN_CHUNK)
             if not buf:
-                return False
+                break
             at = 0
             while at < len(buf):
                 kind, size, head = scan_record(buf, at, len(buf), False)
                 if kind == SCAN_BAD:
-                    if at == 0:
-                        return False  # damage, or a record larger than a read: stop here
-                    break
+                    break  # cut at the chunk's end (read on from here), or damage
                 if kind == SCAN_BLANK:
                     at = len(buf)  # the rest of the segment is a blank
                     break
-                if head.topic.encode("utf-8") == topic:
+                if head.topic == topic:
                     props = decode_properties(head.properties.decode("utf-8", "replace"))
-                    if (props.get(PROPERTY_DLQ_ORIGIN_TOPIC) == origin_topic
-                            and props.get(PROPERTY_DLQ_ORIGIN_MESSAGE_ID) == origin_id):
-                        return True
+                    if props.get(PROPERTY_DLQ_ORIGIN_TOPIC) == origin_topic:
+                        found = props.get(PROPERTY_DLQ_ORIGIN_MESSAGE_ID)
+                        if found in ids:
+                            out.add(found)
                 at += size
-            pos += at if at else len(buf)
-        return False
+            if at == 0:
+                break  # damage, or a record larger than a read: nothing more to find here
+            pos += at
+        return out

@@ -57,6 +57,7 @@ import threading
 import time
 from collections import OrderedDict
 
+from mqstore.append.encoding import Rejected
 from mqstore.consumer import names
 from mqstore.consumer.errors import ReceiptHandleError, StaleReceiptHandleError
 from mqstore.consumer.messages import ConsumedMessage
@@ -297,36 +298,39 @@ class PopConsumer:
     @staticmethod
     def _bury(journal, state, store, dead, group, topic, items) -> list:
         """Dead-letter ``items`` (``(queue, offset, attempt, delivery)``, exclusive flock
-        held): NOTE [ Dead-lettering exactly once ]. Returns those left in flight (their
-        record could not be read or their dead letter written now: the next pop tries
-        again)."""
+        held) in one put: NOTE [ Dead-lettering exactly once ]. Returns those left in flight
+        (their record could not be read or their dead letters written now: the next pop
+        tries again)."""
         log_from = dead.log_end()
         begun = [(DEAD, q, o, log_from, d, 0, 0) for q, o, _a, d in items
                  if (q, o) not in state.dead]
-        resumed = {(q, o) for q, o, _a, _d in items if (q, o) in state.dead}
+        resumed = {(q, o): state.dead[(q, o)] for q, o, _a, _d in items if (q, o) in state.dead}
         if begun:
             journal.append(begun, state.rotate, state.delivery)
-        done, left = [], []
-        for q, o, attempt, d in items:
+        done, left, burying = [], [], []  # burying: (item, stored)
+        for item in items:
+            q, o, _attempt, d = item
             batch = store.read(topic, q, o, 1, verify=True)
             if batch is None:
-                left.append((q, o, attempt, d))
-                continue
-            if not len(batch) or int(batch.queue_offsets[0]) != o:
+                left.append(item)
+            elif not len(batch) or int(batch.queue_offsets[0]) != o:
                 done.append((DONE, q, o, 0, d, 0, 0))  # its record is gone
-                continue
-            stored = batch.message(0)
-            try:
-                if not ((q, o) in resumed and dead.find(
-                        group, topic, message_id(stored), state.dead[(q, o)])):
-                    dead.put(stored, group, attempt)
-            except (OSError, ValueError) as exc:
-                log.warning("dead-lettering %s of %s for group %s failed (%s); it "
-                            "stays in flight and is tried again", message_id(stored), topic,
-                            group, exc)
-                left.append((q, o, attempt, d))
-                continue
-            done.append((DONE, q, o, 0, d, 0, 0))
+            else:
+                burying.append((item, batch.message(0)))
+        try:
+            if resumed:  # a crash may have come after their put: never a second one
+                there = dead.found(group, topic, {message_id(m) for (q, o, _a, _d), m in burying
+                                                  if (q, o) in resumed}, min(resumed.values()))
+                burying, already = ([b for b in burying if message_id(b[1]) not in there],
+                                    [b for b in burying if message_id(b[1]) in there])
+                done += [(DONE, q, o, 0, d, 0, 0) for (q, o, _a, d), _m in already]
+            if burying:
+                dead.put_many(group, [(m, attempt) for (_q, _o, attempt, _d), m in burying])
+            done += [(DONE, q, o, 0, d, 0, 0) for (q, o, _a, d), _m in burying]
+        except (OSError, ValueError, Rejected) as exc:
+            log.warning("dead-lettering %d message(s) of %s for group %s failed (%s); they "
+                        "stay in flight and are tried again", len(burying), topic, group, exc)
+            left += [item for item, _m in burying]
         if done:
             journal.append(done, state.rotate, state.delivery)
         return left

@@ -172,11 +172,11 @@ _CHILD = textwrap.dedent("""
     from mqstore.format.pop_record import DEAD
     root, when, now = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if when == "after-put":
-        put = dead_letters.DeadLetters.put
+        put = dead_letters.DeadLetters.put_many
         def put_then_die(self, *args):
             put(self, *args)
             os.kill(os.getpid(), signal.SIGKILL)
-        dead_letters.DeadLetters.put = put_then_die
+        dead_letters.DeadLetters.put_many = put_then_die
     else:
         append = pop_journal.PopJournal.append
         def append_then_die(self, rows, *args):
