@@ -209,3 +209,24 @@ def test_a_sigkill_while_dead_lettering_leaves_one_dead_letter(make_store, manua
     assert len(dlq(again)) == 1
     assert again.pop("G", TOPIC, 8, 1000) == []
     assert len(dlq(again)) == 1
+
+
+def test_a_checkpoint_keeps_the_dead_lettering_begun(tmp_path):
+    from mqstore.consumer.pop_state import PopState, parse_checkpoint
+    from mqstore.format import pop_record
+    from mqstore.format.pop_record import DEAD, INFLIGHT, NEXT
+    state = PopState()
+    state.apply([(NEXT, 0, 5, 0, 0, 0, 0), (INFLIGHT, 0, 3, 100, 7, 2, 0),
+                 (INFLIGHT, 0, 4, 100, 8, 1, 0)], 0, 8)
+    state.apply([(DEAD, 0, 3, 4096, 7, 0, 0), (DEAD, 0, 4, 4096, 99, 0, 0)], 0, 8)
+    assert state.dead == {(0, 3): 4096}  # a stale delivery's DEAD is not taken
+    doc = state.to_doc(2)
+    assert doc["queues"]["0"]["dead"] == {"3": 4096}
+    again, generation = parse_checkpoint("cp", json.dumps(doc).encode())
+    assert (again.dead, generation) == ({(0, 3): 4096}, 2)
+    doc["queues"]["0"]["dead"] = {"2": 1}
+    with pytest.raises(CorruptStateError, match="being dead-lettered but not in flight"):
+        parse_checkpoint("cp", json.dumps(doc).encode())
+    # The record layout refuses a DEAD entry with a negative log position.
+    bad = pop_record.encode_record([(DEAD, 0, 3, -1, 7, 0, 0)], 0, 8)
+    assert pop_record.scan(bad).damage is not None
