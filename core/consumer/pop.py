@@ -277,8 +277,9 @@ class PopConsumer:
         dead = self._service.store.dead_letters
         out: list = []
         kept: list = []
+        size = limit  # the first look takes what the pop may hand out, as before attempts
         for _round in range(_DUE_ROUNDS):
-            taken = state.take_due(now, max(limit - len(out), _DEAD_BATCH))
+            taken = state.take_due(now, size)
             if not taken:
                 break
             spent = [t for t in taken if t[2] >= max_attempts or (t[0], t[1]) in state.dead]
@@ -286,13 +287,15 @@ class PopConsumer:
             room = limit - len(out)
             out += again[:room]
             kept += again[room:]  # beyond this pop's room: due still, for the next
-            if spent:
-                if dead is None:
-                    kept += spent
-                else:
-                    kept += self._bury(journal, state, store, dead, group, topic, spent)
+            if not spent:
+                break  # what was due is taken: the pop's room is full or none is left
+            if dead is None:
+                kept += spent
+            else:
+                kept += self._bury(journal, state, store, dead, group, topic, spent)
             if len(out) >= limit:
                 break
+            size = max(limit - len(out), _DEAD_BATCH)  # past exhausted ones, in batches
         return out, kept
 
     @staticmethod
