@@ -178,7 +178,7 @@ class StoreAdmin:
 
     def group_dlq_resend(self, group: str, offsets: list[int] | None = None,
                          ids: list[str] | None = None, every: bool = False) -> dict:
-        with self._writable() as store:
+        with self._writable("resend them") as store:
             return dead_letter_admin.resend(store, group, offsets=offsets or (),
                                             ids=ids or (), every=every)
 
@@ -199,13 +199,13 @@ class StoreAdmin:
                 "problems": [p for p in (problem, epoch_problem) if p],
                 "replication": read_status(self.root)}
 
-    def _writable(self):
+    def _writable(self, doing: str = "change its role"):
         config = self.config.replace(dispatch={"worker": "thread"}, flush={"worker": "thread"})
         try:
             return MessageStore.open(self.root, config)
         except StoreLockedError as exc:
-            raise StoreLockedError(f"the store is running: change its role there with "
-                                   f"--server ({exc})") from None
+            raise StoreLockedError(f"the store is running: {doing} there with --server "
+                                   f"({exc})") from None
 
     def role_promote(self, *, force: bool = False, epoch: int | None = None,
                      role: str | None = None) -> dict:
@@ -243,7 +243,7 @@ class ServedAdmin(StoreAdmin):
             raise ValueError("give at least one field to change (--retry-max-times ...)")
         return _config_dict(self._store.set_group_config(group, **changes), True)
 
-    def _writable(self) -> AbstractContextManager[MessageStore]:
+    def _writable(self, doing: str = "") -> AbstractContextManager[MessageStore]:
         return nullcontext(self._store)
 
     def role_status(self) -> dict:

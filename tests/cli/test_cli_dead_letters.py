@@ -3,10 +3,15 @@ exact output, refusals and exit codes."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+
 import pytest
 
-from cli_support import error_line, mqstore, mqstore_json
+from cli_support import SMALL_CONFIG, error_line, mqstore, mqstore_json
 from mqstore import Message, MessageStore, load_config
+from serve_support import STOP_TIMEOUT_S, start
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
 
@@ -81,3 +86,22 @@ def test_group_dlq_lists_and_resends(root, config):
 def test_group_dlq_refusals(root, config, args, code, message):
     proc = mqstore("group", "dlq", root, "G", *args, "-c", config, check=code)
     assert error_line(proc) == message
+
+
+def test_beside_a_running_writer_configs_change_and_a_resend_needs_server(root, config,
+                                                                           tmp_path):
+    yaml = tmp_path / "deploy.yaml"
+    yaml.write_text(SMALL_CONFIG + f"store: {{root: {json.dumps(str(root))}}}\n"
+                    "server: {metrics_listen: \"127.0.0.1:0\"}\n")
+    proc, _url = start(yaml, tmp_path / "serve.log")
+    try:
+        assert mqstore_json("group", "config", root, "G", "--retry-max-times", "5",
+                            "-c", config)["max_attempts"] == 6
+        assert len(mqstore_json("group", "dlq", root, "G", "-c", config)) == 3
+        refused = mqstore("group", "dlq", root, "G", "--resend", "--all", "-c", config,
+                          check=1)
+        assert error_line(refused).startswith(
+            "Error: the store is running: resend them there with --server (")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(STOP_TIMEOUT_S) == 0
