@@ -104,6 +104,12 @@ class DeadLetters:
         self._appender, self._ctx, self._log, self._topics = appender, put_ctx, commit_log, topics
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
+        self._listeners: list = []
+
+    def watch(self, listener) -> None:
+        """``listener(group, count)`` is called after each put of dead letters (under the pop
+        state's flock: it must be quick and must not raise)."""
+        self._listeners.append(listener)
 
     def log_end(self) -> int:
         return self._log.max_offset
@@ -125,6 +131,8 @@ class DeadLetters:
                           f"{result.status.name} {result.error or ''}".rstrip())
         with self._lock:
             self._counts[group] = self._counts.get(group, 0) + len(letters)
+        for listener in self._listeners:
+            listener(group, len(letters))
 
     def counts(self) -> dict[str, int]:
         """Dead letters this process wrote since the store opened, per group."""

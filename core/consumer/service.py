@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 CONSUMER_CALLS = ("consumer", "peek", "consumer_lag", "consumer_groups", "consumed_floor",
                   "delete_consumer_group", "reset_consumer_offsets", "commit_consumer_offsets",
                   "committed_offsets", "pop", "ack", "change_invisible_duration",
-                  "dead_letter", "group_config", "set_group_config", "dead_letter_counts")
+                  "dead_letter", "group_config", "set_group_config", "dead_letter_counts",
+                  "watch_dead_letters")
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,12 @@ class ConsumerService:
         """Dead letters this store wrote since it opened, per group (a read-only store: none)."""
         dead = self.store.dead_letters
         return {} if dead is None else dead.counts()
+
+    def watch_dead_letters(self, listener) -> None:
+        """``listener(group, count)`` after each put of dead letters by this store."""
+        dead = self.store.dead_letters
+        if dead is not None:
+            dead.watch(listener)
 
     def state_changed(self) -> None:
         """A change a client is told of was made (NOTE [ State mirror ]): returns once it is

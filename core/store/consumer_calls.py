@@ -7,7 +7,7 @@ wakeup word) and is handed what it uses of the store (``consumer.store_side``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Callable, overload
 
 if TYPE_CHECKING:
     from mqstore.consumer.errors import ReceiptHandleError
@@ -168,3 +168,10 @@ class ConsumerCalls:
         """Dead letters this store wrote since it opened, per group."""
         self._check_open()
         return self._consumers.dead_letter_counts()
+
+    def watch_dead_letters(self, listener: Callable[[str, int], None]) -> None:
+        """Call ``listener(group, count)`` after each put of dead letters this store makes
+        (pops past their last attempt, ``dead_letter``); quick, and never raising: it runs
+        under the group's pop state lock."""
+        self._check_open()
+        self._consumers.watch_dead_letters(listener)

@@ -85,6 +85,7 @@ def test_a_consumer_that_never_acks_sees_max_attempts_then_the_dlq(served, rocke
         ("mqstore_dead_letters_total", (("group", "never-acks"),))) == 1 and got,
         what="the dead letter counted")
     assert m[("mqstore_dead_letters_total", (("group", "never-acks"),))] == 1
+    assert m[("mqstore_consumer_dead_letters_total", (("group", "never-acks"),))] == 1
     resent = mqstore_json("group", "dlq", "--server", ep, "never-acks", "--resend", "--all")
     assert [(r["offset"], r["id"], r["topic"]) for r in resent["resent"]] == [
         (0, sent, "Failing")]
@@ -126,6 +127,8 @@ def test_forward_to_the_dead_letter_queue_acks_the_message(served, rocketmq):
         clients.close()
     (dead,) = mqstore_json("group", "dlq", "--server", served.endpoint, "fwd")
     assert (dead["id"], dead["origin_topic"], dead["attempts"]) == (sent, "Forwarded", 1)
+    m = scrape(metrics_url(served))
+    assert m[("mqstore_consumer_dead_letters_total", (("group", "fwd"),))] == 1
 
 
 FAULTS = ("plugins: {load_entry_points: false, modules: [mqstore.testing.faults]}\n"
