@@ -1,8 +1,10 @@
-"""``mqstore group list|describe|reset-offset|delete DIR ...``: consumer groups, as
+"""``mqstore group list|describe|reset-offset|delete|config|dlq DIR ...``: consumer groups, as
 ``mqadmin`` consumerProgress, resetOffsetByTime and deleteSubGroup see them; with ``--server
 HOST:PORT`` those of the store a running ``mqstore serve`` holds open."""
 
 from __future__ import annotations
+
+import datetime
 
 import click
 
@@ -136,3 +138,87 @@ def delete(admin, name: str, topic: str | None, as_json: bool) -> None:
     else:
         output.say(f"deleted group {name}: offsets and pop state of topic(s) "
                    f"{', '.join(result['topics'])}")
+
+
+@group.command("config")
+@admin_target("name")
+@click.option("--retry-max-times", type=int, default=None,
+              help="Retries before a message goes to %DLQ%NAME: a pop consumer gets "
+                   "retry-max-times + 1 deliveries (RocketMQ's retryMaxTimes, default 16).")
+@click.option("--retry-queue-nums", type=int, default=None,
+              help="Queues of %RETRY%NAME (retryQueueNums, default 1).")
+@click.option("--consume-enable/--no-consume-enable", default=None,
+              help="consumeEnable (kept for RocketMQ brokers reading the file).")
+@click.option("--broadcast/--no-broadcast", "consume_broadcast_enable", default=None,
+              help="consumeBroadcastEnable (kept for RocketMQ brokers reading the file).")
+@click.option("--orderly/--no-orderly", "consume_message_orderly", default=None,
+              help="consumeMessageOrderly: a FIFO group (recorded; mqstore does not deliver "
+                   "in order yet).")
+@config_option
+@admin_server_options
+@json_option
+def config(admin, name: str, as_json: bool, **fields) -> None:
+    """Show group NAME's config, or change the fields given.
+
+    The config is RocketMQ's, in config/subscriptionGroup.json (a broker's file is read and
+    rewritten as the broker writes it); a group not listed there has the defaults.
+    """
+    changes = {k: v for k, v in fields.items() if v is not None}
+    result = admin.group_config_set(name, **changes) if changes else admin.group_config(name)
+    if as_json:
+        output.emit_json(result)
+        return
+    output.print_table(("field", "value"), [(k, v) for k, v in result.items() if k != "group"],
+                       title=f"group {name}" + ("" if result["listed"] else " (defaults)"))
+
+
+@group.command("dlq")
+@admin_target("name")
+@click.option("--resend", is_flag=True,
+              help="Send the chosen dead letters again to their original topics.")
+@click.option("--offset", "offsets", type=click.IntRange(0), multiple=True,
+              help="With --resend: the dead letter at this offset of %DLQ%NAME (repeatable).")
+@click.option("--id", "ids", multiple=True,
+              help="With --resend: the dead letter of this message id (repeatable).")
+@click.option("--all", "every", is_flag=True, help="With --resend: every dead letter.")
+@config_option
+@admin_server_options
+@json_option
+def dlq(admin, name: str, resend: bool, offsets: tuple, ids: tuple, every: bool,
+        as_json: bool) -> None:
+    """List group NAME's dead letters (%DLQ%NAME), or resend chosen ones.
+
+    Each: its offset in the DLQ, the message id, its original topic, the deliveries it had
+    and when it was dead-lettered. --resend puts a copy of each chosen one to its original
+    topic (delivered afresh; the dead letter stays), as RocketMQ's dashboard does; on a
+    running store, use --server.
+    """
+    if not resend:
+        if offsets or ids or every:
+            raise click.UsageError("--offset, --id and --all choose what --resend sends")
+        rows = admin.group_dlq(name)
+        if as_json:
+            output.emit_json(rows)
+            return
+        output.print_table(
+            ("offset", "id", "origin topic", "attempts", "dead-lettered"),
+            [(r["offset"], r["id"], r["origin_topic"], r["attempts"],
+              _when(r["store_time_ms"])) for r in rows],
+            title=f"group {name}: {len(rows)} dead letter(s) in %DLQ%{name}", whole=("id",))
+        return
+    if not (offsets or ids or every):
+        raise click.UsageError("--resend needs --offset, --id or --all")
+    result = admin.group_dlq_resend(name, list(offsets) or None, list(ids) or None, every)
+    if as_json:
+        output.emit_json(result)
+        return
+    output.print_table(("offset", "id", "to topic", "queue", "queue offset"),
+                       [(r["offset"], r["id"], r["topic"], r["queue_id"], r["queue_offset"])
+                        for r in result["resent"]],
+                       title=f"group {name}: {len(result['resent'])} dead letter(s) resent",
+                       whole=("id",))
+
+
+def _when(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")

@@ -22,6 +22,25 @@ if it was not acknowledged, never lost), and pops from several processes never h
 message twice while it is in flight. A queue new to a pop group starts at the group's
 committed offset (``config/consumerOffset.json``) when it has one, else by ``consume_from``.
 
+Attempts: a message is delivered at most the group's ``retryMaxTimes`` + 1 times
+(``consumer.group_configs``); when its invisible time passes after the last of them, the next
+pop sends it to ``%DLQ%<group>`` (``consumer.dead_letters``) instead of delivering it again.
+
+NOTE [ Dead-lettering exactly once ]
+    A dead letter is a put to the commit log and a change of the pop state, two files that
+    cannot change in one step. Under the journal's exclusive flock, in this order:
+      1. a ``DEAD`` record naming the message and the commit log's end before the put;
+      2. the dead letter's put (``Appender.put_copies``);
+      3. a ``DONE`` record ending the message's delivery.
+    Killed before 1, the message is still in flight and due: the next pop starts over. Killed
+    after 1, the state keeps the message in flight, marked ``DEAD`` (the journal, and the
+    checkpoint's ``dead`` map when compacted): the next pop, before writing, looks in the log
+    from the recorded end for the group's dead letter of that message (``DeadLetters.find``:
+    its ``DLQ_ORIGIN_TOPIC`` and ``DLQ_ORIGIN_MESSAGE_ID``), and writes it only if it is not
+    there, then ``DONE``. The log is read, not the DLQ's consume queue, which may lag the put.
+    So each message is either still pending or in the DLQ once. Only a store that can write
+    dead-letters; a read-only one leaves exhausted messages in flight for the writer.
+
 Descriptors: each topic and group's journal holds two (journal and lock) while open, and a
 process keeps at most ``consumer.max_open_pop_states`` of them open, the least recently used
 released first (``PopJournal.release``: the next use reopens and reloads, re-checking the
@@ -33,16 +52,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import threading
 import time
 from collections import OrderedDict
 
+from mqstore.append.encoding import Rejected
 from mqstore.consumer import names
 from mqstore.consumer.errors import ReceiptHandleError, StaleReceiptHandleError
 from mqstore.consumer.messages import ConsumedMessage
 from mqstore.consumer.pop_journal import PopJournal
 from mqstore.consumer.receipt_handles import make_handle, parse_handle
-from mqstore.format.pop_record import DONE, INFLIGHT, NEXT
+from mqstore.consumer.dead_letters import message_id
+from mqstore.format.pop_record import DEAD, DONE, INFLIGHT, NEXT
+from mqstore import log_limit
 from mqstore.message import GetStatus
 
 __all__ = ["PoppedMessage", "PopConsumer", "make_handle", "parse_handle", "POP_CONSUME_FROM"]
@@ -51,6 +74,10 @@ MAX_WAIT_SLICE_S = 1.0  # deadlines are on the store clock: look again at least 
 _NOTHING_NEW = (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
 POP_CONSUME_FROM = (names.FIRST, names.LAST, names.MAX)
 _EMPTY: dict = {}
+_DUE_ROUNDS = 8  # looks past dead-lettered messages for ones to deliver again, per pop
+_DEAD_BATCH = 256  # due messages one look takes, so exhausted ones go in batches
+log = logging.getLogger(__name__)
+log_limit.limit(log, level=logging.WARNING)  # a store refusing writes fails every pop
 
 
 class PoppedMessage(ConsumedMessage):
@@ -186,8 +213,9 @@ class PopConsumer:
             until = now + invisible_ms
             first_delivery = delivery = state.next_delivery(now)
             rows: list = []  # the record: format.pop_record.ENTRY tuples
-            # Deliveries that ran out come back first, oldest deadline first.
-            taken = state.take_due(now, room.msgs)
+            # Deliveries that ran out come back first, oldest deadline first; those whose
+            # attempts are used up go to the dead-letter queue instead.
+            taken, kept = self._due(journal, state, store, group, topic, now, room.msgs)
             try:
                 for i, (q, o, attempt, old) in enumerate(taken):
                     batch = store.read(topic, q, o, 1, verify=True)
@@ -232,11 +260,110 @@ class PopConsumer:
             except BaseException:
                 state.requeue(taken)
                 raise
+            finally:
+                state.requeue(kept)
             next_due = None if picked else state.next_due()  # only a waiting pop needs it
         out = [PoppedMessage(topic, q, batch, row, make_handle(topic, group, q, o, attempt, d),
                              attempt, until)
                for q, batch, row, attempt, d, o in picked]
         return out, next_due
+
+    def _due(self, journal, state, store, group, topic, now, limit):
+        """Up to ``limit`` deliveries that ran out and may be delivered again, and those this
+        process must leave in flight (to ``requeue`` once the pop is decided): the ones whose
+        attempts are used up are dead-lettered here, or, in a process that cannot write
+        (a read-only store), left for the writer."""
+        max_attempts = self._service.group_configs.get(group).max_attempts
+        dead = self._service.store.dead_letters
+        out: list = []
+        kept: list = []
+        size = limit  # the first look takes what the pop may hand out, as before attempts
+        for _round in range(_DUE_ROUNDS):
+            taken = state.take_due(now, size)
+            if not taken:
+                break
+            spent = [t for t in taken if t[2] >= max_attempts or (t[0], t[1]) in state.dead]
+            again = [t for t in taken if t[2] < max_attempts and (t[0], t[1]) not in state.dead]
+            room = limit - len(out)
+            out += again[:room]
+            kept += again[room:]  # beyond this pop's room: due still, for the next
+            if not spent:
+                break  # what was due is taken: the pop's room is full or none is left
+            if dead is None:
+                kept += spent
+            else:
+                kept += self._bury(journal, state, store, dead, group, topic, spent)
+            if len(out) >= limit:
+                break
+            size = max(limit - len(out), _DEAD_BATCH)  # past exhausted ones, in batches
+        return out, kept
+
+    @staticmethod
+    def _bury(journal, state, store, dead, group, topic, items) -> list:
+        """Dead-letter ``items`` (``(queue, offset, attempt, delivery)``, exclusive flock
+        held) in one put: NOTE [ Dead-lettering exactly once ]. Returns those left in flight
+        (their record could not be read or their dead letters written now: the next pop
+        tries again)."""
+        log_from = dead.log_end()
+        begun = [(DEAD, q, o, log_from, d, 0, 0) for q, o, _a, d in items
+                 if (q, o) not in state.dead]
+        resumed = {(q, o): state.dead[(q, o)] for q, o, _a, _d in items if (q, o) in state.dead}
+        if begun:
+            journal.append(begun, state.rotate, state.delivery)
+        done, left, burying = [], [], []  # burying: (item, stored)
+        for item in items:
+            q, o, _attempt, d = item
+            batch = store.read(topic, q, o, 1, verify=True)
+            if batch is None:
+                left.append(item)
+            elif not len(batch) or int(batch.queue_offsets[0]) != o:
+                done.append((DONE, q, o, 0, d, 0, 0))  # its record is gone
+            else:
+                burying.append((item, batch.message(0)))
+        try:
+            if resumed:  # a crash may have come after their put: never a second one
+                there = dead.found(group, topic, {message_id(m) for (q, o, _a, _d), m in burying
+                                                  if (q, o) in resumed}, min(resumed.values()))
+                burying, already = ([b for b in burying if message_id(b[1]) not in there],
+                                    [b for b in burying if message_id(b[1]) in there])
+                done += [(DONE, q, o, 0, d, 0, 0) for (q, o, _a, d), _m in already]
+            if burying:
+                dead.put_many(group, [(m, attempt) for (_q, _o, attempt, _d), m in burying])
+            done += [(DONE, q, o, 0, d, 0, 0) for (q, o, _a, d), _m in burying]
+        except (OSError, ValueError, Rejected) as exc:
+            log.warning("dead-lettering %d message(s) of %s for group %s failed (%s); they "
+                        "stay in flight and are tried again", len(burying), topic, group, exc)
+            left += [item for item, _m in burying]
+        if done:
+            journal.append(done, state.rotate, state.delivery)
+        return left
+
+    def dead_letter(self, handle: str) -> None:
+        """Send the message of ``handle`` (its current delivery) to the group's dead-letter
+        queue now, ending its delivery (gRPC's ForwardMessageToDeadLetterQueue); raises as
+        ``ack`` does for a handle that is not current, and OSError when this store cannot
+        write it."""
+        topic, group, q, offset, attempt, delivery = parse_handle(handle)
+        dead = self._service.store.dead_letters
+        if dead is None:
+            raise OSError("this store is read-only: dead letters are written by the store's "
+                          "writer")
+        self._retrying(self._dead_letter, topic, group, handle, q, offset, attempt, delivery,
+                       dead)
+
+    def _dead_letter(self, topic, group, handle, q, offset, attempt, delivery, dead) -> None:
+        with self._using(topic, group) as journal:
+            if not journal.exists():
+                raise _never_popped(handle, topic, group)
+            with journal.changing() as state:
+                error = _check(state, handle, q, offset, attempt, delivery, ())
+                if error is not None:
+                    raise error
+                store = self._service.store
+                if self._bury(journal, state, store, dead, group, topic,
+                              [(q, offset, attempt, delivery)]):
+                    raise OSError(f"the message of receipt handle {handle!r} could not be "
+                                  f"dead-lettered now; it stays in flight")
 
     @staticmethod
     def _take_new(store, state, topic, group, q, room, until, delivery, picked, rows,

@@ -14,7 +14,8 @@ appended since. The checkpoint, ``consumer/pop/<topic>@<group>.json``::
      "delivery": 17,            # the last delivery number handed out
      "rotate": 2,               # the queue the next pop starts with (pops spread over queues)
      "queues": {"0": {"offset": 12,      # next queue offset never popped
-                      "inflight": {"10": [attempt, visible_at_ms, delivery], ...}}}}
+                      "inflight": {"10": [attempt, visible_at_ms, delivery], ...},
+                      "dead": {"10": log_from}}}}   # dead-lettering begun (``dead_letters``)
 
 Version 1 (the file the state was before the journal, rewritten whole by every change) is the
 same without ``generation``, and is read as generation 0. Every shape is validated (pydantic,
@@ -30,7 +31,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mqstore.errors import CorruptStateError
-from mqstore.format.pop_record import DONE, INFLIGHT, NEXT
+from mqstore.format.pop_record import DEAD, DONE, INFLIGHT, NEXT
 
 POP_DIR = os.path.join("consumer", "pop")
 SUFFIX = ".json"
@@ -47,6 +48,7 @@ class _QueueDoc(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     offset: _Count
     inflight: dict[_Key, tuple[Annotated[int, Field(ge=1, lt=1 << 31)], _Count, _Count]] = {}
+    dead: dict[_Key, _Count] = {}
 
     @model_validator(mode="after")
     def _inflight_below_offset(self):
@@ -54,6 +56,9 @@ class _QueueDoc(BaseModel):
         if above:
             raise ValueError(f"offsets {above[:3]} are in flight but not below the queue's next "
                              f"offset {self.offset}")
+        loose = [o for o in self.dead if o not in self.inflight]
+        if loose:
+            raise ValueError(f"offsets {loose[:3]} are being dead-lettered but not in flight")
         return self
 
 
@@ -102,6 +107,8 @@ def parse_checkpoint(path: str, data: bytes) -> tuple["PopState", int]:
         state.next[int(q)] = entry.offset
         if entry.inflight:
             state.inflight[int(q)] = {int(o): v for o, v in entry.inflight.items()}
+        for o, log_from in entry.dead.items():
+            state.dead[(int(q), int(o))] = log_from
     state.rebuild_heap()
     return state, doc.generation
 
@@ -109,13 +116,15 @@ def parse_checkpoint(path: str, data: bytes) -> tuple["PopState", int]:
 class PopState:
     """One topic and group's pop state. Not thread-safe: ``pop_journal`` serializes access."""
 
-    __slots__ = ("delivery", "rotate", "next", "inflight", "_heap", "_live")
+    __slots__ = ("delivery", "rotate", "next", "inflight", "dead", "_heap", "_live")
 
     def __init__(self) -> None:
         self.delivery = 0
         self.rotate = 0
         self.next: dict[int, int] = {}
         self.inflight: dict[int, dict[int, tuple[int, int, int]]] = {}
+        # (queue, offset) -> the commit log's end before its dead letter was put (DEAD)
+        self.dead: dict[tuple[int, int], int] = {}
         self._heap: list[tuple[int, int, int, int]] = []  # (visible_at, queue, offset, delivery)
         self._live = 0
 
@@ -138,6 +147,11 @@ class PopState:
                 if now is not None and (d < 0 or now[2] == d):
                     del table[o]
                     self._live -= 1
+                    self.dead.pop((q, o), None)
+            elif kind == DEAD:
+                now = inflight.get(q, {}).get(o)
+                if now is not None and now[2] == d:
+                    self.dead[(q, o)] = visible_at
             elif kind == NEXT:
                 self.next[q] = o
         self.rotate = rotate
@@ -203,8 +217,13 @@ class PopState:
         return {"version": VERSION, "generation": generation, "delivery": self.delivery,
                 "rotate": self.rotate,
                 "queues": {str(q): {"offset": nxt, "inflight": {
-                    str(o): list(v) for o, v in sorted(self.inflight.get(q, {}).items())}}
+                    str(o): list(v) for o, v in sorted(self.inflight.get(q, {}).items())},
+                    **self._dead_doc(q)}
                     for q, nxt in sorted(self.next.items())}}
+
+    def _dead_doc(self, q: int) -> dict:
+        dead = {str(o): f for (dq, o), f in sorted(self.dead.items()) if dq == q}
+        return {"dead": dead} if dead else {}
 
 
 def pop_groups(root: str) -> list[tuple[str, str]]:

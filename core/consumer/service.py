@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from mqstore.consumer import names, pop_state
 from mqstore.consumer.group import GroupConsumer
+from mqstore.consumer.group_configs import GroupConfigs
 from mqstore.consumer.membership import live_members, remove_group_files, topics_of_group
 from mqstore.consumer.offsets import ConsumerOffsets
 from mqstore.consumer.peek import GroupPeek
@@ -32,7 +33,9 @@ log = logging.getLogger(__name__)
 
 CONSUMER_CALLS = ("consumer", "peek", "consumer_lag", "consumer_groups", "consumed_floor",
                   "delete_consumer_group", "reset_consumer_offsets", "commit_consumer_offsets",
-                  "committed_offsets", "pop", "ack", "change_invisible_duration")
+                  "committed_offsets", "pop", "ack", "change_invisible_duration",
+                  "dead_letter", "group_config", "set_group_config", "dead_letter_counts",
+                  "watch_dead_letters")
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class ConsumerService:
         self.offsets = ConsumerOffsets(self.root, fsync=self.config.commit_fsync,
                                        persist_interval_ms=self.config.persist_interval_ms,
                                        scheduler=store.scheduler)
+        self.group_configs = GroupConfigs(self.root, store.clock)
         self._wakeup: Wakeup | None = None
         self._pop = None
         self._open: "weakref.WeakSet" = weakref.WeakSet()
@@ -239,6 +243,38 @@ class ConsumerService:
         handle = self._pop_consumer().change_invisible_duration(receipt_handle, invisible_ms)
         self.state_changed()
         return handle
+
+    def dead_letter(self, receipt_handle: str) -> None:
+        """Send a popped message to its group's dead-letter queue (``%DLQ%<group>``) now,
+        ending its delivery; a stale or unknown handle raises as ``ack`` does."""
+        try:
+            self._pop_consumer().dead_letter(receipt_handle)
+        finally:
+            self.state_changed()
+
+    def group_config(self, group: str):
+        """``group``'s config (``config/subscriptionGroup.json``, else RocketMQ's defaults)."""
+        names.check_group(group)
+        return self.group_configs.get(group)
+
+    def set_group_config(self, group: str, **fields):
+        """Change ``group``'s config: ``retry_max_times``, ``retry_queue_nums``,
+        ``consume_enable``, ``consume_broadcast_enable``, ``consume_message_orderly``;
+        returns the new config. ValueError, nothing written, when a value breaks a rule."""
+        config = self.group_configs.set(group, **fields)
+        self.state_changed()
+        return config
+
+    def dead_letter_counts(self) -> dict[str, int]:
+        """Dead letters this store wrote since it opened, per group (a read-only store: none)."""
+        dead = self.store.dead_letters
+        return {} if dead is None else dead.counts()
+
+    def watch_dead_letters(self, listener) -> None:
+        """``listener(group, count)`` after each put of dead letters by this store."""
+        dead = self.store.dead_letters
+        if dead is not None:
+            dead.watch(listener)
 
     def state_changed(self) -> None:
         """A change a client is told of was made (NOTE [ State mirror ]): returns once it is

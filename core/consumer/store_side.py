@@ -45,13 +45,16 @@ class ConsumerStore:
                  config: ConsumerSection, allocation: Registry,
                  compile_filter: Callable[[str | None, str], Any],
                  topic_config: Callable[[str], TopicConfig | None],
-                 state_changed: Callable[[], None] = lambda: None) -> None:
+                 state_changed: Callable[[], None] = lambda: None,
+                 dead_letters: Any = None) -> None:
         """``allocation``: the allocation strategies by name; ``compile_filter(expression,
         type)`` refuses a bad expression (ValueError); ``topic_config(name)``: a topic's
         config, or None; ``state_changed()``: called after a change a client is told of (a
         commit, an ack, a new invisible time, a reset or deletion), outside every lock:
         the store returns once the change is replicated as its role promises (the state
-        mirror's ``ship_now``)."""
+        mirror's ``ship_now``); ``dead_letters``: the writer's ``consumer.dead_letters.
+        DeadLetters`` (None in a store that cannot write: exhausted messages wait for the
+        writer)."""
         self.root = reads.root
         self.queue_ids = reads.queue_ids
         self.min_offset = reads.min_offset
@@ -65,3 +68,4 @@ class ConsumerStore:
         self.compile_filter = compile_filter
         self.topic_config = topic_config
         self.state_changed = state_changed
+        self.dead_letters = dead_letters

@@ -4,7 +4,9 @@ An ack answers one entry per handle: OK, or INVALID_RECEIPT_HANDLE (40013) for a
 is stale (the message was acknowledged, delivered again, or given a new invisible time) or
 that the store never handed out to this group; the response's status is that code when every
 entry has it, MULTIPLE_RESULTS otherwise (as the proxy answers). A change of invisible
-duration answers the delivery's new handle; the old one is stale from then on.
+duration answers the delivery's new handle; the old one is stale from then on. A forward to
+the dead-letter queue writes the handle's message to ``%DLQ%<group>`` and ends its delivery
+(as an ack does); a handle that is not current answers INVALID_RECEIPT_HANDLE.
 """
 
 from __future__ import annotations
@@ -46,4 +48,12 @@ def change_invisible_duration(pops: Pops, request
     return service_pb2.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
 
 
-__all__ = ["ack", "change_invisible_duration"]
+def forward_to_dead_letter_queue(pops: Pops, request
+                                 ) -> service_pb2.ForwardMessageToDeadLetterQueueResponse:
+    group = group_name(request.group)
+    topic = topic_to_read(request.topic)
+    pops.dead_letter(group, topic, request.receipt_handle)
+    return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=ok())
+
+
+__all__ = ["ack", "change_invisible_duration", "forward_to_dead_letter_queue"]

@@ -67,6 +67,20 @@ class AdminClient:
     def group_delete(self, group: str, topic: str | None = None) -> dict:
         return self._call("DeleteGroup", group=group, topic=topic)
 
+    def group_config(self, group: str) -> dict:
+        return self._call("GroupConfig", group=group)
+
+    def group_config_set(self, group: str, **fields) -> dict:
+        return self._call("SetGroupConfig", group=group, **fields)
+
+    def group_dlq(self, group: str) -> list[dict]:
+        return self._call("ListDeadLetters", group=group)
+
+    def group_dlq_resend(self, group: str, offsets: list[int] | None = None,
+                         ids: list[str] | None = None, every: bool = False) -> dict:
+        return self._call("ResendDeadLetters", group=group, offsets=offsets, ids=ids,
+                          every=every)
+
     # -- roles -----------------------------------------------------------------------------
     def role_status(self) -> dict:
         return self._call("RoleStatus")

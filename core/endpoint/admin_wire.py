@@ -60,6 +60,26 @@ class GroupName(_Arguments):
     topic: str | None = None
 
 
+class GroupOnly(_Arguments):
+    group: str
+
+
+class SetGroupConfig(_Arguments):
+    group: str
+    retry_max_times: int | None = None
+    retry_queue_nums: int | None = None
+    consume_enable: bool | None = None
+    consume_broadcast_enable: bool | None = None
+    consume_message_orderly: bool | None = None
+
+
+class ResendDeadLetters(_Arguments):
+    group: str
+    offsets: list[int] | None = None
+    ids: list[str] | None = None
+    every: bool = False
+
+
 class Promote(_Arguments):
     force: bool = False
     epoch: int | None = None
@@ -95,6 +115,10 @@ METHODS = {
     "DescribeGroup": Method("group_describe", GroupName),
     "ResetOffset": Method("group_reset", ResetOffset),
     "DeleteGroup": Method("group_delete", GroupName),
+    "GroupConfig": Method("group_config", GroupOnly),
+    "SetGroupConfig": Method("group_config_set", SetGroupConfig),
+    "ListDeadLetters": Method("group_dlq", GroupOnly),
+    "ResendDeadLetters": Method("group_dlq_resend", ResendDeadLetters),
     "RoleStatus": Method("role_status", NoArguments),
     "Promote": Method("role_promote", Promote),
     "Demote": Method("role_demote", Demote),

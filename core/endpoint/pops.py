@@ -1,5 +1,5 @@
 """The store's pop API as the endpoint uses it: the one module that calls ``store.pop``,
-``store.ack`` and ``store.change_invisible_duration`` and knows what a receipt handle holds.
+``store.ack``, ``store.change_invisible_duration`` and ``store.dead_letter`` and knows what a receipt handle holds.
 
 Receive is pop across all the topic's queues; a group new to a queue starts there as RocketMQ
 5's proxy starts it (``consume_from="max"``: ConsumeInitMode.MAX). A handle is checked against
@@ -98,6 +98,18 @@ class Pops:
             return self._store.change_invisible_duration(handle, invisible_ms)
         except ReceiptHandleError as exc:
             raise EndpointError(Code.INVALID_RECEIPT_HANDLE, str(exc)) from None
+
+    def dead_letter(self, group: str, topic: str, handle: str) -> None:
+        """Send the delivery's message to the group's dead-letter queue now (it ends)."""
+        try:
+            self._check_owner(handle, group, topic)
+            self._store.dead_letter(handle)
+        except ReceiptHandleError as exc:
+            raise EndpointError(Code.INVALID_RECEIPT_HANDLE, str(exc)) from None
+
+    def max_attempts(self, group: str) -> int:
+        """The deliveries a message gets in ``group``: its retryMaxTimes + 1."""
+        return self._store.group_config(group).max_attempts
 
     @staticmethod
     def _check_owner(handle: str, group: str, topic: str) -> None:

@@ -18,9 +18,10 @@ with its ``protocol``, and nothing here knows a framework:
     mqstore_consumer_deliveries_total{protocol, group}              messages handed out
     mqstore_consumer_redeliveries_total{protocol, group}            of them, handed out again
         (delivery attempt > 1: the group did not acknowledge in time)
-    mqstore_consumer_dead_letters_total{group}                      messages moved to the
-        group's dead-letter queue after their last attempt (``dead_lettered``: the
-        dead-letter feature counts them; 0 for every group that received until then)
+    mqstore_consumer_dead_letters_total{group}                      messages this serve
+        moved to the group's dead-letter queue since it started, past their last attempt or
+        forwarded (``dead_lettered``, told by the store: ``watch_dead_letters``); 0 for every
+        group that received until then
 
 Labels are bounded by what the operator deploys, never by what a peer sends: an adapter
 records only the methods its endpoint serves (an unknown method name is not counted) and

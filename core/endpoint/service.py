@@ -6,8 +6,8 @@ Clients are known by their ``x-mq-client-id`` from Telemetry, Heartbeat (every 1
 NotifyClientTermination (``settings.Sessions``). A refusal raised anywhere
 (``EndpointError``) becomes the response's status, as RocketMQ answers (the RPC itself
 succeeds); anything unexpected is logged and answered INTERNAL_SERVER_ERROR naming it. RPCs
-mqstore does not serve (PullMessage, offsets, assignments, dead-letter
-forwarding, recall, lite topics) end with gRPC's UNIMPLEMENTED and a message saying so.
+mqstore does not serve (PullMessage, offsets, assignments, recall, lite topics) end with
+gRPC's UNIMPLEMENTED and a message saying so.
 
 Everything runs on the event loop's thread; store calls that may wait for the disk run on
 threads (``send``), everything else inline (microseconds to a millisecond).
@@ -32,7 +32,8 @@ from mqstore.errors import StoreClosedError
 log = logging.getLogger(__name__)
 CLIENT_ID = "x-mq-client-id"
 SERVED = ("QueryRoute", "Heartbeat", "SendMessage", "ReceiveMessage", "AckMessage",
-          "ChangeInvisibleDuration", "Telemetry", "NotifyClientTermination", "EndTransaction")
+          "ChangeInvisibleDuration", "ForwardMessageToDeadLetterQueue", "Telemetry",
+          "NotifyClientTermination", "EndTransaction")
 
 
 def _failure(name: str, exc: BaseException) -> tuple[int, str]:
@@ -149,7 +150,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         parts = self.parts
         async for command in request_iterator:
             if command.HasField("settings"):
-                filled = parts.settings_policy.fill(command.settings)
+                filled = parts.settings_policy.fill(command.settings, parts.pops.max_attempts)
                 parts.sessions.seen(client_id, command.settings.client_type, filled)
                 # A producer's stream also carries the transactions' check-backs.
                 stream = parts.producers.publishing(client_id, context, command.settings)
@@ -195,6 +196,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def ChangeInvisibleDuration(self, request, context, peer):
         return acks.change_invisible_duration(self.parts.pops, request)
 
+    @unary(service_pb2.ForwardMessageToDeadLetterQueueResponse)
+    def ForwardMessageToDeadLetterQueue(self, request, context, peer):
+        return acks.forward_to_dead_letter_queue(self.parts.pops, request)
+
     # -- what mqstore does not serve -------------------------------------------------------
     async def _unimplemented(self, name: str, context) -> None:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, (
@@ -214,7 +219,7 @@ def _add_unimplemented(name: str, streaming: bool) -> None:
     setattr(MessagingService, name, rpc)
 
 
-for _name, _streaming in (("QueryAssignment", False), ("ForwardMessageToDeadLetterQueue", False),
+for _name, _streaming in (("QueryAssignment", False),
                           ("PullMessage", True), ("UpdateOffset", False), ("GetOffset", False),
                           ("QueryOffset", False),
                           ("RecallMessage", False), ("SyncLiteSubscription", False)):

@@ -11,8 +11,9 @@ answers it, with the client's Settings filled in:
                    publishing.max_body_size = commit_log.max_message_bytes (the Python
                    producer copies it: a reply without it makes every send refused locally),
                    publishing.validate_message_type = true
-    consumer       backoff_policy: 17 attempts (RocketMQ's 16 retries + 1), customized with
-                   store.message_delay_levels (a group's default retry policy);
+    consumer       backoff_policy: the group's retryMaxTimes + 1 attempts (its config,
+                   config/subscriptionGroup.json; RocketMQ's default 16 + 1 = 17), customized
+                   with store.message_delay_levels (a group's default retry policy);
                    subscription.receive_batch_size = 32, long_polling_timeout =
                    server.grpc_max_long_polling_ms, fifo = false
 
@@ -65,7 +66,9 @@ class SettingsPolicy:
             customized_backoff=definition_pb2.CustomizedBackoff(next=[
                 _duration(ms) for ms in parse_delay_levels(config.store.message_delay_levels)]))
 
-    def fill(self, client: Settings) -> Settings:
+    def fill(self, client: Settings, max_attempts=None) -> Settings:
+        """The client's Settings filled in; ``max_attempts(group)``: a consumer group's
+        deliveries of a message (None: RocketMQ's default, 17)."""
         out = Settings()
         out.CopyFrom(client)
         if client.HasField("publishing"):
@@ -74,6 +77,8 @@ class SettingsPolicy:
             out.publishing.validate_message_type = True
         elif client.HasField("subscription"):
             out.backoff_policy.CopyFrom(self.consumer_backoff)
+            if max_attempts is not None and client.subscription.group.name:
+                out.backoff_policy.max_attempts = max_attempts(client.subscription.group.name)
             sub = out.subscription
             sub.receive_batch_size = RECEIVE_BATCH_SIZE
             sub.long_polling_timeout.CopyFrom(self.long_polling)

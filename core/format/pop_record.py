@@ -27,7 +27,10 @@ Entry:
 Kinds: ``INFLIGHT`` (the message at queue/offset is in flight: its attempt, the store-clock ms
 it becomes visible again, its delivery number), ``DONE`` (its delivery numbered ``delivery``
 ended: acknowledged, or its record is gone; -1 ends whatever delivery is current) and ``NEXT``
-(the queue's next never-popped offset is ``offset``). A record's ``rotate`` is the queue the
+(the queue's next never-popped offset is ``offset``) and ``DEAD`` (dead-lettering of the
+message at queue/offset, delivery ``delivery``, has begun: ``visible_at`` holds the commit
+log's end before its dead letter is put, where a look for that dead letter starts; the
+message stays in flight until a ``DONE`` ends it). A record's ``rotate`` is the queue the
 next pop starts with, its ``delivery`` the last delivery number handed out so far.
 
 Records are only ever read as a prefix: scanning stops at the first record that is cut short,
@@ -45,7 +48,7 @@ import numpy as np
 FILE_MAGIC = b"MQPJ"
 VERSION = 1
 RECORD_MAGIC = 0x31504F50  # "POP1"
-INFLIGHT, DONE, NEXT = 1, 2, 3
+INFLIGHT, DONE, NEXT, DEAD = 1, 2, 3, 4
 
 _HEADER = struct.Struct("<4sIQI4x")
 HEADER_SIZE = _HEADER.size
@@ -99,12 +102,13 @@ class Scan:
 
 def _broken_rule(rows: np.ndarray) -> str | None:
     kinds = rows["kind"]
-    bad = ~np.isin(kinds, (INFLIGHT, DONE, NEXT))
+    bad = ~np.isin(kinds, (INFLIGHT, DONE, NEXT, DEAD))
     bad |= (rows["queue"] < 0) | (rows["offset"] < 0) | (rows["zero"] != 0)
     flight = kinds == INFLIGHT
     bad |= flight & ((rows["attempt"] < 1) | (rows["visible_at"] < 0) | (rows["delivery"] < 0)
                      | (rows["delivery"] > MAX_DELIVERY))
     bad |= (kinds == DONE) & (rows["delivery"] < -1)
+    bad |= (kinds == DEAD) & ((rows["visible_at"] < 0) | (rows["delivery"] < 0))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         return f"entry {i} breaks the layout's rules ({rows[i].tolist()})"

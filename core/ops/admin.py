@@ -32,9 +32,12 @@ from __future__ import annotations
 import os
 from contextlib import AbstractContextManager, nullcontext
 
+from mqstore.clock import system_clock
 from mqstore.config import StoreConfig
+from mqstore.consumer.group_configs import GroupConfigs
 from mqstore.consumer.names import check_group, check_topic
 from mqstore.consumer.service import live_instances, refuse_live
+from mqstore.ops import dead_letter_admin
 from mqstore.errors import GroupNotFoundError, StoreLockedError, TopicNotFoundError
 from mqstore.format.names import check_stored_topic
 from mqstore.storage.consume_queue import CONSUME_QUEUE_DIR
@@ -151,6 +154,33 @@ class StoreAdmin:
             gone = store.delete_consumer_group(group, topic)
         return {"group": group, "topics": sorted(t for t, _g in gone)}
 
+    # -- group configs and dead letters ------------------------------------------------------
+    def _group_configs(self) -> GroupConfigs:
+        return GroupConfigs(self.root, system_clock)
+
+    def group_config(self, group: str) -> dict:
+        """``group``'s config (``config/subscriptionGroup.json``, else the defaults)."""
+        check_group(group)
+        configs = self._group_configs()
+        return _config_dict(configs.get(group), group in configs.listed())
+
+    def group_config_set(self, group: str, **fields) -> dict:
+        """Change the fields given (not None) of ``group``'s config; the file changes under its
+        lock, so beside a running store too (it sees the change within a second)."""
+        changes = {k: v for k, v in fields.items() if v is not None}
+        if not changes:
+            raise ValueError("give at least one field to change (--retry-max-times ...)")
+        return _config_dict(self._group_configs().set(group, **changes), True)
+
+    def group_dlq(self, group: str) -> list[dict]:
+        with self._read() as store:
+            return dead_letter_admin.list_dead_letters(store, group)
+
+    def group_dlq_resend(self, group: str, offsets: list[int] | None = None,
+                         ids: list[str] | None = None, every: bool = False) -> dict:
+        with self._writable("resend them") as store:
+            return dead_letter_admin.resend(store, group, offsets=offsets or (),
+                                            ids=ids or (), every=every)
 
     # -- roles -----------------------------------------------------------------------------
     def role_status(self) -> dict:
@@ -169,13 +199,13 @@ class StoreAdmin:
                 "problems": [p for p in (problem, epoch_problem) if p],
                 "replication": read_status(self.root)}
 
-    def _writable(self):
+    def _writable(self, doing: str = "change its role"):
         config = self.config.replace(dispatch={"worker": "thread"}, flush={"worker": "thread"})
         try:
             return MessageStore.open(self.root, config)
         except StoreLockedError as exc:
-            raise StoreLockedError(f"the store is running: change its role there with "
-                                   f"--server ({exc})") from None
+            raise StoreLockedError(f"the store is running: {doing} there with --server "
+                                   f"({exc})") from None
 
     def role_promote(self, *, force: bool = False, epoch: int | None = None,
                      role: str | None = None) -> dict:
@@ -203,7 +233,17 @@ class ServedAdmin(StoreAdmin):
     def _read(self) -> AbstractContextManager[MessageStore]:
         return nullcontext(self._store)
 
-    def _writable(self) -> AbstractContextManager[MessageStore]:
+    def group_config(self, group: str) -> dict:
+        config = self._store.group_config(group)
+        return _config_dict(config, group in self._group_configs().listed())
+
+    def group_config_set(self, group: str, **fields) -> dict:
+        changes = {k: v for k, v in fields.items() if v is not None}
+        if not changes:
+            raise ValueError("give at least one field to change (--retry-max-times ...)")
+        return _config_dict(self._store.set_group_config(group, **changes), True)
+
+    def _writable(self, doing: str = "") -> AbstractContextManager[MessageStore]:
         return nullcontext(self._store)
 
     def role_status(self) -> dict:
@@ -224,6 +264,14 @@ class ServedAdmin(StoreAdmin):
             f"a topic is deleted on a closed store: {self.root!r} is open in `mqstore serve`, "
             f"whose dispatch worker writes its consume queues; stop serve, then run `mqstore "
             f"topic delete {self.root} {name}`")
+
+
+def _config_dict(config, listed: bool) -> dict:
+    return {"group": config.name, "listed": listed,
+            "retry_max_times": config.retry_max_times, "max_attempts": config.max_attempts,
+            "retry_queue_nums": config.retry_queue_nums, "consume_enable": config.consume_enable,
+            "consume_broadcast_enable": config.consume_broadcast_enable,
+            "consume_message_orderly": config.orderly}
 
 
 def _group_topics(store: MessageStore, group: str, topic: str | None) -> list[str]:

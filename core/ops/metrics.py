@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from mqstore.runtime import cleanup
 from mqstore.consumer import CorruptStateError
+from mqstore.consumer.dead_letters import DLQ_PREFIX
 from mqstore.ops.consumer_lag import group_lags
 from mqstore.running_flags import DISK_FULL, NOT_WRITEABLE
 
@@ -38,7 +39,7 @@ class StoreCollector(Collector):
         self.sources = (self._puts, self._commit_log, self._flush, self._dispatch,
                         self._queues, self._consumers, self._workers, self._disk,
                         self._replication, self._schedule, self._transactions,
-                        self._coordination)
+                        self._coordination, self._dead_letters)
 
     def collect(self):
         if self.store._state.closed:
@@ -147,6 +148,17 @@ class StoreCollector(Collector):
                 lag.add_metric(names, q.lag)
                 age.add_metric(names, q.oldest_unconsumed_age_ms / 1000)
         yield from (lag, age)
+
+    def _dead_letters(self):
+        # Derived from the DLQ itself (its queue's max offset: every dead letter it recorded,
+        # whoever wrote it), so it survives restarts and counts remoting's and gRPC's alike.
+        dead = CounterMetricFamily("mqstore_dead_letters", "Messages written to a consumer "
+                                   "group's dead-letter queue (%DLQ%<group>), derived from "
+                                   "the DLQ's consume queue.", labels=["group"])
+        for topic in self.store.topics():
+            if topic.startswith(DLQ_PREFIX) and 0 in self.store.queue_ids(topic):
+                dead.add_metric([topic[len(DLQ_PREFIX):]], self.store.max_offset(topic, 0))
+        yield dead
 
     def _workers(self):
         up = GaugeMetricFamily("mqstore_worker_up", "1 while a loop's worker (or thread) "

@@ -288,6 +288,8 @@ async def _serve_endpoints(store: MessageStore, config: StoreConfig, stop: _Stop
     host, port = parse_listen(config.server.metrics_listen)
     limits = Limits.of(config.server)
     rpc_metrics = _rpc_metrics(config)
+    if rpc_metrics is not None:
+        store.watch_dead_letters(rpc_metrics.dead_lettered)
     endpoint = _endpoint(store, config, rpc_metrics)
 
     def starting() -> str | None:  # an endpoint has its address once it serves

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from mqstore.config import StoreConfig, parse_listen
 from mqstore.format.remoting_frame import Command
 from mqstore.remoting import (
-    admin, client_calls, namesrv, offsets, pull, queries, send, transactions,
+    admin, client_calls, namesrv, offsets, pull, queries, send, send_back, transactions,
 )
 from mqstore.errors import StoreClosedError
 from mqstore.remoting.broker import MASTER_ID, Broker, advertised, show
@@ -54,9 +54,9 @@ SWEEP_INTERVAL_S = 5.0
 NON_WAITING_FLUSH = "async"
 PUT_THREADS = 16
 SLOW_THREADS = 4
-# The request processors, each one module (``handlers(broker)``). CONSUMER_SEND_MSG_BACK (36)
-# comes as one more module here.
-PROCESSORS = (send, pull, queries, offsets, client_calls, admin, namesrv, transactions)
+# The request processors, each one module (``handlers(broker)``).
+PROCESSORS = (send, send_back, pull, queries, offsets, client_calls, admin, namesrv,
+              transactions)
 
 
 def ha_address(store, address: str) -> str | None:

@@ -70,6 +70,7 @@ UNITS: tuple[UnitKind, ...] = (
     UnitKind("subscriptions", (Member("subscriptions.json", DOCUMENT),)),
     UnitKind("delay_offsets", (Member("config/delayOffset.json", DOCUMENT),)),
     UnitKind("timers", (Member("config/mqstore_timers.json", DOCUMENT),)),
+    UnitKind("groups", (Member("config/subscriptionGroup.json", DOCUMENT),)),
     # Commits append to the journal under the shared lock: a read beside them takes it
     # exclusively, so no line is caught half written.
     UnitKind("offsets", (Member("config/consumerOffset.json", DOCUMENT),

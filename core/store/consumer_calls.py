@@ -7,11 +7,12 @@ wakeup word) and is handed what it uses of the store (``consumer.store_side``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Callable, overload
 
 if TYPE_CHECKING:
     from mqstore.consumer.errors import ReceiptHandleError
     from mqstore.consumer.group import GroupConsumer
+    from mqstore.format.subscription_group import GroupConfig
     from mqstore.consumer.peek import GroupPeek
     from mqstore.consumer.progress import QueueLag
     from mqstore.consumer.service import ConsumerService, OffsetReset
@@ -140,3 +141,37 @@ class ConsumerCalls:
         receipt handle (the old one goes stale)."""
         self._check_open()
         return self._consumers.change_invisible_duration(receipt_handle, invisible_ms)
+
+    def dead_letter(self, receipt_handle: str) -> None:
+        """Send a popped message to its group's dead-letter queue (``%DLQ%<group>``) now and
+        end its delivery (gRPC's ForwardMessageToDeadLetterQueue); a stale or unknown handle
+        raises ``ReceiptHandleError`` as ``ack`` does, and nothing changes."""
+        self._check_open()
+        self._consumers.dead_letter(receipt_handle)
+
+    def group_config(self, group: str) -> GroupConfig:
+        """``group``'s config (``config/subscriptionGroup.json``, RocketMQ's format), or
+        RocketMQ's defaults (16 retries, 1 retry queue) when the file lists none."""
+        self._check_open()
+        return self._consumers.group_config(group)
+
+    def set_group_config(self, group: str, **fields: object) -> GroupConfig:
+        """Change ``group``'s config (``retry_max_times``, ``retry_queue_nums``,
+        ``consume_enable``, ``consume_broadcast_enable``, ``consume_message_orderly``) and
+        return it; a bad value raises ValueError naming it, and nothing is written. Pop
+        consumers of the group get ``retry_max_times`` + 1 deliveries of a message, then it
+        goes to ``%DLQ%<group>``."""
+        self._check_open()
+        return self._consumers.set_group_config(group, **fields)
+
+    def dead_letter_counts(self) -> dict[str, int]:
+        """Dead letters this store wrote since it opened, per group."""
+        self._check_open()
+        return self._consumers.dead_letter_counts()
+
+    def watch_dead_letters(self, listener: Callable[[str, int], None]) -> None:
+        """Call ``listener(group, count)`` after each put of dead letters this store makes
+        (pops past their last attempt, ``dead_letter``); quick, and never raising: it runs
+        under the group's pop state lock."""
+        self._check_open()
+        self._consumers.watch_dead_letters(listener)

@@ -265,7 +265,8 @@ def test_the_admin_service_on_the_wire(served):
         assert unknown.value.details() == (
             "mqstore.admin.v1.Admin has no method 'CreateSubscriptionGroup'; it has "
             "ListTopics, CreateTopic, UpdateTopic, DeleteTopic, ListGroups, DescribeGroup, "
-            "ResetOffset, DeleteGroup, RoleStatus, Promote, Demote")
+            "ResetOffset, DeleteGroup, GroupConfig, SetGroupConfig, ListDeadLetters, "
+            "ResendDeadLetters, RoleStatus, Promote, Demote")
         with pytest.raises(grpc.RpcError) as unsigned:
             call("ListTopics", b"{}", metadata=())
         assert unsigned.value.code() is grpc.StatusCode.UNAUTHENTICATED

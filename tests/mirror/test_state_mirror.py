@@ -158,6 +158,18 @@ def test_a_slave_holds_the_masters_state_files_byte_for_byte(pair, manual_clock)
     popped = m.pop("billing", "orders", max_msgs=5, invisible_ms=30_000)
     m.ack([p.receipt_handle for p in popped])
     wait_for(lambda: mirrored(m, s), "the later changes")
+    # A group's config (a state file) and its dead letters (records of the log) reach it.
+    m.set_group_config("billing", retry_max_times=0)
+    doomed = m.pop("billing", "orders", max_msgs=3, invisible_ms=1000)
+    manual_clock.advance(1001)
+    m.pop("billing", "orders", max_msgs=1, invisible_ms=30_000)  # buries the three
+    assert m.dead_letter_counts() == {"billing": 3}
+    wait_for(lambda: mirrored(m, s), "the group config")
+    assert "config/subscriptionGroup.json" in state_files(m.root)
+    wait_for(lambda: s.max_offset("%DLQ%billing", 0) == 3, "the dead letters on the slave")
+    dead = s.read("%DLQ%billing", 0, 0, 10)
+    assert sorted(dead.message(i).properties["ORIGIN_MESSAGE_ID"] for i in range(3)) == sorted(
+        p.msg_id for p in doomed)
     status = s.replication.status()["state_mirror"]
     assert status["complete"] and status["rejected"] == 0
     assert m.replication.status()["state_mirror"]["snapshots"] >= 1

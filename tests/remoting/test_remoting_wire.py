@@ -360,7 +360,41 @@ def test_topic_admin_and_name_server_answers(wire):
     assert wire.call(203, {"consumerGroup": "nobody"}).code == 206
 
 
-@pytest.mark.parametrize("code", [36, 999])
+def test_send_back_goes_to_the_retry_topic_then_the_dead_letter_topic(served, wire):
+    r = send(wire, "BackT", b"fails", 0, KEYS="bk", TAGS="tb", UNIQ_KEY="U1")
+    origin = r.ext["msgId"]
+    _host, offset = parse_offset_msg_id(origin)
+    back = {"offset": offset, "group": "bg", "delayLevel": 0, "originMsgId": origin,
+            "originTopic": "BackT", "maxReconsumeTimes": 1}
+    assert wire.call(36, back).code == 0
+    # Reconsume times 0 -> level 3 in the schedule, for %RETRY%bg, with the origin's props.
+    sched = wait_for(lambda: (p := wire.call(11, pull_ext("g", "SCHEDULE_TOPIC_XXXX", 2, 0)))
+                     .code == 0 and p, what="the retry in the schedule")
+    (m,) = records(sched.body)
+    assert m.body == b"fails" and m.record.reconsume_times == 1
+    assert {k: m.properties[k] for k in ("DELAY", "REAL_TOPIC", "RETRY_TOPIC",
+                                         "ORIGIN_MESSAGE_ID", "KEYS", "TAGS", "UNIQ_KEY")} == {
+        "DELAY": "3", "REAL_TOPIC": "%RETRY%bg", "RETRY_TOPIC": "BackT",
+        "ORIGIN_MESSAGE_ID": origin, "KEYS": "bk", "TAGS": "tb", "UNIQ_KEY": "U1"}
+    route = json.loads(wire.call(105, {"topic": "%RETRY%bg"}).body)["queueDatas"][0]
+    assert (route["readQueueNums"], route["perm"]) == (1, 6)
+    # The retry's record (reconsume times 1) sent back again: past the maximum, the DLQ.
+    again = {**back, "offset": m.record.phys_offset, "delayLevel": 0}
+    assert wire.call(36, again).code == 0
+    visible(wire, "%DLQ%bg", 0, 1)
+    (d,) = records(wire.call(11, pull_ext("bg", "%DLQ%bg", 0, 0)).body)
+    assert d.record.reconsume_times == 2 and d.body == b"fails"
+    assert {k: d.properties[k] for k in ("DELAY", "RETRY_TOPIC", "ORIGIN_MESSAGE_ID",
+                                         "UNIQ_KEY")} == {
+        "DELAY": "0", "RETRY_TOPIC": "BackT", "ORIGIN_MESSAGE_ID": origin, "UNIQ_KEY": "U1"}
+    # A level below 0 goes straight to the DLQ; an offset with no record is refused.
+    assert wire.call(36, {**back, "delayLevel": -1}).code == 0
+    visible(wire, "%DLQ%bg", 0, 2)
+    gone = wire.call(36, {**back, "offset": 1 << 40})
+    assert (gone.code, gone.remark) == (1, f"look message by offset failed, {1 << 40}")
+
+
+@pytest.mark.parametrize("code", [999])
 def test_unserved_codes_name_themselves(wire, code):
     r = wire.call(code, {})
     assert (r.code, r.remark) == (3, f"request type {code} not supported")
