@@ -5,6 +5,10 @@ is stale (the message was acknowledged, delivered again, or given a new invisibl
 that the store never handed out to this group; the response's status is that code when every
 entry has it, MULTIPLE_RESULTS otherwise (as the proxy answers). A change of invisible
 duration answers the delivery's new handle; the old one is stale from then on.
+
+A push consumer presents the handle it was given for a delivery the endpoint may have renewed
+since: its latest handle is presented instead (NOTE [ Auto-renewed deliveries ] in
+``renewals``).
 """
 
 from __future__ import annotations
@@ -12,16 +16,20 @@ from __future__ import annotations
 from mqstore.endpoint.pops import Pops
 from mqstore.endpoint.protocol import Code, service_pb2
 from mqstore.endpoint.receive import MAX_INVISIBLE_MS
+from mqstore.endpoint.renewals import Renewals
 from mqstore.endpoint.resources import group_name, topic_to_read
 from mqstore.endpoint.status import EndpointError, ok, status
 
 
-def ack(pops: Pops, request) -> service_pb2.AckMessageResponse:
+def ack(pops: Pops, request, renewals: Renewals, client_id: str
+        ) -> service_pb2.AckMessageResponse:
     group = group_name(request.group)
     topic = topic_to_read(request.topic)
     if not request.entries:
         raise EndpointError(Code.BAD_REQUEST, "an ack needs at least one entry")
-    refusals = pops.ack(group, topic, [e.receipt_handle for e in request.entries])
+    refusals = pops.ack(group, topic, [
+        renewals.take(client_id, group, topic, e.message_id, e.receipt_handle)
+        for e in request.entries])
     entries = [service_pb2.AckMessageResultEntry(
         message_id=e.message_id, receipt_handle=e.receipt_handle,
         status=ok() if why is None else status(Code.INVALID_RECEIPT_HANDLE, why))
@@ -34,7 +42,7 @@ def ack(pops: Pops, request) -> service_pb2.AckMessageResponse:
     return service_pb2.AckMessageResponse(status=head, entries=entries)
 
 
-def change_invisible_duration(pops: Pops, request
+def change_invisible_duration(pops: Pops, request, renewals: Renewals, client_id: str
                               ) -> service_pb2.ChangeInvisibleDurationResponse:
     group = group_name(request.group)
     topic = topic_to_read(request.topic)
@@ -42,7 +50,8 @@ def change_invisible_duration(pops: Pops, request
     if not 0 <= ms <= MAX_INVISIBLE_MS:
         raise EndpointError(Code.ILLEGAL_INVISIBLE_TIME,
                             f"invisible duration {ms} ms must be 0..{MAX_INVISIBLE_MS} ms")
-    handle = pops.change_invisible(group, topic, request.receipt_handle, ms)
+    given = renewals.take(client_id, group, topic, request.message_id, request.receipt_handle)
+    handle = pops.change_invisible(group, topic, given, ms)
     return service_pb2.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
 
 
