@@ -1,4 +1,5 @@
-"""QueryRoute: which topics exist, with which queues, and the one broker serving them.
+"""QueryRoute: which topics exist, with which queues, and the one broker serving them;
+QueryAssignment: what a push consumer receives from (``assignment_response``).
 
 ``Topics.queues`` is the single lookup of a topic's queues. A topic with a config
 (``config/topics.json``, ``store.topic_config``; docs/topics.md) exists, and its queues are its
