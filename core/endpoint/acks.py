@@ -27,9 +27,8 @@ def ack(pops: Pops, request, renewals: Renewals, client_id: str
     topic = topic_to_read(request.topic)
     if not request.entries:
         raise EndpointError(Code.BAD_REQUEST, "an ack needs at least one entry")
-    refusals = pops.ack(group, topic, [
-        renewals.take(client_id, group, topic, e.message_id, e.receipt_handle)
-        for e in request.entries])
+    refusals = pops.ack(group, topic, [renewals.take(client_id, e.receipt_handle)
+                                       for e in request.entries])
     entries = [service_pb2.AckMessageResultEntry(
         message_id=e.message_id, receipt_handle=e.receipt_handle,
         status=ok() if why is None else status(Code.INVALID_RECEIPT_HANDLE, why))
@@ -50,8 +49,8 @@ def change_invisible_duration(pops: Pops, request, renewals: Renewals, client_id
     if not 0 <= ms <= MAX_INVISIBLE_MS:
         raise EndpointError(Code.ILLEGAL_INVISIBLE_TIME,
                             f"invisible duration {ms} ms must be 0..{MAX_INVISIBLE_MS} ms")
-    given = renewals.take(client_id, group, topic, request.message_id, request.receipt_handle)
-    handle = pops.change_invisible(group, topic, given, ms)
+    handle = pops.change_invisible(group, topic, renewals.take(client_id, request.receipt_handle),
+                                   ms)
     return service_pb2.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
 
 

@@ -61,20 +61,19 @@ def check_invisible(ms: int, minimum: int) -> int:
 @dataclass
 class Handed:
     """What a receive hands out: wire messages, charged ``charged`` bytes to ``peer``; for a
-    push consumer's receive (``auto_renew``), ``renew`` says whom the endpoint renews them for
-    once written: ``(client id, group, topic)`` (NOTE [ Auto-renewed deliveries ] in
-    ``renewals``)."""
+    push consumer's receive (``auto_renew``), ``renew`` says the endpoint renews them for
+    ``client_id`` once written (NOTE [ Auto-renewed deliveries ] in ``renewals``)."""
 
     peer: str
     client_id: str = ""
     messages: list = field(default_factory=list)
     charged: int = 0
-    renew: tuple | None = None
+    renew: bool = False
 
-    def deliveries(self) -> list[tuple[str, str, int]]:
-        """``(message id, receipt handle, attempt)`` of what it hands out."""
-        return [(m.system_properties.message_id, m.system_properties.receipt_handle,
-                 m.system_properties.delivery_attempt) for m in self.messages]
+    def deliveries(self) -> list[tuple[str, int]]:
+        """``(receipt handle, attempt)`` of what it hands out."""
+        return [(m.system_properties.receipt_handle, m.system_properties.delivery_attempt)
+                for m in self.messages]
 
 
 class Receiver:
@@ -118,7 +117,7 @@ class Receiver:
             raise EndpointError(Code.BAD_REQUEST, f"batch size {request.batch_size} must be "
                                                   f"1..{MAX_BATCH} (RocketMQ pops at most "
                                                   f"{MAX_BATCH} messages)")
-        invisible_ms = self._invisible_ms(request, handed, group, topic)
+        invisible_ms = self._invisible_ms(request, handed)
         expression, kind = filter_of(request.filter_expression)
         poll_s = self.poll_seconds(request, time_remaining)
         await self._pops.check_filter(expression, kind)
@@ -135,13 +134,13 @@ class Receiver:
                 return
             await waiter.wait(seen, min(left, REDELIVERY_CHECK_S))
 
-    def _invisible_ms(self, request, handed: Handed, group: str, topic: str) -> int:
+    def _invisible_ms(self, request, handed: Handed) -> int:
         """A push consumer's receive (``auto_renew``, from a known client) is renewed by the
         endpoint and pops for ``server.grpc_push_invisible_ms`` whatever it asks, as the
         proxy's; any other takes the duration it asks (within bounds)."""
         if request.auto_renew and handed.client_id:
             self.renewals.check_room(handed.client_id)
-            handed.renew = (handed.client_id, group, topic)
+            handed.renew = True
             return self.renewals.invisible_ms
         return check_invisible(request.invisible_duration.ToMilliseconds(),
                                self._min_invisible_ms)

@@ -7,12 +7,13 @@ As RocketMQ 5's proxy (its receipt-handle manager), the endpoint then:
 
   - pops with ``server.grpc_push_invisible_ms`` (the proxy's defaultInvisibleTimeMills, 60 s),
     and, once the answer was written to the client, holds each delivery under the client's
-    id, group, topic and message id (a receive whose answer never reached its client holds
+    id and the message (group, topic, queue, offset: what its handle names; a message id
+    need not be unique) (a receive whose answer never reached its client holds
     nothing: its messages come back at their invisible time);
   - every ``period_s`` renews each held delivery whose invisible time ends within
     ``ahead_ms`` by another ``grpc_push_invisible_ms`` (the store gives it a new handle);
-  - on an ack or a change of invisible duration naming a held delivery (by message id and
-    the handle the client was given, or the latest), presents the latest handle to the store
+  - on an ack or a change of invisible duration naming a held delivery (by the handle the
+    client was given, or the latest), presents the latest handle to the store
     and stops holding it;
   - stops renewing a delivery held ``MAX_HOLD_MS`` (the proxy's renewMaxTimeMillis, 3 h): it
     comes back after the group's next retry delay, as a failed consumption would;
@@ -35,6 +36,7 @@ import logging
 from dataclasses import dataclass
 
 from mqstore.consumer.errors import ReceiptHandleError
+from mqstore.consumer.receipt_handles import parse_handle
 from mqstore.endpoint.protocol import Code
 from mqstore.endpoint.status import EndpointError
 
@@ -48,7 +50,6 @@ RENEW_AHEAD_MAX_MS = 10_000  # the proxy's renewAheadTimeMillis
 
 @dataclass
 class Held:
-    topic: str
     given: str  # the handle the client was given
     handle: str  # the delivery's latest handle
     visible_at: int  # store clock ms its invisible time ends
@@ -56,7 +57,15 @@ class Held:
     attempt: int
 
 
-Key = tuple  # (group, topic, message id)
+Key = tuple  # (group, topic, queue id, queue offset)
+
+
+def _key(handle: str) -> Key | None:
+    try:
+        topic, group, queue_id, offset = parse_handle(handle)[:4]
+    except ReceiptHandleError:
+        return None
+    return group, topic, queue_id, offset
 
 
 class Renewals:
@@ -86,23 +95,22 @@ class Renewals:
                 f"client {client_id!r} holds {held} unacknowledged messages, the most this "
                 f"endpoint renews for one client; acknowledge some first"))
 
-    def hold(self, client_id: str, group: str, topic: str,
-             deliveries: list[tuple[str, str, int]]) -> None:
-        """Hold ``deliveries`` (message id, handle, attempt) just written to the client."""
+    def hold(self, client_id: str, deliveries: list[tuple[str, int]]) -> None:
+        """Hold ``deliveries`` (handle, attempt) just written to the client."""
         now = self._store.clock()
         mine = self._clients.setdefault(client_id, {})
-        for message_id, handle, attempt in deliveries:
-            mine[(group, topic, message_id)] = Held(topic, handle, handle,
-                                                    now + self.invisible_ms, now, attempt)
+        for handle, attempt in deliveries:
+            key = _key(handle)
+            if key is not None:
+                mine[key] = Held(handle, handle, now + self.invisible_ms, now, attempt)
 
-    def take(self, client_id: str, group: str, topic: str, message_id: str,
-             handle: str) -> str:
-        """The handle to present for the client's ``handle`` of ``message_id`` (the latest,
-        when it holds that delivery), no longer held; ``handle`` itself otherwise."""
+    def take(self, client_id: str, handle: str) -> str:
+        """The handle to present for the client's ``handle`` (the delivery's latest, when the
+        client holds it), no longer held; ``handle`` itself otherwise."""
         mine = self._clients.get(client_id)
         if not mine:
             return handle
-        key = (group, topic, message_id)
+        key = _key(handle)
         held = mine.get(key)
         if held is None or handle not in (held.given, held.handle):
             return handle

@@ -183,14 +183,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             deliveries = []
             try:
                 await receiver.receive(request, context.time_remaining(), handed)
-                if handed.renew is not None:
+                if handed.renew:
                     self.parts.sessions.seen(handed.client_id, ClientType.PUSH_CONSUMER)
                     deliveries = handed.deliveries()
                 answer = receive.responses(handed.messages, self.parts.store.clock())
             except Exception as exc:  # noqa: BLE001 - every failure is an answer
                 answer = receive.refusal(*_failure("ReceiveMessage", exc))
             if await receiver.answer(context, handed, answer) and deliveries:
-                receiver.renewals.hold(*handed.renew, deliveries)
+                receiver.renewals.hold(handed.client_id, deliveries)
         finally:
             self.peers.leave(peer)
 

@@ -295,6 +295,7 @@ def test_renewals_keep_what_a_client_holds_invisible_and_give_it_back(make_store
     given takes the latest, a client gone gets its deliveries back a second later, one held
     past the longest hold comes back after the group's retry delay."""
     from mqstore.consumer import StaleReceiptHandleError
+    from mqstore.consumer.receipt_handles import make_handle
     from mqstore.endpoint.protocol import Code
     from mqstore.endpoint.renewals import (
         GIVE_BACK_MS, MAX_HELD_PER_CLIENT, MAX_HOLD_MS, Renewals,
@@ -309,8 +310,7 @@ def test_renewals_keep_what_a_client_holds_invisible_and_give_it_back(make_store
     renewals = Renewals(store, 3000, [7000, 9000])
     assert (renewals.ahead_ms, renewals.period_s) == (1500, 0.75)
     given = {f"id{i}": m.receipt_handle for i, m in enumerate(popped)}
-    renewals.hold("c1", "held-group", "Held",
-                  [(mid, handle, 1) for mid, handle in given.items()])
+    renewals.hold("c1", [(handle, 1) for handle in given.values()])
     manual_clock.advance(1000)
     assert renewals.renew_due(lambda client: True) == 0  # 2000 ms left: not yet
     manual_clock.advance(600)
@@ -318,10 +318,11 @@ def test_renewals_keep_what_a_client_holds_invisible_and_give_it_back(make_store
     manual_clock.advance(2000)  # past the first invisible time, not the renewed one
     (fourth,) = store.pop("held-group", "Held", 4, 3000)
     assert fourth.body == b"h3" and store.ack([fourth.receipt_handle]) == [None]
-    latest = renewals.take("c1", "held-group", "Held", "id0", given["id0"])
+    latest = renewals.take("c1", given["id0"])
     assert latest != given["id0"]
     assert store.ack([latest]) == [None]
-    assert renewals.take("c1", "held-group", "Held", "id0", given["id0"]) == given["id0"]
+    assert renewals.take("c1", given["id0"]) == given["id0"]
+    assert renewals.take("c1", "not a handle") == "not a handle"
     with pytest.raises(StaleReceiptHandleError):
         store.ack(given["id0"])
     # The client is gone: what it holds is visible again GIVE_BACK_MS later.
@@ -332,7 +333,7 @@ def test_renewals_keep_what_a_client_holds_invisible_and_give_it_back(make_store
     again = store.pop("held-group", "Held", 4, 60_000)
     assert sorted((m.body, m.delivery_attempt) for m in again) == [(b"h1", 2), (b"h2", 2)]
     # Held past MAX_HOLD_MS: no more renewals; back after the retry delay of its attempt.
-    renewals.hold("c2", "held-group", "Held", [("id1", again[0].receipt_handle, 2)])
+    renewals.hold("c2", [(again[0].receipt_handle, 2)])
     manual_clock.advance(MAX_HOLD_MS)
     assert renewals.renew_due(lambda client: True) == 0 and renewals.held("c2") == 0
     manual_clock.advance(9000 - 1)
@@ -340,10 +341,11 @@ def test_renewals_keep_what_a_client_holds_invisible_and_give_it_back(make_store
     manual_clock.advance(1)
     assert [m.body for m in store.pop("held-group", "Held", 4, 60_000)] == [again[0].body]
     # A client holding all it may is refused more until it acknowledges some.
-    renewals.hold("c3", "g", "T", [(f"m{i}", f"h{i}", 1) for i in range(MAX_HELD_PER_CLIENT)])
+    handles = [make_handle("T", "g", 0, i, 1, i) for i in range(MAX_HELD_PER_CLIENT)]
+    renewals.hold("c3", [(h, 1) for h in handles])
     with pytest.raises(EndpointError) as refused:
         renewals.check_room("c3")
     assert refused.value.code == Code.TOO_MANY_REQUESTS
     assert f"holds {MAX_HELD_PER_CLIENT} unacknowledged messages" in refused.value.message
-    renewals.take("c3", "g", "T", "m0", "h0")
+    assert renewals.take("c3", handles[0]) == handles[0]
     renewals.check_room("c3")
