@@ -22,9 +22,9 @@ As RocketMQ 5's proxy (its receipt-handle manager), the endpoint then:
     invisibleTimeMillisWhenClear).
 
 A client holds at most ``MAX_HELD_PER_CLIENT`` deliveries (the Python client caches at most
-1024 messages; the Java client 1024 per queue by default): a receive beyond that is refused
-TOO_MANY_REQUESTS until it acknowledges some; the clients the endpoint knows are bounded by
-``Sessions``. Held deliveries live in the endpoint's memory only: after a restart the client's
+1024 messages; the Java client 1024 per queue by default) and all clients together at most
+``MAX_HELD`` (about 200 bytes each): a receive beyond either is refused TOO_MANY_REQUESTS
+until some are acknowledged. Held deliveries live in the endpoint's memory only: after a restart the client's
 acks present handles the store may have renewed since, which it refuses as stale
 (INVALID_RECEIPT_HANDLE; the client drops them) and those messages come back at their
 invisible time. Only the event loop's thread calls this.
@@ -43,6 +43,7 @@ from mqstore.endpoint.status import EndpointError
 log = logging.getLogger(__name__)
 
 MAX_HELD_PER_CLIENT = 8192
+MAX_HELD = 262_144
 MAX_HOLD_MS = 3 * 3600 * 1000
 GIVE_BACK_MS = 1000
 RENEW_AHEAD_MAX_MS = 10_000  # the proxy's renewAheadTimeMillis
@@ -80,20 +81,25 @@ class Renewals:
         self.period_s = max(0.1, self.ahead_ms / 2000.0)
         self._retry_delays_ms = retry_delays_ms or [GIVE_BACK_MS]
         self._clients: dict[str, dict[Key, Held]] = {}
+        self._count = 0  # deliveries held, all clients
 
     def held(self, client_id: str) -> int:
         return len(self._clients.get(client_id, ()))
 
     def __len__(self) -> int:
-        return sum(len(h) for h in self._clients.values())
+        return self._count
 
     def check_room(self, client_id: str) -> None:
-        """TOO_MANY_REQUESTS when the client holds all it may."""
+        """TOO_MANY_REQUESTS when the client, or all clients together, hold all they may."""
         held = self.held(client_id)
         if held >= MAX_HELD_PER_CLIENT:
             raise EndpointError(Code.TOO_MANY_REQUESTS, (
                 f"client {client_id!r} holds {held} unacknowledged messages, the most this "
                 f"endpoint renews for one client; acknowledge some first"))
+        if self._count >= MAX_HELD:
+            raise EndpointError(Code.TOO_MANY_REQUESTS, (
+                f"push consumers hold {self._count} unacknowledged messages, the most this "
+                f"endpoint renews; try again later"))
 
     def hold(self, client_id: str, deliveries: list[tuple[str, int]]) -> None:
         """Hold ``deliveries`` (handle, attempt) just written to the client."""
@@ -102,6 +108,7 @@ class Renewals:
         for handle, attempt in deliveries:
             key = _key(handle)
             if key is not None:
+                self._count += key not in mine
                 mine[key] = Held(handle, handle, now + self.invisible_ms, now, attempt)
 
     def take(self, client_id: str, handle: str) -> str:
@@ -114,9 +121,7 @@ class Renewals:
         held = mine.get(key)
         if held is None or handle not in (held.given, held.handle):
             return handle
-        del mine[key]
-        if not mine:
-            del self._clients[client_id]
+        self._drop(client_id, mine, key)
         return held.handle
 
     def renew_due(self, known) -> int:
@@ -134,18 +139,23 @@ class Renewals:
                     continue
                 if now - held.received_at >= MAX_HOLD_MS:
                     self._change(held, self._retry_delay(held.attempt))
-                    del mine[key]
+                    self._drop(client_id, mine, key)
                 elif self._change(held, self.invisible_ms):
                     renewed += 1
                 else:
-                    del mine[key]
-            if not mine:
-                del self._clients[client_id]
+                    self._drop(client_id, mine, key)
         return renewed
+
+    def _drop(self, client_id: str, mine: dict, key: Key) -> None:
+        del mine[key]
+        self._count -= 1
+        if not mine:
+            del self._clients[client_id]
 
     def give_back(self, client_id: str) -> int:
         """Every delivery ``client_id`` holds visible again ``GIVE_BACK_MS`` from now."""
         mine = self._clients.pop(client_id, None) or {}
+        self._count -= len(mine)
         for held in mine.values():
             self._change(held, GIVE_BACK_MS)
         if mine:
@@ -171,4 +181,4 @@ class Renewals:
         return True
 
 
-__all__ = ["Renewals", "MAX_HELD_PER_CLIENT", "MAX_HOLD_MS", "GIVE_BACK_MS"]
+__all__ = ["Renewals", "MAX_HELD", "MAX_HELD_PER_CLIENT", "MAX_HOLD_MS", "GIVE_BACK_MS"]

@@ -182,9 +182,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             handed = receive.Handed(peer, client_id(context))
             deliveries = []
             try:
+                if request.auto_renew and handed.client_id:  # known before it pops
+                    self.parts.sessions.seen(handed.client_id, ClientType.PUSH_CONSUMER)
                 await receiver.receive(request, context.time_remaining(), handed)
                 if handed.renew:
-                    self.parts.sessions.seen(handed.client_id, ClientType.PUSH_CONSUMER)
                     deliveries = handed.deliveries()
                 answer = receive.responses(handed.messages, self.parts.store.clock())
             except Exception as exc:  # noqa: BLE001 - every failure is an answer

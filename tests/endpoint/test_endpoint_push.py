@@ -289,13 +289,15 @@ def test_sigkill_of_serve_mid_consumption_loses_nothing_and_redelivers_nothing_a
 
 
 def test_renewals_keep_what_a_client_holds_invisible_and_give_it_back(make_store,
-                                                                      manual_clock):
+                                                                      manual_clock,
+                                                                      monkeypatch):
     """The endpoint's renewals on a store with a manual clock (NOTE [ Auto-renewed
     deliveries ]): renewed ahead of their invisible time, an ack of the handle the client was
     given takes the latest, a client gone gets its deliveries back a second later, one held
     past the longest hold comes back after the group's retry delay."""
     from mqstore.consumer import StaleReceiptHandleError
     from mqstore.consumer.receipt_handles import make_handle
+    from mqstore.endpoint import renewals as renewals_module
     from mqstore.endpoint.protocol import Code
     from mqstore.endpoint.renewals import (
         GIVE_BACK_MS, MAX_HELD_PER_CLIENT, MAX_HOLD_MS, Renewals,
@@ -349,3 +351,11 @@ def test_renewals_keep_what_a_client_holds_invisible_and_give_it_back(make_store
     assert f"holds {MAX_HELD_PER_CLIENT} unacknowledged messages" in refused.value.message
     assert renewals.take("c3", handles[0]) == handles[0]
     renewals.check_room("c3")
+    assert len(renewals) == MAX_HELD_PER_CLIENT - 1
+    monkeypatch.setattr(renewals_module, "MAX_HELD", MAX_HELD_PER_CLIENT - 1)
+    with pytest.raises(EndpointError) as refused:
+        renewals.check_room("c4")  # all clients together hold all they may
+    assert refused.value.code == Code.TOO_MANY_REQUESTS
+    assert "push consumers hold 8191 unacknowledged messages" in refused.value.message
+    assert renewals.give_back("c3") == MAX_HELD_PER_CLIENT - 1 and len(renewals) == 0
+    renewals.check_room("c4")
