@@ -240,6 +240,33 @@ def test_two_consumer_processes_share_a_group_and_one_left_gets_everything(
     assert_nothing_left(clients, rocketmq, "PushShared", "shared-group")
 
 
+def test_what_a_client_holds_is_renewed_until_it_says_goodbye(served, clients, rocketmq):
+    """The raw protocol, as the PushConsumer speaks it: a receive with auto_renew (and no
+    invisible duration) is held past the invisible time while its client is known, and comes
+    back (attempt 2) once the client sent NotifyClientTermination."""
+    from google.protobuf.duration_pb2 import Duration
+    from mqstore.endpoint.protocol import definition_pb2, service_pb2, service_pb2_grpc
+    send(clients, "PushBye", ["bye-0"])
+    group = definition_pb2.Resource(name="bye-group")
+    metadata = (("x-mq-client-id", "bye-client"),)
+    with grpc.insecure_channel(served.endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        answer = list(stub.ReceiveMessage(service_pb2.ReceiveMessageRequest(
+            group=group, message_queue=definition_pb2.MessageQueue(
+                topic=definition_pb2.Resource(name="PushBye"), id=-1),
+            batch_size=32, auto_renew=True, long_polling_timeout=Duration(seconds=5)),
+            metadata=metadata, timeout=30))
+        assert [r.message.body for r in answer if r.HasField("message")] == [b"bye-0"]
+        consumer = clients.consumer("bye-group", {"PushBye": rocketmq.FilterExpression()},
+                                    await_s=INVISIBLE_MS // 1000 + 2)
+        assert consumer.receive(32, 10) == []  # past its invisible time: renewed
+        bye = stub.NotifyClientTermination(service_pb2.NotifyClientTerminationRequest(
+            group=group), metadata=metadata, timeout=10)
+        assert bye.status.code == 20000
+    back = clients.receive_all(consumer, 1, timeout_s=30)
+    assert [(m.body, m.delivery_attempt) for m in back] == [(b"bye-0", 2)]
+
+
 @pytest.mark.slow
 def test_sigkill_of_serve_mid_consumption_loses_nothing_and_redelivers_nothing_acked(
         tmp_path, home, rocketmq):
