@@ -135,7 +135,7 @@ class Receiver:
             await waiter.wait(seen, min(left, REDELIVERY_CHECK_S))
 
     def _invisible_ms(self, request, handed: Handed) -> int:
-        """A push consumer's receive (``auto_renew``, from a known client) is renewed by the
+        """A push consumer's receive (``auto_renew``, its client named) is renewed by the
         endpoint and pops for ``server.grpc_push_invisible_ms`` whatever it asks, as the
         proxy's; any other takes the duration it asks (within bounds)."""
         if request.auto_renew and handed.client_id:
