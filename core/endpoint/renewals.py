@@ -7,14 +7,14 @@ As RocketMQ 5's proxy (its receipt-handle manager), the endpoint then:
 
   - pops with ``server.grpc_push_invisible_ms`` (the proxy's defaultInvisibleTimeMills, 60 s),
     and, once the answer was written to the client, holds each delivery under the client's
-    id and the message (group, topic, queue, offset: what its handle names; a message id
-    need not be unique) (a receive whose answer never reached its client holds
-    nothing: its messages come back at their invisible time);
+    id and the message its handle names (group, topic, queue, offset; a message id need not
+    be unique); a receive whose answer never reached its client holds nothing: its messages
+    come back at their invisible time;
   - every ``period_s`` renews each held delivery whose invisible time ends within
     ``ahead_ms`` by another ``grpc_push_invisible_ms`` (the store gives it a new handle);
   - on an ack or a change of invisible duration naming a held delivery (by the handle the
-    client was given, or the latest), presents the latest handle to the store
-    and stops holding it;
+    client was given, or the latest), presents the latest handle to the store and stops
+    holding it;
   - stops renewing a delivery held ``MAX_HOLD_MS`` (the proxy's renewMaxTimeMillis, 3 h): it
     comes back after the group's next retry delay, as a failed consumption would;
   - gives back every delivery of a client that said goodbye (NotifyClientTermination) or
@@ -24,10 +24,13 @@ As RocketMQ 5's proxy (its receipt-handle manager), the endpoint then:
 A client holds at most ``MAX_HELD_PER_CLIENT`` deliveries (the Python client caches at most
 1024 messages; the Java client 1024 per queue by default) and all clients together at most
 ``MAX_HELD`` (about 200 bytes each): a receive beyond either is refused TOO_MANY_REQUESTS
-until some are acknowledged. Held deliveries live in the endpoint's memory only: after a restart the client's
-acks present handles the store may have renewed since, which it refuses as stale
-(INVALID_RECEIPT_HANDLE; the client drops them) and those messages come back at their
-invisible time. Only the event loop's thread calls this.
+until some are acknowledged.
+
+Held deliveries live in the endpoint's memory only: after a restart the client's acks present
+handles the store may have renewed since, which it refuses as stale (INVALID_RECEIPT_HANDLE;
+the client drops them), and those messages come back at their invisible time. A stopping
+endpoint gives nothing back (the proxy does): a delivery not renewed since it was handed out
+keeps its handle, so the client's ack after a restart still lands. Only the event loop's thread calls this.
 """
 
 from __future__ import annotations
