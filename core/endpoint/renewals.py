@@ -30,7 +30,9 @@ Held deliveries live in the endpoint's memory only: after a restart the client's
 handles the store may have renewed since, which it refuses as stale (INVALID_RECEIPT_HANDLE;
 the client drops them), and those messages come back at their invisible time. A stopping
 endpoint gives nothing back (the proxy does): a delivery not renewed since it was handed out
-keeps its handle, so the client's ack after a restart still lands. Only the event loop's thread calls this.
+keeps its handle, so the client's ack after a restart still lands.
+
+Only the event loop's thread calls this.
 """
 
 from __future__ import annotations
