@@ -33,7 +33,7 @@ from mqstore.format.remoting_frame import Command
 from mqstore.format.remoting_message import decode_batch
 from mqstore.message import Message, PutStatus
 from mqstore.remoting.codes import PUT_CODES, RemotingError, Req, Resp
-from mqstore.remoting.fields import Fields, send_fields
+from mqstore.remoting.fields import V2_KEYS, Fields
 from mqstore.remoting.topics import DLQ_PREFIX, RETRY_PREFIX
 
 PROPERTY_CLUSTER = "CLUSTER"
@@ -47,7 +47,7 @@ class SendRequest:
                  "batch", "default_queues", "max_reconsume", "group")
 
     def __init__(self, cmd: Command) -> None:
-        f = Fields(send_fields(cmd.ext, cmd.code != Req.SEND_MESSAGE))
+        f = Fields(cmd.ext, None if cmd.code == Req.SEND_MESSAGE else V2_KEYS)
         self.group = f.text("producerGroup")
         self.topic = f.text("topic")
         f.text("defaultTopic")

@@ -56,19 +56,6 @@ SLOW_THREADS = 4
 PROCESSORS = (send, pull, queries, offsets, client_calls, admin, namesrv)
 
 
-def ha_address(store, address: str) -> str | None:
-    """Where the master's replication port listens (``server.ha_listen`` as bound), with the
-    advertised host for a wildcard one; None for a slave or a master without it."""
-    replication = getattr(store, "replication", None)
-    bound = replication.address if replication is not None else None
-    if bound is None:
-        return None
-    host, port = parse_listen(bound)
-    if host in ("0.0.0.0", "::", ""):
-        host = parse_listen(address)[0]
-    return show(host, port)
-
-
 def build_broker(store, config: StoreConfig, port: int) -> Broker:
     server = config.server
     host, _ = parse_listen(server.remoting_listen)
@@ -81,7 +68,6 @@ def build_broker(store, config: StoreConfig, port: int) -> Broker:
     return Broker(store=store, config=config,
                   address=address, name=server.remoting_broker_name,
                   cluster=server.remoting_cluster, slave_id=slave_id,
-                  ha_address=ha_address(store, address),
                   topics=BrokerTopics(store, config), put_pool=put_pool,
                   slow_pool=ThreadPoolExecutor(SLOW_THREADS,
                                                thread_name_prefix="mqstore-remoting-query"))
