@@ -146,7 +146,6 @@ def answer(broker, cmd: Command, result) -> Command:
     code = PUT_CODES[status]
     if not status.stored:
         return cmd.response(code, error or status.value)
-    broker.stats.put(len(phys))
     host = broker.host
     ext = {"msgId": ",".join(offset_msg_id(host, p) for p in phys), "queueId": str(queue_id),
            "queueOffset": str(queue_offset)}

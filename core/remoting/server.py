@@ -40,6 +40,7 @@ from mqstore.remoting.client_calls import notify_changed
 from mqstore.remoting.codes import RemotingError, Resp
 from mqstore.remoting.connection import Connection
 from mqstore.remoting.registration import Registration
+from mqstore.remoting.stats import SAMPLE_INTERVAL_S
 from mqstore.remoting.topics import BrokerTopics
 from mqstore.remoting.wakeups import DispatchWatch
 
@@ -158,6 +159,7 @@ class RemotingServer:
         if broker.registration is not None:
             broker.registration.start()
         sweeper = asyncio.ensure_future(self._sweep())
+        sampler = asyncio.ensure_future(self._sample())
         self.address = show(host, bound)
         log.info("serving RocketMQ remoting on %s as broker %s (id %d, cluster %s, told "
                  "clients %s), %s", self.address, broker.name, broker.broker_id,
@@ -183,6 +185,7 @@ class RemotingServer:
                 await broker.registration.stop()
         finally:
             sweeper.cancel()
+            sampler.cancel()
             for conn in list(self.connections):
                 conn.close()
             await asyncio.sleep(0)
@@ -201,6 +204,16 @@ class RemotingServer:
         while True:
             await asyncio.sleep(min(SWEEP_INTERVAL_S, self.idle_s / 2))
             self.sweep()
+
+    async def _sample(self) -> None:
+        """NOTE [ Broker stats ]: a snapshot a second."""
+        broker = self.broker
+        while True:
+            try:
+                broker.stats.sample(self._store.put_counts().messages)
+            except Exception:  # noqa: BLE001 - the store reopening for a role change
+                log.debug("broker stats: no put count this second", exc_info=True)
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
 
     def sweep(self) -> None:
         """Close idle connections and forget clients that stopped heart-beating."""
