@@ -170,3 +170,52 @@ def test_disk_ratio_is_used_over_used_plus_available_rounded_up(monkeypatch, tmp
     monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(
         f_blocks=1000, f_bfree=500, f_bavail=500, f_frsize=4096))
     assert admin.disk_used_ratio(str(tmp_path)) == 0.5
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"queueId": "-1"}, {"reconsumeTimes": None}, {"maxReconsumeTimes": "16"},
+    {"maxReconsumeTimes": "-1"}, {"bornTimestamp": "+1700000000000"}, {"flag": "2147483647"},
+    {"batch": "TRUE"}, {"batch": "1"}, {"properties": None}, {"sysFlag": "0010"},
+])
+@pytest.mark.parametrize("code", [10, 310])
+def test_send_headers_read_as_the_java_parsers_read_them(changes, code):
+    from mqstore.format.remoting_frame import Command
+    from mqstore.remoting.fields import V2_KEYS
+    from mqstore.remoting.send import SendRequest
+    ext = {"producerGroup": "pg", "topic": "T", "defaultTopic": "TBW102",
+           "defaultTopicQueueNums": "4", "queueId": "3", "sysFlag": "0",
+           "bornTimestamp": "1700000000000", "flag": "0", "properties": "KEYS\x01k\x02",
+           "reconsumeTimes": "0", "unitMode": "false", "batch": "false"}
+    ext.update(changes)
+    ext = {k: v for k, v in ext.items() if v is not None}
+    if code == 310:
+        ext = {V2_KEYS.get(k, k): v for k, v in ext.items()}
+    req = SendRequest(Command(code, ext=ext))
+    # What Fields reads field by field, as each Java parser does.
+    f = Fields(ext, None if code == 10 else V2_KEYS)
+    assert (req.group, req.topic, req.default_queues, req.queue_id, req.sysflag, req.born,
+            req.flag, req.properties, req.reconsume, req.max_reconsume, req.batch) == (
+        f.text("producerGroup"), f.text("topic"), f.int32("defaultTopicQueueNums"),
+        f.int32("queueId"), f.int32("sysFlag"), f.int64("bornTimestamp"), f.int32("flag"),
+        f.text("properties", required=False) or "", f.int32("reconsumeTimes", 0,
+                                                            required=False),
+        f.int32("maxReconsumeTimes", required=False), f.boolean("batch"))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"queueId": "2147483648"}, "queueId = '2147483648' is not a Java int"),
+    ({"bornTimestamp": None}, "<bornTimestamp> is null"),
+    ({"flag": "1x"}, "flag = '1x' is not a Java int"),
+    ({"defaultTopic": None}, "<defaultTopic> is null"),
+])
+def test_a_send_header_out_of_the_usual_is_refused_naming_its_field(changes, message):
+    from mqstore.format.remoting_frame import Command
+    from mqstore.remoting.send import SendRequest
+    ext = {"a": "pg", "b": "T", "c": "TBW102", "d": "4", "e": "3", "f": "0",
+           "g": "1700000000000", "h": "0", "j": "0"}
+    short = {"queueId": "e", "bornTimestamp": "g", "flag": "h", "defaultTopic": "c"}
+    for name, value in changes.items():
+        ext[short[name]] = value
+    ext = {k: v for k, v in ext.items() if v is not None}
+    with pytest.raises(RemotingError, match=message):
+        SendRequest(Command(310, ext=ext))
