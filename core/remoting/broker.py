@@ -88,8 +88,11 @@ class Broker:
         configured = self.config.coordination.ha_address
         if configured:
             return configured
-        replication = getattr(self.store, "replication", None)
-        listen = replication.address if replication is not None else None
+        try:
+            replication = self.store.replication  # type: ignore[attr-defined]
+            listen = replication.address if replication is not None else None
+        except Exception:  # noqa: BLE001 - the store reopening for a role change
+            listen = None
         if listen is None:
             listen = self.config.server.ha_listen
             if listen is None or parse_listen(listen)[1] == 0:
