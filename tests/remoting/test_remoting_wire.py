@@ -394,6 +394,20 @@ def test_send_back_goes_to_the_retry_topic_then_the_dead_letter_topic(served, wi
     assert (gone.code, gone.remark) == (1, f"look message by offset failed, {1 << 40}")
 
 
+def test_runtime_info_reads_the_disk_and_rates_as_rocketmq_4_9_8(served, wire):
+    import math
+    import os
+    info = fj.loads(wire.call(28, {}).body)["table"]
+    for key in ("putTps", "getFoundTps", "getMissTps", "getTransferedTps", "getTotalTps"):
+        assert len(info[key].split(" ")) == 3, (key, info[key])  # 10 s, 60 s, 600 s
+    # Total minus free blocks over that plus what non-root users may take, up to a percent.
+    disk = os.statvfs(served.log_path.parent / "root" / "commitlog")
+    used = disk.f_blocks - disk.f_bfree
+    expected = math.ceil(used * 100 / (used + disk.f_bavail)) / 100
+    ratio = info["commitLogDiskRatio"]
+    assert len(ratio.split(".")[1]) <= 2 and abs(float(ratio) - expected) <= 0.01, ratio
+
+
 @pytest.mark.parametrize("code", [999])
 def test_unserved_codes_name_themselves(wire, code):
     r = wire.call(code, {})
