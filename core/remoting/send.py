@@ -7,8 +7,9 @@ code, as 4.9.8 does (the C++ client's ``send_batch`` sends code 10 with ``"batch
 which is false: its whole body is stored as one message, as the Java broker stores it).
 
 A send to a topic the broker does not have creates it (``BrokerTopics.for_send``) and tells
-the NameServers; a send to a group's ``%RETRY%`` topic past its ``maxReconsumeTimes`` goes to
-the group's ``%DLQ%`` topic instead. A message with a ``DELAY`` level is the store's to
+the NameServers; a group's ``%RETRY%`` topic is created by a send whether or not sends may
+create topics, and a send to it past its ``maxReconsumeTimes`` goes to the group's ``%DLQ%``
+topic instead. A message with a ``DELAY`` level is the store's to
 schedule (``SCHEDULE_TOPIC_XXXX``, docs/delays.md): the answer names the real queue and the
 schedule queue's offset, as RocketMQ's does; a batch holding one is refused
 (MESSAGE_ILLEGAL), as RocketMQ refuses it. A transaction's half (the prepared sysFlag,
@@ -31,6 +32,7 @@ import random
 from mqstore.append.encoding import DELAY_IN_BATCH
 from mqstore.format.properties import decode_properties
 from mqstore.format.schedule import delay_level
+from mqstore.format.topic_config import PERM_READ_WRITE
 from mqstore.format.transaction import SYSFLAG_PREPARED, is_half
 from mqstore.format.record import SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, offset_msg_id
 from mqstore.format.remoting_frame import Command
@@ -110,11 +112,15 @@ def _topic_of(broker, req: SendRequest) -> tuple[str, int]:
         most = req.max_reconsume if req.max_reconsume is not None else DEFAULT_MAX_RECONSUME
         if req.reconsume >= most:
             topic = DLQ_PREFIX + group
-            route, created = broker.topics.ensure(topic, 1, 2)
+            route, created = broker.topics.ensure(topic, 1, PERM_READ_WRITE)
             if created:
                 broker.topic_changed(oneway=True)
             return topic, 0
-    route, created = broker.topics.for_send(topic, req.default_queues)
+        # RocketMQ creates a group's retry topic (1 queue, read-write) whether or not it
+        # may create topics for sends.
+        route, created = broker.topics.ensure(topic, 1, PERM_READ_WRITE)
+    else:
+        route, created = broker.topics.for_send(topic, req.default_queues)
     if created:
         broker.topic_changed(oneway=True)
     if not route.perm & 2:
