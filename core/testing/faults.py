@@ -126,7 +126,7 @@ class FaultWriter:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mqstore.testing.fault_writer", json.dumps(spec)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr_file,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=_terminal_signals)
         self._watchdog = threading.Timer(timeout_s, self._kill_group)
         self._watchdog.daemon = True
         self._watchdog.start()
@@ -352,6 +352,13 @@ def fill_filesystem(path: str) -> int:
 def resize_filesystem(path: str, size_bytes: int) -> None:
     subprocess.run(["mount", "-o", f"remount,size={size_bytes}", path], check=True,
                    capture_output=True)
+
+
+def _terminal_signals() -> None:
+    """The writer meets Ctrl-C as a program started from a terminal does: with Python's own
+    handler. A runner started in the background by a shell without job control (``cmd &`` in
+    a script, a CI step) ignores SIGINT, and its children would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # -- Ctrl-C at the worst moment (a plugin: see the module docstring) -------------------------
