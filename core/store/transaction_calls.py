@@ -97,7 +97,8 @@ class TransactionCalls:
         self._set_checkers(() if checker is None else (checker,))
 
     def add_transaction_checker(self, checker: Callable[[TransactionCheck], None]) -> None:
-        """One more checker, asked beside the others (each endpoint asks its producers)."""
+        """One more checker, asked beside the others (each endpoint asks its producers). A
+        store between its parts (a role change) or read-only keeps it for its next parts."""
         self._set_checkers((*self._transaction_checkers, checker))
 
     def remove_transaction_checker(self, checker: Callable[[TransactionCheck], None]
@@ -105,8 +106,14 @@ class TransactionCalls:
         self._set_checkers(tuple(c for c in self._transaction_checkers if c != checker))
 
     def _set_checkers(self, checkers: tuple) -> None:
-        service = self._transaction_service()
-        self._transaction_checkers = service.checkers = checkers
+        # Kept by the store, not only by its parts: a role change closes the parts and opens
+        # new ones (an endpoint may name its checker meanwhile), and the new checker service
+        # takes them after it is installed. Set first, then read the service: whichever way
+        # this interleaves with an open, the installed service ends with these.
+        self._transaction_checkers = checkers
+        service = self._transactions
+        if service is not None:
+            service.checkers = checkers
 
     def transaction_status(self) -> dict | None:
         """The checker's counts (``open``, ``committed``, ``rolled_back``, ``checks``,
