@@ -196,6 +196,7 @@ class _Serving:
         next_flush = self.scheduler.monotonic() + FLUSH_INTERVAL_S
         last_work = time.monotonic()
         while not ch.stop:
+            began = time.thread_time()  # the pass's CPU includes these per-look checks
             if not parent_alive():
                 log.error("store process %d is gone; dispatch worker exits", parent_pid)
                 return
@@ -209,16 +210,17 @@ class _Serving:
                 self.view.hold_floors(self.view.manifest.floors())
                 ch.started = 1
                 poke(progress_w)
-            began = time.thread_time()
+            seen = confirmed_of.confirmed
             if loop.run_once():
                 self._publish(progress_w)
                 last_work = time.monotonic()
-                if loop.dispatched < confirmed_of.confirmed:
+                if loop.dispatched < seen:
                     continue  # the pass stopped at batch_bytes: the rest is waiting
-                # Caught up: nap before looking again, as RocketMQ's reput thread does after
-                # every pass (looking at once would mostly find nothing, a producer's next put
-                # rarely being there yet), and long enough that the next pass has several
-                # records to share its fixed costs.
+                # Caught up with what it saw: nap before looking again, as RocketMQ's reput
+                # thread does after every pass, and long enough that the next pass has several
+                # records to share its fixed costs. Records put during the pass wait for the
+                # nap too: under a stream of single puts one lands during nearly every pass,
+                # and going on at once would dispatch them one or two a pass.
                 time.sleep(nap_after_pass(time.thread_time() - began, nap_s))
                 continue
             if loop.error:
