@@ -7,7 +7,12 @@ Three workloads, ``--count`` messages of ``--body-bytes`` each:
 * ``send sync``: ``Producer.send``, one at a time (one SendMessage RPC each);
 * ``send async``: ``Producer.send_async`` with ``--in-flight`` (256) sends outstanding;
 * ``receive+ack``: ``SimpleConsumer.receive(32)`` then ``ack`` of every message (one
-  ReceiveMessage RPC per 32, one AckMessage RPC per message).
+  ReceiveMessage RPC per 32, one AckMessage RPC per message);
+* ``receive+ack fifo``: the same by a FIFO consumer group (``mqstore group config
+  --orderly``) of FIFO messages in ``FIFO_GROUPS`` message groups (sent with ``send_async``
+  first, not timed): each queue hands out nothing newer while a message of it is in flight.
+  Served by ``serve`` and in-process only (the floor answers every receive alike), and
+  compared with the floor's ``receive+ack``.
 
 Against three servers: ``floor`` (a grpc.aio servicer in another process that answers each
 RPC with a canned reply: a route, filled-in settings, OK, 32 prepared messages), ``serve``
@@ -48,6 +53,8 @@ from benchlib import emit_json
 
 TOPIC = "BenchTopic"
 GROUP = "bench-group"
+FIFO_GROUP = "bench-fifo-group"
+FIFO_GROUPS = 16  # message groups of the FIFO workload
 BATCH = 32
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 START_TIMEOUT_S = 60
@@ -209,16 +216,24 @@ def start_serve(workdir: str) -> Server:
 
 
 # -- the workloads, through the official client ---------------------------------------------
-def message(rocketmq, body: bytes, i: int):
+def message(rocketmq, body: bytes, i: int, message_group: str | None = None):
     m = rocketmq.Message()
     m.topic = TOPIC
     m.body = body
     m.tag = "bench"
     m.keys = f"k{i}"
+    if message_group is not None:
+        m.message_group = message_group
     return m
 
 
-def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int) -> dict:
+def make_fifo_group(endpoint: str) -> None:
+    subprocess.run([sys.executable, "-m", "mqstore.cli", "group", "config", "--server",
+                    endpoint, FIFO_GROUP, "--orderly"], check=True, capture_output=True)
+
+
+def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int,
+               fifo: bool = False) -> dict:
     """``{workload: (msg/s, server CPU s, worker CPU s, RPCs, client CPU s)}``."""
     config = rocketmq.ClientConfiguration(server.endpoint, rocketmq.Credentials())
     producer = rocketmq.Producer(config, (TOPIC,))
@@ -242,7 +257,7 @@ def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int
             producer.send(message(rocketmq, body, i))
         return count
 
-    def send_async() -> int:
+    def send_async(groups: int = 0) -> int:
         slots = threading.BoundedSemaphore(in_flight)
         finished = threading.Event()
         left = [count]
@@ -256,7 +271,8 @@ def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int
                     finished.set()
         for i in range(count):
             slots.acquire()
-            producer.send_async(message(rocketmq, body, i)).add_done_callback(done)
+            producer.send_async(message(rocketmq, body, i, f"g{i % groups}" if groups else None)
+                                ).add_done_callback(done)
         finished.wait(600)
         return count
 
@@ -266,7 +282,7 @@ def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int
                                        await_duration=2)
     consumer.startup()
 
-    def receive_ack() -> int:
+    def receive_ack(consumer=consumer) -> int:
         got = 0
         while got < count:
             batch = consumer.receive(BATCH, 60)
@@ -278,6 +294,15 @@ def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int
         return got
     measured("receive+ack", -(-count // BATCH) + count, receive_ack)
     consumer.shutdown()
+    if fifo:
+        make_fifo_group(server.endpoint)
+        send_async(FIFO_GROUPS)
+        ordered = rocketmq.SimpleConsumer(config, FIFO_GROUP,
+                                          {TOPIC: rocketmq.FilterExpression()}, await_duration=2)
+        ordered.startup()
+        measured("receive+ack fifo", -(-count // BATCH) + count,
+                 lambda: receive_ack(ordered))
+        ordered.shutdown()
     producer.shutdown()
     return out
 
@@ -304,7 +329,20 @@ def run_in_process(workdir: str, count: int, body: bytes) -> dict:
             got += len(popped)
         out["receive+ack"] = (got / (time.perf_counter() - started), None, None, got,
                               time.process_time() - cpu, got)
+        store.set_group_config(FIFO_GROUP, consume_message_orderly=True)
+        started, cpu, got = time.perf_counter(), time.process_time(), 0
+        while got < count:
+            popped = store.pop(FIFO_GROUP, TOPIC, BATCH, 60_000, consume_from="first")
+            for m in popped:
+                store.ack(m.receipt_handle)
+            got += len(popped)
+        out["receive+ack fifo"] = (got / (time.perf_counter() - started), None, None, got,
+                                   time.process_time() - cpu, got)
     return out
+
+
+WORKLOADS = ("send sync", "send async", "receive+ack", "receive+ack fifo")
+BASELINE = {"receive+ack fifo": "receive+ack"}  # the floor row a workload is compared with
 
 
 def main() -> int:
@@ -340,7 +378,8 @@ def main() -> int:
                                 ("serve", lambda: start_serve(os.path.join(workdir, f"r{r}")))):
                 server = start()
                 try:
-                    got = run_client(rocketmq, server, count, body, args.in_flight)
+                    got = run_client(rocketmq, server, count, body, args.in_flight,
+                                     fifo=name == "serve")
                 finally:
                     server.stop()
                 for workload, row in got.items():  # the best round of each
@@ -351,15 +390,15 @@ def main() -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"\n{'workload':<12} {'server':<11} {'msgs':>6} {'msg/s':>9} {'x floor':>8} "
+    print(f"\n{'workload':<17} {'server':<11} {'msgs':>6} {'msg/s':>9} {'x floor':>8} "
           f"{'x floor cpu':>12} {'srv ms/RPC':>11} {'workers ms/msg':>15} {'client ms/msg':>14}")
     metrics = []
 
     def cpu_per_msg(row) -> float:
         _rate, srv, kids, _rpcs, client_cpu, done = row
         return (client_cpu + (srv or 0.0) + (kids or 0.0)) / done
-    for workload in ("send sync", "send async", "receive+ack"):
-        floor_row = results["floor"][workload]
+    for workload in WORKLOADS:
+        floor_row = results["floor"][BASELINE.get(workload, workload)]
         for name in ("floor", "serve", "in-process"):
             row = results[name].get(workload)
             if row is None:
@@ -367,14 +406,15 @@ def main() -> int:
             rate, srv, kids, rpcs, client_cpu, done = row
             srv_txt = f"{srv / rpcs * 1000:.3f}" if srv is not None else "-"
             kids_txt = f"{kids / done * 1000:.3f}" if kids is not None else "-"
-            print(f"{workload:<12} {name:<11} {done:>6} {rate:>9.0f} "
+            print(f"{workload:<17} {name:<11} {done:>6} {rate:>9.0f} "
                   f"{rate / floor_row[0]:>8.2f} {cpu_per_msg(floor_row) / cpu_per_msg(row):>12.2f} "
                   f"{srv_txt:>11} {kids_txt:>15} {client_cpu / done * 1000:>14.3f}")
             metrics.append((f"{workload} {name} msg/s", rate, "msg/s", "higher"))
     print()
-    for workload in ("send sync", "send async", "receive+ack"):
-        ratio = results["serve"][workload][0] / results["floor"][workload][0]
-        by_cpu = cpu_per_msg(results["floor"][workload]) / cpu_per_msg(results["serve"][workload])
+    for workload in WORKLOADS:
+        floor_row = results["floor"][BASELINE.get(workload, workload)]
+        ratio = results["serve"][workload][0] / floor_row[0]
+        by_cpu = cpu_per_msg(floor_row) / cpu_per_msg(results["serve"][workload])
         print(f"{workload} serve >= 0.7 x floor: {'PASS' if ratio >= 0.7 else 'MISS'} "
               f"({ratio:.2f} by the clock, {by_cpu:.2f} by CPU)")
         metrics.append((f"{workload} serve/floor", ratio, "x", "higher"))

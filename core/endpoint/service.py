@@ -150,7 +150,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         parts = self.parts
         async for command in request_iterator:
             if command.HasField("settings"):
-                filled = parts.settings_policy.fill(command.settings, parts.pops.max_attempts)
+                filled = parts.settings_policy.fill(command.settings, parts.pops.max_attempts,
+                                                    parts.pops.fifo)
                 parts.sessions.seen(client_id, command.settings.client_type, filled)
                 # A producer's stream also carries the transactions' check-backs.
                 stream = parts.producers.publishing(client_id, context, command.settings)
