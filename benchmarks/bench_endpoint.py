@@ -2,17 +2,26 @@
 the same client against a do-nothing ``grpc.aio`` servicer (the floor of Python gRPC on this
 machine) and the store's in-process API, in one run.
 
-Three workloads, ``--count`` messages of ``--body-bytes`` each:
+Six workloads, ``--count`` messages of ``--body-bytes`` each:
 
 * ``send sync``: ``Producer.send``, one at a time (one SendMessage RPC each);
 * ``send async``: ``Producer.send_async`` with ``--in-flight`` (256) sends outstanding;
 * ``receive+ack``: ``SimpleConsumer.receive(32)`` then ``ack`` of every message (one
   ReceiveMessage RPC per 32, one AckMessage RPC per message);
+* ``push``: a ``PushConsumer`` of a group of its own over the same messages, its listener
+  doing nothing but return SUCCESS (its own receives of up to 32, one AckMessage per
+  message, from its 20 consumption threads); timed from the first message its listener sees
+  to the ``count``-th ack answered OK (its start, settings and first assignment scan, about
+  a second, are not its throughput). ``push / receive+ack`` is printed beside it, with the
+  mean batch its receives brought (the endpoint fills a batch when the backlog allows).
 * ``receive+ack fifo``: the same by a FIFO consumer group (``mqstore group config
-  --orderly``) of FIFO messages in ``FIFO_GROUPS`` message groups (sent with ``send_async``
-  first, not timed): each queue hands out nothing newer while a message of it is in flight.
-  Served by ``serve`` and in-process only (the floor answers every receive alike), and
-  compared with the floor's ``receive+ack``.
+  --orderly``) of ``count`` FIFO messages of ``FIFO_GROUPS`` message groups in a topic of their
+  own (sent with ``send_async`` first, not timed): each queue hands out nothing newer while a message of it is in flight.
+  Served by ``serve`` and in-process only (the floor answers every receive alike; in-process
+  a FIFO group pops the ``send sync`` messages), and
+  compared with the floor's ``receive+ack``;
+* ``push fifo``: ``push`` by a FIFO group (its PushConsumer consumes each message group
+  in order) over those FIFO messages, compared with the floor's ``push``.
 
 Against three servers: ``floor`` (a grpc.aio servicer in another process that answers each
 RPC with a canned reply: a route, filled-in settings, OK, 32 prepared messages), ``serve``
@@ -54,10 +63,13 @@ from benchlib import emit_json
 TOPIC = "BenchTopic"
 GROUP = "bench-group"
 FIFO_GROUP = "bench-fifo-group"
+FIFO_TOPIC = "BenchFifo"  # the FIFO workloads' messages, apart from the others
 FIFO_GROUPS = 16  # message groups of the FIFO workload
 BATCH = 32
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 START_TIMEOUT_S = 60
+WORKLOADS = ("send sync", "send async", "receive+ack", "push", "receive+ack fifo", "push fifo")
+BASELINE = {"receive+ack fifo": "receive+ack", "push fifo": "push"}  # the floor row compared
 
 
 # -- the floor: a servicer that does nothing but answer -----------------------------------------
@@ -117,6 +129,12 @@ def floor_server(body_bytes: int) -> None:
             return s.AckMessageResponse(status=ok, entries=[s.AckMessageResultEntry(
                 message_id=e.message_id, receipt_handle=e.receipt_handle, status=ok)
                 for e in request.entries])
+
+        async def QueryAssignment(self, request, context):
+            broker = d.Broker(name="floor", id=0, endpoints=request.endpoints)
+            return s.QueryAssignmentResponse(status=ok, assignments=[d.Assignment(
+                message_queue=d.MessageQueue(topic=request.topic, id=-1,
+                                             permission=d.READ_WRITE, broker=broker))])
 
         async def NotifyClientTermination(self, request, context):
             return s.NotifyClientTerminationResponse(status=ok)
@@ -218,7 +236,7 @@ def start_serve(workdir: str) -> Server:
 # -- the workloads, through the official client ---------------------------------------------
 def message(rocketmq, body: bytes, i: int, message_group: str | None = None):
     m = rocketmq.Message()
-    m.topic = TOPIC
+    m.topic = FIFO_TOPIC if message_group is not None else TOPIC
     m.body = body
     m.tag = "bench"
     m.keys = f"k{i}"
@@ -227,9 +245,9 @@ def message(rocketmq, body: bytes, i: int, message_group: str | None = None):
     return m
 
 
-def make_fifo_group(endpoint: str) -> None:
+def make_fifo_group(endpoint: str, group: str) -> None:
     subprocess.run([sys.executable, "-m", "mqstore.cli", "group", "config", "--server",
-                    endpoint, FIFO_GROUP, "--orderly"], check=True, capture_output=True)
+                    endpoint, group, "--orderly"], check=True, capture_output=True)
 
 
 def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int,
@@ -294,17 +312,65 @@ def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int
         return got
     measured("receive+ack", -(-count // BATCH) + count, receive_ack)
     consumer.shutdown()
+    out["push"] = push_consume(rocketmq, config, server, count)
     if fifo:
-        make_fifo_group(server.endpoint)
+        make_fifo_group(server.endpoint, FIFO_GROUP)
+        make_fifo_group(server.endpoint, FIFO_GROUP + "-push")
         send_async(FIFO_GROUPS)
         ordered = rocketmq.SimpleConsumer(config, FIFO_GROUP,
-                                          {TOPIC: rocketmq.FilterExpression()}, await_duration=2)
+                                          {FIFO_TOPIC: rocketmq.FilterExpression()},
+                                          await_duration=2)
         ordered.startup()
         measured("receive+ack fifo", -(-count // BATCH) + count,
                  lambda: receive_ack(ordered))
         ordered.shutdown()
+        out["push fifo"] = push_consume(rocketmq, config, server, count, FIFO_GROUP + "-push",
+                                        FIFO_TOPIC)
     producer.shutdown()
     return out
+
+
+def push_consume(rocketmq, config, server: Server, count: int,
+                 group: str = GROUP + "-push", topic: str = TOPIC) -> tuple:
+    """The ``push`` workload's row, and the mean batch of its receives as a seventh field."""
+    from rocketmq import PushConsumer
+    acked, batches = [0], []
+    first, done = threading.Event(), threading.Event()
+    lock = threading.Lock()
+    marks: dict = {}
+
+    class Listener(rocketmq.MessageListener):
+        def consume(self, message):
+            if not first.is_set():
+                marks["start"] = (time.perf_counter(), server.cpu(), time.process_time())
+                first.set()
+            return rocketmq.ConsumeResult.SUCCESS
+
+    class Counted(PushConsumer):
+        async def _receive_coroutine(self, queue, req, timeout):
+            messages = await super()._receive_coroutine(queue, req, timeout)
+            batches.append(len(messages))
+            return messages
+
+        def _ack(self, message):
+            super()._ack(message)
+            with lock:
+                acked[0] += 1
+                if acked[0] == count:
+                    marks["end"] = (time.perf_counter(), server.cpu(), time.process_time())
+                    done.set()
+
+    consumer = Counted(config, group, Listener(), {topic: rocketmq.FilterExpression()})
+    consumer.startup()
+    try:
+        if not done.wait(600):
+            raise RuntimeError(f"the push consumer acknowledged {acked[0]} of {count} in 600 s")
+    finally:
+        consumer.shutdown()
+    (t0, (srv0, kids0), c0), (t1, (srv1, kids1), c1) = marks["start"], marks["end"]
+    served = [b for b in batches if b]
+    return (count / (t1 - t0), srv1 - srv0, kids1 - kids0, len(batches) + count, c1 - c0, count,
+            sum(served) / max(1, len(served)))
 
 
 def run_in_process(workdir: str, count: int, body: bytes) -> dict:
@@ -339,10 +405,6 @@ def run_in_process(workdir: str, count: int, body: bytes) -> dict:
         out["receive+ack fifo"] = (got / (time.perf_counter() - started), None, None, got,
                                    time.process_time() - cpu, got)
     return out
-
-
-WORKLOADS = ("send sync", "send async", "receive+ack", "receive+ack fifo")
-BASELINE = {"receive+ack fifo": "receive+ack"}  # the floor row a workload is compared with
 
 
 def main() -> int:
@@ -395,7 +457,7 @@ def main() -> int:
     metrics = []
 
     def cpu_per_msg(row) -> float:
-        _rate, srv, kids, _rpcs, client_cpu, done = row
+        _rate, srv, kids, _rpcs, client_cpu, done = row[:6]
         return (client_cpu + (srv or 0.0) + (kids or 0.0)) / done
     for workload in WORKLOADS:
         floor_row = results["floor"][BASELINE.get(workload, workload)]
@@ -403,13 +465,20 @@ def main() -> int:
             row = results[name].get(workload)
             if row is None:
                 continue
-            rate, srv, kids, rpcs, client_cpu, done = row
+            rate, srv, kids, rpcs, client_cpu, done = row[:6]
             srv_txt = f"{srv / rpcs * 1000:.3f}" if srv is not None else "-"
             kids_txt = f"{kids / done * 1000:.3f}" if kids is not None else "-"
             print(f"{workload:<17} {name:<11} {done:>6} {rate:>9.0f} "
                   f"{rate / floor_row[0]:>8.2f} {cpu_per_msg(floor_row) / cpu_per_msg(row):>12.2f} "
                   f"{srv_txt:>11} {kids_txt:>15} {client_cpu / done * 1000:>14.3f}")
             metrics.append((f"{workload} {name} msg/s", rate, "msg/s", "higher"))
+    print()
+    for name in ("floor", "serve"):
+        push, simple = results[name]["push"], results[name]["receive+ack"]
+        print(f"push / receive+ack ({name}): {push[0] / simple[0]:.2f} by the clock, "
+              f"{cpu_per_msg(simple) / cpu_per_msg(push):.2f} by CPU; push receives brought "
+              f"{push[6]:.1f} messages each (at most {BATCH})")
+        metrics.append((f"push/receive+ack {name}", push[0] / simple[0], "x", "higher"))
     print()
     for workload in WORKLOADS:
         floor_row = results["floor"][BASELINE.get(workload, workload)]

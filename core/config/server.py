@@ -39,6 +39,7 @@ class ServerSection(_Section, RemotingKeys):
     grpc_client_idle_ms: int = Field(120_000, ge=1000, le=JAVA_INT_MAX)
     grpc_min_invisible_ms: int = Field(10_000, ge=0, le=JAVA_INT_MAX)
     grpc_max_long_polling_ms: int = Field(20_000, ge=0, le=JAVA_INT_MAX)
+    grpc_push_invisible_ms: int = Field(60_000, ge=1000, le=12 * 3600 * 1000)
     grpc_signature_skew_ms: int = Field(15 * 60_000, ge=1000, le=JAVA_INT_MAX)
     grpc_admin_enabled: bool = True
     grpc_admin_keys: tuple[str, ...] = ()  # "ACCESS_KEY:SECRET_KEY" each, for the admin service

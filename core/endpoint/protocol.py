@@ -50,6 +50,7 @@ Status = definition_pb2.Status
 Resource = definition_pb2.Resource
 Message = definition_pb2.Message
 Settings = definition_pb2.Settings
+ClientType = definition_pb2.ClientType
 
 __all__ = ["definition_pb2", "service_pb2", "service_pb2_grpc", "Code", "Status", "Resource",
-           "Message", "Settings"]
+           "Message", "Settings", "ClientType"]

@@ -35,6 +35,7 @@ from mqstore.endpoint import connections
 from mqstore.endpoint.backlog import Backlog
 from mqstore.endpoint.pops import Pops, filter_of
 from mqstore.endpoint.protocol import Code, service_pb2
+from mqstore.endpoint.renewals import Renewals
 from mqstore.endpoint.resources import group_name, topic_to_read
 from mqstore.endpoint.status import EndpointError, ok, status
 from mqstore.endpoint.wire import now_timestamp, to_wire
@@ -59,11 +60,20 @@ def check_invisible(ms: int, minimum: int) -> int:
 
 @dataclass
 class Handed:
-    """What a receive hands out: wire messages, charged ``charged`` bytes to ``peer``."""
+    """What a receive hands out: wire messages, charged ``charged`` bytes to ``peer``; for a
+    push consumer's receive (``auto_renew``), ``renew`` says the endpoint renews them for
+    ``client_id`` once written (NOTE [ Auto-renewed deliveries ] in ``renewals``)."""
 
     peer: str
+    client_id: str = ""
     messages: list = field(default_factory=list)
     charged: int = 0
+    renew: bool = False
+
+    def deliveries(self) -> list[tuple[str, int]]:
+        """``(receipt handle, attempt)`` of what it hands out."""
+        return [(m.system_properties.receipt_handle, m.system_properties.delivery_attempt)
+                for m in self.messages]
 
 
 class Receiver:
@@ -71,7 +81,7 @@ class Receiver:
     stalled peer's connection is found by it)."""
 
     def __init__(self, topics, pops: Pops, waiter, server, backlog: Backlog, creations,
-                 local_port: int) -> None:
+                 local_port: int, renewals: Renewals) -> None:
         self._topics = topics
         self._pops = pops
         self._waiter = waiter
@@ -81,6 +91,7 @@ class Receiver:
         self.local_port = local_port
         self.backlog = backlog
         self._creations = creations
+        self.renewals = renewals
 
     def poll_seconds(self, request, time_remaining: float | None) -> float:
         poll = self._max_poll_s
@@ -106,8 +117,7 @@ class Receiver:
             raise EndpointError(Code.BAD_REQUEST, f"batch size {request.batch_size} must be "
                                                   f"1..{MAX_BATCH} (RocketMQ pops at most "
                                                   f"{MAX_BATCH} messages)")
-        invisible_ms = check_invisible(request.invisible_duration.ToMilliseconds(),
-                                       self._min_invisible_ms)
+        invisible_ms = self._invisible_ms(request, handed)
         expression, kind = filter_of(request.filter_expression)
         poll_s = self.poll_seconds(request, time_remaining)
         await self._pops.check_filter(expression, kind)
@@ -123,6 +133,17 @@ class Receiver:
             if handed.messages or left <= 0 or waiter.stopped:
                 return
             await waiter.wait(seen, min(left, REDELIVERY_CHECK_S))
+
+    def _invisible_ms(self, request, handed: Handed) -> int:
+        """A push consumer's receive (``auto_renew``, its client named) is renewed by the
+        endpoint and pops for ``server.grpc_push_invisible_ms`` whatever it asks, as the
+        proxy's; any other takes the duration it asks (within bounds)."""
+        if request.auto_renew and handed.client_id:
+            self.renewals.check_room(handed.client_id)
+            handed.renew = True
+            return self.renewals.invisible_ms
+        return check_invisible(request.invisible_duration.ToMilliseconds(),
+                               self._min_invisible_ms)
 
     def _pop_into(self, handed: Handed, group: str, topic: str, batch_size: int,
                   invisible_ms: int, expression: str | None, kind: str) -> None:

@@ -1,4 +1,5 @@
-"""QueryRoute: which topics exist, with which queues, and the one broker serving them.
+"""QueryRoute: which topics exist, with which queues, and the one broker serving them;
+QueryAssignment: what a push consumer receives from (``assignment_response``).
 
 ``Topics.queues`` is the single lookup of a topic's queues. A topic with a config
 (``config/topics.json``, ``store.topic_config``; docs/topics.md) exists, and its queues are its
@@ -19,9 +20,10 @@ from __future__ import annotations
 
 from mqstore.endpoint.protocol import Code, definition_pb2, service_pb2
 from mqstore.errors import CorruptStateError
-from mqstore.endpoint.status import EndpointError, ok
+from mqstore.endpoint.status import EndpointError, ok, status
 
 BROKER_NAME = "mqstore"
+ASSIGNED_QUEUE = -1  # the proxy's queue id of a pop-mode assignment: all the broker's queues
 ACCEPTED_TYPES = (definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO,
                   definition_pb2.MessageType.DELAY, definition_pb2.MessageType.TRANSACTION)
 
@@ -99,6 +101,23 @@ def endpoints_of(host: str, port: int):
                                     addresses=[definition_pb2.Address(host=host, port=port)])
 
 
+def assignment_response(topic_resource, queue_ids, endpoints
+                        ) -> service_pb2.QueryAssignmentResponse:
+    """QueryAssignment as the proxy answers a group that is not FIFO: one assignment per
+    broker, its queue id -1 (every queue: receives pop across them all, and every consumer of
+    the group shares them through the pop state, so nothing is rebalanced client-side);
+    FORBIDDEN when the topic has no queue to read."""
+    if not queue_ids:
+        return service_pb2.QueryAssignmentResponse(status=status(Code.FORBIDDEN,
+                                                                  "no readable queue"))
+    broker = definition_pb2.Broker(name=BROKER_NAME, id=0, endpoints=endpoints)
+    queue = definition_pb2.MessageQueue(topic=topic_resource, id=ASSIGNED_QUEUE,
+                                        permission=definition_pb2.Permission.READ_WRITE,
+                                        broker=broker)
+    return service_pb2.QueryAssignmentResponse(
+        status=ok(), assignments=[definition_pb2.Assignment(message_queue=queue)])
+
+
 def route_response(topic_resource, queue_ids, endpoints) -> service_pb2.QueryRouteResponse:
     broker = definition_pb2.Broker(name=BROKER_NAME, id=0, endpoints=endpoints)
     queues = [definition_pb2.MessageQueue(
@@ -107,4 +126,4 @@ def route_response(topic_resource, queue_ids, endpoints) -> service_pb2.QueryRou
     return service_pb2.QueryRouteResponse(status=ok(), message_queues=queues)
 
 
-__all__ = ["Topics", "route_response", "endpoints_of", "BROKER_NAME"]
+__all__ = ["Topics", "route_response", "assignment_response", "endpoints_of", "BROKER_NAME"]

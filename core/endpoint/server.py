@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from mqstore.config import StoreConfig, parse_listen
+from mqstore.config import StoreConfig, parse_delay_levels, parse_listen
 from mqstore.consumer.pop_journal import state_exists
 from mqstore.endpoint.admin_service import AdminService
 from mqstore.errors import StoreClosedError
@@ -45,6 +45,7 @@ from mqstore.endpoint.longpoll import DispatchWaiter
 from mqstore.endpoint.pops import Pops
 from mqstore.endpoint.protocol import service_pb2_grpc
 from mqstore.endpoint.receive import Receiver
+from mqstore.endpoint.renewals import Renewals
 from mqstore.endpoint.route import Topics, endpoints_of
 from mqstore.endpoint.send import Sender
 from mqstore.endpoint.service import MessagingService
@@ -194,7 +195,9 @@ class Endpoint:
         return Parts(
             store=store, topics=topics, pops=pops,
             sender=Sender(store, topics, config, creations),
-            receiver=Receiver(topics, pops, waiter, server, backlog, creations, port),
+            receiver=Receiver(topics, pops, waiter, server, backlog, creations, port,
+                              Renewals(store, server.grpc_push_invisible_ms,
+                                       parse_delay_levels(config.store.message_delay_levels))),
             waiter=waiter,
             sessions=Sessions(server.grpc_max_connections * SESSIONS_PER_CONNECTION,
                               server.grpc_client_idle_ms),
@@ -239,6 +242,7 @@ class Endpoint:
         return_big_buffers()
         parts.waiter.start()
         sweeper = asyncio.ensure_future(self._sweep(parts))
+        renewer = asyncio.ensure_future(self._renew(parts))
         limited = LogLimits()
         self.address = show(host, bound)
         log.info("serving gRPC (apache.rocketmq.v2.MessagingService) on %s, %s, %s; admin "
@@ -254,6 +258,7 @@ class Endpoint:
             await server.stop(STOP_GRACE_S)
         finally:
             sweeper.cancel()
+            renewer.cancel()
             _no_checker(self._store, parts.transactions.check)
             if admin is not None:
                 admin.close()
@@ -285,6 +290,20 @@ class Endpoint:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             for client_id in parts.sessions.forget_idle():
                 log.debug("forgot idle client %s", client_id)
+                parts.receiver.renewals.give_back(client_id)
+
+    @staticmethod
+    async def _renew(parts: Parts) -> None:
+        """NOTE [ Auto-renewed deliveries ] in ``renewals``: what push consumers hold stays
+        invisible while they are heard from."""
+        renewals = parts.receiver.renewals
+        known = lambda client_id: parts.sessions.get(client_id) is not None  # noqa: E731
+        while True:
+            await asyncio.sleep(renewals.period_s)
+            try:
+                renewals.renew_due(known)
+            except Exception:  # noqa: BLE001 - the next round tries again
+                log.exception("renewing push consumers' deliveries failed")
 
 
 def _no_checker(store, checker) -> None:

@@ -3,11 +3,12 @@
 Every call first passes the guard: the access-key check (``auth``, which reads the call's
 metadata only when access keys are configured) and the connection cap (``limits.Peers``).
 Clients are known by their ``x-mq-client-id`` from Telemetry, Heartbeat (every 10 s) and
-NotifyClientTermination (``settings.Sessions``). A refusal raised anywhere
+NotifyClientTermination (``settings.Sessions``); a push consumer's deliveries are renewed for it
+while it consumes them (``renewals``). A refusal raised anywhere
 (``EndpointError``) becomes the response's status, as RocketMQ answers (the RPC itself
 succeeds); anything unexpected is logged and answered INTERNAL_SERVER_ERROR naming it. RPCs
-mqstore does not serve (PullMessage, offsets, assignments, recall, lite topics) end with
-gRPC's UNIMPLEMENTED and a message saying so.
+mqstore does not serve (PullMessage, offsets, recall, lite topics) end with gRPC's
+UNIMPLEMENTED and a message saying so.
 
 Everything runs on the event loop's thread; store calls that may wait for the disk run on
 threads (``send``), everything else inline (microseconds to a millisecond).
@@ -24,16 +25,16 @@ import logging
 import grpc
 
 from mqstore.endpoint import acks, receive, route
-from mqstore.endpoint.protocol import Code, service_pb2, service_pb2_grpc
+from mqstore.endpoint.protocol import ClientType, Code, service_pb2, service_pb2_grpc
 from mqstore.endpoint.resources import group_name, topic_to_read
 from mqstore.endpoint.status import EndpointError, ok, status
 from mqstore.errors import StoreClosedError
 
 log = logging.getLogger(__name__)
 CLIENT_ID = "x-mq-client-id"
-SERVED = ("QueryRoute", "Heartbeat", "SendMessage", "ReceiveMessage", "AckMessage",
-          "ChangeInvisibleDuration", "ForwardMessageToDeadLetterQueue", "Telemetry",
-          "NotifyClientTermination", "EndTransaction")
+SERVED = ("QueryRoute", "QueryAssignment", "Heartbeat", "SendMessage", "ReceiveMessage",
+          "AckMessage", "ChangeInvisibleDuration", "ForwardMessageToDeadLetterQueue",
+          "Telemetry", "NotifyClientTermination", "EndTransaction")
 
 
 def _failure(name: str, exc: BaseException) -> tuple[int, str]:
@@ -109,6 +110,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         endpoints = request.endpoints if request.endpoints.addresses else self.parts.endpoints
         return route.route_response(request.topic, queues, endpoints)
 
+    @unary(service_pb2.QueryAssignmentResponse)
+    def QueryAssignment(self, request, context, peer):
+        group_name(request.group)
+        topic = topic_to_read(request.topic)
+        queues = self.parts.topics.for_route(topic)
+        endpoints = request.endpoints if request.endpoints.addresses else self.parts.endpoints
+        return route.assignment_response(request.topic, queues, endpoints)
+
     @unary(service_pb2.HeartbeatResponse)
     def Heartbeat(self, request, context, peer):
         if request.HasField("group") and request.group.name:
@@ -118,7 +127,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     @unary(service_pb2.NotifyClientTerminationResponse)
     def NotifyClientTermination(self, request, context, peer):
-        self.parts.sessions.drop(client_id(context))
+        client = client_id(context)
+        self.parts.sessions.drop(client)
+        self.parts.receiver.renewals.give_back(client)
         return service_pb2.NotifyClientTerminationResponse(status=ok())
 
     async def Telemetry(self, request_iterator, context):
@@ -175,13 +186,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             await receiver.answer(context, None, receive.refusal(exc.code, exc.message))
             return
         try:
-            handed = receive.Handed(peer)
+            handed = receive.Handed(peer, client_id(context))
+            deliveries = []
             try:
+                if request.auto_renew and handed.client_id:  # known before it pops
+                    self.parts.sessions.seen(handed.client_id, ClientType.PUSH_CONSUMER)
                 await receiver.receive(request, context.time_remaining(), handed)
+                if handed.renew:
+                    deliveries = handed.deliveries()
                 answer = receive.responses(handed.messages, self.parts.store.clock())
             except Exception as exc:  # noqa: BLE001 - every failure is an answer
                 answer = receive.refusal(*_failure("ReceiveMessage", exc))
-            await receiver.answer(context, handed, answer)
+            if await receiver.answer(context, handed, answer) and deliveries:
+                receiver.renewals.hold(handed.client_id, deliveries)
         finally:
             self.peers.leave(peer)
 
@@ -191,11 +208,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     @unary(service_pb2.AckMessageResponse)
     def AckMessage(self, request, context, peer):
-        return acks.ack(self.parts.pops, request)
+        return acks.ack(self.parts.pops, request, self.parts.receiver.renewals,
+                        client_id(context))
 
     @unary(service_pb2.ChangeInvisibleDurationResponse)
     def ChangeInvisibleDuration(self, request, context, peer):
-        return acks.change_invisible_duration(self.parts.pops, request)
+        return acks.change_invisible_duration(self.parts.pops, request,
+                                              self.parts.receiver.renewals, client_id(context))
 
     @unary(service_pb2.ForwardMessageToDeadLetterQueueResponse)
     def ForwardMessageToDeadLetterQueue(self, request, context, peer):
@@ -220,10 +239,9 @@ def _add_unimplemented(name: str, streaming: bool) -> None:
     setattr(MessagingService, name, rpc)
 
 
-for _name, _streaming in (("QueryAssignment", False),
-                          ("PullMessage", True), ("UpdateOffset", False), ("GetOffset", False),
-                          ("QueryOffset", False),
-                          ("RecallMessage", False), ("SyncLiteSubscription", False)):
+for _name, _streaming in (("PullMessage", True), ("UpdateOffset", False), ("GetOffset", False),
+                          ("QueryOffset", False), ("RecallMessage", False),
+                          ("SyncLiteSubscription", False)):
     _add_unimplemented(_name, _streaming)
 
 

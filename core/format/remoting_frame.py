@@ -144,11 +144,14 @@ def _text(value) -> str:
     raise FrameError(f"extFields value {value!r} is not a string, number or boolean")
 
 
-def _int_field(doc: dict, name: str, default: int, lo: int, hi: int) -> int:
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _int_field(doc: dict, name: str, default: int | None) -> int:
     value = doc.get(name, default)
-    if type(value) is not int or not lo <= value <= hi:
+    if type(value) is not int or not _INT32_MIN <= value <= _INT32_MAX:
         raise FrameError(f"header field {name!r} is {value!r}: it must be an integer "
-                         f"{lo}..{hi}")
+                         f"{_INT32_MIN}..{_INT32_MAX}")
     return value
 
 
@@ -167,7 +170,7 @@ def _decode_json(header: bytes) -> Command:
     else:
         for value in ext.values():
             if type(value) is not str:  # the C++ client's numbers and booleans
-                ext = {k: _text(v) for k, v in ext.items()}
+                ext = {k: v if type(v) is str else _text(v) for k, v in ext.items()}
                 break
     language = doc.get("language", "JAVA")
     if isinstance(language, int) and 0 <= language < len(LANGUAGES):
@@ -177,10 +180,8 @@ def _decode_json(header: bytes) -> Command:
     remark = doc.get("remark")
     if remark is not None and not isinstance(remark, str):
         raise FrameError(f"header field 'remark' is {remark!r}, not a string")
-    return Command(_int_field(doc, "code", None, -(1 << 31), (1 << 31) - 1),
-                   opaque=_int_field(doc, "opaque", 0, -(1 << 31), (1 << 31) - 1),
-                   flag=_int_field(doc, "flag", 0, -(1 << 31), (1 << 31) - 1),
-                   version=_int_field(doc, "version", 0, -(1 << 31), (1 << 31) - 1),
+    return Command(_int_field(doc, "code", None), opaque=_int_field(doc, "opaque", 0),
+                   flag=_int_field(doc, "flag", 0), version=_int_field(doc, "version", 0),
                    remark=remark, ext=ext, language=language, serialize_type=JSON)
 
 

@@ -18,6 +18,7 @@ from mqstore.format.remoting_json import ObjectKey
 from mqstore.format.remoting_frame import Command
 from mqstore.remoting.codes import RemotingError, Req, Resp
 from mqstore.remoting.fields import Fields
+from mqstore.remoting.stats import FOUND, GOT, MISSED, PUTS, java_double
 
 BROKER_VERSION_DESC = "V4_9_8"
 
@@ -55,28 +56,25 @@ def handle_all_topic_config(broker, conn, cmd: Command) -> Command:
 
 
 def runtime_table(broker) -> dict[str, str]:
-    """``BrokerController.getRuntimeInfo`` (what clusterList and brokerStatus print)."""
+    """``BrokerController.getRuntimeInfo`` (what clusterList and brokerStatus print); the
+    rates and daily totals as NOTE [ Broker stats ] keeps them."""
     store, stats = broker.store, broker.stats
-    put_tps, get_tps = stats.put_tps(), stats.get_tps()
-    try:
-        disk = os.statvfs(store.root)
-        ratio = 1.0 - disk.f_bavail / disk.f_blocks if disk.f_blocks else 0.0
-    except OSError:
-        ratio = 0.0
     counts = store.put_counts()
     now = int(time.time() * 1000)
     return {
         "brokerVersionDesc": BROKER_VERSION_DESC, "brokerVersion": "409",
-        "msgPutTotalYesterdayMorning": "0", "msgPutTotalTodayMorning": "0",
+        "msgPutTotalYesterdayMorning": str(stats.put_yesterday_morning),
+        "msgPutTotalTodayMorning": str(stats.put_today_morning),
         "msgPutTotalTodayNow": str(counts.messages),
-        "msgGetTotalYesterdayMorning": "0", "msgGetTotalTodayMorning": "0",
+        "msgGetTotalYesterdayMorning": str(stats.got_yesterday_morning),
+        "msgGetTotalTodayMorning": str(stats.got_today_morning),
         "msgGetTotalTodayNow": str(stats.got_messages),
-        "putTps": f"{put_tps:.1f} {put_tps:.1f} {put_tps:.1f}",
-        "getTransferedTps": f"{get_tps:.1f} {get_tps:.1f} {get_tps:.1f}",
-        "getTotalTps": f"{get_tps:.1f} {get_tps:.1f} {get_tps:.1f}",
+        "putTps": stats.rates(PUTS), "getFoundTps": stats.rates(FOUND),
+        "getMissTps": stats.rates(MISSED), "getTransferedTps": stats.rates(GOT),
+        "getTotalTps": stats.total_get_rates(),
         "commitLogMinOffset": str(store.min_phys_offset),
         "commitLogMaxOffset": str(store.max_phys_offset),
-        "commitLogDiskRatio": f"{ratio:.4f}",
+        "commitLogDiskRatio": java_double(disk_used_ratio(commit_log_dir(store))),
         "dispatchBehindBytes": str(store.dispatch_behind_bytes()),
         "earliestMessageTimeStamp": str(_earliest(store)), "bootTimestamp": str(stats.started_ms),
         "sendThreadPoolQueueHeadWaitTimeMills": "0", "pullThreadPoolQueueHeadWaitTimeMills": "0",
@@ -89,6 +87,28 @@ def runtime_table(broker) -> dict[str, str]:
         "brokerName": broker.name, "brokerId": str(broker.broker_id),
         "brokerAddr": broker.address, "clusterName": broker.cluster,
     }
+
+
+def commit_log_dir(store) -> str:
+    path = os.path.join(store.root, "commitlog")
+    return path if os.path.isdir(path) else store.root
+
+
+def disk_used_ratio(path: str) -> float:
+    """``UtilAll.getDiskPartitionSpaceUsedPercent``: the file system's used blocks (total
+    minus free, root's reserve counted as used by nobody) over used plus what non-root users
+    may still take, rounded up to a whole percent; -1.0 when the path cannot be measured."""
+    try:
+        disk = os.statvfs(path)
+    except OSError:
+        return -1.0
+    if not disk.f_blocks:
+        return -1.0
+    used = (disk.f_blocks - disk.f_bfree) * disk.f_frsize
+    entire = used + disk.f_bavail * disk.f_frsize
+    if not entire:
+        return -1.0
+    return -(-used * 100 // entire) / 100.0
 
 
 def _earliest(store) -> int:

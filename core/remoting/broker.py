@@ -6,8 +6,7 @@ Identity, as RocketMQ's ``BrokerConfig`` names it: ``brokerName``
 default 1: it follows the store's role as it is now, so a promoted slave registers and takes
 sends as broker 0, and a demoted master as a slave), the address
 clients are told (``server.remoting_advertise``, else the listen address: offset message ids
-carry it, and ``mqadmin queryMsgById`` dials it), and a master's HA address
-(``server.ha_listen``).
+carry it, and ``mqadmin queryMsgById`` dials it), and its HA address (``ha_address``).
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from mqstore.config import parse_listen
 from mqstore.format.hosts import Host, parse_host
 from mqstore.remoting.clients import Clients
 from mqstore.remoting.locks import QueueLocks
@@ -50,7 +50,6 @@ class Broker:
     name: str
     cluster: str
     slave_id: int  # the brokerId while the store is a slave
-    ha_address: str | None
     topics: BrokerTopics
     clients: Clients = field(default_factory=Clients)
     locks: QueueLocks = field(default_factory=QueueLocks)
@@ -78,6 +77,30 @@ class Broker:
             return self.store.role_state.is_slave  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - the store reopening for a role change
             return True
+
+    @property
+    def ha_address(self) -> str | None:
+        """The HA address this broker registers (``haServerAddr``), as the store is now: where
+        it listens for slaves, else where it would as a master (a 4.9.8 slave names its own
+        HA port too): ``coordination.ha_address`` when set, else ``server.ha_listen`` as bound,
+        or as configured when it names a port; a wildcard host reads as the advertised one.
+        None when there is none."""
+        configured = self.config.coordination.ha_address
+        if configured:
+            return configured
+        try:
+            replication = self.store.replication  # type: ignore[attr-defined]
+            listen = replication.address if replication is not None else None
+        except Exception:  # noqa: BLE001 - the store reopening for a role change
+            listen = None
+        if listen is None:
+            listen = self.config.server.ha_listen
+            if listen is None or parse_listen(listen)[1] == 0:
+                return None
+        host, port = parse_listen(listen)
+        if host in ("0.0.0.0", "::"):
+            host = parse_listen(self.address)[0]
+        return show(host, port)
 
     @property
     def slave_read_enable(self) -> bool:

@@ -7,7 +7,7 @@ number that does not parse, refuses the request with SYSTEM_ERROR naming the fie
 broker's ``decodeCommandCustomHeader`` does.
 
 ``SEND_MESSAGE_V2`` and ``SEND_BATCH_MESSAGE`` carry the send header under one-letter names
-(``SendMessageRequestHeaderV2``); ``send_fields`` gives them their long names.
+(``SendMessageRequestHeaderV2``); ``Fields`` reads them by their long names (``V2_KEYS``).
 """
 
 from __future__ import annotations
@@ -23,20 +23,30 @@ V2_NAMES = {"a": "producerGroup", "b": "topic", "c": "defaultTopic",
             "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch", "n": "brokerName"}
 
 
-def send_fields(ext: dict[str, str], v2: bool) -> dict[str, str]:
-    return {V2_NAMES.get(k, k): v for k, v in ext.items()} if v2 else ext
+V2_KEYS = {long: short for short, long in V2_NAMES.items()}
 
 
 class Fields:
-    """The fields of one request."""
+    """The fields of one request, by their long names; with ``aliases`` (long name -> the
+    name on the wire, ``V2_KEYS``) a field is read under its wire name, else its long one,
+    without building a renamed copy of the header for each request."""
 
-    __slots__ = ("ext",)
+    __slots__ = ("ext", "aliases")
 
-    def __init__(self, ext: dict[str, str]) -> None:
+    def __init__(self, ext: dict[str, str], aliases: dict[str, str] | None = None) -> None:
         self.ext = ext
+        self.aliases = aliases
+
+    def _get(self, name: str) -> str | None:
+        aliases = self.aliases
+        if aliases is not None:
+            value = self.ext.get(aliases.get(name, name))
+            if value is not None:
+                return value
+        return self.ext.get(name)
 
     def text(self, name: str, default: str | None = None, *, required: bool = True) -> str:
-        value = self.ext.get(name)
+        value = self._get(name)
         if value is None:
             if default is not None or not required:
                 return default  # type: ignore[return-value]
@@ -46,7 +56,7 @@ class Fields:
 
     def _number(self, name: str, lo: int, hi: int, default: int | None, required: bool,
                 kind: str) -> int:
-        text = self.ext.get(name)
+        text = self._get(name)
         if text is None:
             if default is not None or not required:
                 return default  # type: ignore[return-value]
@@ -72,8 +82,8 @@ class Fields:
         return self._number(name, LONG_MIN, LONG_MAX, default, required, "long")
 
     def boolean(self, name: str, default: bool = False) -> bool:
-        text = self.ext.get(name)
+        text = self._get(name)
         return default if text is None else text.lower() == "true"
 
 
-__all__ = ["Fields", "send_fields", "V2_NAMES"]
+__all__ = ["Fields", "V2_NAMES", "V2_KEYS"]

@@ -167,6 +167,8 @@ def run_pull(broker, cmd: Command, req: PullRequest, first: bool) -> tuple[Comma
             code, status = Resp.PULL_RETRY_IMMEDIATELY, GetStatus.MESSAGE_WAS_REMOVING
         else:
             broker.stats.got(req.group, req.topic, rows, len(body))
+    else:
+        broker.stats.miss()
     suggest = 0
     if broker.slave and not broker.slave_read_enable:
         code = Resp.PULL_RETRY_IMMEDIATELY

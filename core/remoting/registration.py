@@ -2,7 +2,10 @@
 REGISTER_BROKER (103) with the broker's topic configs at start, 10 s later, then every 30 s
 and soon after a topic changes (two-way after UPDATE_AND_CREATE_TOPIC, oneway after an
 auto-create), and UNREGISTER_BROKER (104) at shutdown, to every NameServer of the list
-(``"host:port;host:port"``), as a master (id 0) or a slave (its id, with its HA address).
+(``"host:port;host:port"``), as a master (id 0) or a slave (its id), with its HA address. Both
+follow the store's role as it is at each registration (``Broker.broker_id``,
+``Broker.ha_address``), and a change of either (a promotion, a demotion) registers again within
+``ROLE_POLL_S``, as RocketMQ's broker registers at once when its role changes.
 
 A registration's body is ``RegisterBrokerBody`` (``{"filterServerList":[],
 "topicConfigSerializeWrapper":{"dataVersion":...,"topicConfigTable":...}}``), its header
@@ -27,6 +30,7 @@ from mqstore.remoting.codes import Req, Resp
 log = logging.getLogger(__name__)
 FIRST_REPEAT_S = 10.0
 INTERVAL_S = 30.0
+ROLE_POLL_S = 1.0  # how soon a registration follows a change of role
 TIMEOUT_S = 6.0  # registerBrokerTimeoutMills
 MAX_RESPONSE_BYTES = 16 << 20
 
@@ -121,6 +125,10 @@ class Registration:
         self._oneway = True
         self._task: asyncio.Task | None = None
         self.registered = 0  # registrations answered SUCCESS, all NameServers
+        self._registered_as: tuple | None = None  # (broker id, HA address) last sent
+
+    def _identity(self) -> tuple:
+        return self.broker.broker_id, self.broker.ha_address or ""
 
     def _header(self) -> dict[str, str]:
         b = self.broker
@@ -129,9 +137,10 @@ class Registration:
 
     def _register_command(self) -> rf.Command:
         body = register_body(self.broker)
-        ext = self._header()
-        ext.update({"haServerAddr": self.broker.ha_address or "", "compressed": "false",
-                    "bodyCrc32": str(crc32(body))})
+        broker_id, ha = self._registered_as = self._identity()
+        ext = {"brokerName": self.broker.name, "brokerAddr": self.broker.address,
+               "clusterName": self.broker.cluster, "brokerId": str(broker_id),
+               "haServerAddr": ha, "compressed": "false", "bodyCrc32": str(crc32(body))}
         return rf.Command(Req.REGISTER_BROKER, ext=ext, body=body)
 
     async def register_all(self, oneway: bool = False) -> None:
@@ -167,14 +176,24 @@ class Registration:
         await self.register_all()
         wait = FIRST_REPEAT_S
         while True:
-            try:
-                await asyncio.wait_for(self._soon.wait(), wait)
-            except asyncio.TimeoutError:
-                pass
+            await self._until_due(wait)
             oneway, self._oneway = self._soon.is_set() and self._oneway, True
             self._soon.clear()
             await self.register_all(oneway)
             wait = INTERVAL_S
+
+    async def _until_due(self, wait: float) -> None:
+        """Until ``wait`` seconds passed, a topic changed (``soon``) or the role did."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + wait
+        while not self._soon.is_set() and self._identity() == self._registered_as:
+            left = due - loop.time()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._soon.wait(), min(left, ROLE_POLL_S))
+            except asyncio.TimeoutError:
+                pass
 
     async def stop(self) -> None:
         """Unregister from every NameServer and close the connections."""

@@ -7,8 +7,9 @@ code, as 4.9.8 does (the C++ client's ``send_batch`` sends code 10 with ``"batch
 which is false: its whole body is stored as one message, as the Java broker stores it).
 
 A send to a topic the broker does not have creates it (``BrokerTopics.for_send``) and tells
-the NameServers; a send to a group's ``%RETRY%`` topic past its ``maxReconsumeTimes`` goes to
-the group's ``%DLQ%`` topic instead. A message with a ``DELAY`` level is the store's to
+the NameServers; a group's ``%RETRY%`` topic is created by a send whether or not sends may
+create topics, and a send to it past its ``maxReconsumeTimes`` goes to the group's ``%DLQ%``
+topic instead. A message with a ``DELAY`` level is the store's to
 schedule (``SCHEDULE_TOPIC_XXXX``, docs/delays.md): the answer names the real queue and the
 schedule queue's offset, as RocketMQ's does; a batch holding one is refused
 (MESSAGE_ILLEGAL), as RocketMQ refuses it. A transaction's half (the prepared sysFlag,
@@ -31,13 +32,14 @@ import random
 from mqstore.append.encoding import DELAY_IN_BATCH
 from mqstore.format.properties import decode_properties
 from mqstore.format.schedule import delay_level
+from mqstore.format.topic_config import PERM_READ_WRITE
 from mqstore.format.transaction import SYSFLAG_PREPARED, is_half
 from mqstore.format.record import SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, offset_msg_id
 from mqstore.format.remoting_frame import Command
 from mqstore.format.remoting_message import decode_batch
 from mqstore.message import Message, PutStatus
 from mqstore.remoting.codes import PUT_CODES, RemotingError, Req, Resp
-from mqstore.remoting.fields import Fields, send_fields
+from mqstore.remoting.fields import V2_KEYS, Fields
 from mqstore.remoting.topics import DLQ_PREFIX, RETRY_PREFIX
 
 PROPERTY_CLUSTER = "CLUSTER"
@@ -46,12 +48,47 @@ MAX_BATCH_MESSAGES = 1 << 16
 SEND_OK_EXT = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
 
 
+# The send header's fields in the order SendRequest reads them, by their names in
+# SEND_MESSAGE and in SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE.
+_NAMES = ("producerGroup", "topic", "defaultTopic", "defaultTopicQueueNums", "queueId",
+          "sysFlag", "flag", "reconsumeTimes", "bornTimestamp", "properties",
+          "maxReconsumeTimes", "batch")
+_V2_NAMES = tuple(V2_KEYS[name] for name in _NAMES)
+INT32_DIGITS, INT64_DIGITS = 9, 18  # plain digits this long are in range whatever they are
+
+
+def _plain(text: str | None, most: int) -> bool:
+    return text is not None and len(text) <= most and text.isdigit() and text.isascii()
+
+
 class SendRequest:
+    """The send header. Nearly every header is the usual one (each field there, its numbers
+    plain digits): read straight from it; any other goes through ``Fields``, whose errors
+    name the field and the rule."""
+
     __slots__ = ("topic", "queue_id", "sysflag", "flag", "born", "properties", "reconsume",
                  "batch", "default_queues", "max_reconsume", "group")
 
     def __init__(self, cmd: Command) -> None:
-        f = Fields(send_fields(cmd.ext, cmd.code != Req.SEND_MESSAGE))
+        v1 = cmd.code == Req.SEND_MESSAGE
+        (group, topic, default_topic, queues, queue_id, sysflag, flag, reconsume, born,
+         properties, most, batch) = map(cmd.ext.get, _NAMES if v1 else _V2_NAMES)
+        if (group is not None and topic is not None and default_topic is not None
+                and _plain(queues, INT32_DIGITS) and _plain(queue_id, INT32_DIGITS)
+                and _plain(sysflag, INT32_DIGITS) and _plain(flag, INT32_DIGITS)
+                and _plain(reconsume, INT32_DIGITS) and _plain(born, INT64_DIGITS)
+                and (most is None or _plain(most, INT32_DIGITS))):
+            self.group, self.topic = group, topic
+            self.default_queues, self.queue_id = int(queues), int(queue_id)
+            self.sysflag, self.flag, self.born = int(sysflag), int(flag), int(born)
+            self.properties = properties or ""
+            self.reconsume = int(reconsume)
+            self.max_reconsume = None if most is None else int(most)
+            self.batch = batch is not None and batch.lower() == "true"
+        else:
+            self._read(Fields(cmd.ext, None if v1 else V2_KEYS))
+
+    def _read(self, f: Fields) -> None:
         self.group = f.text("producerGroup")
         self.topic = f.text("topic")
         f.text("defaultTopic")
@@ -75,11 +112,15 @@ def _topic_of(broker, req: SendRequest) -> tuple[str, int]:
         most = req.max_reconsume if req.max_reconsume is not None else DEFAULT_MAX_RECONSUME
         if req.reconsume >= most:
             topic = DLQ_PREFIX + group
-            route, created = broker.topics.ensure(topic, 1, 2)
+            route, created = broker.topics.ensure(topic, 1, PERM_READ_WRITE)
             if created:
                 broker.topic_changed(oneway=True)
             return topic, 0
-    route, created = broker.topics.for_send(topic, req.default_queues)
+        # RocketMQ creates a group's retry topic (1 queue, read-write) whether or not it
+        # may create topics for sends.
+        route, created = broker.topics.ensure(topic, 1, PERM_READ_WRITE)
+    else:
+        route, created = broker.topics.for_send(topic, req.default_queues)
     if created:
         broker.topic_changed(oneway=True)
     if not route.perm & 2:
@@ -152,7 +193,6 @@ def answer(broker, cmd: Command, result) -> Command:
     code = PUT_CODES[status]
     if not status.stored:
         return cmd.response(code, error or status.value)
-    broker.stats.put(len(phys))
     host = broker.host
     ext = {"msgId": ",".join(offset_msg_id(host, p) for p in phys), "queueId": str(queue_id),
            "queueOffset": str(queue_offset)}

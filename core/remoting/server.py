@@ -43,6 +43,7 @@ from mqstore.remoting.client_calls import notify_changed
 from mqstore.remoting.codes import RemotingError, Resp
 from mqstore.remoting.connection import Connection
 from mqstore.remoting.registration import Registration
+from mqstore.remoting.stats import SAMPLE_INTERVAL_S
 from mqstore.remoting.topics import BrokerTopics
 from mqstore.remoting.wakeups import DispatchWatch
 
@@ -59,19 +60,6 @@ PROCESSORS = (send, send_back, pull, queries, offsets, client_calls, admin, name
               transactions)
 
 
-def ha_address(store, address: str) -> str | None:
-    """Where the master's replication port listens (``server.ha_listen`` as bound), with the
-    advertised host for a wildcard one; None for a slave or a master without it."""
-    replication = getattr(store, "replication", None)
-    bound = replication.address if replication is not None else None
-    if bound is None:
-        return None
-    host, port = parse_listen(bound)
-    if host in ("0.0.0.0", "::", ""):
-        host = parse_listen(address)[0]
-    return show(host, port)
-
-
 def build_broker(store, config: StoreConfig, port: int) -> Broker:
     server = config.server
     host, _ = parse_listen(server.remoting_listen)
@@ -84,7 +72,6 @@ def build_broker(store, config: StoreConfig, port: int) -> Broker:
     return Broker(store=store, config=config,
                   address=address, name=server.remoting_broker_name,
                   cluster=server.remoting_cluster, slave_id=slave_id,
-                  ha_address=ha_address(store, address),
                   topics=BrokerTopics(store, config), put_pool=put_pool,
                   slow_pool=ThreadPoolExecutor(SLOW_THREADS,
                                                thread_name_prefix="mqstore-remoting-query"))
@@ -177,6 +164,7 @@ class RemotingServer:
         if broker.registration is not None:
             broker.registration.start()
         sweeper = asyncio.ensure_future(self._sweep())
+        sampler = asyncio.ensure_future(self._sample())
         self.address = show(host, bound)
         log.info("serving RocketMQ remoting on %s as broker %s (id %d, cluster %s, told "
                  "clients %s), %s", self.address, broker.name, broker.broker_id,
@@ -202,6 +190,7 @@ class RemotingServer:
                 await broker.registration.stop()
         finally:
             sweeper.cancel()
+            sampler.cancel()
             _checker(self._store, checks.check, add=False)
             for conn in list(self.connections):
                 conn.close()
@@ -221,6 +210,16 @@ class RemotingServer:
         while True:
             await asyncio.sleep(min(SWEEP_INTERVAL_S, self.idle_s / 2))
             self.sweep()
+
+    async def _sample(self) -> None:
+        """NOTE [ Broker stats ]: a snapshot a second."""
+        broker = self.broker
+        while True:
+            try:
+                broker.stats.sample(self._store.put_counts().messages)
+            except Exception:  # noqa: BLE001 - the store reopening for a role change
+                log.debug("broker stats: no put count this second", exc_info=True)
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
 
     def sweep(self) -> None:
         """Close idle connections and forget clients that stopped heart-beating."""

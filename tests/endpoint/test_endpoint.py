@@ -284,9 +284,9 @@ def test_requests_refused_with_rocketmqs_codes(clients, stub, served):
     time.sleep(0.2)
     assert stored_messages(served, "Refused") == 1  # refusals store nothing
     with pytest.raises(grpc.RpcError) as err:
-        stub.QueryAssignment(service_pb2.QueryAssignmentRequest(), timeout=10)
+        stub.RecallMessage(service_pb2.RecallMessageRequest(), timeout=10)
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "does not implement QueryAssignment" in err.value.details()
+    assert "does not implement RecallMessage" in err.value.details()
 
 
 def test_sends_in_flight_together_are_each_answered_exactly(stub, served):

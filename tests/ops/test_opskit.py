@@ -145,7 +145,7 @@ def _traffic(rocketmq, master: Served, url: str) -> dict:
     finally:
         clients.close()
     with grpc.insecure_channel(master.endpoint) as channel:
-        for path in (f"/{MESSAGING}/QueryAssignment", f"/{MESSAGING}/NoSuchMethod"):
+        for path in (f"/{MESSAGING}/RecallMessage", f"/{MESSAGING}/NoSuchMethod"):
             with pytest.raises(grpc.RpcError) as refused:
                 channel.unary_unary(path)(b"", timeout=10)
             assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
@@ -185,7 +185,7 @@ def test_rpcs_are_counted_by_method_code_and_time(deployment):
     assert rpc(m, "mqstore_rpc_in_flight_requests", "SendMessage") == 0
     # Refusals by their code; an empty receive (MESSAGE_NOT_FOUND) is no error.
     assert rpc(m, "mqstore_rpc_errors_total", "AckMessage", code="INVALID_RECEIPT_HANDLE") == 1
-    assert rpc(m, "mqstore_rpc_errors_total", "QueryAssignment", code="UNIMPLEMENTED") == 1
+    assert rpc(m, "mqstore_rpc_errors_total", "RecallMessage", code="UNIMPLEMENTED") == 1
     assert rpc(m, "mqstore_rpc_requests_total", "ListTopics", service=ADMIN) == 1
     assert rpc(m, "mqstore_rpc_requests_total", "ResetOffset", service=ADMIN) == 1
     errors = {labels for (name, labels) in m if name == "mqstore_rpc_errors_total"}

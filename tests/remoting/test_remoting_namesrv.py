@@ -184,3 +184,48 @@ def test_registrations_repeat_first_after_the_first_wait_then_every_interval(nam
     frames = namesrv.of(103)
     assert [f.is_oneway for f in frames] == [False, False, False, True]
     assert namesrv.of(104)[0].ext["brokerName"] == "b"
+
+
+def test_registration_follows_the_role_with_the_brokers_own_ha_address(tmp_path, namesrv):
+    """A slave names its own HA port (as a 4.9.8 slave does); promoted, it registers as id 0
+    at once with the port it now listens on; demoted, as a slave again."""
+    import json as jsonlib
+
+    from cli_support import mqstore
+    from failover_support import free_ports
+
+    master = Served(deployment_yaml(tmp_path / "m.yaml", tmp_path / "master",
+                                    {"ha_listen": "127.0.0.1:0"}), tmp_path / "master.log")
+    slave = None
+    try:
+        ha = master.wait_for(r"master listening for slaves on ([\d.]+:\d+)")
+        (port,) = free_ports(1)
+        own = f"127.0.0.1:{port}"
+        yaml = deployment_yaml(tmp_path / "s.yaml", tmp_path / "slave", {
+            "namesrv_addr": namesrv.address, "remoting_broker_name": "broker-x",
+            "remoting_cluster": "ClusterX", "ha_master": ha, "ha_listen": own,
+            "grpc_listen": "127.0.0.1:0"})
+        yaml.write_text(yaml.read_text().replace("store: {root:", "store: {role: slave, root:"))
+        slave = Served(yaml, tmp_path / "slave.log")
+        grpc = slave.wait_for(r"serving gRPC \S+ on ([\d.]+:\d+)")
+        wait_for(lambda: namesrv.of(103), what="the slave's registration")
+        check_registration(namesrv.of(103)[0], slave, "broker-x", "1", own)
+        master.stop()
+        promoted = jsonlib.loads(mqstore("role", "promote", "--server", grpc, "--force",
+                                         "--json").stdout)
+        assert promoted["role"] == "async_master"
+        assert slave.wait_for(r"master listening for slaves on ([\d.]+:\d+)") == own
+        # Within ROLE_POLL_S, not at the next 10 s / 30 s registration.
+        wait_for(lambda: namesrv.of(103)[-1].ext["brokerId"] == "0", timeout=8,
+                 what="a registration as the master")
+        check_registration(namesrv.of(103)[-1], slave, "broker-x", "0", own)
+        count = len(namesrv.of(103))
+        mqstore("role", "demote", "--server", grpc, "--master", ha, "--json")
+        wait_for(lambda: namesrv.of(103)[-1].ext["brokerId"] == "1", timeout=8,
+                 what="a registration as a slave again")
+        assert len(namesrv.of(103)) > count
+        check_registration(namesrv.of(103)[-1], slave, "broker-x", "1", own)
+    finally:
+        if slave is not None:
+            slave.stop()
+        master.kill()

@@ -6,6 +6,9 @@ on PYTHONPATH). Prints one JSON document on its last line.
     cpp_client_proc.py consume ADDR TOPIC GROUP COUNT EXPR  a push consumer until COUNT arrived
     cpp_client_proc.py batch ADDR TOPIC                      send_batch of two messages
     cpp_client_proc.py delay ADDR TOPIC COUNT LEVEL          sync sends at a delay level
+    cpp_client_proc.py orderly ADDR TOPIC GROUP COUNT        an orderly push consumer until COUNT
+                                                             arrived; prints "consumed", then
+                                                             shuts down when stdin closes
 """
 
 from __future__ import annotations
@@ -83,6 +86,37 @@ def consume(addr: str, topic: str, group: str, count: int, expression: str) -> d
     return {"got": got, "elapsed_s": elapsed}
 
 
+def orderly(addr: str, topic: str, group: str, count: int) -> dict:
+    """An orderly push consumer (it locks its queues with LOCK_BATCH_MQ); each message's queue,
+    offset and whether another callback of the same queue was running at once."""
+    got, done, lock = [], threading.Event(), threading.Lock()
+    running: set[int] = set()
+    overlapped = []
+
+    def on_message(msg):
+        with lock:
+            if msg.queue_id in running:
+                overlapped.append(msg.queue_offset)
+            running.add(msg.queue_id)
+        time.sleep(0.002)  # long enough for another thread of the same queue to show
+        with lock:
+            running.discard(msg.queue_id)
+            got.append({"queue_id": msg.queue_id, "queue_offset": msg.queue_offset,
+                        "body": msg.body.decode()})
+            if len(got) >= count:
+                done.set()
+
+    consumer = PushConsumer(group, orderly=True)
+    consumer.set_namesrv_addr(addr)
+    consumer.subscribe(topic, on_message, "*")
+    consumer.start()
+    done.wait(WAIT_S)
+    print("consumed", flush=True)
+    sys.stdin.read()
+    consumer.shutdown()
+    return {"got": got, "overlapped": overlapped}
+
+
 def main(argv: list[str]) -> None:
     kind = argv[1]
     if kind == "produce":
@@ -91,6 +125,8 @@ def main(argv: list[str]) -> None:
         out = produce(argv[2], argv[3], int(argv[4]), int(argv[5]))
     elif kind == "batch":
         out = batch(argv[2], argv[3])
+    elif kind == "orderly":
+        out = orderly(argv[2], argv[3], argv[4], int(argv[5]))
     else:
         out = consume(argv[2], argv[3], argv[4], int(argv[5]), argv[6])
     print(json.dumps(out), flush=True)
