@@ -218,7 +218,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     @unary(service_pb2.ForwardMessageToDeadLetterQueueResponse)
     def ForwardMessageToDeadLetterQueue(self, request, context, peer):
-        return acks.forward_to_dead_letter_queue(self.parts.pops, request)
+        return acks.forward_to_dead_letter_queue(self.parts.pops, request,
+                                                 self.parts.receiver.renewals, client_id(context))
 
     # -- what mqstore does not serve -------------------------------------------------------
     async def _unimplemented(self, name: str, context) -> None:
