@@ -187,8 +187,8 @@ def test_sigkill_of_serve_mid_sequence_keeps_the_order(tmp_path, home, rocketmq)
         make_fifo(served.endpoint, "survivor")
         send_groups(clients, "Kept", 3, groups=("only",))
         consumer = clients.consumer("survivor", {"Kept": rocketmq.FilterExpression()})
-        (first,) = clients.receive_all(consumer, 1, invisible_s=2, ack=False,
-                                       timeout_s=patience(30))
+        first = wait_for(lambda: consumer.receive(1, 2), timeout=30,
+                         what="the first message received")[0]
         assert (first.body, first.delivery_attempt) == (b"only-0", 1)
     finally:
         clients.close()
