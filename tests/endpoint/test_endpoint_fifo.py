@@ -136,10 +136,7 @@ def test_two_consumer_processes_keep_each_message_groups_order(served, rocketmq,
     make_fifo(ep, "shared")
     names = [f"g{i}" for i in range(6)]
     clients = Clients(rocketmq, ep)
-    try:
-        sent = send_groups(clients, "Shared", 15, groups=names)  # the topic exists first
-    finally:
-        clients.close()
+    sent = send_groups(clients, "Shared", 1, groups=["seed"])  # the topic exists first
     stop = tmp_path / "stop"
     logs = [tmp_path / f"consumer{i}.log" for i in range(2)]
     env_ = {**env(), "HOME": str(home), "PYTHONPATH": str(SUPPORT)}
@@ -155,9 +152,14 @@ def test_two_consumer_processes_keep_each_message_groups_order(served, rocketmq,
         return [(i, line.split()) for i, path in enumerate(logs)
                 for line in path.read_text().splitlines()]
     try:
+        # both consumers wait before the messages come, so both take part
+        wait_for(lambda: {i for i, w in lines() if w == ["ready"]} == {0, 1}, timeout=60,
+                 what="both consumers started")
+        sent += send_groups(clients, "Shared", 15, groups=names)
         wait_for(lambda: len({w[1] for _i, w in lines() if w[0] == "acking"}) == len(sent),
                  timeout=patience(120), what="every message acknowledged")
     finally:
+        clients.close()
         stop.touch()
         for p in procs:
             try:

@@ -9,11 +9,11 @@ when the ack came after the invisible time and the message had gone to another d
 withholds the ack of a first delivery whose body ends in one of the comma-separated
 ``withhold`` suffixes (that message must come back). Each line is flushed at once.
 
-``fifo-consume`` (``... fifo-consume <endpoint> <topic> <group> <stop file>``) receives as
-``consume`` does, acknowledging everything, and prints ``got <body> <attempt> <t>`` and
-``acking <body> <t>`` (``t``: CLOCK_MONOTONIC, one clock for every process of the machine) so
-a test can tell, across processes, that a message was handed out only after the one before it
-was being acknowledged.
+``fifo-consume`` (``... fifo-consume <endpoint> <topic> <group> <stop file>``) prints
+``ready`` once started, receives as ``consume`` does, acknowledging everything, and prints
+``got <body> <attempt> <t>`` and ``acking <body> <t>`` (``t``: CLOCK_MONOTONIC, one clock for
+every process of the machine) so a test can tell, across processes, that a message was handed
+out only after the one before it was being acknowledged.
 
 ``half`` (``... half <endpoint> <topic> <body>``) sends one transaction's half, prints
 ``sent <message id>`` and waits to be killed.
@@ -95,6 +95,7 @@ def fifo_consume(rocketmq, config, topic: str, group: str, stop_file: str) -> in
     consumer = rocketmq.SimpleConsumer(config, group, {topic: rocketmq.FilterExpression()},
                                        await_duration=1)
     consumer.startup()
+    print("ready", flush=True)
     while not os.path.exists(stop_file):
         batch = consumer.receive(4, 30)
         now = time.clock_gettime(time.CLOCK_MONOTONIC)
