@@ -2,7 +2,7 @@
 the same client against a do-nothing ``grpc.aio`` servicer (the floor of Python gRPC on this
 machine) and the store's in-process API, in one run.
 
-Four workloads, ``--count`` messages of ``--body-bytes`` each:
+Six workloads, ``--count`` messages of ``--body-bytes`` each:
 
 * ``send sync``: ``Producer.send``, one at a time (one SendMessage RPC each);
 * ``send async``: ``Producer.send_async`` with ``--in-flight`` (256) sends outstanding;
@@ -14,6 +14,14 @@ Four workloads, ``--count`` messages of ``--body-bytes`` each:
   to the ``count``-th ack answered OK (its start, settings and first assignment scan, about
   a second, are not its throughput). ``push / receive+ack`` is printed beside it, with the
   mean batch its receives brought (the endpoint fills a batch when the backlog allows).
+* ``receive+ack fifo``: the same by a FIFO consumer group (``mqstore group config
+  --orderly``) of ``count`` FIFO messages of ``FIFO_GROUPS`` message groups in a topic of their
+  own (sent with ``send_async`` first, not timed): each queue hands out nothing newer while a message of it is in flight.
+  Served by ``serve`` and in-process only (the floor answers every receive alike; in-process
+  a FIFO group pops the ``send sync`` messages), and
+  compared with the floor's ``receive+ack``;
+* ``push fifo``: ``push`` by a FIFO group (its PushConsumer consumes each message group
+  in order) over those FIFO messages, compared with the floor's ``push``.
 
 Against three servers: ``floor`` (a grpc.aio servicer in another process that answers each
 RPC with a canned reply: a route, filled-in settings, OK, 32 prepared messages), ``serve``
@@ -54,10 +62,14 @@ from benchlib import emit_json
 
 TOPIC = "BenchTopic"
 GROUP = "bench-group"
+FIFO_GROUP = "bench-fifo-group"
+FIFO_TOPIC = "BenchFifo"  # the FIFO workloads' messages, apart from the others
+FIFO_GROUPS = 16  # message groups of the FIFO workload
 BATCH = 32
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 START_TIMEOUT_S = 60
-WORKLOADS = ("send sync", "send async", "receive+ack", "push")
+WORKLOADS = ("send sync", "send async", "receive+ack", "push", "receive+ack fifo", "push fifo")
+BASELINE = {"receive+ack fifo": "receive+ack", "push fifo": "push"}  # the floor row compared
 
 
 # -- the floor: a servicer that does nothing but answer -----------------------------------------
@@ -222,16 +234,24 @@ def start_serve(workdir: str) -> Server:
 
 
 # -- the workloads, through the official client ---------------------------------------------
-def message(rocketmq, body: bytes, i: int):
+def message(rocketmq, body: bytes, i: int, message_group: str | None = None):
     m = rocketmq.Message()
-    m.topic = TOPIC
+    m.topic = FIFO_TOPIC if message_group is not None else TOPIC
     m.body = body
     m.tag = "bench"
     m.keys = f"k{i}"
+    if message_group is not None:
+        m.message_group = message_group
     return m
 
 
-def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int) -> dict:
+def make_fifo_group(endpoint: str, group: str) -> None:
+    subprocess.run([sys.executable, "-m", "mqstore.cli", "group", "config", "--server",
+                    endpoint, group, "--orderly"], check=True, capture_output=True)
+
+
+def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int,
+               fifo: bool = False) -> dict:
     """``{workload: (msg/s, server CPU s, worker CPU s, RPCs, client CPU s)}``."""
     config = rocketmq.ClientConfiguration(server.endpoint, rocketmq.Credentials())
     producer = rocketmq.Producer(config, (TOPIC,))
@@ -255,7 +275,7 @@ def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int
             producer.send(message(rocketmq, body, i))
         return count
 
-    def send_async() -> int:
+    def send_async(groups: int = 0) -> int:
         slots = threading.BoundedSemaphore(in_flight)
         finished = threading.Event()
         left = [count]
@@ -269,7 +289,8 @@ def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int
                     finished.set()
         for i in range(count):
             slots.acquire()
-            producer.send_async(message(rocketmq, body, i)).add_done_callback(done)
+            producer.send_async(message(rocketmq, body, i, f"g{i % groups}" if groups else None)
+                                ).add_done_callback(done)
         finished.wait(600)
         return count
 
@@ -279,7 +300,7 @@ def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int
                                        await_duration=2)
     consumer.startup()
 
-    def receive_ack() -> int:
+    def receive_ack(consumer=consumer) -> int:
         got = 0
         while got < count:
             batch = consumer.receive(BATCH, 60)
@@ -292,11 +313,25 @@ def run_client(rocketmq, server: Server, count: int, body: bytes, in_flight: int
     measured("receive+ack", -(-count // BATCH) + count, receive_ack)
     consumer.shutdown()
     out["push"] = push_consume(rocketmq, config, server, count)
+    if fifo:
+        make_fifo_group(server.endpoint, FIFO_GROUP)
+        make_fifo_group(server.endpoint, FIFO_GROUP + "-push")
+        send_async(FIFO_GROUPS)
+        ordered = rocketmq.SimpleConsumer(config, FIFO_GROUP,
+                                          {FIFO_TOPIC: rocketmq.FilterExpression()},
+                                          await_duration=2)
+        ordered.startup()
+        measured("receive+ack fifo", -(-count // BATCH) + count,
+                 lambda: receive_ack(ordered))
+        ordered.shutdown()
+        out["push fifo"] = push_consume(rocketmq, config, server, count, FIFO_GROUP + "-push",
+                                        FIFO_TOPIC)
     producer.shutdown()
     return out
 
 
-def push_consume(rocketmq, config, server: Server, count: int) -> tuple:
+def push_consume(rocketmq, config, server: Server, count: int,
+                 group: str = GROUP + "-push", topic: str = TOPIC) -> tuple:
     """The ``push`` workload's row, and the mean batch of its receives as a seventh field."""
     from rocketmq import PushConsumer
     acked, batches = [0], []
@@ -325,7 +360,7 @@ def push_consume(rocketmq, config, server: Server, count: int) -> tuple:
                     marks["end"] = (time.perf_counter(), server.cpu(), time.process_time())
                     done.set()
 
-    consumer = Counted(config, GROUP + "-push", Listener(), {TOPIC: rocketmq.FilterExpression()})
+    consumer = Counted(config, group, Listener(), {topic: rocketmq.FilterExpression()})
     consumer.startup()
     try:
         if not done.wait(600):
@@ -360,6 +395,15 @@ def run_in_process(workdir: str, count: int, body: bytes) -> dict:
             got += len(popped)
         out["receive+ack"] = (got / (time.perf_counter() - started), None, None, got,
                               time.process_time() - cpu, got)
+        store.set_group_config(FIFO_GROUP, consume_message_orderly=True)
+        started, cpu, got = time.perf_counter(), time.process_time(), 0
+        while got < count:
+            popped = store.pop(FIFO_GROUP, TOPIC, BATCH, 60_000, consume_from="first")
+            for m in popped:
+                store.ack(m.receipt_handle)
+            got += len(popped)
+        out["receive+ack fifo"] = (got / (time.perf_counter() - started), None, None, got,
+                                   time.process_time() - cpu, got)
     return out
 
 
@@ -396,7 +440,8 @@ def main() -> int:
                                 ("serve", lambda: start_serve(os.path.join(workdir, f"r{r}")))):
                 server = start()
                 try:
-                    got = run_client(rocketmq, server, count, body, args.in_flight)
+                    got = run_client(rocketmq, server, count, body, args.in_flight,
+                                     fifo=name == "serve")
                 finally:
                     server.stop()
                 for workload, row in got.items():  # the best round of each
@@ -407,7 +452,7 @@ def main() -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"\n{'workload':<12} {'server':<11} {'msgs':>6} {'msg/s':>9} {'x floor':>8} "
+    print(f"\n{'workload':<17} {'server':<11} {'msgs':>6} {'msg/s':>9} {'x floor':>8} "
           f"{'x floor cpu':>12} {'srv ms/RPC':>11} {'workers ms/msg':>15} {'client ms/msg':>14}")
     metrics = []
 
@@ -415,7 +460,7 @@ def main() -> int:
         _rate, srv, kids, _rpcs, client_cpu, done = row[:6]
         return (client_cpu + (srv or 0.0) + (kids or 0.0)) / done
     for workload in WORKLOADS:
-        floor_row = results["floor"][workload]
+        floor_row = results["floor"][BASELINE.get(workload, workload)]
         for name in ("floor", "serve", "in-process"):
             row = results[name].get(workload)
             if row is None:
@@ -423,7 +468,7 @@ def main() -> int:
             rate, srv, kids, rpcs, client_cpu, done = row[:6]
             srv_txt = f"{srv / rpcs * 1000:.3f}" if srv is not None else "-"
             kids_txt = f"{kids / done * 1000:.3f}" if kids is not None else "-"
-            print(f"{workload:<12} {name:<11} {done:>6} {rate:>9.0f} "
+            print(f"{workload:<17} {name:<11} {done:>6} {rate:>9.0f} "
                   f"{rate / floor_row[0]:>8.2f} {cpu_per_msg(floor_row) / cpu_per_msg(row):>12.2f} "
                   f"{srv_txt:>11} {kids_txt:>15} {client_cpu / done * 1000:>14.3f}")
             metrics.append((f"{workload} {name} msg/s", rate, "msg/s", "higher"))
@@ -436,8 +481,9 @@ def main() -> int:
         metrics.append((f"push/receive+ack {name}", push[0] / simple[0], "x", "higher"))
     print()
     for workload in WORKLOADS:
-        ratio = results["serve"][workload][0] / results["floor"][workload][0]
-        by_cpu = cpu_per_msg(results["floor"][workload]) / cpu_per_msg(results["serve"][workload])
+        floor_row = results["floor"][BASELINE.get(workload, workload)]
+        ratio = results["serve"][workload][0] / floor_row[0]
+        by_cpu = cpu_per_msg(floor_row) / cpu_per_msg(results["serve"][workload])
         print(f"{workload} serve >= 0.7 x floor: {'PASS' if ratio >= 0.7 else 'MISS'} "
               f"({ratio:.2f} by the clock, {by_cpu:.2f} by CPU)")
         metrics.append((f"{workload} serve/floor", ratio, "x", "higher"))

@@ -152,8 +152,8 @@ def delete(admin, name: str, topic: str | None, as_json: bool) -> None:
 @click.option("--broadcast/--no-broadcast", "consume_broadcast_enable", default=None,
               help="consumeBroadcastEnable (kept for RocketMQ brokers reading the file).")
 @click.option("--orderly/--no-orderly", "consume_message_orderly", default=None,
-              help="consumeMessageOrderly: a FIFO group (recorded; mqstore does not deliver "
-                   "in order yet).")
+              help="consumeMessageOrderly: a FIFO group (each queue delivered in order, the "
+                   "next message only after the earlier ones are acked or dead-lettered).")
 @config_option
 @admin_server_options
 @json_option

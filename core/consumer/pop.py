@@ -58,7 +58,7 @@ import time
 from collections import OrderedDict
 
 from mqstore.append.encoding import Rejected
-from mqstore.consumer import names
+from mqstore.consumer import fifo, names
 from mqstore.consumer.errors import ReceiptHandleError, StaleReceiptHandleError
 from mqstore.consumer.messages import ConsumedMessage
 from mqstore.consumer.pop_journal import PopJournal
@@ -213,9 +213,12 @@ class PopConsumer:
             until = now + invisible_ms
             first_delivery = delivery = state.next_delivery(now)
             rows: list = []  # the record: format.pop_record.ENTRY tuples
-            # Deliveries that ran out come back first, oldest deadline first; those whose
-            # attempts are used up go to the dead-letter queue instead.
-            taken, kept = self._due(journal, state, store, group, topic, now, room.msgs)
+            # Deliveries that ran out come back first, oldest deadline first (a FIFO group's
+            # in queue order); those whose attempts are used up go to the dead-letter queue.
+            config = self._service.group_configs.get(group)
+            orderly = config.orderly
+            taken, kept = self._due(journal, state, store, group, topic, now, room.msgs,
+                                    config.max_attempts, orderly)
             try:
                 for i, (q, o, attempt, old) in enumerate(taken):
                     batch = store.read(topic, q, o, 1, verify=True)
@@ -247,6 +250,8 @@ class PopConsumer:
                     for q in order:
                         if room.full:
                             break
+                        if orderly and fifo.busy(state, q):  # NOTE [ FIFO groups ]
+                            continue
                         delivery = self._take_new(
                             store, state, topic, group, q, room, until, delivery, picked,
                             rows, expression, expression_type, start, positions)
@@ -268,15 +273,18 @@ class PopConsumer:
                for q, batch, row, attempt, d, o in picked]
         return out, next_due
 
-    def _due(self, journal, state, store, group, topic, now, limit):
+    def _due(self, journal, state, store, group, topic, now, limit, max_attempts,
+             orderly=False):
         """Up to ``limit`` deliveries that ran out and may be delivered again, and those this
         process must leave in flight (to ``requeue`` once the pop is decided): the ones whose
         attempts are used up are dead-lettered here, or, in a process that cannot write
-        (a read-only store), left for the writer."""
-        max_attempts = self._service.group_configs.get(group).max_attempts
+        (a read-only store), left for the writer. ``orderly``: a FIFO group's, in queue
+        order, holding back those behind an older message still in flight (NOTE [ FIFO
+        groups ])."""
         dead = self._service.store.dead_letters
         out: list = []
         kept: list = []
+        chosen: set = set()  # FIFO: (queue, offset) in out
         size = limit  # the first look takes what the pop may hand out, as before attempts
         for _round in range(_DUE_ROUNDS):
             taken = state.take_due(now, size)
@@ -284,18 +292,25 @@ class PopConsumer:
                 break
             spent = [t for t in taken if t[2] >= max_attempts or (t[0], t[1]) in state.dead]
             again = [t for t in taken if t[2] < max_attempts and (t[0], t[1]) not in state.dead]
+            if spent:
+                if dead is None:
+                    kept += spent
+                else:
+                    kept += self._bury(journal, state, store, dead, group, topic, spent)
+            held: list = []
+            if orderly:  # after burying: a dead-lettered message no longer holds its queue
+                again, held = fifo.in_order(state, again, chosen)
+                kept += held
             room = limit - len(out)
             out += again[:room]
             kept += again[room:]  # beyond this pop's room: due still, for the next
-            if not spent:
+            if not spent and not held:
                 break  # what was due is taken: the pop's room is full or none is left
-            if dead is None:
-                kept += spent
-            else:
-                kept += self._bury(journal, state, store, dead, group, topic, spent)
             if len(out) >= limit:
                 break
             size = max(limit - len(out), _DEAD_BATCH)  # past exhausted ones, in batches
+        if orderly:
+            out.sort(key=lambda t: (t[0], t[1]))
         return out, kept
 
     @staticmethod

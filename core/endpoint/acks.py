@@ -8,8 +8,8 @@ duration answers the delivery's new handle; the old one is stale from then on. A
 the dead-letter queue writes the handle's message to ``%DLQ%<group>`` and ends its delivery
 (as an ack does); a handle that is not current answers INVALID_RECEIPT_HANDLE.
 
-A push consumer presents the handle it was given for a delivery the endpoint may have renewed
-since: its latest handle is presented instead (NOTE [ Auto-renewed deliveries ] in
+A push consumer presents the handle it was given (to an ack, a change or a forward) for a
+delivery the endpoint may have renewed since: its latest handle is presented instead (NOTE [ Auto-renewed deliveries ] in
 ``renewals``).
 """
 
@@ -56,11 +56,13 @@ def change_invisible_duration(pops: Pops, request, renewals: Renewals, client_id
     return service_pb2.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
 
 
-def forward_to_dead_letter_queue(pops: Pops, request
+def forward_to_dead_letter_queue(pops: Pops, request, renewals: Renewals, client_id: str
                                  ) -> service_pb2.ForwardMessageToDeadLetterQueueResponse:
     group = group_name(request.group)
     topic = topic_to_read(request.topic)
-    pops.dead_letter(group, topic, request.receipt_handle)
+    # A FIFO push consumer forwards once its local retries are spent, usually long after the
+    # endpoint renewed the delivery: the latest handle goes to the store.
+    pops.dead_letter(group, topic, renewals.take(client_id, request.receipt_handle))
     return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=ok())
 
 

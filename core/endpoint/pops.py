@@ -111,6 +111,10 @@ class Pops:
         """The deliveries a message gets in ``group``: its retryMaxTimes + 1."""
         return self._store.group_config(group).max_attempts
 
+    def fifo(self, group: str) -> bool:
+        """Whether ``group`` is a FIFO group (its consumeMessageOrderly)."""
+        return self._store.group_config(group).orderly
+
     @staticmethod
     def _check_owner(handle: str, group: str, topic: str) -> None:
         owner_topic, owner_group = parse_handle(handle)[:2]

@@ -105,7 +105,8 @@ def assignment_response(topic_resource, queue_ids, endpoints
                         ) -> service_pb2.QueryAssignmentResponse:
     """QueryAssignment as the proxy answers a group that is not FIFO: one assignment per
     broker, its queue id -1 (every queue: receives pop across them all, and every consumer of
-    the group shares them through the pop state, so nothing is rebalanced client-side);
+    the group shares them through the pop state, so nothing is rebalanced client-side); a
+    FIFO group's alike (its pops keep each queue with one consumer: NOTE [ FIFO groups ]);
     FORBIDDEN when the topic has no queue to read."""
     if not queue_ids:
         return service_pb2.QueryAssignmentResponse(status=status(Code.FORBIDDEN,

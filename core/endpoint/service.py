@@ -161,7 +161,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         parts = self.parts
         async for command in request_iterator:
             if command.HasField("settings"):
-                filled = parts.settings_policy.fill(command.settings, parts.pops.max_attempts)
+                filled = parts.settings_policy.fill(command.settings, parts.pops.max_attempts,
+                                                    parts.pops.fifo)
                 parts.sessions.seen(client_id, command.settings.client_type, filled)
                 # A producer's stream also carries the transactions' check-backs.
                 stream = parts.producers.publishing(client_id, context, command.settings)
@@ -217,7 +218,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     @unary(service_pb2.ForwardMessageToDeadLetterQueueResponse)
     def ForwardMessageToDeadLetterQueue(self, request, context, peer):
-        return acks.forward_to_dead_letter_queue(self.parts.pops, request)
+        return acks.forward_to_dead_letter_queue(self.parts.pops, request,
+                                                 self.parts.receiver.renewals, client_id(context))
 
     # -- what mqstore does not serve -------------------------------------------------------
     async def _unimplemented(self, name: str, context) -> None:

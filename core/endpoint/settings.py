@@ -15,7 +15,8 @@ answers it, with the client's Settings filled in:
                    config/subscriptionGroup.json; RocketMQ's default 16 + 1 = 17), customized
                    with store.message_delay_levels (a group's default retry policy);
                    subscription.receive_batch_size = 32, long_polling_timeout =
-                   server.grpc_max_long_polling_ms, fifo = false
+                   server.grpc_max_long_polling_ms, fifo = the group's
+                   consumeMessageOrderly (a FIFO group: NOTE [ FIFO groups ])
 
 ``Sessions`` keeps each client's last Settings and when it was last heard from (Telemetry,
 and the Heartbeat every client sends every 10 s); a client silent for
@@ -66,9 +67,10 @@ class SettingsPolicy:
             customized_backoff=definition_pb2.CustomizedBackoff(next=[
                 _duration(ms) for ms in parse_delay_levels(config.store.message_delay_levels)]))
 
-    def fill(self, client: Settings, max_attempts=None) -> Settings:
+    def fill(self, client: Settings, max_attempts=None, fifo=None) -> Settings:
         """The client's Settings filled in; ``max_attempts(group)``: a consumer group's
-        deliveries of a message (None: RocketMQ's default, 17)."""
+        deliveries of a message (None: RocketMQ's default, 17); ``fifo(group)``: whether it
+        is a FIFO group (None: none is)."""
         out = Settings()
         out.CopyFrom(client)
         if client.HasField("publishing"):
@@ -82,7 +84,8 @@ class SettingsPolicy:
             sub = out.subscription
             sub.receive_batch_size = RECEIVE_BATCH_SIZE
             sub.long_polling_timeout.CopyFrom(self.long_polling)
-            sub.fifo = False
+            group = client.subscription.group.name
+            sub.fifo = bool(fifo is not None and group and fifo(group))
         out.metric.Clear()
         out.metric.on = False
         return out

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cli_support import env
+from cli_support import env, mqstore_json
 from endpoint_support import Clients, Served, deployment_yaml
 from mqstore.testing import wait_for
 from paths import SUPPORT
@@ -190,6 +190,38 @@ def test_a_failed_consumption_comes_back_until_it_succeeds(tmp_path, home, serve
     assert attempts == {b: [1, 2] if b in ("retry-3", "retry-7") else [1] for b in sent}
     assert set(consumer.acked()) == set(sent.values())
     assert_nothing_left(clients, rocketmq, "PushRetry", "retry-group")
+
+
+def test_a_fifo_group_consumes_each_message_group_in_order(tmp_path, home, served, clients):
+    """A FIFO group: the client consumes a message group's messages one after another, retries
+    a failing one locally (its attempts outlast the push invisible time, so the endpoint
+    renews it meanwhile), then forwards it to the DLQ; only then comes the group's next."""
+    mqstore_json("group", "config", "--server", served.endpoint, "fifo-push", "--orderly",
+                 "--retry-max-times", "2")
+    producer = clients.producer("PushFifo")
+    sent = {}
+    for i in range(4):
+        for g in ("ga", "gb"):
+            m = clients.message("PushFifo", f"{g}-{i}".encode())
+            m.message_group = g
+            sent[f"{g}-{i}"] = producer.send(m).message_id
+    consumer = PushProc(tmp_path, home, served.endpoint, "PushFifo", "fifo-push", "fifo",
+                        fail="ga-1")
+    try:
+        consumer.wait_ready()
+        wait_for(lambda: len(consumer.acked()) >= len(sent) - 1, 90,
+                 what="every message but the failing one acknowledged")
+        assert consumer.stop() == 0, consumer.out.read_text()
+    finally:
+        consumer.kill()
+    calls: dict[str, list[str]] = {}
+    for _mid, body, attempt, _ns in consumer.got():
+        calls.setdefault(body.split("-")[0], []).append(body)
+    assert calls == {"ga": ["ga-0", "ga-1", "ga-1", "ga-1", "ga-2", "ga-3"],
+                     "gb": ["gb-0", "gb-1", "gb-2", "gb-3"]}, consumer.out.read_text()
+    assert set(consumer.acked()) == set(sent.values()) - {sent["ga-1"]}
+    dead = mqstore_json("group", "dlq", "--server", served.endpoint, "fifo-push")
+    assert [(d["id"], d["origin_topic"]) for d in dead] == [(sent["ga-1"], "PushFifo")]
 
 
 def test_a_listener_slower_than_the_invisible_time_is_given_each_message_once(

@@ -9,6 +9,12 @@ when the ack came after the invisible time and the message had gone to another d
 withholds the ack of a first delivery whose body ends in one of the comma-separated
 ``withhold`` suffixes (that message must come back). Each line is flushed at once.
 
+``fifo-consume`` (``... fifo-consume <endpoint> <topic> <group> <stop file>``) prints
+``ready`` once started, receives as ``consume`` does, acknowledging everything, and prints
+``got <body> <attempt> <t>`` and ``acking <body> <t>`` (``t``: CLOCK_MONOTONIC, one clock for
+every process of the machine) so a test can tell, across processes, that a message was handed
+out only after the one before it was being acknowledged.
+
 ``half`` (``... half <endpoint> <topic> <body>``) sends one transaction's half, prints
 ``sent <message id>`` and waits to be killed.
 
@@ -63,6 +69,8 @@ def main(argv: list[str]) -> int:
         print("sent", receipt.message_id, flush=True)
         time.sleep(3600)
         return 1
+    if mode == "fifo-consume":
+        return fifo_consume(rocketmq, config, topic, argv[4], argv[5])
     group, withhold, stop_file = argv[4], argv[5].split(","), argv[6]
     consumer = rocketmq.SimpleConsumer(config, group, {topic: rocketmq.FilterExpression()},
                                        await_duration=1)
@@ -79,6 +87,24 @@ def main(argv: list[str]) -> int:
                 print("stale", body, flush=True)
                 continue
             print("acked", body, flush=True)
+    consumer.shutdown()
+    return 0
+
+
+def fifo_consume(rocketmq, config, topic: str, group: str, stop_file: str) -> int:
+    consumer = rocketmq.SimpleConsumer(config, group, {topic: rocketmq.FilterExpression()},
+                                       await_duration=1)
+    consumer.startup()
+    print("ready", flush=True)
+    while not os.path.exists(stop_file):
+        batch = consumer.receive(4, 30)
+        now = time.clock_gettime(time.CLOCK_MONOTONIC)
+        for msg in batch:
+            print("got", msg.body.decode(), msg.delivery_attempt, now, flush=True)
+        for msg in batch:
+            print("acking", msg.body.decode(), time.clock_gettime(time.CLOCK_MONOTONIC),
+                  flush=True)
+            consumer.ack(msg)
     consumer.shutdown()
     return 0
 
