@@ -18,11 +18,10 @@ import time
 from typing import Callable
 
 from mqstore.consumer import names
-from mqstore.errors import CorruptStateError
 from mqstore.format.subscription_group import (
     GroupConfig, GroupTable, decode_table, default_config, empty_table, encode_table,
 )
-from mqstore.storage.durable_file import replace_file
+from mqstore.storage.durable_file import read_document, replace_file
 from mqstore.storage.topic_file import CONFIG_DIR, identity, locked
 
 GROUPS_FILE = "subscriptionGroup.json"
@@ -35,21 +34,9 @@ def groups_path(root: str) -> str:
 
 def read_table(path: str) -> GroupTable | None:
     """The document at ``path`` (None: no file); ``CorruptStateError`` when it is damaged."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None
-    try:
-        if not raw.strip():
-            raise ValueError("the file is empty")
-        return decode_table(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        problem = f"not UTF-8 ({exc.reason} at byte {exc.start})"
-    except ValueError as exc:
-        problem = str(exc)
-    raise CorruptStateError(f"consumer group configs {path} are damaged: {problem}; the file "
-                            f"is left as it is: repair or remove it")
+    return read_document(path, decode_table, lambda problem: (
+        f"consumer group configs {path} are damaged: {problem}; the file is left as it is: "
+        f"repair or remove it"))
 
 
 class GroupConfigs:

@@ -34,7 +34,7 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mqstore.format.topic_config import INT32_MAX, DataVersion, describe_errors
+from mqstore.format.topic_config import INT32_MAX, DataVersion, decode_document, describe_errors
 
 DEFAULT_RETRY_MAX_TIMES = 16
 DEFAULT_RETRY_QUEUE_NUMS = 1
@@ -129,18 +129,7 @@ def empty_table() -> GroupTable:
 
 def decode_table(text: str) -> GroupTable:
     """The document in ``text``; ValueError naming the first problems when it is not one."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc.msg} at line {exc.lineno}, column "
-                         f"{exc.colno})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"holds a {type(data).__name__}, not an object with a "
-                         f"subscriptionGroupTable")
-    try:
-        return GroupTable.model_validate(data)
-    except ValidationError as exc:
-        raise ValueError(describe_errors(exc)) from None
+    return decode_document(text, GroupTable, "subscriptionGroupTable")
 
 
 def encode_table(table: GroupTable) -> str:

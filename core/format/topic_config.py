@@ -33,7 +33,7 @@ field a 4.x broker did not write takes its Java default, and keys this module do
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -142,16 +142,24 @@ def perm_text(perm: int) -> str:
 
 def decode_table(text: str) -> TopicTable:
     """The document in ``text``; ValueError naming the first problems when it is not one."""
+    return decode_document(text, TopicTable, "topicConfigTable")
+
+
+_Doc = TypeVar("_Doc", bound=BaseModel)
+
+
+def decode_document(text: str, model: type[_Doc], table: str) -> _Doc:
+    """A broker's JSON document (``table`` names its map) as ``model``; ValueError naming
+    the first problems when it is not one."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc.msg} at line {exc.lineno}, column "
                          f"{exc.colno})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"holds a {type(data).__name__}, not an object with a "
-                         f"topicConfigTable")
+        raise ValueError(f"holds a {type(data).__name__}, not an object with a {table}")
     try:
-        return TopicTable.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise ValueError(describe_errors(exc)) from None
 

@@ -18,9 +18,12 @@ import errno
 import json
 import os
 import stat
+from typing import Callable, TypeVar
 
 from mqstore.errors import CorruptStateError, DiskFullError
 from mqstore.storage import state_feed
+
+_T = TypeVar("_T")
 
 TMP_SUFFIX = ".tmp"
 READ_CHUNK = 1 << 20
@@ -107,6 +110,27 @@ def read_if_exists(path: str) -> bytes | None:
         return read_all(fd, path)
     finally:
         os.close(fd)
+
+
+def read_document(path: str, decode: Callable[[str], _T], damaged: Callable[[str], str]
+                  ) -> _T | None:
+    """A broker's JSON document at ``path`` decoded (None: no file). A damaged one (empty,
+    not UTF-8, or refused by ``decode`` with a ValueError) raises ``CorruptStateError`` with
+    ``damaged(problem)``; the file is left as it is."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        if not raw.strip():
+            raise ValueError("the file is empty")
+        return decode(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        problem = f"not UTF-8 ({exc.reason} at byte {exc.start})"
+    except ValueError as exc:
+        problem = str(exc)
+    raise CorruptStateError(damaged(problem))
 
 
 def write_hint(path: str, status: dict) -> None:

@@ -24,9 +24,8 @@ import fcntl
 import os
 from typing import Callable, Iterator
 
-from mqstore.errors import CorruptStateError
 from mqstore.format.topic_config import TopicTable, decode_table, encode_table
-from mqstore.storage.durable_file import replace_file
+from mqstore.storage.durable_file import read_document, replace_file
 
 CONFIG_DIR = "config"
 TOPICS_FILE = "topics.json"
@@ -48,20 +47,7 @@ def identity(path: str) -> tuple | None:
 
 def read_table(path: str) -> TopicTable | None:
     """The document at ``path`` (None: no file); ``CorruptStateError`` when it is damaged."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None
-    try:
-        if not raw.strip():
-            raise ValueError("the file is empty")
-        return decode_table(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        problem = f"not UTF-8 ({exc.reason} at byte {exc.start})"
-    except ValueError as exc:
-        problem = str(exc)
-    raise CorruptStateError(damaged(path, problem))
+    return read_document(path, decode_table, lambda problem: damaged(path, problem))
 
 
 def damaged(path: str, problem: str) -> str:
