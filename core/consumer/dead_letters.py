@@ -109,7 +109,8 @@ class DeadLetters:
     def watch(self, listener) -> None:
         """``listener(group, count)`` is called after each put of dead letters (under the pop
         state's flock: it must be quick and must not raise)."""
-        self._listeners.append(listener)
+        if listener not in self._listeners:  # named again for parts rebuilt: once
+            self._listeners.append(listener)
 
     def log_end(self) -> int:
         return self._log.max_offset

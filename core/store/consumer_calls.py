@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, overload
 
+from mqstore.store.consumer_side import consumer_side
+
 if TYPE_CHECKING:
+    from mqstore.lifecycle.parts import StoreParts
     from mqstore.consumer.errors import ReceiptHandleError
     from mqstore.consumer.group import GroupConsumer
     from mqstore.format.subscription_group import GroupConfig
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
 class ConsumerCalls:
     # What the calls use of the store that inherits them.
     _consumers: ConsumerService
+    _dead_letter_listeners: tuple[Callable[[str, int], None], ...] = ()
 
     if TYPE_CHECKING:
         def _check_open(self) -> None: ...
@@ -172,6 +176,18 @@ class ConsumerCalls:
     def watch_dead_letters(self, listener: Callable[[str, int], None]) -> None:
         """Call ``listener(group, count)`` after each put of dead letters this store makes
         (pops past their last attempt, ``dead_letter``); quick, and never raising: it runs
-        under the group's pop state lock."""
-        self._check_open()
-        self._consumers.watch_dead_letters(listener)
+        under the group's pop state lock. It stays through a role change that rebuilds the
+        store's parts, and may be named while they are rebuilt."""
+        self._dead_letter_listeners = (*self._dead_letter_listeners, listener)
+        consumers = getattr(self, "_consumers", None)
+        if consumers is not None:
+            consumers.watch_dead_letters(listener)
+
+    def _consumers_of(self, parts: StoreParts) -> ConsumerService:
+        """A consumer service for ``parts`` that tells this store's dead-letter listeners.
+        The listeners are read after the service is built, so one named meanwhile is told
+        by one of the two (both: named once, as ``watch`` keeps a listener once)."""
+        consumers = consumer_side(parts)
+        for listener in self._dead_letter_listeners:
+            consumers.watch_dead_letters(listener)
+        return consumers

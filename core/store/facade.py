@@ -29,7 +29,6 @@ from mqstore.consumer.service import ConsumerService
 from mqstore.errors import StoreClosedError, WorkerError
 from mqstore.lifecycle.opener import Opener
 from mqstore.store.consumer_calls import ConsumerCalls
-from mqstore.store.consumer_side import consumer_side
 from mqstore.store.internals import MovedToInternals, StoreInternals
 from mqstore.store.reads import StoreReadsOf
 from mqstore.store.roles import RoleCalls
@@ -168,7 +167,7 @@ class MessageStore(TopicCalls, ConsumerCalls, RoleCalls, TransactionCalls):
         self.view, self.store_host = parts.view, parts.store_host
         self._commit_log, self._dispatchers = parts.commit_log, parts.dispatchers
         self._reader, self._appender, self._runtime = parts.reader, parts.appender, parts.runtime
-        self._consumers = consumer_side(parts)
+        self._consumers = self._consumers_of(parts)
 
     # -- state -----------------------------------------------------------------------------
     @property

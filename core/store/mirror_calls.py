@@ -7,7 +7,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from mqstore.mirror.install import InstallReport, check_complete, install_mirror_files
-from mqstore.store.consumer_side import consumer_side
 
 if TYPE_CHECKING:
     from mqstore.store.facade import MessageStore
@@ -53,7 +52,7 @@ def install_mirror(store: "MessageStore", *, timeout_s: float = 30.0) -> Install
     try:
         report = install_mirror_files(store.root)
     finally:
-        store._consumers = consumer_side(store._parts)
+        store._consumers = store._consumers_of(store._parts)
         store.view.topics.reload()
         store.view.subscriptions.reload()
     log.warning("%s", report.describe())

@@ -151,6 +151,22 @@ def test_dead_letter_now_ends_the_delivery(make_store):
     assert len(dlq(store)) == 1
 
 
+def test_a_listener_keeps_hearing_after_the_parts_are_rebuilt(make_store):
+    """A role change closes the store's parts and opens new ones (``serve`` names its
+    listener once, perhaps while that happens): the listener hears the new parts' dead
+    letters, once each."""
+    store = make_store()
+    heard: list = []
+    listener = lambda group, count: heard.append((group, count))  # noqa: E731
+    store.watch_dead_letters(listener)
+    store.watch_dead_letters(listener)  # named twice: told once
+    store._reopen()  # what a promotion or a rejoin does to a running store
+    put_one(store)
+    (msg,) = store.pop("G", TOPIC, 8, 60_000, consume_from="first", wait_ms=5000)
+    store.dead_letter(msg.receipt_handle)
+    assert heard == [("G", 1)]
+
+
 def test_a_read_only_store_leaves_exhausted_messages_to_the_writer(make_store, manual_clock):
     store = make_store()
     store.set_group_config("G", retry_max_times=0)
