@@ -220,7 +220,7 @@ def diverged(tmp_path, home, nodes, rocketmq, lost: int = 7, lost_bytes: int = 1
         for i in range(30):
             send(producer, rocketmq, b"shared-%d" % i)
         assert len(receive_all(consumer, 30)) == 30  # the master's own pop state
-        point = wait_until(lambda: (lambda a, b: a if a == b else None)(
+        caught_up = wait_until(lambda: (lambda a, b: a if a == b else None)(
             s.role("status")["max_offset"], m.role("status")["max_offset"]), WAIT_S,
             "the slave caught up")
         s.signal(signal.SIGSTOP)
@@ -232,9 +232,13 @@ def diverged(tmp_path, home, nodes, rocketmq, lost: int = 7, lost_bytes: int = 1
         consumer.shutdown()
     s.kill()  # stopped: what reached its socket is never appended
     m.kill()
+    s.start()
+    # Where the logs part: the slave's end (state records the master shipped between the look
+    # above and the stop may have reached it; none of the lost puts did).
+    point = s.role("status")["max_offset"]
+    assert point >= caught_up
     expected = _lost_records(m.root, load_config(str(m.yaml)), point)
     assert sum(e["records"] for e in expected.values()) == lost
-    s.start()
     promoted = s.role("promote")  # down master, nothing heard since the restart: allowed
     assert (promoted["start_offset"], promoted["epoch"]) == (point, 2)
     producer = rocketmq.Producer(configuration(rocketmq, s.endpoint), ("orders",))
