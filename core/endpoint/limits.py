@@ -4,7 +4,11 @@
     streams per conn    grpc.max_concurrent_streams = server.grpc_max_concurrent_streams
     RPCs in flight      the server's maximum_concurrent_rpcs = server.grpc_max_concurrent_rpcs
                         (past it gRPC answers RESOURCE_EXHAUSTED)
-    connections         ``Peers``: server.grpc_max_connections peer addresses at once
+    connections         grpc.max_allowed_incoming_connections = ``connection_cap``: at most
+                        server.grpc_max_connections TCP connections, fewer when the descriptor
+                        limit leaves less room beside the store's own descriptors (past it
+                        gRPC closes a new connection at once); ``Peers`` counts them by peer
+                        address, refusing an RPC from one past the cap with TOO_MANY_REQUESTS
     idle connections    grpc.max_connection_idle_ms = server.grpc_client_idle_ms; keepalive
                         pings find peers that vanished (a dead client's telemetry stream
                         would otherwise stay open)
@@ -16,10 +20,12 @@
                         count of those suppressed (``mqstore.log_limit``; ``LIMITED_LOGGERS``)
     the admin service   open only on loopback (``check_exposure``)
 
-gRPC's Python server has no connection cap, so ``Peers`` counts peer addresses (one per TCP
-connection) from their first RPC until they have none in flight and were idle for the idle
-time, when gRPC has closed the connection; an RPC from a new peer past the cap is refused with
-TOO_MANY_REQUESTS before it does any work.
+gRPC accepts a TCP connection before a byte of HTTP/2 arrives, and each holds a descriptor, so
+its own cap (``connection_cap``) is what keeps strangers that only connect from taking the
+descriptors the store needs. ``Peers`` counts peer addresses (one per TCP connection) from
+their first RPC until they have none in flight and were idle for the idle time, when gRPC has
+closed the connection; an RPC from a new peer past the cap is refused with TOO_MANY_REQUESTS
+before it does any work.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ import time
 import ctypes
 import ipaddress
 import logging
+import os
+import resource
 
 from mqstore import log_limit
 from mqstore.config import parse_listen
@@ -42,6 +50,10 @@ MAX_METADATA_BYTES = 16 * 1024  # request headers (the clients send about 400 by
 # gRPC's own logger (a traceback per malformed request, per call cancelled mid-write) and ours.
 LIMITED_LOGGERS = ("grpc._cython.cygrpc", "grpc.aio._server", "mqstore.endpoint")
 
+
+DESCRIPTOR_HEADROOM = 64  # descriptors under RLIMIT_NOFILE that gRPC's connections never take
+
+log = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 BIG_BUFFER_BYTES = 1 << 20
@@ -99,12 +111,14 @@ def check_exposure(server, admin_served: bool) -> None:
         f"turn the admin service off with server.grpc_admin_enabled: false")
 
 
-def server_options(server) -> list[tuple[str, int]]:
-    """gRPC channel arguments of the endpoint from the ``server`` config section."""
+def server_options(server, max_connections: int) -> list[tuple[str, int]]:
+    """gRPC channel arguments of the endpoint from the ``server`` config section; at most
+    ``max_connections`` connections (``connection_cap``)."""
     return [
         ("grpc.max_receive_message_length", server.grpc_max_request_bytes),
         ("grpc.max_send_message_length", -1),  # what we send is bounded by what was stored
         ("grpc.max_concurrent_streams", server.grpc_max_concurrent_streams),
+        ("grpc.max_allowed_incoming_connections", max_connections),
         ("grpc.max_connection_idle_ms", server.grpc_client_idle_ms),
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
@@ -112,6 +126,41 @@ def server_options(server) -> list[tuple[str, int]]:
         # Without this a second server could bind the same port and split the clients.
         ("grpc.so_reuseport", 0),
     ]
+
+
+def reserved_descriptors(config) -> int:
+    """Descriptors this process's other parts may open beside gRPC's connections: the mapped
+    consume-queue files and the pop states (two each, NOTE [ Mapped budget ]), the HTTP
+    server's connections and the remoting server's when it listens."""
+    server = config.server
+    return (2 * config.consume_queue.max_mapped_files + 2 * config.consumer.max_open_pop_states
+            + server.max_connections
+            + (server.remoting_max_connections if server.remoting_listen else 0))
+
+
+def connection_cap(configured: int, reserved: int, limit: int | None = None,
+                   open_now: int | None = None) -> int:
+    """The TCP connections gRPC may hold: ``configured`` (server.grpc_max_connections), or
+    what the descriptor limit (``limit``, RLIMIT_NOFILE's soft one) leaves beside those open
+    now, the ``reserved`` ones and DESCRIPTOR_HEADROOM, if that is fewer (at least one).
+    Logs a warning when it is fewer: a stranger's connections past it are closed at once,
+    instead of taking the descriptors the store needs."""
+    if limit is None:
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return configured
+    if open_now is None:
+        open_now = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+    room = limit - DESCRIPTOR_HEADROOM - open_now - reserved
+    if room >= configured:
+        return configured
+    cap = max(1, room)
+    log.warning("the gRPC endpoint accepts at most %d connections, not "
+                "server.grpc_max_connections (%d): the descriptor limit (RLIMIT_NOFILE %d) "
+                "leaves no more beside the %d open and the %d the store's files and the other "
+                "listeners may take (raise the limit, e.g. LimitNOFILE= or ulimit -n)",
+                cap, configured, limit, open_now, reserved)
+    return cap
 
 
 class Peers:

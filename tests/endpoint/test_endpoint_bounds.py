@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +32,18 @@ pytestmark = pytest.mark.usefixtures("no_plugin_env")
 
 def descriptors(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def workers_descriptors(pid: int) -> dict[int, int]:
+    """Descriptors of each of ``pid``'s worker processes (its children)."""
+    import psutil
+    out = {}
+    for child in psutil.Process(pid).children():
+        try:
+            out[child.pid] = descriptors(child.pid)
+        except FileNotFoundError:  # gone since the listing
+            pass
+    return out
 
 
 def rss_anon_mib(pid: int) -> float:
@@ -82,6 +96,15 @@ def test_descriptors_stay_bounded_whatever_names_arrive(tmp_path, home, rocketmq
         start = descriptors(served.proc.pid)
         bound = start + 2 * MAPPED + 2 * POP_STATES + 16  # + a few connections and files
         most = [start]
+        # The workers (dispatch writes every new topic's queue files) have budgets too.
+        workers_start = workers_descriptors(served.proc.pid)
+        assert len(workers_start) == 2, workers_start
+        workers_bound = max(workers_start.values()) + 2 * MAPPED + 2 * POP_STATES + 16
+        workers_most = [max(workers_start.values())]
+
+        def sample() -> None:
+            most[0] = max(most[0], descriptors(served.proc.pid))
+            workers_most[0] = max([workers_most[0], *workers_descriptors(served.proc.pid).values()])
 
         def spread(call, count):
             """``call(i)`` for every i < count, over the four connections at once."""
@@ -95,7 +118,7 @@ def test_descriptors_stay_bounded_whatever_names_arrive(tmp_path, home, rocketmq
                             errors.append((i, code))
                             return
                         if i % 500 == 0:
-                            most[0] = max(most[0], descriptors(served.proc.pid))
+                            sample()
                 except Exception as exc:  # noqa: BLE001 - the test reports it
                     errors.append(exc)
             threads = [threading.Thread(target=run, args=(k,)) for k in range(len(raw))]
@@ -107,16 +130,19 @@ def test_descriptors_stay_bounded_whatever_names_arrive(tmp_path, home, rocketmq
 
         spread(lambda r, i: r.receive(f"g{i}", "Named", batch=1)[0].status.code, names)
         spread(lambda r, i: r.send(f"t{i}").code, names)
-        most[0] = max(most[0], descriptors(served.proc.pid))
+        sample()
         print(f"\nserve's descriptors: {start} at start, at most {most[0]} over {names} group "
-              f"names and {names} new topics (bound {bound}, limit {NOFILE})")
+              f"names and {names} new topics (bound {bound}, limit {NOFILE}); its workers': "
+              f"{sorted(workers_start.values())} at start, at most {workers_most[0]} "
+              f"(bound {workers_bound})")
         assert most[0] <= bound
         # Each new topic's queue costs dispatch a file and three directories forced to disk,
         # in its flush pass once a second: after the flood it takes about a minute to catch
         # up, and a message sent now is received once it has.
         answers_normally(served, rocketmq, "After", catch_up_s=600)
-        most[0] = max(most[0], descriptors(served.proc.pid))
+        sample()
         assert most[0] <= bound
+        assert workers_most[0] <= workers_bound
         assert "Too many open files" not in served.log()
     finally:
         for r in raw:
@@ -148,6 +174,68 @@ def answers_normally(served: Served, rocketmq, topic: str, catch_up_s: float = 3
     finally:
         clients.close()
     assert health(served) == 200
+
+
+@pytest.mark.slow
+def test_connections_past_the_descriptor_limit_are_refused_not_served_into_exhaustion(
+        tmp_path, home):
+    """1,200 TCP connections that never speak, under a 1,024-descriptor limit and the default
+    grpc_max_connections (1024). Before: gRPC accepted until serve's descriptors ran out,
+    /healthz was reset and no new client could connect until the strangers left. Now gRPC
+    accepts only what fits beside the store's own descriptors, closing the rest at once;
+    serve stays under its limit, /healthz and a client already connected are answered, and
+    new clients get in once the strangers leave."""
+    served = Served(deployment_yaml(tmp_path / "deploy.yaml", tmp_path / "store"),
+                    tmp_path / "serve.log", home, nofile=NOFILE)
+    import resource
+    own = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(own[0], min(own[1], 4096)), own[1]))
+    client, strangers = Raw(served.endpoint), []
+    host, port = served.endpoint.rsplit(":", 1)
+    try:
+        assert client.send("Crowded").code == Code.OK
+        said = re.search(r"the gRPC endpoint accepts at most (\d+) connections, not "
+                         r"server.grpc_max_connections \(1024\): the descriptor limit "
+                         r"\(RLIMIT_NOFILE 1024\) leaves no more", served.log())
+        assert said and 0 < int(said[1]) < NOFILE // 2, served.log()
+        for _ in range(1200):
+            strangers.append(socket.create_connection((host, int(port)), timeout=30))
+        # Accepted and held, or accepted and closed: either way serve has seen them all.
+        wait_for(lambda: descriptors(served.proc.pid) >= 1000 or all(
+            _closed(s) for s in strangers[-100:]), timeout=60, what="the crowd taken in")
+        assert descriptors(served.proc.pid) <= NOFILE - 64, "the store's headroom was taken"
+        assert health(served) == 200
+        assert client.send("Crowded").code == Code.OK
+        for s in strangers:
+            s.close()
+        strangers.clear()
+        late = Raw(served.endpoint)
+        try:
+            wait_for(lambda: late.send("Crowded").code == Code.OK, timeout=60,
+                     what="a new client served once the strangers left")
+        finally:
+            late.close()
+        assert "Too many open files" not in served.log()
+        assert "File descriptor limit reached" not in served.log()
+    finally:
+        for s in strangers:
+            s.close()
+        client.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, own)
+        stop(served)
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (without waiting)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.setblocking(True)
 
 
 def test_a_host_creates_at_most_its_allowance_of_topics_and_groups(tmp_path, home):
