@@ -116,6 +116,7 @@ class Endpoint:
         self._admin = admin if config.server.grpc_admin_enabled else None
         self._metrics = metrics
         self._served: Parts | None = None  # once serving
+        self._accept_cap: int | None = None  # gRPC's own connection cap, fixed at start
         self._creds = credentials(config.server)
         self.address: str | None = None
         self._ready = threading.Event()
@@ -164,6 +165,10 @@ class Endpoint:
         loop, parts, server = self._loop, self._served, config.server
         if loop is None or parts is None or loop.is_closed():
             return
+        if self._accept_cap is not None and server.grpc_max_connections > self._accept_cap:
+            log.warning("server.grpc_max_connections %d counts peers from now on, but gRPC "
+                        "accepts at most the %d connections it started with until a restart",
+                        server.grpc_max_connections, self._accept_cap)
         keys = AccessKeys(_pairs(server.grpc_access_keys), server.grpc_signature_skew_ms)
         # The admin keys stay as they run; whether a client key is refused there follows the new keys.
         admin_access = AdminAccess(parts.admin_access.admin_keys, keys)
@@ -215,8 +220,8 @@ class Endpoint:
         self._loop, self._stop = loop, asyncio.Event()
         server_cfg = self._config.server
         host, port = parse_listen(server_cfg.grpc_listen)
-        cap = connection_cap(server_cfg.grpc_max_connections,
-                             reserved_descriptors(self._config))
+        cap = self._accept_cap = connection_cap(server_cfg.grpc_max_connections,
+                                                reserved_descriptors(self._config))
         server = grpc.aio.server(options=server_options(server_cfg, cap),
                                  maximum_concurrent_rpcs=server_cfg.grpc_max_concurrent_rpcs,
                                  interceptors=self._interceptors())

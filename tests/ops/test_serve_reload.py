@@ -63,12 +63,16 @@ def test_sighup_reloads_what_it_can_and_the_store_stays_served(tmp_path):
                          "0 need a restart" in served.log(), 30, what="the first reload")
 
         write(yaml_path, root, log_level="debug", idle_timeout_ms=300,
-              grpc_access_keys=["ops:s3cret"], log_format="json", grpc_max_request_bytes=65536)
+              grpc_access_keys=["ops:s3cret"], log_format="json", grpc_max_request_bytes=65536,
+              grpc_max_connections=2048)
         os.kill(served.proc.pid, signal.SIGHUP)
-        wait_for(lambda: "server.grpc_max_request_bytes: 8388608 -> 65536" in served.log(), 30,
-                 what="the second reload")  # the last change it logs
+        wait_for(lambda: "server.grpc_max_request_bytes: 8388608 -> 65536" in served.log()
+                 and "counts peers from now on" in served.log(), 30,
+                 what="the second reload")  # the last change it logs, the endpoint's warning
         log = served.log()
-        assert "configuration reloaded, 3 change(s) taken, 2 need a restart" in log
+        assert "configuration reloaded, 4 change(s) taken, 2 need a restart" in log
+        assert ("server.grpc_max_connections 2048 counts peers from now on, but gRPC accepts "
+                "at most the 1024 connections it started with until a restart") in log
         assert "reloaded server.log_level: 'info' -> 'debug'" in log
         assert "reloaded server.idle_timeout_ms: 10000 -> 300" in log
         assert "reloaded server.grpc_access_keys: no access keys -> access keys [ops]" in log
