@@ -129,22 +129,27 @@ def server_options(server, max_connections: int) -> list[tuple[str, int]]:
 
 
 def reserved_descriptors(config) -> int:
-    """Descriptors this process's other parts may open beside gRPC's connections: the mapped
-    consume-queue files and the pop states (two each, NOTE [ Mapped budget ]), the HTTP
-    server's connections and the remoting server's when it listens."""
-    server = config.server
+    """Descriptors this process's other parts may open beside the listeners' connections: the
+    mapped consume-queue files and the pop states (two each, NOTE [ Mapped budget ]) and the
+    HTTP server's connections."""
     return (2 * config.consume_queue.max_mapped_files + 2 * config.consumer.max_open_pop_states
-            + server.max_connections
-            + (server.remoting_max_connections if server.remoting_listen else 0))
+            + config.server.max_connections)
 
 
-def connection_cap(configured: int, reserved: int, limit: int | None = None,
+def other_listeners(config) -> int:
+    """Connections the remoting server may hold beside gRPC's (0 when it does not listen)."""
+    server = config.server
+    return server.remoting_max_connections if server.remoting_listen else 0
+
+
+def connection_cap(configured: int, reserved: int, others: int = 0, limit: int | None = None,
                    open_now: int | None = None) -> int:
-    """The TCP connections gRPC may hold: ``configured`` (server.grpc_max_connections), or
-    what the descriptor limit (``limit``, RLIMIT_NOFILE's soft one) leaves beside those open
-    now, the ``reserved`` ones and DESCRIPTOR_HEADROOM, if that is fewer (at least one).
-    Logs a warning when it is fewer: a stranger's connections past it are closed at once,
-    instead of taking the descriptors the store needs."""
+    """The TCP connections gRPC may hold: ``configured`` (server.grpc_max_connections), or,
+    when the descriptor limit (``limit``, RLIMIT_NOFILE's soft one) leaves less room beside
+    those open now, the ``reserved`` ones and DESCRIPTOR_HEADROOM than ``configured`` and the
+    ``others`` listeners' connections want, gRPC's share of that room (at least one). Logs a
+    warning when it is fewer: connections past it are closed at once, instead of taking the
+    descriptors the store needs."""
     if limit is None:
         limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if limit == resource.RLIM_INFINITY:
@@ -152,14 +157,15 @@ def connection_cap(configured: int, reserved: int, limit: int | None = None,
     if open_now is None:
         open_now = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
     room = limit - DESCRIPTOR_HEADROOM - open_now - reserved
-    if room >= configured:
+    if room >= configured + others:
         return configured
-    cap = max(1, room)
+    cap = max(1, room * configured // (configured + others))
     log.warning("the gRPC endpoint accepts at most %d connections, not "
                 "server.grpc_max_connections (%d): the descriptor limit (RLIMIT_NOFILE %d) "
-                "leaves no more beside the %d open and the %d the store's files and the other "
-                "listeners may take (raise the limit, e.g. LimitNOFILE= or ulimit -n)",
-                cap, configured, limit, open_now, reserved)
+                "leaves no more beside the %d open, the %d the store's files and the HTTP "
+                "server may take and the remoting server's share (%d connections) (raise the "
+                "limit, e.g. LimitNOFILE= or ulimit -n)",
+                cap, configured, limit, open_now, reserved, others)
     return cap
 
 

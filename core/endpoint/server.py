@@ -39,8 +39,8 @@ from mqstore.endpoint.creations import Creations
 from mqstore.endpoint.forward import PREFIX, Forwarder, RoleRouter
 from mqstore.endpoint.grpc_metrics import PROTOCOL, MetricsInterceptor
 from mqstore.endpoint.limits import (
-    LogLimits, Peers, check_exposure, connection_cap, reserved_descriptors, return_big_buffers,
-    server_options,
+    LogLimits, Peers, check_exposure, connection_cap, other_listeners, reserved_descriptors,
+    return_big_buffers, server_options,
 )
 from mqstore.endpoint.longpoll import DispatchWaiter
 from mqstore.endpoint.pops import Pops
@@ -221,7 +221,8 @@ class Endpoint:
         server_cfg = self._config.server
         host, port = parse_listen(server_cfg.grpc_listen)
         cap = self._accept_cap = connection_cap(server_cfg.grpc_max_connections,
-                                                reserved_descriptors(self._config))
+                                                reserved_descriptors(self._config),
+                                                other_listeners(self._config))
         server = grpc.aio.server(options=server_options(server_cfg, cap),
                                  maximum_concurrent_rpcs=server_cfg.grpc_max_concurrent_rpcs,
                                  interceptors=self._interceptors())

@@ -21,7 +21,9 @@ from mqstore.endpoint.pops import Pops, filter_of
 from mqstore.endpoint.service import _failure as service_failure
 from mqstore.errors import ConfigError
 from mqstore.endpoint.auth import AccessKeys, AdminAccess, sign, signed_at, signed_metadata
-from mqstore.endpoint.limits import Peers, connection_cap, reserved_descriptors
+from mqstore.endpoint.limits import (
+    Peers, connection_cap, other_listeners, reserved_descriptors,
+)
 from mqstore.endpoint.protocol import Code, definition_pb2, service_pb2
 from mqstore.endpoint.route import Topics
 from mqstore.endpoint.creations import Creations
@@ -250,10 +252,11 @@ def test_client_keys_never_open_the_admin_service():
 def test_grpc_takes_no_more_connections_than_the_descriptor_limit_leaves(caplog):
     from mqstore.config import StoreConfig
     config = StoreConfig()  # 128 mapped files, 64 pop states, 64 HTTP connections, no remoting
-    assert reserved_descriptors(config) == 2 * 128 + 2 * 64 + 64
+    assert (reserved_descriptors(config), other_listeners(config)) == (2 * 128 + 2 * 64 + 64, 0)
     with_remoting = config.replace(server={"remoting_listen": "127.0.0.1:0"})
-    assert reserved_descriptors(with_remoting) == 2 * 128 + 2 * 64 + 64 + 1024
+    assert other_listeners(with_remoting) == 1024
     assert connection_cap(1024, 448, limit=65536, open_now=110) == 1024
+    assert connection_cap(1024, 448, 1024, limit=65536, open_now=110) == 1024
     assert caplog.records == []
     # 1024 - 64 headroom - 110 open - 448 reserved
     assert connection_cap(1024, 448, limit=1024, open_now=110) == 402
@@ -261,6 +264,7 @@ def test_grpc_takes_no_more_connections_than_the_descriptor_limit_leaves(caplog)
     assert said.getMessage().startswith(
         "the gRPC endpoint accepts at most 402 connections, not server.grpc_max_connections "
         "(1024): the descriptor limit (RLIMIT_NOFILE 1024) leaves no more")
+    assert connection_cap(1024, 448, 1024, limit=1024, open_now=110) == 201  # half, shared
     assert connection_cap(1024, 448, limit=256, open_now=110) == 1  # never none
 
 
