@@ -1,6 +1,7 @@
 """What a stranger reaching ``mqstore serve``'s gRPC port cannot do: exhaust its descriptors
-with names, pin its memory with streams it never reads, fill its log, stall its event loop
-with filters, slip names, tags and keys past the proxy's rules, replay an old signature, or
+with names or with connections that never speak, pin its memory with streams it never reads,
+fill its log, stall its event loop with filters, slip names, tags and keys past the proxy's
+rules, replay an old signature, or
 call an admin service left open on a public address. Each test runs ``serve`` as a process
 (default worker processes) on 127.0.0.1 and talks to it with raw gRPC (``raw_grpc``) where the
 official client refuses to misbehave, with the official client where it does not."""
