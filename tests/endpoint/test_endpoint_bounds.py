@@ -186,11 +186,15 @@ def test_connections_past_the_descriptor_limit_are_refused_not_served_into_exhau
     accepts only what fits beside the store's own descriptors, closing the rest at once;
     serve stays under its limit, /healthz and a client already connected are answered, and
     new clients get in once the strangers leave."""
-    served = Served(deployment_yaml(tmp_path / "deploy.yaml", tmp_path / "store"),
-                    tmp_path / "serve.log", home, nofile=NOFILE)
     import resource
     own = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(own[0], min(own[1], 4096)), own[1]))
+    if own[1] != resource.RLIM_INFINITY and own[1] < 1400:
+        pytest.skip(f"this process may open {own[1]} descriptors, too few to play 1,200 peers")
+    served = Served(deployment_yaml(tmp_path / "deploy.yaml", tmp_path / "store"),
+                    tmp_path / "serve.log", home, nofile=NOFILE)
+    want = 4096 if own[1] == resource.RLIM_INFINITY else min(own[1], 4096)
+    if own[0] != resource.RLIM_INFINITY and own[0] < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, own[1]))
     client, strangers = Raw(served.endpoint), []
     host, port = served.endpoint.rsplit(":", 1)
     try:
