@@ -21,13 +21,16 @@ oldest goes.
 
 Cost: a search bisects the column, then probes within one stride (a probe reads a unit and its
 record's timestamp; the probing search reads ~log2(n) of each). Per stride the column keeps
-its run, how many units from the first share its time: they come before ts, and where times
-repeat (a batch is stored at one time) the unit after them has the stride's last time, so it
-is probed first and a search reads one record; else the stride is bisected, 5 probes at most
-(6 after a first probe that missed). What a search needs is worked out once per state of the
-queue (``_Plan``) and read without the lock. Memory: 4 bytes per STRIDE units (0.6 % of the
-20-byte units they stand for) while a file's times span less than 24 days, else 8; a byte of
-run per STRIDE units (0.16 %), the last file's twice; a few fields per file.
+its run, how many units from the first share its time: they come before ts. Where times
+repeat (a batch is stored at one time) the units after the run mostly have the next stride's
+first time; once that stride is gathered the run says so (``REACHES_NEXT``) and a search
+that ends in the stride reads no record. Else the unit after the run, which has the stride's
+next time, is probed first, and a search reads one record where times repeat; else the stride
+is bisected, 5 probes at most (6 after a first probe that missed). What a search needs is
+worked out once per state of the queue (``_Plan``) and read without the lock. Memory: 4 bytes
+per STRIDE units (0.6 % of the 20-byte units they stand for) while a file's times span less
+than 24 days, else 8; a byte of run (and flag) per STRIDE units (0.16 %), the last file's
+twice; a few fields per file.
 """
 
 from __future__ import annotations
@@ -35,25 +38,19 @@ from __future__ import annotations
 import struct
 import threading
 import weakref
-from array import array
 from bisect import bisect_left, bisect_right
 
 import numpy as np
 
 from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 from mqstore.format.record import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6, host_width
+from mqstore.read.time_column import NO_PHYS, REACHES_NEXT, REMOVED, STRIDE, FileTimes
 
-STRIDE = 32
 # Units gathered per vectorised pass: bounds the temporary arrays (~50 bytes a unit).
 _GATHER_UNITS = 1 << 16
 # Up to this many new units are gathered one by one: a vectorised pass costs ~100 us before
 # its first unit, a unit alone ~1.5 us (a queue asked often while it grows gains them).
 _FEW_UNITS = 48
-# The phys offset of a filler with no real unit before it in its file: it reads as removed
-# whatever the log's minimum (-1 at least).
-_NO_PHYS = -(1 << 62)
-_REMOVED = -2  # the probing search's time for a removed record (or none)
-_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _HEAD = POS_SYSFLAG + 4  # what the probing search reads to find the timestamp
 _TS_V4 = POS_BORN_HOST + host_width(False)
 _TS_V6 = POS_BORN_HOST + host_width(True)
@@ -135,81 +132,10 @@ def _index_of(cq) -> _QueueTimes:
         return entry[1]
 
 
-class _FileTimes:
-    """Units ``[0, n)`` of one consume-queue file, each naming a record that was readable, or
-    already removed, when gathered. ``first``/``last``: (phys offset, time) giving units 0 and
-    n-1 their times; ``monotone``: phys offsets and times never decrease, every time is -2 or
-    a record's time >= 0; ``times``: the column (monotone files only), ``base`` added to its
-    int32 entries (-2 is _I32_MIN; 0 once it holds int64 times); ``runs``: per stride, how
-    many of its units from the first on share the first one's time (of those gathered);
-    ``kept``: (log minimum, strides, the first stride not removed)."""
-
-    __slots__ = ("seg", "n", "whole", "first", "last", "last_unit", "monotone", "times", "base",
-                 "runs", "kept")
-
-    def __init__(self, seg) -> None:
-        self.seg = seg
-        self.n = 0
-        self.whole = False  # n reached the file's written units at the last sync
-        self.first = self.last = (_NO_PHYS, _REMOVED)
-        self.last_unit = None
-        self.monotone = True
-        self.times = array("i")
-        self.base = None
-        self.runs = bytearray()
-        self.kept = (None, -1, 0)
-
-    def unchanged(self, seg) -> bool:
-        """Whether ``seg`` still holds the units gathered (not replaced, cut or rewritten)."""
-        if self.seg is not seg or self.n > seg.wrote // CQ_UNIT_SIZE:
-            return False
-        return not self.n or _UNIT.unpack_from(
-            seg.mm, (self.n - 1) * CQ_UNIT_SIZE) == self.last_unit
-
-    def stride_time(self, j: int) -> int:
-        v = self.times[j]
-        return _REMOVED if v == _I32_MIN else v + (self.base or 0)
-
-    def add_strides(self, values: np.ndarray) -> None:
-        """Append the times of the next strides (never decreasing)."""
-        if not len(values):
-            return
-        if self.times.typecode == "i":
-            real = values >= 0
-            if self.base is None and real.any():
-                self.base = int(values[real][0])
-            if values[-1] < 0 or int(values[-1]) - self.base < _I32_MAX:
-                rel = np.where(real, values - (self.base or 0), _I32_MIN)
-                self.times.frombytes(rel.astype(np.int32).tobytes())
-                return
-            # Times spanning more than int32 milliseconds: int64 from here on.
-            self.times = array("q", [self.stride_time(j) for j in range(len(self.times))])
-            self.base = 0
-        self.times.frombytes(values.astype(np.int64).tobytes())
-
-    def add_runs(self, a: int, times: np.ndarray, before: int) -> None:
-        """Extend ``runs`` over units ``[a, a + len(times))`` of effective ``times`` (after
-        ``add_strides`` for them); ``before``: the time of unit a - 1."""
-        m = len(times)
-        new = np.flatnonzero(times[1:] != times[:-1]) + 1  # where a unit's time is not the last's
-        if a % STRIDE:
-            # The last stride's run goes on if it reached unit a - 1 and unit a's time is that.
-            j = a // STRIDE
-            if self.runs[-1] == a - j * STRIDE and times[0] == before:
-                self.runs[-1] += min(int(new[0]) if len(new) else m, (j + 1) * STRIDE - a)
-        starts = np.arange(-(-a // STRIDE) * STRIDE - a, m, STRIDE)
-        ends = np.append(new, m)[np.searchsorted(new, starts, side="right")]
-        self.runs += (np.minimum(ends, starts + STRIDE) - starts).astype(np.uint8).tobytes()
-
-    def drop_column(self) -> None:
-        """Times went backwards: the file is left to the probing search."""
-        self.monotone, self.times, self.runs = False, array("i"), bytearray()
-
-
 class _QueueTimes:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.files: list[_FileTimes] = []  # the files holding units, in order
+        self.files: list[FileTimes] = []  # the files holding units, in order
         self._segs = None  # the queue's segment list when synced
         self._tail = (-1, None)  # its last segment's written bytes and last unit then
         self._complete = False
@@ -235,7 +161,7 @@ class _QueueTimes:
                 continue
             ft = known.get(seg.start)
             if ft is None or not ft.unchanged(seg):
-                ft = _FileTimes(seg)
+                ft = FileTimes(seg)
             if ft.n < end:
                 _gather(ft, cq.units_of(seg), end, commit_log, min_phys)
             ft.whole = ft.n == end
@@ -308,7 +234,7 @@ class _Plan:
             a <= b for a, b in zip(self.heads, self.heads[1:]))
 
 
-def _file_plan(ft: _FileTimes, min_logic: int, min_phys: int, commit_log, last: bool) -> tuple:
+def _file_plan(ft: FileTimes, min_logic: int, min_phys: int, commit_log, last: bool) -> tuple:
     """A gathered file in a plan, as what ``_in_file`` reads (one tuple, unpacked at once):
     whether the column searches it (monotone, gathered whole), its first offset, the units
     searched (``low`` from the min offset, ``high``), the time of the last and of ``low``
@@ -319,7 +245,7 @@ def _file_plan(ft: _FileTimes, min_logic: int, min_phys: int, commit_log, last: 
     low, high = max(0, min_logic - start) // CQ_UNIT_SIZE, ft.n - 1
     last_phys, last_time = ft.last
     return (ft.monotone and ft.whole, start // CQ_UNIT_SIZE, low, high,
-            last_time if last_phys >= min_phys else _REMOVED,
+            last_time if last_phys >= min_phys else REMOVED,
             _time(ft, low, min_phys, commit_log) if low * CQ_UNIT_SIZE < ft.seg.wrote else None,
             max(_first_kept(ft, min_phys)[2], -(-low // STRIDE)) if ft.monotone else 0,
             len(ft.times), ft.times, ft.base or 0, bytes(ft.runs) if last else ft.runs,
@@ -366,10 +292,17 @@ def _in_file(fp: tuple, ts: int, upper: bool, min_phys: int, commit_log) -> int 
         return 0 if upper else base
     # Strides before `first` are removed (-2, below any ts); from there on the column holds
     # the times, so bisecting it finds the stride where ts is reached. Stride j - 1 starts
-    # below ts (upper: at or below), and so do the units of its run; when times repeat there,
-    # the unit after the run has the stride's next time, mostly its last: it is probed first.
+    # below ts (upper: at or below), and so do the units of its run; stride j starts at or
+    # above ts (upper: above), and so do the units after the run when they have its time
+    # (flagged): the answer is where the run ends. Else, when times repeat, the unit after
+    # the run has the stride's next time, mostly its last: it is probed first.
     j = (bisect_right if upper else bisect_left)(times, ts - t_base, first, strides)
     run = runs[j - 1] if j > first else 0
+    if run > STRIDE:
+        lo = max(low, (j - 1) * STRIDE + run - REACHES_NEXT)
+        if j < strides:  # the next stride's first unit was gathered when the plan was made
+            return base + lo - 1 if upper else base + lo
+        run -= REACHES_NEXT
     lo = max(low, (j - 1) * STRIDE + (run or 1))
     hi = min(j * STRIDE, high + 1)
     # _probe inlined, keeping the log segment from one probe to the next: these few probes
@@ -401,20 +334,20 @@ def _in_file(fp: tuple, ts: int, upper: bool, min_phys: int, commit_log) -> int 
     return base + lo - 1 if upper else base + lo
 
 
-def _time(ft: _FileTimes, idx: int, min_phys: int, commit_log) -> int | None:
+def _time(ft: FileTimes, idx: int, min_phys: int, commit_log) -> int | None:
     """The time of gathered unit ``idx`` of a file, from what is kept when it can be."""
     if idx >= ft.n:
         return None
     if idx == ft.n - 1 or idx == 0:
         phys, t = ft.last if idx else ft.first
-        return t if phys >= min_phys else _REMOVED
+        return t if phys >= min_phys else REMOVED
     if ft.monotone and idx % STRIDE == 0:
         j = idx // STRIDE
-        return ft.stride_time(j) if j >= _first_kept(ft, min_phys)[2] else _REMOVED
+        return ft.stride_time(j) if j >= _first_kept(ft, min_phys)[2] else REMOVED
     return _probe(ft.seg.mm, idx, min_phys, commit_log)
 
 
-def _first_kept(ft: _FileTimes, min_phys: int) -> tuple:
+def _first_kept(ft: FileTimes, min_phys: int) -> tuple:
     """``ft.kept``: the first stride of a monotone file whose record is not below
     ``min_phys`` (phys offsets never decrease there), found again when the minimum or the
     column moved."""
@@ -440,7 +373,7 @@ def _phys_of(mm, idx: int) -> int:
         if size != FILLER_SIZE:
             return phys
         idx -= 1
-    return _NO_PHYS
+    return NO_PHYS
 
 
 def _probe(mm, idx: int, min_phys: int, commit_log) -> int | None:
@@ -448,7 +381,7 @@ def _probe(mm, idx: int, min_phys: int, commit_log) -> int | None:
     removes it. None if its segment is gone all the same (a cleanup under way)."""
     phys = _phys_of(mm, idx)
     if phys < min_phys:
-        return _REMOVED
+        return REMOVED
     seg = _log_segment(commit_log, phys)
     if seg is None:
         return None
@@ -468,7 +401,7 @@ def _log_segment(commit_log, phys: int):
 
 
 # -- gathering ---------------------------------------------------------------------------------
-def _gather(ft: _FileTimes, units: np.ndarray, end: int, commit_log, min_phys: int) -> None:
+def _gather(ft: FileTimes, units: np.ndarray, end: int, commit_log, min_phys: int) -> None:
     """Extend ``ft`` over units ``[ft.n, end)``, stopping before the first whose record cannot
     be read (a later sync tries it again)."""
     if end - ft.n <= _FEW_UNITS:
@@ -479,7 +412,7 @@ def _gather(ft: _FileTimes, units: np.ndarray, end: int, commit_log, min_phys: i
         chunk = units[a:min(end, a + _GATHER_UNITS)]
         phys = chunk["phys_offset"].astype(np.int64)
         real = chunk["size"] != FILLER_SIZE
-        times = np.full(len(chunk), _REMOVED, dtype=np.int64)
+        times = np.full(len(chunk), REMOVED, dtype=np.int64)
         readable = np.ones(len(chunk), dtype=bool)
         needed = np.flatnonzero(real & (phys >= min_phys))
         if len(needed):
@@ -504,6 +437,7 @@ def _gather(ft: _FileTimes, units: np.ndarray, end: int, commit_log, min_phys: i
             if ft.monotone:
                 ft.add_strides(eff_time[-(-a // STRIDE) * STRIDE - a::STRIDE])
                 ft.add_runs(a, eff_time, ft.last[1])
+                ft.mark_reaching(a, eff_time)
             else:
                 ft.drop_column()  # only monotone files are searched with it
         if a == 0:
@@ -515,7 +449,7 @@ def _gather(ft: _FileTimes, units: np.ndarray, end: int, commit_log, min_phys: i
             return
 
 
-def _gather_few(ft: _FileTimes, end: int, commit_log, min_phys: int) -> None:
+def _gather_few(ft: FileTimes, end: int, commit_log, min_phys: int) -> None:
     """``_gather`` one unit at a time, to the same effect."""
     mm = ft.seg.mm
     last_phys, last_time = ft.last
@@ -524,7 +458,7 @@ def _gather_few(ft: _FileTimes, end: int, commit_log, min_phys: int) -> None:
         phys, size = unit
         before = last_time
         if size != FILLER_SIZE:
-            t = _REMOVED
+            t = REMOVED
             if phys >= min_phys:
                 t = _record_time(commit_log, phys)
                 if t is None:
@@ -534,10 +468,15 @@ def _gather_few(ft: _FileTimes, end: int, commit_log, min_phys: int) -> None:
             last_phys, last_time = phys, t
         if ft.monotone:
             if i % STRIDE == 0:
+                if i and ft.after_run == last_time:
+                    ft.runs[-1] |= REACHES_NEXT
                 ft.add_strides(np.array([last_time], dtype=np.int64))
                 ft.runs.append(1)
+                ft.after_run = None
             elif ft.runs[-1] == i % STRIDE and last_time == before:
                 ft.runs[-1] += 1
+            elif ft.after_run is None:
+                ft.after_run = last_time
         if i == 0:
             ft.first = (last_phys, last_time)
         ft.last, ft.last_unit, ft.n = (last_phys, last_time), unit, i + 1

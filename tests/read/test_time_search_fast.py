@@ -229,6 +229,9 @@ def gathering(few: int):
 
 # Both ways of gathering, each against the probing search.
 GATHERING = pytest.mark.parametrize("few", [0, 1 << 30], ids=["vectorised", "one_by_one"])
+# And the default: a few new units one by one, more in vectorised passes.
+EVERY_GATHERING = pytest.mark.parametrize("few", [0, time_index._FEW_UNITS, 1 << 30],
+                                          ids=["vectorised", "mixed", "one_by_one"])
 
 
 @GATHERING
@@ -714,3 +717,221 @@ def test_read_only_follower(tmp_path, manual_clock):
             time.sleep(0.01)
         _compare_store(follower, [("T", 0)], times)
         assert follower.offset_by_time("T", 0, times[-1], UPPER) == 399
+
+
+# -- a batch's time giving way to the next inside a stride -----------------------------------
+STRIDE = time_index.STRIDE
+
+
+@contextlib.contextmanager
+def counting_reads(monkeypatch):
+    """The records' timestamps the column reads (probes and gathering), as a list of where."""
+    reads: list[int] = []
+    real = time_index._LONG
+
+    class Counting:
+        @staticmethod
+        def unpack_from(buf, at=0):
+            reads.append(at)
+            return real.unpack_from(buf, at)
+
+    monkeypatch.setattr(time_index, "_LONG", Counting)
+    try:
+        yield reads
+    finally:
+        monkeypatch.setattr(time_index, "_LONG", real)
+
+
+def _two_timed(times: list[int], b: int, file_units: int) -> bool:
+    """Whether the time of offset ``b`` starts inside a stride (of its consume-queue file) that
+    holds only it and the time before, and the next stride, in the same file and stored, starts
+    with it."""
+    local = b % file_units
+    first = b - local % STRIDE
+    nxt = first + STRIDE
+    return (local % STRIDE != 0 and nxt < min(len(times), b - local + file_units)
+            and times[first] == times[b - 1] and times[nxt] == times[b])
+
+
+def _check_boundaries(search, times: list[int], reads: list[int], file_units: int) -> int:
+    """Around every offset ``b`` whose time differs from the one before (offset i stored at
+    ``times[i]``, never decreasing), the four searches answer as the times say; where the stride
+    is two-timed (``_two_timed``) they read no record. Returns how many boundaries were."""
+    free = 0
+    for b in range(1, len(times)):
+        if times[b] == times[b - 1]:
+            continue
+        cases = ((times[b], LOWER, b), (times[b - 1] + 1, LOWER, b),
+                 (times[b - 1], UPPER, b - 1), (times[b] - 1, UPPER, b - 1))
+        two = _two_timed(times, b, file_units)
+        for ts, bound, want in cases:
+            reads.clear()
+            assert search(ts, bound) == want, (b, ts, bound, times[b - 1], times[b])
+            assert not two or reads == [], (b, ts, bound, reads)
+        free += two
+    return free
+
+
+def _batch_times(sizes, t0: int = 10_000) -> list[int]:
+    """Store times of consecutive batches of ``sizes`` messages, each batch one ms later."""
+    return [t0 + k for k, n in enumerate(sizes) for _ in range(n)]
+
+
+@EVERY_GATHERING
+def test_a_time_giving_way_to_the_next_inside_a_stride_reads_no_record(few, monkeypatch):
+    """Where one batch's time gives way to the next's inside a stride and the next stride
+    starts with it, a search ending there reads no record, whatever pieces the queue grew in
+    (a gather stops and resumes anywhere in a stride, vectorised or unit by unit) and across
+    files; elsewhere (three times in a stride, the last stride) it probes as before. Every
+    answer is the probing search's."""
+    file_units = 200
+    b, root = built(1 << 16, file_units)
+    times = _batch_times([45, 70, 13, 100, 32, 64, 7, 33, 250, 1, 2, 90, 31, 29, 300, 60] * 2)
+    try:
+        with gathering(few), counting_reads(monkeypatch) as reads:
+            done, free = 0, 0
+            pieces = iter([1, 5, 31, 32, 33, 47, 48, 49, 64, 100, 3, 250, 7, 1, 90] * 10)
+            while done < len(times):
+                for t in times[done:done + next(pieces)]:
+                    b.record(0, t)
+                done = len(b.records[0])
+                search = (lambda ts, bound:
+                          offset_by_time(b.log, b.queues[0], ts, bound))  # noqa: E731
+                search(0, LOWER)  # gathers what was appended
+                free = _check_boundaries(search, times[:done], reads, file_units)
+            b.check(sample=80)
+        assert free >= 10
+    finally:
+        b.close()
+        _remove(root)
+
+
+@EVERY_GATHERING
+@pytest.mark.parametrize("sizes", [(5, 7, 29), (31, 1, 40), (12, 20, 1, 30), (40, 3, 30)])
+def test_a_gather_stopping_anywhere_in_a_stride(few, sizes, monkeypatch):
+    """Batches of ``sizes`` messages (two or three times in a stride), the queue searched
+    once after each unit up to a split and again after the rest: whatever was gathered
+    before, a stride is two-timed only when its first unit after the run has the next
+    stride's time."""
+    times = _batch_times(sizes)
+    for split in range(1, len(times)):
+        b, root = built(1 << 16, 500)
+        try:
+            with gathering(few), counting_reads(monkeypatch) as reads:
+                search = (lambda ts, bound:
+                          offset_by_time(b.log, b.queues[0], ts, bound))  # noqa: E731
+                for t in times[:split]:
+                    b.record(0, t)
+                search(0, LOWER)
+                for t in times[split:]:
+                    b.record(0, t)
+                search(0, LOWER)
+                _check_boundaries(search, times, reads, 500)
+        finally:
+            b.close()
+            _remove(root)
+
+
+@GATHERING
+def test_a_stride_cut_and_written_over_with_other_times(few, monkeypatch, small):
+    """A queue cut inside a stride whose later units had the next stride's time, then written
+    again with other times: the stride is looked at anew (a search for a time the cut units
+    had finds the units written since), and a stride the new units leave two-timed reads no
+    record."""
+    with gathering(few), counting_reads(monkeypatch) as reads:
+        for t in [100] * 10 + [200] * 31:  # stride 0: 10 units of 100, then 200 into stride 1
+            small.record(0, t)
+        cq = small.queues[0]
+        assert time_index.search(small.log, cq, 150, False) == 10
+        cq.truncate_to_phys(small.records[0][20])  # units 0-19 stay
+        assert cq.max_offset == 20
+        times = [100] * 10 + [200] * 10 + [300] * 21 + [400] * 40
+        for t in times[20:]:
+            small.record(0, t)
+        search = lambda ts, bound: offset_by_time(small.log, cq, ts, bound)  # noqa: E731
+        search(0, LOWER)
+        assert search(250, LOWER) == 20 and search(250, UPPER) == 19
+        assert search(150, LOWER) == 10
+        reads.clear()
+        assert search(350, LOWER) == 41 and reads == []  # stride 1: 300 then 400 from 41 on
+        assert _check_boundaries(search, times, reads, 500) == 1
+        small.check()
+
+
+def _put_batches(store, clock, sizes, t0: int, queue_id: int = 0) -> list[int]:
+    """``put_batch`` each of ``sizes`` messages to queue ``queue_id`` of topic T, a ms apart:
+    the store times of the messages in queue order."""
+    times = []
+    for k, n in enumerate(sizes):
+        clock.now = t0 + k
+        r = store.put_batch(MessageBatch(topic="T", bodies=[b"m"] * n, queue_ids=queue_id))
+        assert r.status is PutStatus.PUT_OK and r.store_timestamp == t0 + k
+        times += [t0 + k] * n
+    return times
+
+
+def _store_boundaries(store, times, reads) -> int:
+    """``_check_boundaries`` through ``store.offset_by_time`` on queue T/0 (one file), after a
+    first search that gathers; every answer from the column."""
+    store.offset_by_time("T", 0, 0)
+    cq, log = store.consume_queue("T", 0), store.internals.commit_log
+    assert cq.max_offset == len(times)
+    for b in range(1, len(times)):
+        if times[b] != times[b - 1]:
+            assert time_index.search(log, cq, times[b], False) == b
+    return _check_boundaries(lambda ts, bound: store.offset_by_time("T", 0, ts, bound), times,
+                             reads, cq.file_bytes // CQ_UNIT_SIZE)
+
+
+SIZES = [45, 70, 13, 100, 32, 64, 7, 33, 250, 1, 2, 90]
+
+
+def test_batches_while_another_process_writes_the_queue(make_store, manual_clock, monkeypatch):
+    """The store's dispatch worker (another process) writes the queue and this process follows
+    it in windows, so gathers stop anywhere in a stride; a read-only store opened on the same
+    files follows the log in a process of its own view. Both read no record for a search that
+    ends where a batch's time gives way to the next inside a stride, as the queue grows."""
+    store = make_store()
+    assert store.internals.supervisor is not None
+    follower = make_store(root=store.root, read_only=True)
+    times: list[int] = []
+    with counting_reads(monkeypatch) as reads:
+        for round_ in range(3):
+            times += _put_batches(store, manual_clock, SIZES, 20_000 + 100 * round_)
+            store.wait_dispatched()
+            assert _store_boundaries(store, times, reads) == (4, 11, 18)[round_]
+            deadline = time.monotonic() + 30
+            while follower.max_offset("T", 0) < len(times):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert _store_boundaries(follower, times, reads) == (4, 11, 18)[round_]
+
+
+def test_batches_after_a_crash_cut_the_last_record(make_store, manual_clock, monkeypatch,
+                                                    tmp_path):
+    """Recovery cuts a torn last record and its unit inside a stride; the reopened store's
+    searches agree with the times kept and read no record at two-timed strides, and so after
+    a batch at a new time is written over the cut."""
+    store = make_store()
+    times = _put_batches(store, manual_clock, SIZES, 30_000)
+    store.wait_dispatched()
+    store.flush_commit_log(0)
+    last = store.get("g", "T", 0, len(times) - 1, 1).messages[0]
+    root = tmp_path / "crashed"
+    shutil.copytree(store.root, root)
+    seg = 1 << 20
+    with open(root / "commitlog" / f"{last.phys_offset - last.phys_offset % seg:020d}",
+              "r+b") as f:  # the last record torn in half, the checkpoint trusting nothing
+        f.seek(last.phys_offset % seg + last.size // 2)
+        f.write(bytes(last.size))
+    with open(root / "checkpoint", "r+b") as f:
+        f.seek(32)
+        f.write(bytes(16))
+    crashed = make_store(root=root)
+    assert crashed.recovery_report.abnormal
+    times.pop()
+    with counting_reads(monkeypatch) as reads:
+        assert _store_boundaries(crashed, times, reads) == 4
+        times += _put_batches(crashed, manual_clock, [40, 3, 70], 40_000)
+        crashed.wait_dispatched()
+        assert _store_boundaries(crashed, times, reads) == 5
