@@ -42,8 +42,8 @@ import time
 
 import numpy as np
 
-from benchlib import emit_json, load_config_compat
-from mqstore import Message, MessageBatch, MessageStore
+from benchlib import emit_json, fill, load_config_compat
+from mqstore import Message, MessageStore
 
 TOPIC = "BenchTopic"
 QUEUES = 4
@@ -60,15 +60,6 @@ def _config(**extra):
 
 
 # -- throughput ---------------------------------------------------------------------------------
-
-def _fill(store, count: int, body_bytes: int) -> None:
-    body = b"x" * body_bytes
-    for i in range(0, count, CHUNK):
-        n = min(CHUNK, count - i)
-        store.put_batch(MessageBatch(topic=TOPIC, bodies=[body] * n,
-                                     queue_ids=(i // CHUNK) % QUEUES))
-    store.wait_dispatched(120)
-
 
 def _bare_read(store) -> int:
     n = 0
@@ -106,7 +97,7 @@ def throughput(args, tmp: str) -> tuple[dict, dict]:
     best_cpu = dict(best)
     with MessageStore.open(root, config=_config()) as store:
         began = time.perf_counter()
-        _fill(store, args.count, args.body_bytes)
+        fill(store, TOPIC, args.count, args.body_bytes, CHUNK, QUEUES)
         print(f"filled {args.count:,} x {args.body_bytes} B in {time.perf_counter() - began:.1f} s")
         for r in range(args.rounds):
             for name, run in (("read", lambda: _bare_read(store)),

@@ -59,6 +59,7 @@ import threading
 import time
 
 from benchlib import emit_json
+from proc_cpu import cpu_s, descendants_cpu_s
 
 TOPIC = "BenchTopic"
 GROUP = "bench-group"
@@ -66,7 +67,6 @@ FIFO_GROUP = "bench-fifo-group"
 FIFO_TOPIC = "BenchFifo"  # the FIFO workloads' messages, apart from the others
 FIFO_GROUPS = 16  # message groups of the FIFO workload
 BATCH = 32
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 START_TIMEOUT_S = 60
 WORKLOADS = ("send sync", "send async", "receive+ack", "push", "receive+ack fifo", "push fifo")
 BASELINE = {"receive+ack fifo": "receive+ack", "push fifo": "push"}  # the floor row compared
@@ -151,29 +151,6 @@ def floor_server(body_bytes: int) -> None:
 
 
 # -- processes and their CPU ----------------------------------------------------------------
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process under ``pid`` (serve's workers are children of its forkserver)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
-    out, frontier = [], {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier}
-        out += frontier
-    return out
-
-
 class Server:
     """A server process: ``endpoint``, and its CPU (itself, its children) so far."""
 
@@ -181,12 +158,7 @@ class Server:
         self.proc, self.endpoint, self.log_path = proc, endpoint, log_path
 
     def cpu(self) -> tuple[float, float]:
-        kids = 0.0
-        for child in descendants(self.proc.pid):
-            try:
-                kids += cpu_s(child)
-            except OSError:
-                pass
+        kids = descendants_cpu_s(self.proc.pid)
         return cpu_s(self.proc.pid), kids
 
     def stop(self) -> None:

@@ -30,8 +30,8 @@ import sys
 import tempfile
 import time
 
-from benchlib import emit_json, load_config_compat
-from mqstore import MessageBatch, MessageStore
+from benchlib import emit_json, fill, load_config_compat
+from mqstore import MessageStore
 
 TOPIC = "BenchTopic"
 QUEUES = 4
@@ -43,15 +43,6 @@ def _config():
     return load_config_compat({"commit_log": {"segment_bytes": 256 << 20},
                                "index": {"enabled": False},
                                "plugins": {"load_entry_points": False}})
-
-
-def _fill(store, count: int, body_bytes: int) -> None:
-    body = b"x" * body_bytes
-    for i in range(0, count, CHUNK):
-        n = min(CHUNK, count - i)
-        store.put_batch(MessageBatch(topic=TOPIC, bodies=[body] * n,
-                                     queue_ids=(i // CHUNK) % QUEUES))
-    store.wait_dispatched(120)
 
 
 def _batch_ack(store) -> bool:
@@ -113,7 +104,7 @@ def main() -> int:
     best_cpu = dict.fromkeys(names, 0.0)
     try:
         with MessageStore.open(os.path.join(tmp, "store"), config=_config()) as store:
-            _fill(store, args.count, args.body_bytes)
+            fill(store, TOPIC, args.count, args.body_bytes, CHUNK, QUEUES)
             batched = _batch_ack(store)
             for r in range(args.rounds):
                 passes = (("pop+ack", lambda: _pop_ack(store, f"p{r}", args.count, args.batch,

@@ -41,6 +41,8 @@ import sys
 import tempfile
 import time
 
+from proc_cpu import cpu_s, descendants_cpu_s
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOPIC = "BenchTopic"
 BATCH = 32
@@ -176,45 +178,13 @@ def floor_server(body_bytes: int) -> None:
 
 
 # -- servers ---------------------------------------------------------------------------------
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process under ``pid`` (serve's workers are children of its forkserver)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
-    out, frontier = [], {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier}
-        out += frontier
-    return out
-
-
 class Server:
     def __init__(self, proc, address: str) -> None:
         self.proc, self.address = proc, address
 
     def cpu(self) -> float:
         """CPU seconds of the server and its processes so far."""
-        total = cpu_s(self.proc.pid)
-        for child in descendants(self.proc.pid):
-            try:
-                total += cpu_s(child)
-            except OSError:
-                pass
-        return total
+        return cpu_s(self.proc.pid) + descendants_cpu_s(self.proc.pid)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -30,7 +30,7 @@ import tempfile
 import time
 import urllib.request
 
-from benchlib import emit_json, load_config_compat
+from benchlib import emit_json, ha_config, load_config_compat
 from mqstore import Message, MessageBatch, MessageStore, PutStatus
 
 SEGMENT_BYTES = 64 << 20
@@ -39,11 +39,7 @@ START_TIMEOUT_S = 120.0
 
 
 def config(role: str, **server) -> dict:
-    return {"commit_log": {"segment_bytes": SEGMENT_BYTES},
-            "plugins": {"load_entry_points": False},
-            "store": {"role": role, "ha_heartbeat_interval_ms": 500,
-                      "ha_housekeeping_interval_ms": 10000},
-            "server": {"metrics_listen": "127.0.0.1:0", **server}}
+    return ha_config(role, SEGMENT_BYTES, **server)
 
 
 def protection(d: str) -> tuple[dict, dict]:

@@ -55,3 +55,27 @@ def emit_json(bench: str, metrics: list[tuple[str, float, str, str]], **extra: A
     record = {"bench": bench, "mqstore": mqstore.__file__,
               "metrics": [[n, float(v), u, b] for n, v, u, b in metrics], **extra}
     print("BENCH-JSON " + json.dumps(record), flush=True)
+
+
+def fill(store, topic: str, count: int, body_bytes: int, chunk: int, queues: int) -> None:
+    """``count`` messages of ``body_bytes`` into ``topic``, ``chunk`` a ``put_batch``, the
+    chunks spread over queues 0..``queues`` - 1 in turn; returns once they are dispatched."""
+    from mqstore import MessageBatch
+
+    body = b"x" * body_bytes
+    for i in range(0, count, chunk):
+        n = min(chunk, count - i)
+        store.put_batch(MessageBatch(topic=topic, bodies=[body] * n,
+                                     queue_ids=(i // chunk) % queues))
+    store.wait_dispatched(120)
+
+
+def ha_config(role: str, segment_bytes: int, **server) -> dict:
+    """The overrides of a ``mqstore serve`` node of a master-slave pair (the replication
+    benchmarks): ``role``, ``segment_bytes`` commit-log segments, heartbeats every 0.5 s,
+    metrics on a free port, and ``server`` keys."""
+    return {"commit_log": {"segment_bytes": segment_bytes},
+            "plugins": {"load_entry_points": False},
+            "store": {"role": role, "ha_heartbeat_interval_ms": 500,
+                      "ha_housekeeping_interval_ms": 10000},
+            "server": {"metrics_listen": "127.0.0.1:0", **server}}

@@ -367,6 +367,16 @@ class PopConsumer:
                        dead)
 
     def _dead_letter(self, topic, group, handle, q, offset, attempt, delivery, dead) -> None:
+        with self._current(topic, group, handle, q, offset, attempt, delivery) as (journal, state):
+            if self._bury(journal, state, self._service.store, dead, group, topic,
+                          [(q, offset, attempt, delivery)]):
+                raise OSError(f"the message of receipt handle {handle!r} could not be "
+                              f"dead-lettered now; it stays in flight")
+
+    @contextlib.contextmanager
+    def _current(self, topic, group, handle, q, offset, attempt, delivery):
+        """The journal and its state, changing (under the exclusive flock), when ``handle``
+        names the current delivery of its message; else raises why it does not, as ``ack``."""
         with self._using(topic, group) as journal:
             if not journal.exists():
                 raise _never_popped(handle, topic, group)
@@ -374,11 +384,7 @@ class PopConsumer:
                 error = _check(state, handle, q, offset, attempt, delivery, ())
                 if error is not None:
                     raise error
-                store = self._service.store
-                if self._bury(journal, state, store, dead, group, topic,
-                              [(q, offset, attempt, delivery)]):
-                    raise OSError(f"the message of receipt handle {handle!r} could not be "
-                                  f"dead-lettered now; it stays in flight")
+                yield journal, state
 
     @staticmethod
     def _take_new(store, state, topic, group, q, room, until, delivery, picked, rows,
@@ -466,17 +472,11 @@ class PopConsumer:
                               invisible_ms)
 
     def _change(self, topic, group, handle, q, offset, attempt, delivery, invisible_ms) -> str:
-        with self._using(topic, group) as journal:
-            if not journal.exists():
-                raise _never_popped(handle, topic, group)
-            with journal.changing() as state:
-                error = _check(state, handle, q, offset, attempt, delivery, ())
-                if error is not None:
-                    raise error
-                now = self._service.store.clock()
-                new = state.next_delivery(now)
-                journal.append([(INFLIGHT, q, offset, now + invisible_ms, new, attempt, 0)],
-                               state.rotate, new)
+        with self._current(topic, group, handle, q, offset, attempt, delivery) as (journal, state):
+            now = self._service.store.clock()
+            new = state.next_delivery(now)
+            journal.append([(INFLIGHT, q, offset, now + invisible_ms, new, attempt, 0)],
+                           state.rotate, new)
         return make_handle(topic, group, q, offset, attempt, new)
 
     # -- the state as a whole -------------------------------------------------------------

@@ -34,7 +34,6 @@ the bound (none yet, or a RocketMQ broker's) gets one before the first put of co
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Callable
 
@@ -42,7 +41,6 @@ import numpy as np
 
 from mqstore.append.delays import NotACopy, copy_of
 from mqstore.append.encoding import Rejected
-from mqstore.errors import CorruptStateError
 from mqstore.format.delay_offsets import DelayOffsets
 from mqstore.format.properties import PROPERTY_DELAY, decode_properties, find_property
 from mqstore.format.record import SCAN_BLANK, SCAN_OK, scan_record
@@ -51,6 +49,7 @@ from mqstore.format.schedule import (
     PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC, level_of_queue, queue_of_level,
 )
 from mqstore import log_limit
+from mqstore.runtime.ticking import MasterTicker
 from mqstore.runtime.timers import Timers
 from mqstore.storage.delay_offsets import read_delay_offsets, write_delay_offsets
 
@@ -93,37 +92,21 @@ class ScheduleService:
         self._bounded = False  # the file on disk has mqstore's bound
         self._recover_end: int | None = None
         self._persisted_at = time.monotonic()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = MasterTicker(
+            "mqstore-schedule", lambda: self.run_once() >= MAX_PER_LEVEL, role=role,
+            on_slave=self._on_slave, log=log, what=f"schedule of {root}", tick_s=TICK_S,
+            retry_s=RETRY_S)
 
     # -- the thread ---------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="mqstore-schedule", daemon=True)
-        self._thread.start()
+        self._ticker.start()
 
     def stop(self) -> None:
         """End the thread; its progress is on disk after every put already."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._ticker.stop()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            pause = TICK_S
-            try:
-                if self.role.refusal() is not None:
-                    self.recovered = False  # a master again reads the file anew
-                elif self.run_once() >= MAX_PER_LEVEL:
-                    pause = 0
-            except CorruptStateError as exc:
-                log.error("schedule of %s: %s", self.root, exc)
-                pause = RETRY_S
-            except Exception:
-                log.exception("schedule of %s: a tick failed; trying again", self.root)
-                pause = RETRY_S
-            if pause:
-                self._stop.wait(pause)
+    def _on_slave(self) -> None:
+        self.recovered = False  # a master again reads the file anew
 
     # -- one tick -----------------------------------------------------------------------------
     def run_once(self) -> int:
@@ -153,7 +136,7 @@ class ScheduleService:
                 log.warning("schedule of %s: delivering %d message(s) refused (%s: %s); "
                             "trying again", self.root, len(copies), result.status.value,
                             result.error)
-                self._stop.wait(RETRY_S)
+                self._ticker.pause(RETRY_S)
                 return 0
             self.delivered += levels
         if len(taken):

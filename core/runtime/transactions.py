@@ -36,12 +36,12 @@ from typing import Callable, Protocol
 from mqstore import log_limit
 from mqstore.append import transactions as records
 from mqstore.append.encoding import Rejected
-from mqstore.errors import CorruptStateError
 from mqstore.format.transaction import (
     HALF_TOPIC, OP_TOPIC, PROPERTY_CHECK_IMMUNITY_S, PROPERTY_PRODUCER_GROUP, check_times,
     op_offsets,
 )
 from mqstore.message import BatchPutResult, PutStatus
+from mqstore.runtime.ticking import MasterTicker
 
 log = logging.getLogger(__name__)
 log_limit.limit(log, level=logging.WARNING)
@@ -144,36 +144,19 @@ class TransactionService:
         self.ticks = 0
         self._lock = threading.RLock()
         self._recover_end: int | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = MasterTicker("mqstore-transactions", self.run_once, role=role,
+                                    on_slave=self._on_slave, log=log, what="transactions",
+                                    tick_s=TICK_S, retry_s=RETRY_S)
 
     # -- the thread ---------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="mqstore-transactions",
-                                        daemon=True)
-        self._thread.start()
+        self._ticker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._ticker.stop()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            pause = TICK_S
-            try:
-                if self.role.refusal() is not None:
-                    self.recovered = False  # a master again reads everything anew
-                else:
-                    self.run_once()
-            except CorruptStateError as exc:
-                log.error("transactions: %s", exc)
-                pause = RETRY_S
-            except Exception:
-                log.exception("transactions: a tick failed; trying again")
-                pause = RETRY_S
-            self._stop.wait(pause)
+    def _on_slave(self) -> None:
+        self.recovered = False  # a master again reads everything anew
 
     def run_once(self) -> None:
         """Read what the queues got, check what is due, record the progress."""

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import os
 
-from mqstore.errors import CorruptStateError
 from mqstore.format.delay_offsets import DelayOffsets, decode, encode
-from mqstore.storage.durable_file import read_if_exists, replace_file
+from mqstore.storage.durable_file import read_document, replace_file
 
 CONFIG_DIR = "config"
 DELAY_OFFSET_FILE = "delayOffset.json"
@@ -28,15 +27,9 @@ def read_delay_offsets(root: str) -> DelayOffsets | None:
     """The document, or None when the store has none; CorruptStateError when it does not
     parse."""
     path = delay_offsets_path(root)
-    data = read_if_exists(path)
-    if data is None:
-        return None
-    try:
-        return decode(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CorruptStateError(f"{path}: {exc}; the schedule delivers nothing until it is "
-                                f"repaired (RocketMQ's previous version: {path}.bak, when "
-                                f"there is one)") from None
+    return read_document(path, decode, lambda problem: (
+        f"{path}: {problem}; the schedule delivers nothing until it is repaired (RocketMQ's "
+        f"previous version: {path}.bak, when there is one)"))
 
 
 def write_delay_offsets(root: str, doc: DelayOffsets) -> None:

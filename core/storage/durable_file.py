@@ -116,11 +116,10 @@ def read_document(path: str, decode: Callable[[str], _T], damaged: Callable[[str
                   ) -> _T | None:
     """A broker's JSON document at ``path`` decoded (None: no file). A damaged one (empty,
     not UTF-8, or refused by ``decode`` with a ValueError) raises ``CorruptStateError`` with
-    ``damaged(problem)``; the file is left as it is."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
+    ``damaged(problem)``, and one that is not a file ``read_all``'s; the file is left as it
+    is."""
+    raw = read_if_exists(path)
+    if raw is None:
         return None
     try:
         if not raw.strip():

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 
-from mqstore.errors import CorruptStateError
 from mqstore.format.timer_progress import TimerProgress, decode, encode
-from mqstore.storage.durable_file import read_if_exists, replace_file
+from mqstore.storage.durable_file import read_document, replace_file
 
 CONFIG_DIR = "config"
 TIMERS_FILE = "mqstore_timers.json"
@@ -19,14 +18,8 @@ def timer_progress_path(root: str) -> str:
 
 def read_timer_progress(root: str) -> TimerProgress | None:
     path = timer_progress_path(root)
-    data = read_if_exists(path)
-    if data is None:
-        return None
-    try:
-        return decode(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CorruptStateError(f"{path}: {exc}; the timers deliver nothing until it is "
-                                f"repaired") from None
+    return read_document(path, decode, lambda problem: (
+        f"{path}: {problem}; the timers deliver nothing until it is repaired"))
 
 
 def write_timer_progress(root: str, progress: TimerProgress) -> None:

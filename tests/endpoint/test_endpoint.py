@@ -13,7 +13,7 @@ import pytest
 
 from mqstore import MessageStore, load_config
 from mqstore.testing import patience
-from endpoint_support import Clients, Served, deployment_yaml
+from endpoint_support import serving
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
 MAX_BODY = 65536  # commit_log.max_message_bytes of the served store
@@ -22,23 +22,10 @@ LONG_POLL_S = 10
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, home):
-    base = tmp_path_factory.mktemp("served")
-    yaml = deployment_yaml(base / "deploy.yaml", base / "store",
-                           extra=f"commit_log: {{segment_bytes: 1048576, "
-                                 f"max_message_bytes: {MAX_BODY}}}\n"
-                                 "index: {max_hash_slots: 1024, max_index_entries: 8192}\n")
-    server = Served(yaml, base / "serve.log", home)
-    yield server
-    code = server.stop()
-    assert code == 0, server.log()
-    assert "store closed cleanly" in server.log()
-
-
-@pytest.fixture
-def clients(rocketmq, served):
-    c = Clients(rocketmq, served.endpoint)
-    yield c
-    c.close()
+    with serving(tmp_path_factory.mktemp("served"), home,
+                 extra=f"commit_log: {{segment_bytes: 1048576, max_message_bytes: {MAX_BODY}}}\n"
+                       "index: {max_hash_slots: 1024, max_index_entries: 8192}\n") as server:
+        yield server
 
 
 @pytest.fixture
@@ -52,7 +39,7 @@ def stub(served):
 def stored(served, topic: str, count: int, timeout_s: float = 10.0) -> dict:
     """``{UNIQ_KEY: record}`` of the first ``count`` messages of ``topic``, read from the store
     directory beside the running server (waiting for dispatch to show them)."""
-    root = served.log_path.parent / "store"
+    root = served.root
     config = load_config(overrides={"plugins": {"load_entry_points": False}})
     deadline = time.monotonic() + timeout_s
     while True:

@@ -16,7 +16,7 @@ import pytest
 
 from cli_support import env, error_line, mqstore
 from mqstore.testing.consumer_proc import ConsumerProcess
-from endpoint_support import Clients, Served, deployment_yaml
+from endpoint_support import serving
 from mqstore import MessageStore, load_config
 from mqstore.endpoint.auth import now_date_time, signed_metadata
 
@@ -28,24 +28,10 @@ WAIT_S = 30.0
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, home):
-    base = tmp_path_factory.mktemp("served")
-    yaml = deployment_yaml(base / "deploy.yaml", base / "store",
-                           server={"grpc_access_keys": [f"{AK}:{SK}"],
-                                   "grpc_admin_keys": [f"{ADMIN_AK}:{ADMIN_SK}"]})
-    server = Served(yaml, base / "serve.log", home)
-    server.root = base / "store"
-    server.yaml = yaml
-    yield server
-    code = server.stop()
-    assert code == 0, server.log()
-    assert "store closed cleanly" in server.log()
-
-
-@pytest.fixture
-def clients(rocketmq, served):
-    c = Clients(rocketmq, served.endpoint)
-    yield c
-    c.close()
+    with serving(tmp_path_factory.mktemp("served"), home,
+                 server={"grpc_access_keys": [f"{AK}:{SK}"],
+                         "grpc_admin_keys": [f"{ADMIN_AK}:{ADMIN_SK}"]}) as server:
+        yield server
 
 
 def admin(served, *args, check: int = 0, key: tuple[str, str] = (ADMIN_AK, ADMIN_SK)):

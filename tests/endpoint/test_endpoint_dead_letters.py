@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from cli_support import mqstore_json
-from endpoint_support import Clients, Served, deployment_yaml
+from endpoint_support import Clients, Served, consumer_settings, deployment_yaml
 from mqstore.testing import patience, wait_for
 from serve_support import scrape
 
@@ -27,15 +27,7 @@ def metrics_url(served: Served) -> str:
 
 
 def telemetry_attempts(endpoint: str, group: str) -> int:
-    from mqstore.endpoint.protocol import definition_pb2, service_pb2, service_pb2_grpc
-    settings = definition_pb2.Settings(
-        client_type=definition_pb2.SIMPLE_CONSUMER,
-        subscription=definition_pb2.Subscription(group=definition_pb2.Resource(name=group)))
-    with grpc.insecure_channel(endpoint) as channel:
-        stub = service_pb2_grpc.MessagingServiceStub(channel)
-        (reply,) = list(stub.Telemetry(iter([service_pb2.TelemetryCommand(settings=settings)]),
-                                       timeout=10))
-    return reply.settings.backoff_policy.max_attempts
+    return consumer_settings(endpoint, group).backoff_policy.max_attempts
 
 
 def drain_without_acks(consumer, quiet_s: float, limit_s: float) -> list:
@@ -51,14 +43,6 @@ def drain_without_acks(consumer, quiet_s: float, limit_s: float) -> list:
     return seen
 
 
-@pytest.fixture
-def served(tmp_path, home):
-    yaml = deployment_yaml(tmp_path / "deploy.yaml", tmp_path / "store")
-    server = Served(yaml, tmp_path / "serve.log", home)
-    yield server
-    server.kill()
-
-
 def test_a_consumer_that_never_acks_sees_max_attempts_then_the_dlq(served, rocketmq):
     ep = served.endpoint
     assert telemetry_attempts(ep, "never-acks") == 17  # RocketMQ's 16 retries + 1
@@ -66,15 +50,12 @@ def test_a_consumer_that_never_acks_sees_max_attempts_then_the_dlq(served, rocke
                           "--retry-max-times", "2")
     assert (config["retry_max_times"], config["max_attempts"]) == (2, 3)
     assert telemetry_attempts(ep, "never-acks") == 3
-    clients = Clients(rocketmq, ep)
-    try:
+    with Clients(rocketmq, ep) as clients:
         producer = clients.producer("Failing")
         sent = producer.send(clients.message("Failing", b"always fails", tag="T1",
                                              keys="fk-1")).message_id
         consumer = clients.consumer("never-acks", {"Failing": rocketmq.FilterExpression()})
         seen = drain_without_acks(consumer, quiet_s=6.0, limit_s=90)
-    finally:
-        clients.close()
     assert [(m.message_id, m.delivery_attempt) for m in seen] == [(sent, 1), (sent, 2),
                                                                  (sent, 3)]
     (dead,) = mqstore_json("group", "dlq", "--server", ep, "never-acks")
@@ -89,19 +70,15 @@ def test_a_consumer_that_never_acks_sees_max_attempts_then_the_dlq(served, rocke
     resent = mqstore_json("group", "dlq", "--server", ep, "never-acks", "--resend", "--all")
     assert [(r["offset"], r["id"], r["topic"]) for r in resent["resent"]] == [
         (0, sent, "Failing")]
-    clients = Clients(rocketmq, ep)
-    try:
+    with Clients(rocketmq, ep) as clients:
         consumer = clients.consumer("never-acks", {"Failing": rocketmq.FilterExpression()})
         (again,) = clients.receive_all(consumer, 1, timeout_s=patience(30))
-    finally:
-        clients.close()
     assert (again.message_id, again.delivery_attempt, again.body) == (sent, 1, b"always fails")
 
 
 def test_forward_to_the_dead_letter_queue_acks_the_message(served, rocketmq):
     from mqstore.endpoint.protocol import definition_pb2, service_pb2, service_pb2_grpc
-    clients = Clients(rocketmq, served.endpoint)
-    try:
+    with Clients(rocketmq, served.endpoint) as clients:
         producer = clients.producer("Forwarded")
         sent = producer.send(clients.message("Forwarded", b"to the dlq")).message_id
         consumer = clients.consumer("fwd", {"Forwarded": rocketmq.FilterExpression()})
@@ -123,8 +100,6 @@ def test_forward_to_the_dead_letter_queue_acks_the_message(served, rocketmq):
             assert definition_pb2.Code.Name(again.status.code) == "INVALID_RECEIPT_HANDLE"
             assert "acknowledged" in again.status.message
         assert consumer.receive(32, 1) == []
-    finally:
-        clients.close()
     (dead,) = mqstore_json("group", "dlq", "--server", served.endpoint, "fwd")
     assert (dead["id"], dead["origin_topic"], dead["attempts"]) == (sent, "Forwarded", 1)
     m = scrape(metrics_url(served))
@@ -150,8 +125,7 @@ def test_sigkill_between_the_dead_letters_put_and_its_record_writes_each_once(
     try:
         mqstore_json("group", "config", "--server", served.endpoint, "doomed",
                      "--retry-max-times", "0")
-        clients = Clients(rocketmq, served.endpoint)
-        try:
+        with Clients(rocketmq, served.endpoint) as clients:
             producer = clients.producer("Doomed")
             sent = [producer.send(clients.message("Doomed", b"d%03d" % i)).message_id
                     for i in range(count)]
@@ -162,8 +136,6 @@ def test_sigkill_between_the_dead_letters_put_and_its_record_writes_each_once(
             time.sleep(1.1)  # every invisible time has passed: the next receive buries them
             with pytest.raises(Exception):  # noqa: B017 - the server dies under the call
                 consumer.receive(1, 1)
-        finally:
-            clients.close()
         assert served.proc.wait(patience(30)) == -signal.SIGKILL, served.log()
     finally:
         served.kill()
@@ -174,12 +146,9 @@ def test_sigkill_between_the_dead_letters_put_and_its_record_writes_each_once(
         before = wait_for(lambda: mqstore_json("group", "dlq", "--server", served.endpoint,
                                                "doomed"),
                           what="the dead letters written before the kill")
-        clients = Clients(rocketmq, served.endpoint)
-        try:
+        with Clients(rocketmq, served.endpoint) as clients:
             consumer = clients.consumer("doomed", {"Doomed": rocketmq.FilterExpression()})
             redelivered = drain_without_acks(consumer, quiet_s=4.0, limit_s=60)
-        finally:
-            clients.close()
         after = mqstore_json("group", "dlq", "--server", served.endpoint, "doomed")
     finally:
         served.kill()

@@ -11,11 +11,10 @@ import subprocess
 import sys
 import time
 
-import grpc
 import pytest
 
 from cli_support import env, mqstore_json
-from endpoint_support import Clients, Served, deployment_yaml
+from endpoint_support import Clients, consumer_settings, serving
 from mqstore.testing import patience, wait_for
 from paths import SUPPORT
 
@@ -25,15 +24,7 @@ GROUPS = ("ga", "gb", "gc")
 
 
 def telemetry_fifo(endpoint: str, group: str) -> bool:
-    from mqstore.endpoint.protocol import definition_pb2, service_pb2, service_pb2_grpc
-    settings = definition_pb2.Settings(
-        client_type=definition_pb2.SIMPLE_CONSUMER,
-        subscription=definition_pb2.Subscription(group=definition_pb2.Resource(name=group)))
-    with grpc.insecure_channel(endpoint) as channel:
-        stub = service_pb2_grpc.MessagingServiceStub(channel)
-        (reply,) = list(stub.Telemetry(iter([service_pb2.TelemetryCommand(settings=settings)]),
-                                       timeout=10))
-    return reply.settings.subscription.fifo
+    return consumer_settings(endpoint, group).subscription.fifo
 
 
 def make_fifo(endpoint: str, group: str, **more) -> dict:
@@ -64,40 +55,29 @@ def by_group(bodies) -> dict[str, list[int]]:
     return out
 
 
-@pytest.fixture
-def served(tmp_path, home):
-    yaml = deployment_yaml(tmp_path / "deploy.yaml", tmp_path / "store")
-    server = Served(yaml, tmp_path / "serve.log", home)
-    yield server
-    server.kill()
-
-
-def test_a_fifo_group_is_announced_and_keeps_each_message_groups_order(served, rocketmq):
+def test_a_fifo_group_is_announced_and_keeps_each_message_groups_order(served, clients,
+                                                                         rocketmq):
     ep = served.endpoint
     assert telemetry_fifo(ep, "ordered") is False
     assert make_fifo(ep, "ordered")["consume_message_orderly"] is True
     assert telemetry_fifo(ep, "ordered") is True
     assert telemetry_fifo(ep, "plain") is False
-    clients = Clients(rocketmq, ep)
-    try:
-        sent = send_groups(clients, "Ordered", 5)
-        consumer = clients.consumer("ordered", {"Ordered": rocketmq.FilterExpression()})
-        withheld = None
-        order: list = []  # (body, attempt) as delivered
-        done: set = set()
-        deadline = time.monotonic() + patience(90)
-        while len(done) < len(sent) and time.monotonic() < deadline:
-            for m in consumer.receive(1, 30):
-                body = m.body.decode()
-                order.append((body, m.delivery_attempt))
-                if withheld is None:  # not acked: it comes back in 1 s, before its next
-                    withheld = body
-                    consumer.change_invisible_duration(m, 1)
-                    continue
-                consumer.ack(m)
-                done.add(body)
-    finally:
-        clients.close()
+    sent = send_groups(clients, "Ordered", 5)
+    consumer = clients.consumer("ordered", {"Ordered": rocketmq.FilterExpression()})
+    withheld = None
+    order: list = []  # (body, attempt) as delivered
+    done: set = set()
+    deadline = time.monotonic() + patience(90)
+    while len(done) < len(sent) and time.monotonic() < deadline:
+        for m in consumer.receive(1, 30):
+            body = m.body.decode()
+            order.append((body, m.delivery_attempt))
+            if withheld is None:  # not acked: it comes back in 1 s, before its next
+                withheld = body
+                consumer.change_invisible_duration(m, 1)
+                continue
+            consumer.ack(m)
+            done.add(body)
     assert done == set(sent)
     assert [d for d in order if d[1] != 1] == [(withheld, 2)]
     assert by_group([b for b, a in order if a == 1]) == {g: list(range(5)) for g in GROUPS}
@@ -106,36 +86,31 @@ def test_a_fifo_group_is_announced_and_keeps_each_message_groups_order(served, r
     assert [b for b, _a in before if b.startswith(group + "-")] == [withheld]
 
 
-def test_max_attempts_then_the_dlq_then_the_next(served, rocketmq):
+def test_max_attempts_then_the_dlq_then_the_next(served, clients, rocketmq):
     ep = served.endpoint
     make_fifo(ep, "twice", retry_max_times=1)
-    clients = Clients(rocketmq, ep)
-    try:
-        send_groups(clients, "Poison", 3, groups=("only",))
-        consumer = clients.consumer("twice", {"Poison": rocketmq.FilterExpression()})
-        seen: list = []
-        deadline = time.monotonic() + patience(90)
-        while len(seen) < 4 and time.monotonic() < deadline:
-            for m in consumer.receive(1, 30):
-                body = m.body.decode()
-                seen.append((body, m.delivery_attempt))
-                if body == "only-0":
-                    consumer.change_invisible_duration(m, 1)  # fails: back in 1 s
-                else:
-                    consumer.ack(m)
-    finally:
-        clients.close()
+    send_groups(clients, "Poison", 3, groups=("only",))
+    consumer = clients.consumer("twice", {"Poison": rocketmq.FilterExpression()})
+    seen: list = []
+    deadline = time.monotonic() + patience(90)
+    while len(seen) < 4 and time.monotonic() < deadline:
+        for m in consumer.receive(1, 30):
+            body = m.body.decode()
+            seen.append((body, m.delivery_attempt))
+            if body == "only-0":
+                consumer.change_invisible_duration(m, 1)  # fails: back in 1 s
+            else:
+                consumer.ack(m)
     assert seen == [("only-0", 1), ("only-0", 2), ("only-1", 1), ("only-2", 1)]
     (dead,) = mqstore_json("group", "dlq", "--server", ep, "twice")
     assert (dead["origin_topic"], dead["attempts"]) == ("Poison", 2)
 
 
-def test_two_consumer_processes_keep_each_message_groups_order(served, rocketmq, tmp_path,
+def test_two_consumer_processes_keep_each_message_groups_order(served, clients, tmp_path,
                                                                 home):
     ep = served.endpoint
     make_fifo(ep, "shared")
     names = [f"g{i}" for i in range(6)]
-    clients = Clients(rocketmq, ep)
     sent = send_groups(clients, "Shared", 1, groups=["seed"])  # the topic exists first
     stop = tmp_path / "stop"
     logs = [tmp_path / f"consumer{i}.log" for i in range(2)]
@@ -159,7 +134,6 @@ def test_two_consumer_processes_keep_each_message_groups_order(served, rocketmq,
         wait_for(lambda: len({w[1] for _i, w in lines() if w[0] == "acking"}) == len(sent),
                  timeout=patience(120), what="every message acknowledged")
     finally:
-        clients.close()
         stop.touch()
         for p in procs:
             try:
@@ -182,27 +156,19 @@ def test_two_consumer_processes_keep_each_message_groups_order(served, rocketmq,
 
 
 def test_sigkill_of_serve_mid_sequence_keeps_the_order(tmp_path, home, rocketmq):
-    yaml = deployment_yaml(tmp_path / "deploy.yaml", tmp_path / "store")
-    served = Served(yaml, tmp_path / "serve1.log", home)
-    clients = Clients(rocketmq, served.endpoint)
-    try:
+    # Each block ends with a SIGKILL to serve and its workers: the first with only-0 in flight.
+    with serving(tmp_path, home, clean=False, log="serve1.log") as served, \
+            Clients(rocketmq, served.endpoint) as clients:
         make_fifo(served.endpoint, "survivor")
         send_groups(clients, "Kept", 3, groups=("only",))
         consumer = clients.consumer("survivor", {"Kept": rocketmq.FilterExpression()})
         first = wait_for(lambda: consumer.receive(1, 2), timeout=30,
                          what="the first message received")[0]
         assert (first.body, first.delivery_attempt) == (b"only-0", 1)
-    finally:
-        clients.close()
-        served.kill()  # SIGKILL to serve and its workers, only-0 in flight
-    served = Served(yaml, tmp_path / "serve2.log", home)
-    clients = Clients(rocketmq, served.endpoint)
-    try:
+    with serving(tmp_path, home, clean=False, log="serve2.log") as served, \
+            Clients(rocketmq, served.endpoint) as clients:
         assert telemetry_fifo(served.endpoint, "survivor") is True
         consumer = clients.consumer("survivor", {"Kept": rocketmq.FilterExpression()})
         seen = [(m.body.decode(), m.delivery_attempt)
                 for m in clients.receive_all(consumer, 3, timeout_s=patience(60))]
-    finally:
-        clients.close()
-        served.kill()
     assert seen == [("only-0", 2), ("only-1", 1), ("only-2", 1)]

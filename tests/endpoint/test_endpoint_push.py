@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from cli_support import env, mqstore_json
-from endpoint_support import Clients, Served, deployment_yaml
+from endpoint_support import Clients, Served, deployment_yaml, serving
 from mqstore.testing import wait_for
 from paths import SUPPORT
 
@@ -27,21 +27,9 @@ INVISIBLE_MS = 3000  # server.grpc_push_invisible_ms here: renewals every 0.75 s
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, home):
-    base = tmp_path_factory.mktemp("served")
-    yaml = deployment_yaml(base / "deploy.yaml", base / "store",
-                           server={"grpc_push_invisible_ms": INVISIBLE_MS})
-    server = Served(yaml, base / "serve.log", home)
-    yield server
-    code = server.stop()
-    assert code == 0, server.log()
-    assert "store closed cleanly" in server.log()
-
-
-@pytest.fixture
-def clients(rocketmq, served):
-    c = Clients(rocketmq, served.endpoint)
-    yield c
-    c.close()
+    with serving(tmp_path_factory.mktemp("served"), home,
+                 server={"grpc_push_invisible_ms": INVISIBLE_MS}) as server:
+        yield server
 
 
 class PushProc:

@@ -6,13 +6,17 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import struct
 import zlib
 
 import pytest
 
+from mqstore.consumer import group_configs
 from mqstore.errors import CorruptStateError, DiskFullError, StoreCorruptError
-from mqstore.storage import abort_file, durable_file, meta_file, sealed_json
+from mqstore.storage import (
+    abort_file, delay_offsets, durable_file, meta_file, sealed_json, timer_progress, topic_file,
+)
 from mqstore.storage.checkpoint import CHECKPOINT_BYTES, Checkpoint
 
 
@@ -67,6 +71,47 @@ def test_read_all_refuses_a_directory_in_the_files_place(tmp_path):
             durable_file.read_all(fd, str(tmp_path / "doc"))
     finally:
         os.close(fd)
+
+
+# The documents read whole and decoded: topics.json, subscriptionGroup.json, delayOffset.json,
+# the timers' progress.
+DOCUMENTS = {
+    "topics": (topic_file.topics_path, lambda root: topic_file.read_table(
+        topic_file.topics_path(root))),
+    "group configs": (group_configs.groups_path, lambda root: group_configs.read_table(
+        group_configs.groups_path(root))),
+    "delay offsets": (delay_offsets.delay_offsets_path, delay_offsets.read_delay_offsets),
+    "timer progress": (timer_progress.timer_progress_path, timer_progress.read_timer_progress),
+}
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_a_document_with_a_directory_in_its_place_is_refused_naming_it(tmp_path, document):
+    path_of, read = DOCUMENTS[document]
+    path = path_of(str(tmp_path))
+    os.makedirs(path)
+    with pytest.raises(CorruptStateError, match=rf"^{re.escape(path)} is not a file \(a "
+                                                r"directory or a device"):
+        read(str(tmp_path))
+    assert os.path.isdir(path)
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+@pytest.mark.parametrize("content, problem", [
+    (b"", "the file is empty"), (b" \n", "the file is empty"),
+    (b"\xff{}", "not UTF-8 (invalid start byte at byte 0)"),
+])
+def test_a_damaged_document_is_refused_naming_it_and_the_problem(tmp_path, document, content,
+                                                                  problem):
+    path_of, read = DOCUMENTS[document]
+    path = path_of(str(tmp_path))
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as f:
+        f.write(content)
+    with pytest.raises(CorruptStateError) as caught:
+        read(str(tmp_path))
+    assert path in str(caught.value) and f": {problem};" in str(caught.value)
+    assert open(path, "rb").read() == content
 
 
 # -- sealed_json ------------------------------------------------------------------------------

@@ -129,7 +129,10 @@ def test_killed_between_delivering_and_recording_delivers_each_exactly_once(
         level = int(source.properties["DELAY"])
         assert copy.store_timestamp >= source.store_timestamp + DELAYS_MS[level]
         assert copy.properties_text == source.properties_text
-    assert store.schedule_status()["offsets"] == {1: 10, 2: 10, 3: 10}
+    # The progress the schedule read at this open (its thread reads it at its first tick).
+    status = wait_for(lambda: (s := store.schedule_status())["running"] and s,
+                      what="the schedule of the last open")
+    assert status["offsets"] == {1: 10, 2: 10, 3: 10}
 
 
 def test_timers_killed_between_delivering_and_recording_deliver_each_exactly_once(

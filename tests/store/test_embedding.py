@@ -173,25 +173,7 @@ def test_store_segments_never_reach_the_resource_tracker(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_dispatcher_that_keeps_failing_refuses_puts_with_its_reason(tmp_path, monkeypatch):
-    module = tmp_path / "failing_dispatcher_plugin.py"
-    module.write_text(textwrap.dedent("""
-        from mqstore import hookimpl
-
-        class Failing:
-            def __init__(self, view, role):
-                self.role = role
-            def dispatch(self, batch):
-                if self.role != "follower":
-                    raise RuntimeError("index backend unreachable")
-            def close(self):
-                pass
-
-        @hookimpl
-        def register_dispatchers(registry):
-            registry.add("failing", Failing)
-    """))
-    monkeypatch.syspath_prepend(str(tmp_path))  # spawned workers inherit sys.path
+def test_a_dispatcher_that_keeps_failing_refuses_puts_with_its_reason(tmp_path):
     cfg = load_config(overrides={"plugins": {"modules": ["failing_dispatcher_plugin"],
                                              "load_entry_points": False}})
     store = MessageStore.open(tmp_path / "data", config=cfg)

@@ -39,74 +39,118 @@ INVISIBLE_S = 2
 
 def main(argv: list[str]) -> int:
     import rocketmq
-    from rocketmq.v5.exception import BadRequestException
 
     mode, endpoint, topic = argv[1:4]
-    if mode.startswith("failover-"):
-        return through_failover(mode, endpoint, topic, argv)
-    config = rocketmq.ClientConfiguration(endpoint, rocketmq.Credentials(),
-                                          request_timeout=CLIENT_REQUEST_TIMEOUT_S)
-    if mode == "produce":
-        name, count = argv[4], int(argv[5])
-        producer = rocketmq.Producer(config, (topic,))
-        producer.startup()
-        for i in range(count):
-            msg = rocketmq.Message()
-            msg.topic = topic
-            msg.body = f"{name}-{i}".encode()
-            producer.send(msg)
-            print("sent", msg.body.decode(), flush=True)
-        producer.shutdown()
-        return 0
-    if mode == "half":  # one transaction's half, never ended: the process is killed
-        name = argv[4]
-        producer = rocketmq.Producer(config, (topic,), checker=_Undecided())
-        producer.startup()
-        msg = rocketmq.Message()
-        msg.topic = topic
-        msg.body = name.encode()
-        receipt = producer.send(msg, transaction=producer.begin_transaction())
-        print("sent", receipt.message_id, flush=True)
-        time.sleep(3600)
-        return 1
-    if mode == "fifo-consume":
-        return fifo_consume(rocketmq, config, topic, argv[4], argv[5])
-    group, withhold, stop_file = argv[4], argv[5].split(","), argv[6]
-    consumer = rocketmq.SimpleConsumer(config, group, {topic: rocketmq.FilterExpression()},
+    failover = mode.startswith("failover-")
+    # Short through a failover: a call to a paused master must give up in time to go elsewhere.
+    config = rocketmq.ClientConfiguration(
+        endpoint, rocketmq.Credentials(),
+        request_timeout=5 if failover else CLIENT_REQUEST_TIMEOUT_S)
+    if mode.endswith("produce"):
+        return produce(rocketmq, config, topic, argv[4], int(argv[5]), retry=failover)
+    if mode == "half":
+        return half(rocketmq, config, topic, argv[4])
+    consumer = rocketmq.SimpleConsumer(config, argv[4], {topic: rocketmq.FilterExpression()},
                                        await_duration=1)
     consumer.startup()
+    if mode == "fifo-consume":
+        print("ready", flush=True)
+        consume(consumer, argv[5], 4, 30, ack_in_order)
+    else:
+        consume(consumer, argv[6], 16, INVISIBLE_S, acking(argv[5].split(","), failover),
+                retry=failover)
+    consumer.shutdown()
+    return 0
+
+
+def produce(rocketmq, config, topic: str, name: str, count: int, retry: bool) -> int:
+    """Send ``<name>-<i>`` one at a time; with ``retry`` a failed send is tried again (a new
+    message with the same body) until one is answered OK."""
+    producer = rocketmq.Producer(config, (topic,))
+    producer.startup()
+    for i in range(count):
+        body = f"{name}-{i}"
+        while True:
+            msg = rocketmq.Message()
+            msg.topic, msg.body = topic, body.encode()
+            try:
+                producer.send(msg)
+                break
+            except Exception as exc:  # noqa: BLE001 - no master for a while: again
+                if not retry:
+                    raise
+                print("failed", body, type(exc).__name__, flush=True)
+                time.sleep(0.2)
+        print("sent", body, flush=True)
+    producer.shutdown()
+    return 0
+
+
+def half(rocketmq, config, topic: str, name: str) -> int:
+    """One transaction's half, never ended: the process is killed."""
+    producer = rocketmq.Producer(config, (topic,), checker=_Undecided())
+    producer.startup()
+    msg = rocketmq.Message()
+    msg.topic = topic
+    msg.body = name.encode()
+    receipt = producer.send(msg, transaction=producer.begin_transaction())
+    print("sent", receipt.message_id, flush=True)
+    time.sleep(3600)
+    return 1
+
+
+def consume(consumer, stop_file: str, count: int, invisible_s: int, take,
+            retry: bool = False) -> None:
+    """Receive up to ``count`` messages at a time, invisible ``invisible_s``, and hand each
+    batch to ``take(consumer, batch)``, until the stop file exists; with ``retry`` a receive
+    that fails is tried again."""
     while not os.path.exists(stop_file):
-        for msg in consumer.receive(16, INVISIBLE_S):
+        try:
+            batch = consumer.receive(count, invisible_s)
+        except Exception as exc:  # noqa: BLE001 - no master for a while: again
+            if not retry:
+                raise
+            print("error", type(exc).__name__, flush=True)
+            time.sleep(0.2)
+            continue
+        take(consumer, batch)
+
+
+def acking(withhold: list[str], failover: bool):
+    """What ``consume`` and ``failover-consume`` do with a batch: each message acknowledged
+    but a withheld first delivery. An ack refused as stale prints ``stale``; through a
+    failover any failed ack prints ``ackfailed`` (the message comes back: counted as a
+    redelivery), and the lines carry the message id."""
+    from rocketmq.v5.exception import BadRequestException
+
+    refused, word = (Exception, "ackfailed") if failover else (BadRequestException, "stale")
+
+    def take(consumer, batch) -> None:
+        for msg in batch:
             body = msg.body.decode()
-            print("got", body, msg.delivery_attempt, flush=True)
+            ident = (msg.message_id,) if failover else ()
+            print("got", body, msg.delivery_attempt, *ident, flush=True)
             if msg.delivery_attempt == 1 and any(body.endswith(s) for s in withhold if s):
                 continue
             try:
                 consumer.ack(msg)
-            except BadRequestException:
-                print("stale", body, flush=True)
+            except refused:
+                print(word, body, *ident, flush=True)
                 continue
-            print("acked", body, flush=True)
-    consumer.shutdown()
-    return 0
+            print("acked", body, *ident, flush=True)
+    return take
 
 
-def fifo_consume(rocketmq, config, topic: str, group: str, stop_file: str) -> int:
-    consumer = rocketmq.SimpleConsumer(config, group, {topic: rocketmq.FilterExpression()},
-                                       await_duration=1)
-    consumer.startup()
-    print("ready", flush=True)
-    while not os.path.exists(stop_file):
-        batch = consumer.receive(4, 30)
-        now = time.clock_gettime(time.CLOCK_MONOTONIC)
-        for msg in batch:
-            print("got", msg.body.decode(), msg.delivery_attempt, now, flush=True)
-        for msg in batch:
-            print("acking", msg.body.decode(), time.clock_gettime(time.CLOCK_MONOTONIC),
-                  flush=True)
-            consumer.ack(msg)
-    consumer.shutdown()
-    return 0
+def ack_in_order(consumer, batch) -> None:
+    """What ``fifo-consume`` does with a batch: say it was handed out, then acknowledge each
+    message in turn, saying when."""
+    now = time.clock_gettime(time.CLOCK_MONOTONIC)
+    for msg in batch:
+        print("got", msg.body.decode(), msg.delivery_attempt, now, flush=True)
+    for msg in batch:
+        print("acking", msg.body.decode(), time.clock_gettime(time.CLOCK_MONOTONIC),
+              flush=True)
+        consumer.ack(msg)
 
 
 class _Undecided:
@@ -115,65 +159,6 @@ class _Undecided:
     def check(self, message):
         from rocketmq import TransactionResolution
         return TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED
-
-
-def through_failover(mode: str, endpoint: str, topic: str, argv: list[str]) -> int:
-    import rocketmq
-    # Short: a call to a paused master must give up in time to go elsewhere.
-    config = rocketmq.ClientConfiguration(endpoint, rocketmq.Credentials(), request_timeout=5)
-    if mode == "failover-produce":
-        name, count = argv[4], int(argv[5])
-        producer = rocketmq.Producer(config, (topic,))
-        producer.startup()
-        for i in range(count):
-            body = f"{name}-{i}"
-            while True:
-                msg = rocketmq.Message()
-                msg.topic, msg.body = topic, body.encode()
-                try:
-                    producer.send(msg)
-                    break
-                except Exception as exc:  # noqa: BLE001 - no master for a while: again
-                    print("failed", body, type(exc).__name__, flush=True)
-                    time.sleep(0.2)
-            print("sent", body, flush=True)
-        producer.shutdown()
-        return 0
-    if mode == "half":  # one transaction's half, never ended: the process is killed
-        name = argv[4]
-        producer = rocketmq.Producer(config, (topic,), checker=_Undecided())
-        producer.startup()
-        msg = rocketmq.Message()
-        msg.topic = topic
-        msg.body = name.encode()
-        receipt = producer.send(msg, transaction=producer.begin_transaction())
-        print("sent", receipt.message_id, flush=True)
-        time.sleep(3600)
-        return 1
-    group, withhold, stop_file = argv[4], argv[5].split(","), argv[6]
-    consumer = rocketmq.SimpleConsumer(config, group, {topic: rocketmq.FilterExpression()},
-                                       await_duration=1)
-    consumer.startup()
-    while not os.path.exists(stop_file):
-        try:
-            batch = consumer.receive(16, INVISIBLE_S)
-        except Exception as exc:  # noqa: BLE001 - no master for a while: again
-            print("error", type(exc).__name__, flush=True)
-            time.sleep(0.2)
-            continue
-        for msg in batch:
-            body = msg.body.decode()
-            print("got", body, msg.delivery_attempt, msg.message_id, flush=True)
-            if msg.delivery_attempt == 1 and any(body.endswith(s) for s in withhold if s):
-                continue
-            try:
-                consumer.ack(msg)
-            except Exception:  # noqa: BLE001 - it comes back: counted as a redelivery
-                print("ackfailed", body, msg.message_id, flush=True)
-                continue
-            print("acked", body, msg.message_id, flush=True)
-    consumer.shutdown()
-    return 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ puts HOME back); client subprocesses get a temporary HOME in their environment.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -54,14 +55,57 @@ def deployment_yaml(path: Path, root: Path, server: dict | None = None,
     return path
 
 
+@contextlib.contextmanager
+def serving(base: Path, home: Path, *, server: dict | None = None, extra: str = "",
+            clean: bool = True, log: str = "serve.log"):
+    """``mqstore serve`` of a deployment in ``base`` (``deploy.yaml``, its ``store``, the log
+    ``log``; ``server`` and ``extra`` as ``deployment_yaml`` takes them; the same arguments
+    again serve the same store again). At the end it is stopped (SIGTERM) and its clean close
+    asserted, or with ``clean=False`` SIGKILLed; an exception out of the block SIGKILLs it."""
+    root = base / "store"
+    served = Served(deployment_yaml(base / "deploy.yaml", root, server, extra),
+                    base / log, home, root=root)
+    try:
+        yield served
+    except BaseException:
+        served.kill()
+        raise
+    if not clean:
+        served.kill()
+        return
+    code = served.stop()
+    assert code == 0, served.log()
+    assert "store closed cleanly" in served.log()
+
+
+def consumer_settings(endpoint: str, group: str):
+    """The Settings the endpoint announces to a SimpleConsumer of ``group`` (a Telemetry
+    call of the raw protocol)."""
+    import grpc
+    from mqstore.endpoint.protocol import definition_pb2, service_pb2, service_pb2_grpc
+
+    settings = definition_pb2.Settings(
+        client_type=definition_pb2.SIMPLE_CONSUMER,
+        subscription=definition_pb2.Subscription(group=definition_pb2.Resource(name=group)))
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        (reply,) = list(stub.Telemetry(iter([service_pb2.TelemetryCommand(settings=settings)]),
+                                       timeout=10))
+    return reply.settings
+
+
 class Served:
-    """A running ``mqstore serve``; ``endpoint`` is "127.0.0.1:PORT" of its gRPC endpoint.
+    """A running ``mqstore serve``; ``endpoint`` is "127.0.0.1:PORT" of its gRPC endpoint,
+    ``yaml`` its deployment file, ``root`` its store directory where the caller said it.
     ``nofile``: its RLIMIT_NOFILE (its workers inherit it)."""
 
     def __init__(self, yaml: Path, log_path: Path, home: Path,
-                 argv: list[str] | None = None, nofile: int | None = None) -> None:
+                 argv: list[str] | None = None, nofile: int | None = None,
+                 root: Path | None = None) -> None:
         """``argv``: the command to run instead of ``mqstore serve -c yaml``, not waited for
         (it may end before it serves)."""
+        self.yaml = yaml
+        self.root = root
         self.log_path = log_path
         log = open(log_path, "w")
         self.proc = subprocess.Popen(
@@ -111,7 +155,8 @@ class Served:
 
 
 class Clients:
-    """Official clients against one endpoint, shut down together."""
+    """Official clients against one endpoint, shut down together (by ``close``, or at the end
+    of a ``with`` block)."""
 
     def __init__(self, rocketmq, endpoint: str, **config) -> None:
         self.mq = rocketmq
@@ -161,6 +206,12 @@ class Clients:
                     consumer.ack(m)
             got += batch
         return got
+
+    def __enter__(self) -> Clients:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         for client in reversed(self._open):
