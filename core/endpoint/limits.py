@@ -35,11 +35,10 @@ import time
 import ctypes
 import ipaddress
 import logging
-import os
-import resource
 
 from mqstore import log_limit
-from mqstore.config import parse_listen
+from mqstore.config import descriptors, parse_listen
+from mqstore.config.descriptors import reserved_descriptors  # noqa: F401 - gRPC's callers'
 from mqstore.endpoint.protocol import Code
 from mqstore.endpoint.status import EndpointError
 from mqstore.errors import ConfigError
@@ -50,10 +49,6 @@ MAX_METADATA_BYTES = 16 * 1024  # request headers (the clients send about 400 by
 # gRPC's own logger (a traceback per malformed request, per call cancelled mid-write) and ours.
 LIMITED_LOGGERS = ("grpc._cython.cygrpc", "grpc.aio._server", "mqstore.endpoint")
 
-
-DESCRIPTOR_HEADROOM = 64  # descriptors under RLIMIT_NOFILE that gRPC's connections never take
-
-log = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 BIG_BUFFER_BYTES = 1 << 20
@@ -128,14 +123,6 @@ def server_options(server, max_connections: int) -> list[tuple[str, int]]:
     ]
 
 
-def reserved_descriptors(config) -> int:
-    """Descriptors this process's other parts may open beside the listeners' connections: the
-    mapped consume-queue files and the pop states (two each, NOTE [ Mapped budget ]) and the
-    HTTP server's connections."""
-    return (2 * config.consume_queue.max_mapped_files + 2 * config.consumer.max_open_pop_states
-            + config.server.max_connections)
-
-
 def other_listeners(config) -> int:
     """Connections the remoting server may hold beside gRPC's (0 when it does not listen)."""
     server = config.server
@@ -144,29 +131,12 @@ def other_listeners(config) -> int:
 
 def connection_cap(configured: int, reserved: int, others: int = 0, limit: int | None = None,
                    open_now: int | None = None) -> int:
-    """The TCP connections gRPC may hold: ``configured`` (server.grpc_max_connections), or,
-    when the descriptor limit (``limit``, RLIMIT_NOFILE's soft one) leaves less room beside
-    those open now, the ``reserved`` ones and DESCRIPTOR_HEADROOM than ``configured`` and the
-    ``others`` listeners' connections want, gRPC's share of that room (at least one). Logs a
-    warning when it is fewer: connections past it are closed at once, instead of taking the
-    descriptors the store needs."""
-    if limit is None:
-        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if limit == resource.RLIM_INFINITY:
-        return configured
-    if open_now is None:
-        open_now = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
-    room = limit - DESCRIPTOR_HEADROOM - open_now - reserved
-    if room >= configured + others:
-        return configured
-    cap = max(1, room * configured // (configured + others))
-    log.warning("the gRPC endpoint accepts at most %d connections, not "
-                "server.grpc_max_connections (%d): the descriptor limit (RLIMIT_NOFILE %d) "
-                "leaves no more beside the %d open, the %d the store's files and the HTTP "
-                "server may take and the remoting server's share (%d connections) (raise the "
-                "limit, e.g. LimitNOFILE= or ulimit -n)",
-                cap, configured, limit, open_now, reserved, others)
-    return cap
+    """The TCP connections gRPC may hold: ``configured`` (server.grpc_max_connections), or its
+    share beside the remoting server's ``others`` connections of the room the descriptor
+    limit leaves (``descriptors.connection_cap``, NOTE [ Listener descriptors ])."""
+    return descriptors.connection_cap(
+        "the gRPC endpoint", "server.grpc_max_connections", configured, reserved,
+        {"the remoting server": others} if others else None, limit, open_now)
 
 
 class Peers:

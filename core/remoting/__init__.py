@@ -5,6 +5,7 @@ serve`` (docs/remoting.md). Standard library only; the store never imports this 
 
     codes         request and response codes; store statuses -> codes; RemotingError
     fields        a request's header fields, parsed as the broker's Java parsers parse them
+    listener      the listening socket: at most the connection cap, the rest closed at once
     connection    one client connection: frames, bounds, output
     server        lifecycle (own thread and loop), dispatch to the processors, shutdown
     broker        who this broker is, and the parts every processor shares

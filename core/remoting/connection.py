@@ -17,8 +17,9 @@ What one peer controls, and the answer it gets:
                  closed;
   idle           a connection that sent nothing for ``server.remoting_client_idle_ms`` and has
                  nothing in flight or held is closed (RocketMQ's 120 s idle channel close);
-  connections    past ``server.remoting_max_connections`` a new connection's first request is
-                 answered SYSTEM_BUSY naming the limit, and the connection closed.
+  connections    past ``server.remoting_max_connections``, or fewer when the descriptor limit
+                 leaves less room (NOTE [ Listener descriptors ]), a new connection is closed
+                 at once, before a byte of it is read (``listener``).
 
 Requests are answered as they finish, in any order (a held pull after the sends that came
 behind it); oneway requests get no answer; responses to the broker's own requests (none
@@ -36,7 +37,6 @@ from mqstore.format import remoting_frame as rf
 log = logging.getLogger(__name__)
 WRITE_HIGH_BYTES = 4 << 20  # unread responses a peer may leave in its socket buffer
 MAX_HEADER_BYTES = 64 << 10  # the header of an oversized frame we still read to answer it
-REFUSED_GRACE_S = 1.0  # a connection past the cap waits this long for a request to answer
 
 
 class Connection(asyncio.Protocol):
@@ -54,7 +54,6 @@ class Connection(asyncio.Protocol):
         self.last_read = time.monotonic()
         self.write_paused_at: float | None = None
         self._read_paused = False
-        self.refused: str | None = None  # why the connection is refused (over the cap)
         self.closed = False
 
     # -- asyncio.Protocol -----------------------------------------------------------------
@@ -66,9 +65,7 @@ class Connection(asyncio.Protocol):
             self.peer_host = host
             self.peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         transport.set_write_buffer_limits(high=WRITE_HIGH_BYTES)
-        self.refused = self.server.admit(self)
-        if self.refused is not None:
-            asyncio.get_running_loop().call_later(REFUSED_GRACE_S, self.close)
+        self.server.admit(self)
 
     def connection_lost(self, exc) -> None:
         self.closed = True

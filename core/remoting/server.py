@@ -33,6 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from mqstore.config import StoreConfig, parse_listen
+from mqstore.config.descriptors import connection_cap, reserved_descriptors
 from mqstore.format.remoting_frame import Command
 from mqstore.remoting import (
     admin, client_calls, namesrv, offsets, pull, queries, send, send_back, transactions,
@@ -42,6 +43,7 @@ from mqstore.remoting.broker import MASTER_ID, Broker, advertised, show
 from mqstore.remoting.client_calls import notify_changed
 from mqstore.remoting.codes import RemotingError, Resp
 from mqstore.remoting.connection import Connection
+from mqstore.remoting.listener import Listener
 from mqstore.remoting.registration import Registration
 from mqstore.remoting.stats import SAMPLE_INTERVAL_S
 from mqstore.remoting.topics import BrokerTopics
@@ -91,7 +93,7 @@ class RemotingServer:
         server = config.server
         self.max_frame_bytes = server.remoting_max_frame_bytes
         self.max_in_flight = server.remoting_max_in_flight
-        self.max_connections = server.remoting_max_connections
+        self.max_connections = server.remoting_max_connections  # the accept cap once serving
         self.idle_s = server.remoting_client_idle_ms / 1000.0
         self.address: str | None = None
         self.broker: Broker | None = None
@@ -141,13 +143,21 @@ class RemotingServer:
         self._loop, self._stop = loop, asyncio.Event()
         cfg = self._config.server
         host, port = parse_listen(cfg.remoting_listen)
+        cap = self.max_connections = self._accept_cap()
         try:
-            listener = await loop.create_server(lambda: Connection(self), host, port,
-                                                reuse_address=True, backlog=1024)
+            listener = Listener(host, port, cap, lambda: Connection(self),
+                                lambda: len(self.connections))
         except OSError as exc:
             raise OSError(f"cannot listen on server.remoting_listen {cfg.remoting_listen!r}: "
                           f"{exc.strerror or exc}") from None
-        bound = listener.sockets[0].getsockname()[1]
+        try:
+            await self._serve_on(listener, host)
+        finally:
+            listener.close()
+
+    async def _serve_on(self, listener: Listener, host: str) -> None:
+        loop, cfg = self._loop, self._config.server
+        bound = listener.port
         broker = self.broker = build_broker(self._store, self._config, bound)
         broker.observe = self._observe
         watch = DispatchWatch(self._store.root, loop, lambda: broker.holds.on_dispatch())
@@ -178,6 +188,7 @@ class RemotingServer:
                         "they consume from it (mqadmin queryMsgById dials it); set "
                         "store.store_host to the advertised address", store_host,
                         broker.address)
+        listener.start()
         self._ready.set()
         try:
             await self._stop.wait()
@@ -200,6 +211,16 @@ class RemotingServer:
                 broker.put_pool.shutdown(wait=True)
             broker.slow_pool.shutdown(wait=True)
         log.info("remoting server stopped")
+
+    def _accept_cap(self) -> int:
+        """server.remoting_max_connections, or this server's share of the descriptors the limit
+        leaves (NOTE [ Listener descriptors ])."""
+        server = self._config.server
+        grpc = ({"the gRPC endpoint": server.grpc_max_connections}
+                if server.grpc_listen is not None else None)
+        return connection_cap("the remoting server", "server.remoting_max_connections",
+                              server.remoting_max_connections,
+                              reserved_descriptors(self._config), grpc)
 
     async def _drain(self) -> None:
         deadline = time.monotonic() + STOP_GRACE_S
@@ -241,13 +262,9 @@ class RemotingServer:
             notify_changed(broker, broker.clients.expire())
 
     # -- connections ----------------------------------------------------------------------
-    def admit(self, conn: Connection) -> str | None:
-        """None, or why ``conn`` is refused (answered to its first request)."""
-        if len(self.connections) >= self.max_connections:
-            return (f"{len(self.connections)} connections are open, the most this broker "
-                    f"takes (server.remoting_max_connections); try again later")
+    def admit(self, conn: Connection) -> None:
+        """``conn`` is open (the listener took no more than its cap)."""
         self.connections.add(conn)
-        return None
 
     def lost(self, conn: Connection) -> None:
         if conn not in self.connections:
@@ -262,11 +279,6 @@ class RemotingServer:
     def dispatch(self, conn: Connection, cmd: Command) -> None:
         if cmd.is_response:
             return  # the broker's own requests are oneway
-        if conn.refused is not None:
-            if not cmd.is_oneway:
-                conn.send(cmd.response(Resp.SYSTEM_BUSY, conn.refused))
-            conn.close()
-            return
         handler = self._handlers.get(cmd.code)
         if handler is None:
             if not cmd.is_oneway:

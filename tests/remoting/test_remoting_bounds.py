@@ -4,9 +4,18 @@ that never reads; and the shutdown (NOTE [ Remoting shutdown ])."""
 
 from __future__ import annotations
 
+import os
+import re
+import resource
+import selectors
 import signal
 import socket
+import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +23,8 @@ from mqstore.format import remoting_frame as rf
 from mqstore.format.record import parse_offset_msg_id
 from mqstore.testing import wait_for
 
+from cli_support import env
+from paths import SUPPORT
 from remoting_support import Served, Wire, deployment_yaml, pull_ext, send_ext
 
 pytestmark = pytest.mark.slow
@@ -46,19 +57,50 @@ def test_an_oversized_frame_is_answered_and_read_past(bounded):
         assert max_offset(wire, "BigT") <= 1  # nothing of the big one was stored
 
 
-def test_connections_past_the_cap_are_told_and_closed(bounded):
-    wires = [Wire(bounded.address) for _ in range(4)]
+def taken(address: str) -> Wire:
+    """A connection the server answers: tried again while the connections of a test before
+    are not counted out yet (the server reads their end in its own time)."""
+    def attempt() -> Wire | None:
+        wire = Wire(address)
+        try:
+            if wire.call(30, {"topic": "CapT", "queueId": 0}).code == 0:
+                return wire
+        except (EOFError, ConnectionError):
+            pass
+        wire.close()
+        return None
+    return wait_for(attempt, what="a connection the server took")
+
+
+def test_connections_past_the_cap_are_closed_at_once(bounded):
+    wires = []
     try:
-        for w in wires:
-            assert w.call(30, {"topic": "CapT", "queueId": 0}).code == 0
-        with Wire(bounded.address) as extra:
-            r = extra.call(30, {"topic": "CapT", "queueId": 0})
-            assert r.code == 2 and "server.remoting_max_connections" in r.remark
+        for _ in range(4):
+            wires.append(taken(bounded.address))
+        with Wire(bounded.address) as extra:  # closed before it says anything
             with pytest.raises((EOFError, ConnectionError)):
                 extra.read()
+        wait_for(lambda: "closed new remoting connections at once: 4 connections are open, "
+                 "the most this server takes (server.remoting_max_connections" in bounded.log(),
+                 what="the closing logged")
+        assert wires[3].call(30, {"topic": "CapT", "queueId": 0}).code == 0
+        wires.pop().close()
+        wires.append(taken(bounded.address))  # once one left, a new one is served
     finally:
         for w in wires:
-            w.close()
+            counted_out(w)
+
+
+def counted_out(wire: Wire) -> None:
+    """Close ``wire`` from the server's side (it closes on bytes that are no frame), so the
+    server has counted it out once it is closed and the tests after find room."""
+    try:
+        wire.sock.sendall(b"\0\0\0\0")  # a frame length below 4
+        while wire.sock.recv(4096):
+            pass
+    except OSError:
+        pass
+    wire.close()
 
 
 def test_held_pulls_past_the_cap_get_system_busy(bounded):
@@ -174,3 +216,155 @@ def test_grpc_and_remoting_serve_one_store(tmp_path):
             clients.close()
         assert server.stop() == 0
     assert "store closed cleanly" in server.log()
+
+
+# -- descriptors --------------------------------------------------------------------------
+
+NOFILE = 1024  # a common default soft limit: the one strangers exhausted
+LOG_BOUND = 64 << 10  # serve's whole log, its start and the crowd's lines included
+
+
+def descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def health(server: Served) -> int:
+    url = server.wait_for(r"health on (http://[\d.:]+/healthz)")
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_connections_past_the_descriptor_limit_are_refused_not_served_into_exhaustion(
+        tmp_path):
+    """1,200 TCP connections that never send a byte to the remoting port, under a
+    1,024-descriptor limit and the default remoting_max_connections (1024). Before: they were
+    held until their first request, serve's descriptors ran out, /healthz was reset and asyncio
+    logged a traceback per failed accept (tens of MB in seconds). Now the remoting server
+    accepts only what fits beside the store's own descriptors and closes the rest at once;
+    serve stays under its limit, /healthz and a client already connected are answered, the log
+    stays small, and the descriptors come back once the strangers leave."""
+    own = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if own[1] != resource.RLIM_INFINITY and own[1] < 1400:
+        pytest.skip(f"this process may open {own[1]} descriptors, too few to play 1,200 peers")
+    server = Served(deployment_yaml(tmp_path / "deploy.yaml", tmp_path / "root"),
+                    tmp_path / "serve.log", nofile=NOFILE)
+    want = 4096 if own[1] == resource.RLIM_INFINITY else min(own[1], 4096)
+    if own[0] != resource.RLIM_INFINITY and own[0] < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, own[1]))
+    client, strangers = Wire(server.address), []
+    pid = server.proc.pid
+    try:
+        assert client.call(10, send_ext("CrowdT"), b"before").code == 0
+        said = re.search(r"the remoting server accepts at most (\d+) connections, not "
+                         r"server.remoting_max_connections \(1024\): the descriptor limit "
+                         r"\(RLIMIT_NOFILE 1024\) leaves no more", server.log())
+        assert said and 0 < int(said[1]) < NOFILE // 2, server.log()
+        cap, start = int(said[1]), descriptors(pid)
+        for _ in range(1200):
+            strangers.append(socket.create_connection(("127.0.0.1", server.port), timeout=30))
+        # Accepted and held, or accepted and closed: either way serve has seen them all.
+        wait_for(lambda: descriptors(pid) >= 1000 or all(
+            _closed(s) for s in strangers[-100:]), timeout=60, what="the crowd taken in")
+        assert descriptors(pid) <= NOFILE - 64, "the store's headroom was taken"
+        assert health(server) == 200
+        r = client.call(10, send_ext("CrowdT"), b"during")
+        assert r.code == 0 and client.call(30, {"topic": "CrowdT", "queueId": 0}).code == 0
+        # The client's connection and cap - 1 strangers are held; the rest were closed.
+        assert sum(_closed(s) for s in strangers) == len(strangers) - (cap - 1)
+        for s in strangers:
+            s.close()
+        strangers.clear()
+        wait_for(lambda: descriptors(pid) <= start + 2, timeout=60,
+                 what="serve's descriptors back once the strangers left")
+        with Wire(server.address) as late:
+            assert late.call(10, send_ext("CrowdT"), b"after").code == 0
+        log = server.log()
+        assert len(log.encode()) < LOG_BOUND, f"{len(log.encode())} bytes of log"
+        assert "Traceback" not in log and "out of system resource" not in log
+        closing = [line for line in log.splitlines() if "connections are open" in line]
+        assert 1 <= len(closing) <= 2, closing  # once a minute, with the count, not each
+    finally:
+        for s in strangers:
+            s.close()
+        client.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, own)
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (without waiting)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+CPU_WINDOW_S = 5.0
+CPU_BOUND_S = 0.5  # a spinning listener burns up to CPU_WINDOW_S; an idle one, hundredths
+CLOSE_WAIT_S = 30.0  # what "closed by the server" may take on a loaded machine
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def closed_by_server(socks: list[socket.socket]) -> int:
+    """How many of ``socks`` the server closed (EOF or reset) within CLOSE_WAIT_S."""
+    deadline, closed = time.monotonic() + CLOSE_WAIT_S, 0
+    with selectors.DefaultSelector() as sel:
+        for s in socks:
+            sel.register(s, selectors.EVENT_READ)
+        while closed < len(socks) and time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=0.5):
+                try:
+                    data = key.fileobj.recv(4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    sel.unregister(key.fileobj)
+                    closed += 1
+    return closed
+
+
+def test_accept_failing_for_want_of_descriptors_refuses_at_once(tmp_path):
+    """Every descriptor taken (EMFILE at accept): the remoting listener takes a pending
+    connection off the queue on its reserve descriptor and closes it, logging one line a
+    minute, without a traceback or a busy loop; it serves again once descriptors are free."""
+    proc = subprocess.Popen([sys.executable, str(SUPPORT / "remoting_fd_hog.py"), "64"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env(), text=True)
+    try:
+        port = int(proc.stdout.readline())
+        flood = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(100)]
+        assert closed_by_server(flood) == len(flood)
+        before = cpu_seconds(proc.pid)
+        more = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]
+        time.sleep(CPU_WINDOW_S)
+        spent = cpu_seconds(proc.pid) - before
+        assert spent < CPU_BOUND_S, f"{spent:.2f} CPU seconds in {CPU_WINDOW_S} s"
+        assert closed_by_server(more) == len(more)
+        for s in flood + more:
+            s.close()
+        proc.stdin.write("release\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "released"
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            assert s.recv(16) == b"ok\n"
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read()
+    refusals = [line for line in err.splitlines() if "out of file descriptors" in line]
+    assert len(refusals) == 1 and "Traceback" not in err, err

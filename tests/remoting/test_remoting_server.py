@@ -57,3 +57,31 @@ def test_every_answer_is_observed_and_sync_puts_finish_before_the_stop(tmp_path)
     codes = [(code, answer) for code, answer, _s in seen]
     assert codes[:2] == [(10, 0), (30, 0)] and (10, 0) in codes[2:]
     assert all(s >= 0 for _c, _a, s in seen)
+
+
+def test_the_remoting_server_takes_its_share_of_the_descriptors_beside_grpc(monkeypatch,
+                                                                              caplog):
+    """Under a 1,024-descriptor limit with 110 open, the store's files and the HTTP server
+    reserving 448: 402 connections' room, shared with the gRPC endpoint by their maxima, by
+    the one arithmetic both use."""
+    from mqstore.config import descriptors
+    from mqstore.endpoint.limits import connection_cap as grpc_cap
+    monkeypatch.setattr(descriptors, "open_descriptors", lambda: 110)
+    monkeypatch.setattr(descriptors.resource, "getrlimit", lambda which: (1024, 4096))
+    config = load_config().replace(server={"remoting_listen": "127.0.0.1:0"})
+    assert descriptors.reserved_descriptors(config) == 448
+    assert RemotingServer(None, config)._accept_cap() == 402  # alone: all the room
+    both = config.replace(server={"grpc_listen": "127.0.0.1:0"})
+    remoting, grpc = RemotingServer(None, both)._accept_cap(), grpc_cap(1024, 448, 1024)
+    assert (remoting, grpc) == (201, 201)
+    assert caplog.messages[-2].startswith(
+        "the remoting server accepts at most 201 connections, not "
+        "server.remoting_max_connections (1024): the descriptor limit (RLIMIT_NOFILE 1024) "
+        "leaves no more beside the 110 open, the 448 the store's files and the HTTP server may "
+        "take and the share of the gRPC endpoint (1024 connections)")
+    small = both.replace(server={"remoting_max_connections": 256})
+    assert RemotingServer(None, small)._accept_cap() == 402 * 256 // (256 + 1024)
+    roomy = config.replace(server={"remoting_max_connections": 300})
+    caplog.clear()
+    assert RemotingServer(None, roomy)._accept_cap() == 300  # it fits: what was configured
+    assert caplog.messages == []

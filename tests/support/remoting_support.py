@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -34,16 +35,20 @@ def deployment_yaml(path: Path, root: Path, server: dict | None = None, extra: s
 
 
 class Served:
-    """A running ``mqstore serve``; ``address`` is "127.0.0.1:PORT" of its remoting port."""
+    """A running ``mqstore serve``; ``address`` is "127.0.0.1:PORT" of its remoting port.
+    ``nofile``: its RLIMIT_NOFILE (its workers inherit it)."""
 
-    def __init__(self, yaml: Path, log_path: Path, home: Path | None = None) -> None:
+    def __init__(self, yaml: Path, log_path: Path, home: Path | None = None,
+                 nofile: int | None = None) -> None:
         self.log_path = log_path
         log = open(log_path, "w")
         extra = {"HOME": str(home)} if home is not None else {}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mqstore.cli", "serve", "-c", str(yaml)],
             stdout=log, stderr=subprocess.STDOUT, env={**env(), **extra},
-            start_new_session=True)
+            start_new_session=True, preexec_fn=None if nofile is None else
+            (lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                        (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))))
         log.close()
         self.address = self.wait_for(r"serving RocketMQ remoting on ([\d.]+:\d+)")
 
