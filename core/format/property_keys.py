@@ -12,10 +12,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, find_property
+from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 
 NAME_SEP, SEGMENT_SEP, SPACE = 1, 2, 32
-_UNIQ_KEY, _KEYS = PROPERTY_UNIQ_KEY.encode(), PROPERTY_KEYS.encode()
+_UNIQ_KEY_AT, _KEYS_AT = PROPERTY_UNIQ_KEY.encode() + b"\x01", PROPERTY_KEYS.encode() + b"\x01"
 
 
 class KeyRanges(NamedTuple):
@@ -92,9 +92,16 @@ def key_ranges(properties: list[bytes]) -> KeyRanges:
 
 def record_keys(properties: bytes) -> list[bytes]:
     """The keys ``key_ranges`` finds in one record's properties, in its order: the record's
-    UNIQ_KEY, then its KEYS tokens (for a few records, cheaper than the array passes)."""
-    uniq = find_property(properties, _UNIQ_KEY)
-    keys = find_property(properties, _KEYS)
+    UNIQ_KEY, then its KEYS tokens (for a few records, cheaper than the array passes). As
+    ``properties.find_property`` reads a name: at a segment's start, the last non-empty value
+    wins."""
+    uniq = keys = None
+    for segment in properties.split(b"\x02"):
+        if segment.startswith(_UNIQ_KEY_AT):
+            if len(segment) > len(_UNIQ_KEY_AT):
+                uniq = segment[len(_UNIQ_KEY_AT):]
+        elif segment.startswith(_KEYS_AT) and len(segment) > len(_KEYS_AT):
+            keys = segment[len(_KEYS_AT):]
     out = [uniq] if uniq is not None else []
     if keys is not None:
         out += [token for token in keys.split(b" ") if token]
