@@ -12,12 +12,12 @@ import pytest
 from mqstore import Message, MessageBatch, MessageStore
 from mqstore.config import load_config
 from mqstore.dispatch import consume_queue_builder
-from mqstore.format.cq_unit import CQ_UNIT_SIZE
+from mqstore.format.cq_unit import CQ_UNIT_SIZE, FILLER_SIZE
 from mqstore.plugins import index_key
 from mqstore.storage.consume_queue import ConsumeQueue
 
 ALL, NONE = 1 << 30, 0  # FEW_RECORDS that send every pass one way or the other
-SMALL_PASSES = {"dispatch": {"batch_bytes": 4096}}  # passes of a dozen records or so
+FILLER_UNIT = (0).to_bytes(8, "big") + FILLER_SIZE.to_bytes(4, "big") + bytes(8)
 
 
 def _fill(store) -> None:
@@ -79,33 +79,58 @@ def _count_few(monkeypatch) -> dict:
     return taken
 
 
+def _paths(monkeypatch, records: int, keys: int = 0) -> None:
+    monkeypatch.setattr(consume_queue_builder, "FEW_RECORDS", records)
+    monkeypatch.setattr(index_key, "FEW_RECORDS", records)
+    monkeypatch.setattr(index_key, "FEW_KEYS", keys)
+
+
+# Passes of a dozen records or so; segments of 8 KiB, index files of 48 entries: the log
+# spans several segments, the index rolls to new files.
+SMALL = {"dispatch": {"batch_bytes": 4096}, "commit_log": {"segment_bytes": 8192},
+         "index": {"max_hash_slots": 8, "max_index_entries": 48}}
+# (records, keys): every pass with arrays; record by record, entries with arrays; all one
+# by one.
+PATHS = [(NONE, 0), (ALL, 0), (ALL, ALL)]
+
+
 @pytest.mark.loops("thread")  # the dispatchers patched here run in this process
 @pytest.mark.parametrize("hash_kind", ["mmh3", "java"])
+@pytest.mark.parametrize("dropped", [0, 2])
 def test_few_record_passes_write_the_array_paths_bytes(make_store, tmp_path, monkeypatch,
-                                                       hash_kind):
+                                                       hash_kind, dropped):
+    """Built from one log each way, the files are equal; with the log's first segments gone
+    (as cleanup leaves it) every queue starts past 0, fillers ahead of its first unit."""
     taken = _count_few(monkeypatch)
-    monkeypatch.setattr(consume_queue_builder, "FEW_RECORDS", NONE)
-    monkeypatch.setattr(index_key, "FEW_RECORDS", NONE)
-    source = make_store(SMALL_PASSES, root=tmp_path / "source", hash_kind=hash_kind)
+    _paths(monkeypatch, NONE)
+    source = make_store(SMALL, root=tmp_path / "source", hash_kind=hash_kind)
     _fill(source)
     source.close()
     assert taken == {"queues": 0, "keys": 0}
-    built = {}
-    for few in (NONE, ALL):
-        monkeypatch.setattr(consume_queue_builder, "FEW_RECORDS", few)
-        monkeypatch.setattr(index_key, "FEW_RECORDS", few)
-        root = tmp_path / f"few-{few}"
+    segments = sorted((tmp_path / "source" / "commitlog").iterdir())
+    assert len(segments) > dropped + 2
+    built = []
+    for records, keys in PATHS:
+        _paths(monkeypatch, records, keys)
+        root = tmp_path / f"few-{records}-{keys}"
         shutil.copytree(tmp_path / "source", root)
         shutil.rmtree(root / "consumequeue")
         shutil.rmtree(root / "index")
-        make_store(SMALL_PASSES, root=root, hash_kind=hash_kind).close()
-        built[few] = _derived(root)
+        for segment in segments[:dropped]:
+            (root / "commitlog" / segment.name).unlink()
+        make_store(SMALL, root=root, hash_kind=hash_kind).close()
+        built.append(_derived(root))
     assert taken["queues"] >= 5  # re-dispatched in passes of a few records each
     assert taken["keys"] >= 5 if hash_kind == "mmh3" else taken["keys"] == 0
-    array_path = _derived(tmp_path / "source")
-    assert len(array_path["consumequeue"]) >= 12 and array_path["index"]
-    assert built[NONE] == array_path
-    assert built[ALL] == array_path
+    assert len(built[0]["index"]) > 3
+    if dropped:
+        heads = [units[:CQ_UNIT_SIZE] for units in built[0]["consumequeue"].values()]
+        assert FILLER_UNIT in heads
+    else:
+        assert built[0] == _derived(tmp_path / "source")
+        assert len(built[0]["consumequeue"]) >= 12
+    assert built[1] == built[0]
+    assert built[2] == built[0]
 
 
 @pytest.mark.loops("thread")
