@@ -28,13 +28,18 @@ from mqstore.plugin_api import (
 from mqstore.plugin_api.index import (
     HASH_MMH3, INDEX_DIR, PROGRESS_FILE, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, SYSFLAG_TX_MASK,
     TX_ROLLBACK, IndexFile, IndexProgress, bytes_hasher, hash_ranges, key_ranges, read_progress,
-    write_progress,
+    record_keys, write_progress,
 )
 from mqstore.plugin_api.index import layout as L
 
 log = logging.getLogger(__name__)
 
 INT64_MAX = (1 << 63) - 1
+# Passes of at most this many records (a trickle of single puts) find and hash their keys
+# record by record, and at most FEW_KEYS keys go in entry by entry: below these sizes the
+# array passes' fixed costs outweigh what they save per key.
+FEW_RECORDS = 128
+FEW_KEYS = 8
 
 
 def index_file_name(ms: int) -> str:
@@ -232,6 +237,9 @@ class KeyIndex:
 
     def _index_rows(self, batch, rows: np.ndarray) -> None:
         """Entries for the keys of ``rows``: per record its UNIQ_KEY, then each KEYS token."""
+        if len(rows) <= FEW_RECORDS and self._vector_hash:
+            self._index_few(batch, rows.tolist())
+            return
         props, topics = batch.properties, batch.topics
         every = len(rows) == len(props)  # the usual case: no rollback, nothing indexed twice
         picked = rows.tolist()
@@ -243,6 +251,39 @@ class KeyIndex:
         hashes = np.where(hashes == L.INT32_MIN, 0, np.abs(hashes))
         src = rows[keys.message]
         self._put_many(hashes, batch.phys_offsets[src], batch.store_timestamps[src])
+
+    def _index_few(self, batch, rows: list[int]) -> None:
+        """``_index_rows`` record by record (mmh3 stores): the same keys in the same order,
+        the same hashes (``_hash_ranges``'s), the same entries."""
+        props, topics = batch.properties, batch.topics
+        hashes: list[int] = []
+        src: list[int] = []
+        for i in rows:
+            keys = record_keys(props[i])
+            if not keys:
+                continue
+            topic = topics[i]
+            prefix = self._prefix(topic)
+            for key in keys:
+                h = self._hash_bytes(prefix + key) if key.isascii() else (
+                    self._hash_not_ascii(topic, prefix, key))
+                hashes.append(0 if h == L.INT32_MIN else abs(h))
+                src.append(i)
+        if len(hashes) <= FEW_KEYS:
+            phys, times = batch.phys_offsets.tolist(), batch.store_timestamps.tolist()
+            for h, i in zip(hashes, src):
+                self._put_one(h, phys[i], times[i])
+        elif hashes:
+            picked = np.array(src, dtype=np.int64)
+            self._put_many(np.array(hashes, dtype=np.int64), batch.phys_offsets[picked],
+                           batch.store_timestamps[picked])
+
+    def _hash_not_ascii(self, topic: str, prefix: bytes, key: bytes) -> int:
+        try:
+            key.decode("utf-8")
+        except UnicodeDecodeError:  # keyed as a read decodes it, as ``_hash_ranges`` does
+            return self._hash(f"{topic}#{key.decode('utf-8', errors='replace')}")
+        return self._hash_bytes(prefix + key)
 
     def _hash_keys(self, keys, row_topics: list[str]) -> np.ndarray:
         """The store hash of ``topic#key`` for every key found, topic by topic."""
@@ -297,6 +338,16 @@ class KeyIndex:
                 f.flush()
                 self._forced_until_ts = f.end_timestamp
             self._new_file(f)
+
+    def _put_one(self, key_hash: int, phys: int, store_ts: int) -> None:
+        """``_put_many`` of one entry."""
+        f = self.files[-1] if self.files else None
+        if f is not None and f.put_key(key_hash, phys, store_ts):
+            return
+        if f is not None:  # full: persist it and start the next file from its end values
+            f.flush()
+            self._forced_until_ts = f.end_timestamp
+        self._new_file(f).put_key(key_hash, phys, store_ts)
 
     def _new_file(self, prev: IndexFile | None) -> IndexFile:
         os.makedirs(self.directory, exist_ok=True)

@@ -24,6 +24,9 @@ from mqstore.errors import PluginError
 from mqstore.plugin_api.contracts import PRECOMPUTES, capabilities_of
 
 log = logging.getLogger(__name__)
+# Batches this small are built record by record (``_dispatch_few``): the array path's fixed
+# costs (some twenty numpy calls) outweigh its per-record savings below about this many.
+FEW_RECORDS = 128
 
 
 class ConsumeQueueBuilder:
@@ -36,6 +39,9 @@ class ConsumeQueueBuilder:
         self.last_store_timestamp = 0  # store time of the last record given a unit
 
     def dispatch(self, batch) -> None:
+        if len(batch) <= FEW_RECORDS:
+            self._dispatch_few(batch)
+            return
         tx = batch.sysflags & SYSFLAG_TX_MASK
         queued = np.flatnonzero((tx == TX_NOT) | (tx == TX_COMMIT))
         if not len(queued):
@@ -73,6 +79,60 @@ class ConsumeQueueBuilder:
             for a, b in zip(starts, starts[1:] + [hi]):
                 cq.put_units(int(qoffs[a]), units[a:b])
         self.last_store_timestamp = int(batch.store_timestamps[queued[-1]])
+
+    def _dispatch_few(self, batch) -> None:
+        """``dispatch`` record by record, for the few records a pass under a trickle of puts
+        holds: the same units, queues, order and runs, with lists and struct instead of array
+        passes (each costs microseconds whatever its length). A topic with bitmaps to attach
+        takes the array path for its queues."""
+        sysflags = batch.sysflags.tolist()
+        queued = [i for i, flags in enumerate(sysflags)
+                  if (flags & SYSFLAG_TX_MASK) in (TX_NOT, TX_COMMIT)]
+        if not queued:
+            return
+        floors = self.store.topics.dispatch_floors()
+        if floors:
+            queued = _without_deleted(batch, np.array(queued, dtype=np.int64), floors).tolist()
+            if not queued:
+                return
+        subs = self.store.subscriptions
+        subs.reload()
+        topics, queue_ids = batch.topics, batch.queue_ids.tolist()
+        groups: dict[tuple[str, int], list[int]] = {}  # in the order of their first record
+        for i in queued:
+            groups.setdefault((topics[i], queue_ids[i]), []).append(i)
+        phys, sizes = batch.phys_offsets.tolist(), batch.sizes.tolist()
+        codes, qoffs = batch.tags_codes.tolist(), batch.queue_offsets.tolist()
+        subs_by_topic: dict = {}
+        for (topic, queue_id), rows in groups.items():
+            compiled = subs_by_topic.get(topic)
+            if compiled is None:
+                compiled = subs_by_topic[topic] = _compiled(self.store, subs, topic)
+            cq = self.store.consume_queue(topic, queue_id, create=True)
+            if compiled:
+                self._put_with_bitmaps(batch, rows, cq, topic, queue_id, compiled)
+                continue
+            first = 0
+            for j in range(1, len(rows) + 1):  # runs of consecutive queue offsets
+                if j == len(rows) or qoffs[rows[j]] != qoffs[rows[j - 1]] + 1:
+                    cq.put_few(qoffs[rows[first]], [(phys[i], sizes[i], codes[i])
+                                                     for i in rows[first:j]])
+                    first = j
+        self.last_store_timestamp = int(batch.store_timestamps[queued[-1]])
+
+    def _put_with_bitmaps(self, batch, rows: list[int], cq, topic, queue_id, compiled) -> None:
+        """One queue's records of ``_dispatch_few`` as ``dispatch`` writes them when its topic
+        has subscriptions to precompute."""
+        picked = np.array(rows, dtype=np.int64)
+        units = np.empty(len(rows), dtype=CQ_DTYPE)
+        units["phys_offset"] = batch.phys_offsets[picked]
+        units["size"] = batch.sizes[picked]
+        units["tags_code"] = batch.tags_codes[picked]
+        self._attach_bitmaps(batch, rows, units, cq, topic, queue_id, compiled)
+        qoffs = batch.queue_offsets[picked]
+        starts = [0, *(np.flatnonzero(np.diff(qoffs) != 1) + 1).tolist()]
+        for a, b in zip(starts, starts[1:] + [len(rows)]):
+            cq.put_units(int(qoffs[a]), units[a:b])
 
     def _attach_bitmaps(self, batch, rows, units, cq, topic, queue_id, compiled) -> None:
         """Evaluate the topic's SQL92 subscriptions once per new message and point its unit

@@ -46,7 +46,7 @@ _RUN_AGAIN = 64
 _RUN_MOST = 1 << 16
 _RUN_SHORT = 8
 _MIXED_STRETCH_RECORDS = 128
-_FEW_RECORDS = 16  # batches this small read each record's tags on its own
+_FEW_RECORDS = 96  # batches this small read each record's tags on its own (arrays cost more)
 
 
 def walk_runs(buf, u8: np.ndarray, begin: int, limit: int, soft_stop: int

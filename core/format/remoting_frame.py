@@ -168,10 +168,9 @@ def _decode_json(header: bytes) -> Command:
     elif not isinstance(ext, dict):
         raise FrameError(f"extFields is a {type(ext).__name__}, not an object")
     else:
-        for value in ext.values():
-            if type(value) is not str:  # the C++ client's numbers and booleans
-                ext = {k: v if type(v) is str else _text(v) for k, v in ext.items()}
-                break
+        # the C++ client's numbers and booleans, made text in place (the order is kept)
+        for key in [k for k, v in ext.items() if type(v) is not str]:
+            ext[key] = _text(ext[key])
     language = doc.get("language", "JAVA")
     if isinstance(language, int) and 0 <= language < len(LANGUAGES):
         language = LANGUAGES[language]

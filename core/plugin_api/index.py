@@ -12,7 +12,7 @@ from __future__ import annotations
 from mqstore.format import index_layout as layout
 from mqstore.format.murmur3 import hash_ranges
 from mqstore.format.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY
-from mqstore.format.property_keys import key_ranges
+from mqstore.format.property_keys import key_ranges, record_keys
 from mqstore.format.record import SYSFLAG_TX_MASK, TX_ROLLBACK
 from mqstore.hashing import HASH_MMH3, bytes_hasher
 from mqstore.storage.index_file import INDEX_DIR, IndexFile
@@ -22,6 +22,6 @@ from mqstore.storage.index_progress import (
 
 __all__ = [
     "layout", "IndexFile", "INDEX_DIR", "IndexProgress", "PROGRESS_FILE", "read_progress",
-    "write_progress", "hash_ranges", "key_ranges", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY",
+    "write_progress", "hash_ranges", "key_ranges", "record_keys", "PROPERTY_KEYS", "PROPERTY_UNIQ_KEY",
     "SYSFLAG_TX_MASK", "TX_ROLLBACK", "HASH_MMH3", "bytes_hasher",
 ]

@@ -14,6 +14,7 @@ positions kept) and is mapped again when next used: NOTE [ Mapped budget ] in
 from __future__ import annotations
 
 import os
+import struct
 import time
 
 import numpy as np
@@ -29,6 +30,7 @@ from mqstore.storage.segment_queue import SegmentQueue
 
 CONSUME_QUEUE_DIR = "consumequeue"
 RECOVER_LAST_FILES = 3
+_UNIT = struct.Struct(">qiq")  # one unit, as CQ_DTYPE lays it out
 
 
 class ConsumeQueue(Parkable, QueueCuts):
@@ -423,16 +425,43 @@ class ConsumeQueue(Parkable, QueueCuts):
         if not len(fresh):
             return 0
         skip = int(fresh[0])
-        units = units[skip:]
-        qoff = first_queue_offset + skip
+        dup = self._placed(first_queue_offset + skip, len(units) - skip)
+        units = units[skip + dup:]
+        if not len(units):
+            return 0
+        self._write(units.tobytes())
+        last = units[-1]
+        self.max_phys = int(last["phys_offset"]) + int(last["size"])
+        return len(units)
+
+    @maps
+    def put_few(self, first_queue_offset: int, units: list[tuple[int, int, int]]) -> int:
+        """``put_units`` for a handful of units given as ``(commit-log offset, size, tags
+        code)``: the same skips, the same bytes, without arrays (whose fixed costs would be
+        most of the work)."""
+        max_phys = self.max_phys
+        skip = next((i for i, (phys, size, _code) in enumerate(units) if phys + size > max_phys),
+                    None)
+        if skip is None:
+            return 0
+        dup = self._placed(first_queue_offset + skip, len(units) - skip)
+        units = units[skip + dup:]
+        if not units:
+            return 0
+        pack = _UNIT.pack
+        self._write(b"".join([pack(*unit) for unit in units]))
+        phys, size, _code = units[-1]
+        self.max_phys = phys + size
+        return len(units)
+
+    def _placed(self, queue_offset: int, count: int) -> int:
+        """How many of ``count`` units from ``queue_offset`` the queue holds already; fillers
+        first where the queue ends below ``queue_offset``."""
         write_pos = self.segments.max_offset
-        expected = qoff * CQ_UNIT_SIZE
+        expected = queue_offset * CQ_UNIT_SIZE
         if expected < write_pos:
-            dup = min(len(units), (write_pos - expected) // CQ_UNIT_SIZE)
-            units = units[dup:]
-            if not len(units):
-                return 0
-        elif expected > write_pos:
+            return min(count, (write_pos - expected) // CQ_UNIT_SIZE)
+        if expected > write_pos:
             if not self.segments.segments and write_pos == 0:
                 self._pre_blank_fill(expected)
             else:
@@ -440,13 +469,10 @@ class ConsumeQueue(Parkable, QueueCuts):
                 # segment): fillers keep every later unit at its own queue offset.
                 self._warn(
                     f"consume queue {self.topic}/{self.queue_id}: queue offsets "
-                    f"{write_pos // CQ_UNIT_SIZE}..{qoff - 1} have no record in the commit log; "
-                    f"fillers hold their places")
+                    f"{write_pos // CQ_UNIT_SIZE}..{queue_offset - 1} have no record in the "
+                    f"commit log; fillers hold their places")
                 self._append(fillers((expected - write_pos) // CQ_UNIT_SIZE))
-        self._append(units)
-        last = units[-1]
-        self.max_phys = int(last["phys_offset"]) + int(last["size"])
-        return len(units)
+        return 0
 
     @maps
     def hold_offsets(self, floor: int) -> int:
@@ -472,7 +498,9 @@ class ConsumeQueue(Parkable, QueueCuts):
         self.min_logic_offset = expected
 
     def _append(self, units: np.ndarray) -> None:
-        raw = units.tobytes()
+        self._write(units.tobytes())
+
+    def _write(self, raw: bytes) -> None:
         at = 0
         while at < len(raw):
             seg = self.segments.last()

@@ -25,7 +25,9 @@ from mqstore.append.encoding import PutContext, Rejected, prepare_batch
 from mqstore.append.columns import (
     _Shape, columns_from_batch, columns_from_messages, columns_from_prepared, encode_columns,
 )
-from mqstore.dispatch.loop import SCHEDULE_TOPIC, TagsCoder, heads_alike, walk_runs
+from mqstore.dispatch.loop import (
+    _FEW_RECORDS, SCHEDULE_TOPIC, TagsCoder, heads_alike, walk_runs,
+)
 from mqstore.format.hosts import Host, parse_host
 from mqstore.format.record import encode_blank, encode_record
 from mqstore.format.record_columns import heads, walk
@@ -271,12 +273,13 @@ SEGMENTS = st.sampled_from([b"TAGS\x01TagA", b"TAGS\x01TagB", b"TAGS\x01", b"TAG
 @FUZZ
 @given(props=st.lists(st.lists(SEGMENTS, max_size=4).map(
            lambda segs: b"\x02".join(segs) + (b"\x02" if segs and len(segs) % 2 else b"")),
-           min_size=1, max_size=40),
-       schedule=st.lists(st.booleans(), min_size=40, max_size=40),
+           min_size=1, max_size=160),
+       schedule=st.lists(st.booleans(), min_size=160, max_size=160),
        java=st.booleans(), same=st.booleans())
 def test_tags_codes_of_a_batch_are_each_records_code(props, schedule, java, same):
-    # up to 40 records: batches of a few records take their tags one by one, larger ones
+    # up to 160 records: batches of a few records take their tags one by one, larger ones
     # with array passes (loop._FEW_RECORDS); both give each record's own code
+    assert _FEW_RECORDS < 160
     if same:
         props = [props[0]] * len(props)
     topics = [SCHEDULE_TOPIC if s else "T" for s in schedule[:len(props)]]
