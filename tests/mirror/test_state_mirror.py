@@ -604,3 +604,44 @@ def test_a_promoted_slave_continues_the_open_transactions(pair, make_store, tmp_
     s.wait_dispatched()
     assert [x.body for x in s.read("pay", 0, 0)] == [b"A", b"B"]
     assert s.open_transactions() == []
+
+
+def test_a_promoted_slave_keeps_a_fifo_groups_order_attempts_and_settings(
+        pair, make_store, tmp_path, manual_clock):
+    """A FIFO group's setting (subscriptionGroup.json) and its pop state (the message in
+    flight, its delivery attempts) are the promoted slave's: the queue stays held behind the
+    message in flight, which is dead-lettered at the attempt the master had reached, then the
+    queue moves on in order."""
+    m, _none = pair(slave=False)
+    s = make_store({"commit_log": {"segment_bytes": SEG},
+                    "store": {**FAST, "role": "slave"},
+                    "server": {"ha_master": m.replication.address,
+                               "ha_listen": "127.0.0.1:0"}}, root=tmp_path / "slave")
+    s.replication.start()
+    m.set_group_config("G", consume_message_orderly=True, retry_max_times=1)
+    for body in (b"m0", b"m1", b"m2"):
+        assert m.put(Message("T", body, queue_id=0)).status.stored
+    wait_for(lambda: m.max_offset("T", 0) == 3, "the master's queue")
+    got = m.pop("G", "T", 2, 1000, consume_from="first")
+    assert [(x.queue_offset, x.delivery_attempt) for x in got] == [(0, 1), (1, 1)]
+    m.ack(got[0].receipt_handle)
+    manual_clock.advance(1001)
+    again = m.pop("G", "T", 8, 1000)  # m1 again, attempt 2 (its last); m2 held behind it
+    assert [(x.queue_offset, x.delivery_attempt) for x in again] == [(1, 2)]
+    assert m.put(Message("T", b"m3", queue_id=0)).status.stored
+    wait_for(lambda: m.max_offset("T", 0) == 4 and s.max_offset("T", 0) == 4
+             and mirrored(m, s), "the slave caught up")
+    m.close()
+    wait_for(lambda: not s.replication.client.connected, "the slave sees its master gone")
+    assert "config/subscriptionGroup.json" in s.promote()["mirror"]["installed"]
+    config = s.group_config("G")
+    assert config.orderly and config.retry_max_times == 1
+    assert s.pop("G", "T", 8, 1000) == []  # m1 still in flight: nothing newer
+    manual_clock.advance(1001)
+    after = s.pop("G", "T", 8, 1000)  # m1's attempts are used up: the DLQ, then m2, m3
+    assert [(x.queue_offset, x.delivery_attempt, x.body) for x in after] == [
+        (2, 1, b"m2"), (3, 1, b"m3")]
+    s.wait_dispatched()
+    dead = s.read("%DLQ%G", 0, 0, 10)
+    assert [dead.message(i).body for i in range(len(dead))] == [b"m1"]
+    assert s.dead_letter_counts() == {"G": 1}
