@@ -16,7 +16,11 @@ import time
 import grpc
 import pytest
 
+import yaml
+
 from mqstore import MessageStore, load_config
+from mqstore.config import coordination_listen_problem
+from mqstore.endpoint.limits import check_exposure
 from mqstore.storage.role_file import read_role
 
 from cli_support import mqstore
@@ -24,6 +28,7 @@ from failover_support import (
     Clients, Node, child_serve_argv, commit_log_bytes, free_ports, wait_until,
 )
 from gate_proxy import GateProxy
+from paths import DOCS
 
 WAIT_S = 60.0
 
@@ -402,3 +407,16 @@ def test_a_slave_forwards_over_tls_checking_the_masters_certificate(tmp_path, ho
         response = wait_until(stored, WAIT_S, "a send through the slave stored")
     assert response.entries[0].offset == 0
     assert f"forwarding MessagingService calls to the master's endpoint {m.endpoint}" in s.log()
+
+
+def test_the_automatic_runbooks_node_configuration_passes_serves_checks():
+    """The configuration docs/replication.md's automatic runbook gives each node passes what
+    ``serve`` checks before it listens: its endpoint, beyond loopback, serves the admin
+    service (``mqstore role --server``) only with admin keys; a coordinated node needs a
+    replication address the others can dial, admitted as a master's must be."""
+    runbook = (DOCS / "replication.md").read_text().split("### Runbook: automatic failover")[1]
+    block = re.search(r"```yaml\n(.*?)```", runbook, re.S).group(1)
+    config = load_config(overrides=yaml.safe_load(block))
+    check_exposure(config.server, admin_served=True)
+    assert coordination_listen_problem(config.server, config.coordination) is None
+    assert config.coordination.etcd_endpoints and config.server.grpc_admin_keys
