@@ -645,3 +645,54 @@ def test_a_promoted_slave_keeps_a_fifo_groups_order_attempts_and_settings(
     dead = s.read("%DLQ%G", 0, 0, 10)
     assert [dead.message(i).body for i in range(len(dead))] == [b"m1"]
     assert s.dead_letter_counts() == {"G": 1}
+
+
+def test_a_rocketmq_store_mastered_by_mqstore_keeps_what_rocketmqs_own_store_loads(
+        make_store, tmp_path, broker_fixture):
+    """RocketMQ 4.9.8's broker store (the broker fixture) opened as a master whose state is
+    mirrored: its log gains the state records, and the directory keeps what RocketMQ's own
+    ``DefaultMessageStore.load`` requires (no Java here: its rules, checked on the files):
+    commit-log files of the configured size named by their offsets, consume queues in
+    directories named by queue ids holding files of the configured size, every record whole
+    (magic, lengths, CRC: its recovery's check), and the user's topics' units as RocketMQ
+    wrote them. The slave holds the broker's own config files."""
+    import tarfile
+    with tarfile.open(broker_fixture / "store.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="tar")
+    root = tmp_path / "store"
+    cq_file = 6000  # the fixture broker's mappedFileSizeConsumeQueue
+    before = {p.relative_to(root): p.read_bytes()
+              for p in (root / "consumequeue").glob("*/*/*")}
+    cfg = {"consume_queue": {"file_units": cq_file // 20}, "store": FAST}
+    m = make_store({**cfg, "store": {**FAST, "role": "async_master"},
+                    "server": {"ha_listen": "127.0.0.1:0"}}, root=root)
+    m.replication.start()
+    s = make_store({**cfg, "store": {**FAST, "role": "slave"},
+                    "server": {"ha_master": m.replication.address}}, root=tmp_path / "slave")
+    s.replication.start()
+    popped = m.pop("billing", "FixNormal", max_msgs=8, invisible_ms=30_000,
+                   consume_from="first")
+    m.ack([p.receipt_handle for p in popped[:5]])
+    wait_for(lambda: mirrored(m, s), "the mirror")
+    replica = set(state_files(str(tmp_path / "slave" / "replica")))
+    assert {"config/topics.json", "config/subscriptionGroup.json", "config/delayOffset.json",
+            "config/consumerOffset.json"} <= replica
+    assert m.max_offset(STATE_TOPIC, 0) > 0
+    s.close()
+    m.close()
+    segment = m.config.commit_log.segment_bytes
+    logs = sorted((root / "commitlog").iterdir())
+    assert [p.name for p in logs] == [f"{i * segment:020d}" for i in range(len(logs))]
+    assert all(p.stat().st_size == segment for p in logs)
+    for queue in (root / "consumequeue").glob("*/*"):
+        assert queue.name.isdigit(), queue
+        files = sorted(queue.iterdir())
+        assert [p.name for p in files] == [f"{i * cq_file:020d}" for i in range(len(files))]
+        assert all(p.stat().st_size == cq_file for p in files), queue
+    assert (root / "consumequeue" / STATE_TOPIC / "0").is_dir()
+    for rel, data in before.items():  # RocketMQ's units of the user's topics, unchanged
+        now = (root / rel).read_bytes()
+        used = len(data.rstrip(b"\0")) + (-len(data.rstrip(b"\0")) % 20)
+        assert now[:used] == data[:used], rel
+    report = check_store(str(root), m.config)
+    assert report.clean and report.records > 0, report.problems
