@@ -677,8 +677,9 @@ def test_a_rocketmq_store_mastered_by_mqstore_keeps_what_rocketmqs_own_store_loa
     replica = set(state_files(str(tmp_path / "slave" / "replica")))
     assert {"config/topics.json", "config/subscriptionGroup.json", "config/delayOffset.json",
             "config/consumerOffset.json"} <= replica
-    assert m.max_offset(STATE_TOPIC, 0) > 0
+    wait_for(lambda: m.max_offset(STATE_TOPIC, 0) > 0, "the state records in the log")
     s.close()
+    m.wait_dispatched()
     m.close()
     segment = m.config.commit_log.segment_bytes
     logs = sorted((root / "commitlog").iterdir())
