@@ -697,3 +697,31 @@ def test_a_rocketmq_store_mastered_by_mqstore_keeps_what_rocketmqs_own_store_loa
         assert now[:used] == data[:used], rel
     report = check_store(str(root), m.config)
     assert report.clean and report.records > 0, report.problems
+
+
+def test_a_slave_opened_as_a_master_by_its_configuration_alone_is_refused(
+        pair, make_store, tmp_path, manual_clock):
+    """Editing store.role and restarting is not a promotion: the open refuses, naming what to
+    do, and changes nothing; promoted while stopped, it opens as a master on its master's
+    state in a new epoch."""
+    from mqstore.errors import ConfigError
+    m, s = pair()
+    in_flight = busy_master(m, manual_clock)
+    wait_for(lambda: mirrored(m, s), "the mirror")
+    s.close()
+    m.close()
+    root = tmp_path / "slave"
+    def files():  # but the lock file, which every open takes
+        return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in root.rglob("*")
+                if p.is_file() and p.name != "lock"}
+    before = files()
+    as_master = {"commit_log": {"segment_bytes": SEG}, "store": {"role": "async_master"}}
+    with pytest.raises(ConfigError, match=r"slave's directory .* store.role is "
+                                          r"'async_master'.*mqstore role promote"):
+        make_store(as_master, root=root)
+    assert files() == before
+    p = make_store({**as_master, "store": {"role": "slave"}}, root=root)
+    assert p.promote()["mirror"] is not None and p.role_state.writable
+    manual_clock.advance(31_000)
+    again = p.pop("billing", "orders", max_msgs=200, invisible_ms=30_000)
+    assert {(x.queue_id, x.queue_offset) for x in again if x.delivery_attempt > 1} == in_flight
