@@ -25,7 +25,8 @@ from mqstore.lifecycle import offset_floor
 from mqstore.lifecycle.recovery import RecoveryReport, durable_end, mend_range, recover
 from mqstore.lifecycle.rejoin import apply_cut
 from mqstore.config import StoreConfig
-from mqstore.errors import CorruptStateError
+from mqstore.errors import ConfigError, CorruptStateError
+from mqstore.mirror.replica_state import read_state
 from mqstore.replication import Replication, slave_acks
 from mqstore.roles import RoleState
 from mqstore.running_flags import NOT_WRITEABLE, StoreState
@@ -94,6 +95,8 @@ class Opener:
             parts.lock = StoreLock(self.root)
             parts.lock.acquire()
         try:
+            if not state.read_only:
+                _refuse_an_unpromoted_slave(self.root, self.config)
             self._files()
             self._recover()
             self._parts()
@@ -487,3 +490,22 @@ def _note_recovery(exc: BaseException, report: RecoveryReport | None) -> None:
              for queue, n in sorted(report.consume_queue_units_dropped.items())]
     if done:
         exc.add_note("the open had recovered the store before it failed: " + "; ".join(done))
+
+
+def _refuse_an_unpromoted_slave(root: str, config: StoreConfig) -> None:
+    """ConfigError when a slave's directory is opened as a master by ``store.role`` alone:
+    it would take puts in its master's epoch (a returning master would not learn it was
+    replaced) on its own consumer state, not the master's it holds in its state mirror, so
+    every group would receive again what it had acknowledged. Nothing is changed."""
+    if config.store.role == "slave" or read_role(root)[0] is not None:
+        return
+    if read_state(root)[0].get("complete") is None:
+        return
+    raise ConfigError(
+        f"store {root!r} is a slave's directory (its state mirror, replica/, holds a "
+        f"complete snapshot of its master's state), but store.role is "
+        f"{config.store.role!r}: opened as a master by the configuration alone it would keep "
+        f"its master's epoch and serve its own consumer offsets, pop state and topics "
+        f"(every group would receive again what it had acknowledged). Promote it instead: "
+        f"`mqstore role promote --server HOST:PORT` while it runs, or `mqstore role promote "
+        f"-c CONFIG {root}` while it is stopped, then start it; or set store.role: slave")

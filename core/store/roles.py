@@ -146,7 +146,7 @@ class RoleCalls:
     def fence(self, why: str) -> None:
         """Stop taking puts at once (coordination's ``on_fenced``): until promoted again."""
         self._writable()
-        self.role_state.fence(why if why.startswith("fenced") else f"fenced: {why}")
+        self.role_state.fence(_fenced(why))
 
     def promote(self, *, epoch: int | None = None, force: bool = False,
                 role: str | None = None, timeout: float = DISPATCH_TIMEOUT_S,
@@ -288,7 +288,7 @@ class RoleCalls:
             if if_needed and state.is_slave and state.master == master:
                 return {"role": "slave", "master": master, "was": was, "unchanged": True}
             if not state.is_slave:
-                state.fence(f"fenced: {why}")
+                state.fence(_fenced(why))
             self._record(RoleRecord("slave", master, self._epochs.last_epoch, _now(), why))
             self._reopen()
         return {"role": "slave", "master": master, "was": was}
@@ -388,6 +388,11 @@ def _state_shipped(root: str) -> bool:
     """Whether this store ever received a state record: a master with no state file ships
     none, and then nothing is mirrored and nothing is lacking."""
     return os.path.isdir(os.path.join(root, CONSUME_QUEUE_DIR, STATE_TOPIC))
+
+
+def _fenced(why: str) -> str:
+    """A fencing reason as refusals print it: ``fenced: <why>``, the word once."""
+    return why if why.startswith("fenced") else f"fenced: {why}"
 
 
 def _now() -> int:

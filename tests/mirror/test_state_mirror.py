@@ -604,3 +604,124 @@ def test_a_promoted_slave_continues_the_open_transactions(pair, make_store, tmp_
     s.wait_dispatched()
     assert [x.body for x in s.read("pay", 0, 0)] == [b"A", b"B"]
     assert s.open_transactions() == []
+
+
+def test_a_promoted_slave_keeps_a_fifo_groups_order_attempts_and_settings(
+        pair, make_store, tmp_path, manual_clock):
+    """A FIFO group's setting (subscriptionGroup.json) and its pop state (the message in
+    flight, its delivery attempts) are the promoted slave's: the queue stays held behind the
+    message in flight, which is dead-lettered at the attempt the master had reached, then the
+    queue moves on in order."""
+    m, _none = pair(slave=False)
+    s = make_store({"commit_log": {"segment_bytes": SEG},
+                    "store": {**FAST, "role": "slave"},
+                    "server": {"ha_master": m.replication.address,
+                               "ha_listen": "127.0.0.1:0"}}, root=tmp_path / "slave")
+    s.replication.start()
+    m.set_group_config("G", consume_message_orderly=True, retry_max_times=1)
+    for body in (b"m0", b"m1", b"m2"):
+        assert m.put(Message("T", body, queue_id=0)).status.stored
+    wait_for(lambda: m.max_offset("T", 0) == 3, "the master's queue")
+    got = m.pop("G", "T", 2, 1000, consume_from="first")
+    assert [(x.queue_offset, x.delivery_attempt) for x in got] == [(0, 1), (1, 1)]
+    m.ack(got[0].receipt_handle)
+    manual_clock.advance(1001)
+    again = m.pop("G", "T", 8, 1000)  # m1 again, attempt 2 (its last); m2 held behind it
+    assert [(x.queue_offset, x.delivery_attempt) for x in again] == [(1, 2)]
+    assert m.put(Message("T", b"m3", queue_id=0)).status.stored
+    wait_for(lambda: m.max_offset("T", 0) == 4 and s.max_offset("T", 0) == 4
+             and mirrored(m, s), "the slave caught up")
+    m.close()
+    wait_for(lambda: not s.replication.client.connected, "the slave sees its master gone")
+    assert "config/subscriptionGroup.json" in s.promote()["mirror"]["installed"]
+    config = s.group_config("G")
+    assert config.orderly and config.retry_max_times == 1
+    assert s.pop("G", "T", 8, 1000) == []  # m1 still in flight: nothing newer
+    manual_clock.advance(1001)
+    after = s.pop("G", "T", 8, 1000)  # m1's attempts are used up: the DLQ, then m2, m3
+    assert [(x.queue_offset, x.delivery_attempt, x.body) for x in after] == [
+        (2, 1, b"m2"), (3, 1, b"m3")]
+    s.wait_dispatched()
+    dead = s.read("%DLQ%G", 0, 0, 10)
+    assert [dead.message(i).body for i in range(len(dead))] == [b"m1"]
+    assert s.dead_letter_counts() == {"G": 1}
+
+
+def test_a_rocketmq_store_mastered_by_mqstore_keeps_what_rocketmqs_own_store_loads(
+        make_store, tmp_path, broker_fixture):
+    """RocketMQ 4.9.8's broker store (the broker fixture) opened as a master whose state is
+    mirrored: its log gains the state records, and the directory keeps what RocketMQ's own
+    ``DefaultMessageStore.load`` requires (no Java here: its rules, checked on the files):
+    commit-log files of the configured size named by their offsets, consume queues in
+    directories named by queue ids holding files of the configured size, every record whole
+    (magic, lengths, CRC: its recovery's check), and the user's topics' units as RocketMQ
+    wrote them. The slave holds the broker's own config files."""
+    import tarfile
+    with tarfile.open(broker_fixture / "store.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="tar")
+    root = tmp_path / "store"
+    cq_file = 6000  # the fixture broker's mappedFileSizeConsumeQueue
+    before = {p.relative_to(root): p.read_bytes()
+              for p in (root / "consumequeue").glob("*/*/*")}
+    cfg = {"consume_queue": {"file_units": cq_file // 20}, "store": FAST}
+    m = make_store({**cfg, "store": {**FAST, "role": "async_master"},
+                    "server": {"ha_listen": "127.0.0.1:0"}}, root=root)
+    m.replication.start()
+    s = make_store({**cfg, "store": {**FAST, "role": "slave"},
+                    "server": {"ha_master": m.replication.address}}, root=tmp_path / "slave")
+    s.replication.start()
+    popped = m.pop("billing", "FixNormal", max_msgs=8, invisible_ms=30_000,
+                   consume_from="first")
+    m.ack([p.receipt_handle for p in popped[:5]])
+    wait_for(lambda: mirrored(m, s), "the mirror")
+    replica = set(state_files(str(tmp_path / "slave" / "replica")))
+    assert {"config/topics.json", "config/subscriptionGroup.json", "config/delayOffset.json",
+            "config/consumerOffset.json"} <= replica
+    wait_for(lambda: m.max_offset(STATE_TOPIC, 0) > 0, "the state records in the log")
+    s.close()
+    m.wait_dispatched()
+    m.close()
+    segment = m.config.commit_log.segment_bytes
+    logs = sorted((root / "commitlog").iterdir())
+    assert [p.name for p in logs] == [f"{i * segment:020d}" for i in range(len(logs))]
+    assert all(p.stat().st_size == segment for p in logs)
+    for queue in (root / "consumequeue").glob("*/*"):
+        assert queue.name.isdigit(), queue
+        files = sorted(queue.iterdir())
+        assert [p.name for p in files] == [f"{i * cq_file:020d}" for i in range(len(files))]
+        assert all(p.stat().st_size == cq_file for p in files), queue
+    assert (root / "consumequeue" / STATE_TOPIC / "0").is_dir()
+    for rel, data in before.items():  # RocketMQ's units of the user's topics, unchanged
+        now = (root / rel).read_bytes()
+        used = len(data.rstrip(b"\0")) + (-len(data.rstrip(b"\0")) % 20)
+        assert now[:used] == data[:used], rel
+    report = check_store(str(root), m.config)
+    assert report.clean and report.records > 0, report.problems
+
+
+def test_a_slave_opened_as_a_master_by_its_configuration_alone_is_refused(
+        pair, make_store, tmp_path, manual_clock):
+    """Editing store.role and restarting is not a promotion: the open refuses, naming what to
+    do, and changes nothing; promoted while stopped, it opens as a master on its master's
+    state in a new epoch."""
+    from mqstore.errors import ConfigError
+    m, s = pair()
+    in_flight = busy_master(m, manual_clock)
+    wait_for(lambda: mirrored(m, s), "the mirror")
+    s.close()
+    m.close()
+    root = tmp_path / "slave"
+    def files():  # but the lock file, which every open takes
+        return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in root.rglob("*")
+                if p.is_file() and p.name != "lock"}
+    before = files()
+    as_master = {"commit_log": {"segment_bytes": SEG}, "store": {"role": "async_master"}}
+    with pytest.raises(ConfigError, match=r"slave's directory .* store.role is "
+                                          r"'async_master'.*mqstore role promote"):
+        make_store(as_master, root=root)
+    assert files() == before
+    p = make_store({**as_master, "store": {"role": "slave"}}, root=root)
+    assert p.promote()["mirror"] is not None and p.role_state.writable
+    manual_clock.advance(31_000)
+    again = p.pop("billing", "orders", max_msgs=200, invisible_ms=30_000)
+    assert {(x.queue_id, x.queue_offset) for x in again if x.delivery_attempt > 1} == in_flight

@@ -353,3 +353,18 @@ def test_the_write_guard_and_its_status_outlive_a_reopen(node):
     assert m.role_status()["coordination"] == {"leader": "m", "may_write": False}
     assert m.demote(ha_of(other), if_needed=True) == {
         "role": "slave", "master": ha_of(other), "was": "slave", "unchanged": True}
+
+
+def test_a_master_demoted_for_a_reason_already_saying_fenced_says_it_once(node):
+    """The refusal of a master demoted because a newer one exists reads as the docs print it
+    ("fenced: peer ... holds epoch 2 ..."), not with the word twice."""
+    m = node("m", "async_master")
+    seen: list[str] = []
+    m.role_state.watch(lambda state: seen.append(state.fenced))
+    why = "fenced: peer 127.0.0.1:1 holds epoch 2, newer than this master's 1"
+    m.demote("127.0.0.1:1", why=why)
+    assert why in seen
+    other = node("o", "async_master")
+    other.role_state.watch(lambda state: seen.append(state.fenced))
+    other.demote("127.0.0.1:1", why="maintenance")
+    assert "fenced: maintenance" in seen
