@@ -15,11 +15,10 @@ h11 parses and frames; this module owns the sockets and the limits (``Limits``, 
   the endpoints take no request body (413).
 - file descriptors: the last ``fd_headroom(limit)`` descriptors under the process's
   RLIMIT_NOFILE are the store's (segments, queues, index files): a connection accepted onto
-  one of them is closed at once. When accept itself fails for want of descriptors, a
-  descriptor kept in reserve is let go for an instant to take the pending connection off the
-  queue and close it. Either way the listening socket never stays readable with nothing taken
-  off it (that is a busy loop). Refusals are logged at most once per
-  REFUSAL_LOG_INTERVAL_S, with their count.
+  one of them is closed at once. When accept itself fails for want of descriptors, the
+  pending connection is taken off the queue and closed (``mqstore.accepting``). Either way
+  the listening socket never stays readable with nothing taken off it (that is a busy loop).
+  Refusals are logged at most once per REFUSAL_LOG_INTERVAL_S, with their count.
 
 The application is WSGI (prometheus_client's metrics app is one), called through
 ``wsgi_call`` on a pool of APP_THREADS threads so that the event loop never waits on the
@@ -29,9 +28,7 @@ store: the loop stays free for the other asyncio servers of the process to share
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import os
 import resource
 import socket
 import time
@@ -40,12 +37,11 @@ from dataclasses import dataclass
 
 import h11
 
+from mqstore.accepting import ACCEPT_PAUSE_S, Acceptor
 from mqstore.ops.wsgi_call import call_wsgi, wsgi_environ
 
 log = logging.getLogger(__name__)
 APP_THREADS = 4  # requests answered at once; the rest wait their turn, connections held
-ACCEPT_BATCH = 64  # connections taken off the listen queue per wake-up of the loop
-ACCEPT_PAUSE_S = 0.5  # accepting rests this long when not even the reserve descriptor is free
 REFUSAL_LOG_INTERVAL_S = 10.0
 FD_HEADROOM = 64  # descriptors under RLIMIT_NOFILE that connections never take (see fd_headroom)
 READ_BYTES = 16384
@@ -53,7 +49,6 @@ LINGER_S = 1.0  # after a final response, unread request bytes are drained this 
 LINGER_BYTES = 65536
 CLOSE_GRACE_S = 5.0  # requests being answered when the server closes get this long
 BACKLOG = 128
-OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 @dataclass(frozen=True)
@@ -82,13 +77,6 @@ def descriptor_ceiling() -> int | None:
     if soft == resource.RLIM_INFINITY:
         return None
     return soft - fd_headroom(soft)
-
-
-def _reserve_fd() -> int | None:
-    try:
-        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
 
 
 class _Tally:
@@ -157,12 +145,10 @@ class HttpServer:
         self.app = app
         self.host = host
         self.limits = limits
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
-        self._sock.setblocking(False)
-        self.port: int = self._sock.getsockname()[1]
+        self._acceptor = Acceptor(host, port, BACKLOG, admit=self._admit,
+                                  refused=self._refused, failed=self._failed)
+        self.port: int = self._acceptor.port
         self.fd_ceiling = descriptor_ceiling()
-        self._reserve = _reserve_fd()
         self._conns: set[_Conn] = set()
         self._tasks: set[asyncio.Task] = set()
         self._pool = ThreadPoolExecutor(APP_THREADS, thread_name_prefix="mqstore-http")
@@ -178,7 +164,7 @@ class HttpServer:
         self.all_busy = _Tally(loop, "")
         self.evicted = _Tally(loop, "")
         self.set_limits(self.limits)
-        loop.add_reader(self._sock.fileno(), self._accept)
+        self._acceptor.start()
 
     def set_limits(self, limits: Limits) -> None:
         """New bounds, for the connections and requests from now on (serve's SIGHUP). On the
@@ -195,9 +181,7 @@ class HttpServer:
         if self._closing:
             return
         self._closing = True
-        if self._loop is not None:
-            self._loop.remove_reader(self._sock.fileno())
-        self._sock.close()
+        self._acceptor.close()
         for conn in [c for c in self._conns if not c.busy]:
             self._drop(conn)
         if self._tasks:
@@ -212,62 +196,13 @@ class HttpServer:
         if self._loop is not None:
             for tally in (self.out_of_fds, self.all_busy, self.evicted):
                 tally.close()
-        if self._reserve is not None:
-            os.close(self._reserve)
-            self._reserve = None
 
     # -- accepting ---------------------------------------------------------------------------
-    def _accept(self) -> None:
-        for _ in range(ACCEPT_BATCH):
-            try:
-                sock, _address = self._sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in OUT_OF_DESCRIPTORS and self._refuse_on_reserve():
-                    continue
-                if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
-                    continue  # that connection's own trouble
-                log.debug("accept failed: %s; accepting again in %.1f s", exc, ACCEPT_PAUSE_S)
-                self._pause_accepting()
-                return
-            if self.fd_ceiling is not None and sock.fileno() >= self.fd_ceiling:
-                sock.close()
-                self.out_of_fds.add()
-                continue
-            self._admit(sock)
-
-    def _refuse_on_reserve(self) -> bool:
-        """Take one pending connection off the queue on the reserve descriptor and close it;
-        False when not even the reserve could be had."""
-        if self._reserve is None:
-            self._reserve = _reserve_fd()
-            if self._reserve is None:
-                return False
-        os.close(self._reserve)
-        self._reserve = None
-        try:
-            sock, _address = self._sock.accept()
-        except BlockingIOError:
-            return True  # nothing pending any more
-        except OSError:
-            return False  # another thread took the descriptor first
-        else:
+    def _admit(self, sock: socket.socket) -> None:
+        if self.fd_ceiling is not None and sock.fileno() >= self.fd_ceiling:
             sock.close()
             self.out_of_fds.add()
-            return True
-        finally:
-            self._reserve = _reserve_fd()
-
-    def _pause_accepting(self) -> None:
-        self._loop.remove_reader(self._sock.fileno())
-        self._loop.call_later(ACCEPT_PAUSE_S, self._resume_accepting)
-
-    def _resume_accepting(self) -> None:
-        if not self._closing:
-            self._loop.add_reader(self._sock.fileno(), self._accept)
-
-    def _admit(self, sock: socket.socket) -> None:
+            return
         if len(self._conns) >= self.limits.max_connections:
             waiting = [c for c in self._conns if not c.busy]
             if not waiting:
@@ -281,6 +216,13 @@ class HttpServer:
         task = self._loop.create_task(self._serve(conn))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _refused(self, exc: OSError) -> None:
+        self.out_of_fds.add()
+
+    @staticmethod
+    def _failed(exc: OSError) -> None:
+        log.debug("accept failed: %s; accepting again in %.1f s", exc, ACCEPT_PAUSE_S)
 
     def _drop(self, conn: _Conn) -> None:
         self._conns.discard(conn)

@@ -16,11 +16,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import grpc
 import pytest
 
+from bounds_support import HEALTH_URL, closed, descriptors, health
 from cli_support import env
 from endpoint_support import Clients, Served, deployment_yaml
 from mqstore.endpoint.auth import now_date_time, signed_metadata
@@ -29,10 +29,6 @@ from mqstore.testing import wait_for
 from raw_grpc import Raw
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
-
-
-def descriptors(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def workers_descriptors(pid: int) -> dict[int, int]:
@@ -53,15 +49,6 @@ def rss_anon_mib(pid: int) -> float:
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) / 1024
     raise AssertionError("no RssAnon in /proc/PID/status")
-
-
-def health(served: Served) -> int:
-    url = served._wait_for(r"health on (http://[\d.:]+/healthz)")
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
 
 
 def stop(served: Served) -> None:
@@ -174,7 +161,7 @@ def answers_normally(served: Served, rocketmq, topic: str, catch_up_s: float = 3
         assert [m.message_id for m in got] == [sent]
     finally:
         clients.close()
-    assert health(served) == 200
+    assert health(served._wait_for(HEALTH_URL)) == 200
 
 
 @pytest.mark.slow
@@ -207,9 +194,9 @@ def test_connections_past_the_descriptor_limit_are_refused_not_served_into_exhau
             strangers.append(socket.create_connection((host, int(port)), timeout=30))
         # Accepted and held, or accepted and closed: either way serve has seen them all.
         wait_for(lambda: descriptors(served.proc.pid) >= 1000 or all(
-            _closed(s) for s in strangers[-100:]), timeout=60, what="the crowd taken in")
+            closed(s) for s in strangers[-100:]), timeout=60, what="the crowd taken in")
         assert descriptors(served.proc.pid) <= NOFILE - 64, "the store's headroom was taken"
-        assert health(served) == 200
+        assert health(served._wait_for(HEALTH_URL)) == 200
         assert client.send("Crowded").code == Code.OK
         for s in strangers:
             s.close()
@@ -228,19 +215,6 @@ def test_connections_past_the_descriptor_limit_are_refused_not_served_into_exhau
         client.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, own)
         stop(served)
-
-
-def _closed(sock: socket.socket) -> bool:
-    """Whether the server closed ``sock`` (without waiting)."""
-    sock.setblocking(False)
-    try:
-        return sock.recv(1) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
-    finally:
-        sock.setblocking(True)
 
 
 def test_a_host_creates_at_most_its_allowance_of_topics_and_groups(tmp_path, home):

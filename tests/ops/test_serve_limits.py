@@ -14,13 +14,9 @@ import json
 import os
 import re
 import resource
-import selectors
 import signal
 import socket
-import subprocess
-import sys
 import time
-import urllib.error
 import urllib.request
 from http.client import HTTPConnection
 from pathlib import Path
@@ -28,14 +24,12 @@ from pathlib import Path
 import pytest
 
 from mqstore.ops.http_server import APP_THREADS
-from cli_support import SMALL_CONFIG, env
-from paths import SUPPORT
+from bounds_support import (CLOSE_WAIT_S, CPU_BOUND_S, CPU_WINDOW_S, closed_by_server,
+                            cpu_seconds, descriptors, health, out_of_descriptors_refusals)
+from cli_support import SMALL_CONFIG
 from serve_support import STOP_TIMEOUT_S, start
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
-CLOSE_WAIT_S = 30.0  # what "closed by the server" may take on a loaded machine
-CPU_WINDOW_S = 5.0
-CPU_BOUND_S = 0.5  # a spinning server burns up to CPU_WINDOW_S; an idle one, hundredths
 
 
 def deployment(tmp_path, **server) -> Path:
@@ -57,25 +51,6 @@ def threads(pid: int) -> int:
                          re.M).group(1))
 
 
-def descriptors(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def health(url: str) -> int | str:
-    try:
-        with urllib.request.urlopen(url + "/healthz", timeout=10) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError as exc:
-        return repr(exc)
-
-
 def wait_for(check, timeout_s: float = CLOSE_WAIT_S, pause_s: float = 0.1):
     deadline = time.monotonic() + timeout_s
     while True:
@@ -83,26 +58,6 @@ def wait_for(check, timeout_s: float = CLOSE_WAIT_S, pause_s: float = 0.1):
         if value or time.monotonic() > deadline:
             return value
         time.sleep(pause_s)
-
-
-def closed_by_server(socks: list[socket.socket], timeout_s: float = CLOSE_WAIT_S) -> int:
-    """How many of ``socks`` the server closed (EOF or reset) within ``timeout_s``."""
-    sel = selectors.DefaultSelector()
-    for s in socks:
-        sel.register(s, selectors.EVENT_READ)
-    closed = 0
-    deadline = time.monotonic() + timeout_s
-    while closed < len(socks) and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=0.5):
-            try:
-                data = key.fileobj.recv(4096)
-            except OSError:
-                data = b""
-            if not data:
-                sel.unregister(key.fileobj)
-                closed += 1
-    sel.close()
-    return closed
 
 
 def stop(proc, log_path) -> str:
@@ -121,13 +76,13 @@ def test_idle_and_slow_connections_are_capped_and_closed(tmp_path):
     proc, url = start(yaml, log_path)
     idle: list[socket.socket] = []
     try:
-        assert health(url) == 200
+        assert health(url + "/healthz") == 200
         base_threads = threads(proc.pid)
         base_fds = descriptors(proc.pid)
         idle = [socket.create_connection(address(url), timeout=10) for _ in range(60)]
         # Past the cap, each new connection replaced the one idle longest: /healthz, the
         # newest, is answered, and the server holds no more than the cap.
-        assert health(url) == 200
+        assert health(url + "/healthz") == 200
         assert wait_for(lambda: descriptors(proc.pid) <= base_fds + 8), descriptors(proc.pid)
         assert threads(proc.pid) <= base_threads + APP_THREADS + 1  # (one started already)
         # Every idle connection is closed: 52 at once, the last 8 after the idle timeout.
@@ -184,7 +139,7 @@ def test_idle_and_slow_connections_are_capped_and_closed(tmp_path):
         body.sendall(b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
         assert body.recv(4096).startswith(b"HTTP/1.1 413 ")
         body.close()
-        assert health(url) == 200
+        assert health(url + "/healthz") == 200
     finally:
         for s in idle:
             s.close()
@@ -204,7 +159,7 @@ def test_out_of_descriptors_refuses_connections_without_spinning(tmp_path):
         resource.RLIMIT_NOFILE, (limit, hard)))
     flood: list[socket.socket] = []
     try:
-        assert health(url) == 200
+        assert health(url + "/healthz") == 200
         for _ in range(150):
             try:
                 flood.append(socket.create_connection(address(url), timeout=5))
@@ -222,7 +177,7 @@ def test_out_of_descriptors_refuses_connections_without_spinning(tmp_path):
         for s in flood:
             s.close()
     try:
-        assert wait_for(lambda: health(url) == 200), health(url)
+        assert wait_for(lambda: health(url + "/healthz") == 200), health(url + "/healthz")
     finally:
         log = stop(proc, log_path)
     refusals = [line for line in log.splitlines() if "out of file descriptors" in line]
@@ -235,32 +190,9 @@ def test_accept_failing_for_want_of_descriptors_closes_at_once(tmp_path):
     """Every descriptor taken (EMFILE at accept): a pending connection is taken off the queue
     on the reserve descriptor and closed at once, without a busy loop; served again once
     descriptors are free."""
-    proc = subprocess.Popen([sys.executable, str(SUPPORT / "fd_hog_server.py"), "64"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env(), text=True)
-    try:
-        port = int(proc.stdout.readline())
-        flood = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(100)]
-        assert closed_by_server(flood) == len(flood)
-        before = cpu_seconds(proc.pid)
-        more = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]
-        time.sleep(CPU_WINDOW_S)
-        spent = cpu_seconds(proc.pid) - before
-        assert spent < CPU_BOUND_S, f"{spent:.2f} CPU seconds in {CPU_WINDOW_S} s"
-        assert closed_by_server(more) == len(more)
-        for s in flood + more:
-            s.close()
-        proc.stdin.write("release\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "released"
+    def served_again(port: int) -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
             assert r.status == 200 and r.read() == b"ok\n"
-        proc.stdin.close()
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    err = proc.stderr.read()
+    err = out_of_descriptors_refusals("http", served_again)
     refusals = [line for line in err.splitlines() if "out of file descriptors" in line]
     assert 1 <= len(refusals) <= 3 and "Traceback" not in err, err

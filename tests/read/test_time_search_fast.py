@@ -350,23 +350,15 @@ def test_where_times_repeat_a_search_reads_one_record(small, monkeypatch):
     for i in range(600):
         small.record(0, 10_000 + i // 70)  # times change inside strides, never at their start
     small.check()
-    reads: list[int] = []
-    real = time_index._LONG
-
-    class Counting:
-        @staticmethod
-        def unpack_from(buf, at=0):
-            reads.append(at)
-            return real.unpack_from(buf, at)
-
-    monkeypatch.setattr(time_index, "_LONG", Counting)
     cq = small.queues[0]
-    for g in range(1, 9):
-        for ts, bound, want in ((10_000 + g, LOWER, 70 * g), (10_000 + g - 1, UPPER, 70 * g - 1),
-                                (10_000 + g, UPPER, min(70 * g + 69, 599))):
-            reads.clear()
-            assert time_index.search(small.log, cq, ts, bound == UPPER) == want, (ts, bound)
-            assert len(reads) <= 1, (ts, bound, reads)
+    with counting_reads(monkeypatch) as reads:
+        for g in range(1, 9):
+            for ts, bound, want in ((10_000 + g, LOWER, 70 * g),
+                                    (10_000 + g - 1, UPPER, 70 * g - 1),
+                                    (10_000 + g, UPPER, min(70 * g + 69, 599))):
+                reads.clear()
+                assert time_index.search(small.log, cq, ts, bound == UPPER) == want, (ts, bound)
+                assert len(reads) <= 1, (ts, bound, reads)
 
 
 def test_times_spanning_more_than_int32_milliseconds(small):

@@ -4,18 +4,11 @@ that never reads; and the shutdown (NOTE [ Remoting shutdown ])."""
 
 from __future__ import annotations
 
-import os
 import re
 import resource
-import selectors
 import signal
 import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -23,8 +16,8 @@ from mqstore.format import remoting_frame as rf
 from mqstore.format.record import parse_offset_msg_id
 from mqstore.testing import wait_for
 
-from cli_support import env
-from paths import SUPPORT
+from bounds_support import (HEALTH_URL, closed, descriptors, health,
+                            out_of_descriptors_refusals)
 from remoting_support import Served, Wire, deployment_yaml, pull_ext, send_ext
 
 pytestmark = pytest.mark.slow
@@ -224,19 +217,6 @@ NOFILE = 1024  # a common default soft limit: the one strangers exhausted
 LOG_BOUND = 64 << 10  # serve's whole log, its start and the crowd's lines included
 
 
-def descriptors(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def health(server: Served) -> int:
-    url = server.wait_for(r"health on (http://[\d.:]+/healthz)")
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
 def test_connections_past_the_descriptor_limit_are_refused_not_served_into_exhaustion(
         tmp_path):
     """1,200 TCP connections that never send a byte to the remoting port, under a
@@ -267,13 +247,13 @@ def test_connections_past_the_descriptor_limit_are_refused_not_served_into_exhau
             strangers.append(socket.create_connection(("127.0.0.1", server.port), timeout=30))
         # Accepted and held, or accepted and closed: either way serve has seen them all.
         wait_for(lambda: descriptors(pid) >= 1000 or all(
-            _closed(s) for s in strangers[-100:]), timeout=60, what="the crowd taken in")
+            closed(s) for s in strangers[-100:]), timeout=60, what="the crowd taken in")
         assert descriptors(pid) <= NOFILE - 64, "the store's headroom was taken"
-        assert health(server) == 200
+        assert health(server.wait_for(HEALTH_URL)) == 200
         r = client.call(10, send_ext("CrowdT"), b"during")
         assert r.code == 0 and client.call(30, {"topic": "CrowdT", "queueId": 0}).code == 0
         # The client's connection and cap - 1 strangers are held; the rest were closed.
-        assert sum(_closed(s) for s in strangers) == len(strangers) - (cap - 1)
+        assert sum(closed(s) for s in strangers) == len(strangers) - (cap - 1)
         for s in strangers:
             s.close()
         strangers.clear()
@@ -294,77 +274,13 @@ def test_connections_past_the_descriptor_limit_are_refused_not_served_into_exhau
         assert server.stop() == 0, server.log()[-3000:]
 
 
-def _closed(sock: socket.socket) -> bool:
-    """Whether the server closed ``sock`` (without waiting)."""
-    sock.setblocking(False)
-    try:
-        return sock.recv(1) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
-    finally:
-        sock.setblocking(True)
-
-
-CPU_WINDOW_S = 5.0
-CPU_BOUND_S = 0.5  # a spinning listener burns up to CPU_WINDOW_S; an idle one, hundredths
-CLOSE_WAIT_S = 30.0  # what "closed by the server" may take on a loaded machine
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def closed_by_server(socks: list[socket.socket]) -> int:
-    """How many of ``socks`` the server closed (EOF or reset) within CLOSE_WAIT_S."""
-    deadline, closed = time.monotonic() + CLOSE_WAIT_S, 0
-    with selectors.DefaultSelector() as sel:
-        for s in socks:
-            sel.register(s, selectors.EVENT_READ)
-        while closed < len(socks) and time.monotonic() < deadline:
-            for key, _ in sel.select(timeout=0.5):
-                try:
-                    data = key.fileobj.recv(4096)
-                except OSError:
-                    data = b""
-                if not data:
-                    sel.unregister(key.fileobj)
-                    closed += 1
-    return closed
-
-
 def test_accept_failing_for_want_of_descriptors_refuses_at_once(tmp_path):
     """Every descriptor taken (EMFILE at accept): the remoting listener takes a pending
     connection off the queue on its reserve descriptor and closes it, logging one line a
     minute, without a traceback or a busy loop; it serves again once descriptors are free."""
-    proc = subprocess.Popen([sys.executable, str(SUPPORT / "remoting_fd_hog.py"), "64"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env(), text=True)
-    try:
-        port = int(proc.stdout.readline())
-        flood = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(100)]
-        assert closed_by_server(flood) == len(flood)
-        before = cpu_seconds(proc.pid)
-        more = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]
-        time.sleep(CPU_WINDOW_S)
-        spent = cpu_seconds(proc.pid) - before
-        assert spent < CPU_BOUND_S, f"{spent:.2f} CPU seconds in {CPU_WINDOW_S} s"
-        assert closed_by_server(more) == len(more)
-        for s in flood + more:
-            s.close()
-        proc.stdin.write("release\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "released"
+    def served_again(port: int) -> None:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
             assert s.recv(16) == b"ok\n"
-        proc.stdin.close()
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    err = proc.stderr.read()
+    err = out_of_descriptors_refusals("remoting", served_again)
     refusals = [line for line in err.splitlines() if "out of file descriptors" in line]
     assert len(refusals) == 1 and "Traceback" not in err, err
