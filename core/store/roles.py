@@ -218,25 +218,20 @@ class RoleCalls:
         problem = master_listen_problem(parts.config.server)
         if problem is not None:
             raise ConfigError(f"this slave cannot be promoted as configured: {problem}")
-        mirrored = _state_shipped(self.root)
-        try:
-            if mirrored:
-                check_complete(self.root)
-            else:
-                log.warning("promoting with no state mirror to install: the master shipped no "
-                            "state record (it had no state file)")
-        except MirrorIncompleteError as exc:
-            if not force:
-                raise PromotionRefusedError(
-                    f"{exc}; promoted without it, the store would redeliver what its master's "
-                    f"consumer groups had acknowledged and lose its topic configs: let the "
-                    f"slave follow until a snapshot arrives (the master ships one whenever a "
-                    f"slave connects), or promote with force to start from the slave's own "
-                    f"state") from None
-            mirrored = False
-            log.warning("promoting without the state mirror (forced): %s", exc)
+        # The mirror and the sign that state was shipped at all (the state topic's consume
+        # queue) are dispatch's work: judged on what dispatch made of every byte received.
+        self.wait_dispatched(timeout)
+        mirrored = _mirror_to_install(self.root, force)
         replication.stop_following()
         self.wait_dispatched(timeout)
+        if not mirrored and not force and _state_shipped(self.root):
+            # Its first state records came after the look above: installed when complete.
+            try:
+                check_complete(self.root)
+                mirrored = True
+            except MirrorIncompleteError as exc:
+                log.error("promoting without the state mirror: its master's first state "
+                          "records came as the promotion began; %s", exc)
         end = self._commit_log.max_offset
         known = max(epochs.last_epoch, state.master_epoch)
         new_epoch = known + 1 if epoch is None else epoch
@@ -382,6 +377,29 @@ def _later(ref: weakref.ref, name: str, *args: object) -> None:
         except Exception:  # noqa: BLE001 - logged; the store stays as it was
             log.exception("replication: %s failed", name.strip("_"))
     threading.Thread(target=run, name=f"mqstore-role-{name.strip('_')}", daemon=True).start()
+
+
+def _mirror_to_install(root: str, force: bool) -> bool:
+    """Whether the promotion installs the state mirror of the store in ``root`` (call once
+    dispatch covers what it received); ``PromotionRefusedError`` when its master shipped
+    state but the mirror holds no complete snapshot of it, unless ``force``."""
+    if not _state_shipped(root):
+        log.warning("promoting with no state mirror to install: the master shipped no state "
+                    "record (it had no state file)")
+        return False
+    try:
+        check_complete(root)
+    except MirrorIncompleteError as exc:
+        if not force:
+            raise PromotionRefusedError(
+                f"{exc}; promoted without it, the store would redeliver what its master's "
+                f"consumer groups had acknowledged and lose its topic configs: let the "
+                f"slave follow until a snapshot arrives (the master ships one whenever a "
+                f"slave connects), or promote with force to start from the slave's own "
+                f"state") from None
+        log.warning("promoting without the state mirror (forced): %s", exc)
+        return False
+    return True
 
 
 def _state_shipped(root: str) -> bool:

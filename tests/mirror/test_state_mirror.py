@@ -725,3 +725,37 @@ def test_a_slave_opened_as_a_master_by_its_configuration_alone_is_refused(
     manual_clock.advance(31_000)
     again = p.pop("billing", "orders", max_msgs=200, invisible_ms=30_000)
     assert {(x.queue_id, x.queue_offset) for x in again if x.delivery_attempt > 1} == in_flight
+
+
+def test_a_promotion_while_the_slaves_dispatch_lags_still_installs_the_mirror(
+        pair, manual_clock):
+    """The slave holds its master's whole log, state records included, but its dispatch has
+    not reached the first of them when it is promoted (a loaded machine, an elected node):
+    the promotion waits for dispatch, then installs the mirror, so the groups go on from
+    where they were and only what was in flight is delivered again."""
+    import signal
+    m, s = pair()
+    worker = s.worker_status()["pid"]
+    os.kill(worker, signal.SIGSTOP)  # before the master has any state
+    try:
+        in_flight = busy_master(m, manual_clock)
+        wait_for(lambda: s.max_phys_offset == m.max_phys_offset, "the slave's log")
+        assert not (Path(s.root) / "consumequeue" / STATE_TOPIC).exists()
+        m.close()
+        wait_for(lambda: not s.replication.client.connected, "the slave sees its master gone")
+        wait_dispatched = s.wait_dispatched
+
+        def resumed_then_waited(timeout=5.0):  # dispatch goes on once it is waited for
+            os.kill(worker, signal.SIGCONT)
+            wait_dispatched(timeout)
+        s.wait_dispatched = resumed_then_waited
+        done = s.promote()
+    finally:
+        os.kill(worker, signal.SIGCONT)  # never left stopped, whatever failed
+    assert done["mirror"] is not None
+    assert "consumer/pop/orders@billing.journal" in done["mirror"]["installed"]
+    manual_clock.advance(31_000)
+    # As the gRPC endpoint pops (a group without state there would start at offset 0).
+    again = s.pop("billing", "orders", max_msgs=200, invisible_ms=30_000, consume_from="max")
+    assert {(x.queue_id, x.queue_offset) for x in again if x.delivery_attempt > 1} == in_flight
+    assert len(again) == len(in_flight) + (200 - 64)
