@@ -55,6 +55,16 @@ def pair(make_store, tmp_path):
     return make
 
 
+def promotable_slave(make_store, m, root: Path, **store):
+    """A started slave of ``m`` that listens for slaves of its own once promoted."""
+    s = make_store({"commit_log": {"segment_bytes": SEG},
+                    "store": {**FAST, **store, "role": "slave"},
+                    "server": {"ha_master": m.replication.address,
+                               "ha_listen": "127.0.0.1:0"}}, root=root)
+    s.replication.start()
+    return s
+
+
 def state_bytes(root: Path) -> dict[str, bytes]:
     return {rel: (root / rel).read_bytes() for rel in state_files(str(root))}
 
@@ -538,11 +548,7 @@ def test_a_slave_holds_the_schedule_progress_and_delivers_nothing_itself(pair, m
 def test_a_promoted_slave_goes_on_with_the_schedule_delivering_nothing_twice(
         pair, make_store, tmp_path, manual_clock):
     m, _none = pair(slave=False)
-    s = make_store({"commit_log": {"segment_bytes": SEG},
-                    "store": {**FAST, "role": "slave"},
-                    "server": {"ha_master": m.replication.address,
-                               "ha_listen": "127.0.0.1:0"}}, root=tmp_path / "slave")
-    s.replication.start()
+    s = promotable_slave(make_store, m, tmp_path / "slave")
     for body, props in ((b"a0", {"DELAY": "1"}), (b"a1", {"DELAY": "1"}),
                         (b"b", {"DELAY": "2"}), (b"t", {"TIMER_DELAY_SEC": "8"})):
         assert m.put(Message("later", body, properties=props, queue_id=0)).status.stored
@@ -567,11 +573,7 @@ def test_a_promoted_slave_continues_the_open_transactions(pair, make_store, tmp_
     transactions, checks them, and ends them by any copy's offset."""
     txn = {"transaction_timeout_ms": 3000, "transaction_check_interval_ms": 2000}
     m, _none = pair(slave=False, **txn)
-    s = make_store({"commit_log": {"segment_bytes": SEG},
-                    "store": {**FAST, **txn, "role": "slave"},
-                    "server": {"ha_master": m.replication.address,
-                               "ha_listen": "127.0.0.1:0"}}, root=tmp_path / "slave")
-    s.replication.start()
+    s = promotable_slave(make_store, m, tmp_path / "slave", **txn)
     halves = {}
     for key in ("A", "B", "C"):
         halves[key] = m.put(Message("pay", key.encode(), queue_id=0, properties={
@@ -613,11 +615,7 @@ def test_a_promoted_slave_keeps_a_fifo_groups_order_attempts_and_settings(
     message in flight, which is dead-lettered at the attempt the master had reached, then the
     queue moves on in order."""
     m, _none = pair(slave=False)
-    s = make_store({"commit_log": {"segment_bytes": SEG},
-                    "store": {**FAST, "role": "slave"},
-                    "server": {"ha_master": m.replication.address,
-                               "ha_listen": "127.0.0.1:0"}}, root=tmp_path / "slave")
-    s.replication.start()
+    s = promotable_slave(make_store, m, tmp_path / "slave")
     m.set_group_config("G", consume_message_orderly=True, retry_max_times=1)
     for body in (b"m0", b"m1", b"m2"):
         assert m.put(Message("T", body, queue_id=0)).status.stored
