@@ -50,7 +50,7 @@ class Command:
     """One ``RemotingCommand``: header fields, ``ext`` (extFields, str -> str) and ``body``."""
 
     __slots__ = ("code", "language", "version", "opaque", "flag", "remark", "ext", "body",
-                 "serialize_type")
+                 "serialize_type", "encoded_header")
 
     def __init__(self, code: int, *, opaque: int = 0, flag: int = 0, remark: str | None = None,
                  ext: dict[str, str] | None = None, body: bytes | None = None,
@@ -60,6 +60,9 @@ class Command:
         self.ext = ext if ext is not None else {}
         self.body = body
         self.language, self.version, self.serialize_type = language, version, serialize_type
+        # the header's bytes when a caller built them from a template (``JsonTemplate``):
+        # exactly what encoding the fields above gives
+        self.encoded_header: bytes | None = None
 
     @property
     def is_response(self) -> bool:
@@ -113,9 +116,16 @@ def decode(payload) -> Command:
     return cmd
 
 
+def _header(cmd: Command) -> bytes:
+    header = cmd.encoded_header
+    if header is not None:
+        return header
+    return _encode_binary(cmd) if cmd.serialize_type == ROCKETMQ else _encode_json(cmd)
+
+
 def encode(cmd: Command) -> bytes:
     """The whole frame of ``cmd``, length field first."""
-    header = _encode_binary(cmd) if cmd.serialize_type == ROCKETMQ else _encode_json(cmd)
+    header = _header(cmd)
     body = cmd.body or b""
     return _PREFIX.pack(4 + len(header) + len(body),
                         (cmd.serialize_type << 24) | len(header)) + header + body
@@ -124,7 +134,7 @@ def encode(cmd: Command) -> bytes:
 def encode_parts(cmd: Command) -> tuple[bytes, bytes]:
     """``encode`` as the frame's head (length, header) and its body, so a large body is
     written as it is, not copied behind the header."""
-    header = _encode_binary(cmd) if cmd.serialize_type == ROCKETMQ else _encode_json(cmd)
+    header = _header(cmd)
     body = cmd.body or b""
     head = _PREFIX.pack(4 + len(header) + len(body), (cmd.serialize_type << 24) | len(header))
     return head + header, body
@@ -155,9 +165,26 @@ def _int_field(doc: dict, name: str, default: int | None) -> int:
     return value
 
 
+_raw_decode = json.JSONDecoder().raw_decode
+
+
+def _parse_json(header: bytes):
+    """``json.loads(header)``, without its encoding sniffing and copies for the usual header
+    (UTF-8 text that is one JSON value, no whitespace around it); any other goes through
+    ``json.loads`` itself, so both give the same value or the same error."""
+    try:
+        text = header.decode()
+        doc, end = _raw_decode(text)
+        if end == len(text):
+            return doc
+    except (ValueError, RecursionError):
+        pass
+    return json.loads(header)
+
+
 def _decode_json(header: bytes) -> Command:
     try:
-        doc = json.loads(header)
+        doc = _parse_json(header)
     except (ValueError, RecursionError) as exc:
         raise FrameError(f"JSON header does not parse: {exc}") from None
     if not isinstance(doc, dict):
@@ -197,6 +224,45 @@ def _encode_json(cmd: Command) -> bytes:
         parts.append(f',"remark":{_dumps(cmd.remark)}')
     parts.append(f',"serializeTypeCurrentRPC":"JSON","version":{cmd.version}}}')
     return "".join(parts).encode()
+
+
+class JsonTemplate:
+    """The JSON header of one shape of response, encoded once. ``render(opaque, values)``
+    gives the bytes ``_encode_json`` gives for the same command with ``opaque`` and the
+    ext fields named in ``holes`` (in that order) set to ``values``, provided no value needs
+    JSON escaping (the caller's contract: ASCII letters, digits, commas and the like).
+
+    Built by encoding a probe through ``_encode_json`` and cutting it at the holes, so the
+    template cannot drift from the general encoder."""
+
+    __slots__ = ("_pieces",)
+
+    def __init__(self, code: int, ext: dict[str, str], holes: tuple[str, ...],
+                 flag: int = RESPONSE_FLAG) -> None:
+        marks = {name: f"@@hole{i}@@" for i, name in enumerate(holes)}
+        probe = Command(code, flag=flag, ext={k: marks.get(k, v) for k, v in ext.items()})
+        probe.opaque = "@@opaque@@"  # type: ignore[assignment] - written as it is
+        text = _encode_json(probe).decode()
+        cuts = [marks[h] for h in holes] + ["@@opaque@@"]  # opaque follows extFields
+        if any(text.count(mark) != 1 for mark in cuts) or not all(
+                text.index(x) < text.index(y) for x, y in zip(cuts, cuts[1:])):
+            raise ValueError(f"cannot template the header {text!r} at {holes}")
+        pieces, rest = [], text
+        for mark in cuts:
+            head, rest = rest.split(mark)
+            pieces.append(head)
+        pieces.append(rest)
+        self._pieces = tuple(pieces)
+
+    def render(self, opaque: int, values: tuple[str, ...]) -> bytes:
+        p = self._pieces
+        out = [p[0]]
+        for piece, value in zip(p[1:], values):
+            out.append(value)
+            out.append(piece)
+        out.append(str(opaque))
+        out.append(p[-1])
+        return "".join(out).encode()
 
 
 # -- binary headers ----------------------------------------------------------------------
@@ -253,4 +319,5 @@ def type_name(kind: int) -> str:
 
 
 __all__ = ["Command", "FrameError", "MAX_FRAME_BYTES", "JSON", "ROCKETMQ", "RESPONSE_FLAG",
-           "ONEWAY_FLAG", "BROKER_VERSION", "decode", "encode", "encode_parts", "frame_length"]
+           "ONEWAY_FLAG", "BROKER_VERSION", "JsonTemplate", "decode", "encode", "encode_parts",
+           "frame_length"]

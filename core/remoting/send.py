@@ -35,7 +35,7 @@ from mqstore.format.schedule import delay_level
 from mqstore.format.topic_config import PERM_READ_WRITE
 from mqstore.format.transaction import SYSFLAG_PREPARED, is_half
 from mqstore.format.record import SYSFLAG_TX_MASK, SYSFLAG_USER_BITS, offset_msg_id
-from mqstore.format.remoting_frame import Command
+from mqstore.format.remoting_frame import JSON, Command, JsonTemplate
 from mqstore.format.remoting_message import decode_batch
 from mqstore.message import Message, PutStatus
 from mqstore.remoting.codes import PUT_CODES, RemotingError, Req, Resp
@@ -188,17 +188,27 @@ def put(store, messages: list[Message]):
             r.phys_offsets.tolist())
 
 
+_ANSWER_HOLES = ("msgId", "queueId", "queueOffset")
+# PUT_OK's JSON answer, every field but these fixed: its header comes from this template
+_PUT_OK = JsonTemplate(PUT_CODES[PutStatus.PUT_OK], {**dict.fromkeys(_ANSWER_HOLES, ""),
+                                                     **SEND_OK_EXT}, _ANSWER_HOLES)
+
+
 def answer(broker, cmd: Command, result) -> Command:
     status, error, queue_id, queue_offset, phys = result
     code = PUT_CODES[status]
     if not status.stored:
         return cmd.response(code, error or status.value)
     host = broker.host
-    ext = {"msgId": ",".join(offset_msg_id(host, p) for p in phys), "queueId": str(queue_id),
-           "queueOffset": str(queue_offset)}
+    values = (",".join([offset_msg_id(host, p) for p in phys]), str(queue_id),
+              str(queue_offset))
+    ext = dict(zip(_ANSWER_HOLES, values))
     ext.update(SEND_OK_EXT)
-    return cmd.response(code, None if status is PutStatus.PUT_OK else (error or status.value),
-                        ext)
+    ok = status is PutStatus.PUT_OK
+    response = cmd.response(code, None if ok else (error or status.value), ext)
+    if ok and cmd.serialize_type == JSON:  # hex ids and digits: nothing to escape
+        response.encoded_header = _PUT_OK.render(cmd.opaque, values)
+    return response
 
 
 def handle_send(broker, conn, cmd: Command):
