@@ -195,9 +195,11 @@ def _decode_json(header: bytes) -> Command:
     elif not isinstance(ext, dict):
         raise FrameError(f"extFields is a {type(ext).__name__}, not an object")
     else:
-        # the C++ client's numbers and booleans, made text in place (the order is kept)
-        for key in [k for k, v in ext.items() if type(v) is not str]:
-            ext[key] = _text(ext[key])
+        # the C++ client's numbers and booleans, made text in place (the order is kept;
+        # only values change, so iterating meanwhile is safe)
+        for key, value in ext.items():
+            if type(value) is not str:
+                ext[key] = _text(value)
     language = doc.get("language", "JAVA")
     if isinstance(language, int) and 0 <= language < len(LANGUAGES):
         language = LANGUAGES[language]
@@ -206,9 +208,16 @@ def _decode_json(header: bytes) -> Command:
     remark = doc.get("remark")
     if remark is not None and not isinstance(remark, str):
         raise FrameError(f"header field 'remark' is {remark!r}, not a string")
-    return Command(_int_field(doc, "code", None), opaque=_int_field(doc, "opaque", 0),
-                   flag=_int_field(doc, "flag", 0), version=_int_field(doc, "version", 0),
-                   remark=remark, ext=ext, language=language, serialize_type=JSON)
+    get = doc.get
+    code, opaque, flag, version = get("code"), get("opaque", 0), get("flag", 0), get("version", 0)
+    if not (type(code) is int and type(opaque) is int and type(flag) is int
+            and type(version) is int and _INT32_MIN <= code <= _INT32_MAX
+            and _INT32_MIN <= opaque <= _INT32_MAX and _INT32_MIN <= flag <= _INT32_MAX
+            and _INT32_MIN <= version <= _INT32_MAX):  # the checks again, for their errors
+        code, opaque = _int_field(doc, "code", None), _int_field(doc, "opaque", 0)
+        flag, version = _int_field(doc, "flag", 0), _int_field(doc, "version", 0)
+    return Command(code, opaque=opaque, flag=flag, version=version, remark=remark, ext=ext,
+                   language=language, serialize_type=JSON)
 
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode

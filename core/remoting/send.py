@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+from functools import lru_cache
 
 from mqstore.append.encoding import DELAY_IN_BATCH
+from mqstore.format.hosts import Host
 from mqstore.format.properties import decode_properties
 from mqstore.format.schedule import delay_level
 from mqstore.format.topic_config import PERM_READ_WRITE
@@ -55,6 +57,7 @@ _NAMES = ("producerGroup", "topic", "defaultTopic", "defaultTopicQueueNums", "qu
           "maxReconsumeTimes", "batch")
 _V2_NAMES = tuple(V2_KEYS[name] for name in _NAMES)
 INT32_DIGITS, INT64_DIGITS = 9, 18  # plain digits this long are in range whatever they are
+INT64_MAX = (1 << 63) - 1
 
 
 def _plain(text: str | None, most: int) -> bool:
@@ -194,14 +197,22 @@ _PUT_OK = JsonTemplate(PUT_CODES[PutStatus.PUT_OK], {**dict.fromkeys(_ANSWER_HOL
                                                      **SEND_OK_EXT}, _ANSWER_HOLES)
 
 
+@lru_cache(maxsize=16)
+def _id_prefix(host: Host) -> str:
+    """What every offset message id of ``host`` starts with: its address and port, the
+    commit-log offset's 16 hex digits follow (``offset_msg_id``)."""
+    return offset_msg_id(host, 0)[:-16]
+
+
 def answer(broker, cmd: Command, result) -> Command:
     status, error, queue_id, queue_offset, phys = result
     code = PUT_CODES[status]
     if not status.stored:
         return cmd.response(code, error or status.value)
-    host = broker.host
-    values = (",".join([offset_msg_id(host, p) for p in phys]), str(queue_id),
-              str(queue_offset))
+    prefix = _id_prefix(broker.host)
+    values = (",".join([prefix + format(p, "016X") if 0 <= p <= INT64_MAX
+                        else offset_msg_id(broker.host, p) for p in phys]),
+              str(queue_id), str(queue_offset))
     ext = dict(zip(_ANSWER_HOLES, values))
     ext.update(SEND_OK_EXT)
     ok = status is PutStatus.PUT_OK

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from mqstore.format import remoting_frame as rf
 from mqstore.format.hosts import parse_host
+from mqstore.format.record import offset_msg_id
 from mqstore.message import PutStatus
 from mqstore.remoting import send
 
@@ -45,7 +46,7 @@ def test_put_ok_answer_header_is_the_general_encoding(opaque, queue_id, queue_of
     assert (back.code, back.opaque, back.flag, back.remark) == (0, opaque, 1, None)
     assert back.ext["queueId"] == str(queue_id)
     assert back.ext["queueOffset"] == str(queue_offset)
-    assert len(back.ext["msgId"].split(",")) == len(phys)
+    assert back.ext["msgId"] == ",".join(offset_msg_id(parse_host(host), p) for p in phys)
 
 
 def test_other_answers_take_the_general_encoder():
@@ -99,6 +100,20 @@ JAVA_SEND = ('{"code":310,"extFields":{"a":"g","b":"T","c":"TBW102","d":"4","e":
 ], ids=lambda header: f"{header[:24]!r}")
 def test_json_header_parse_is_json_loads(header):
     assert _loads_or_error(rf._parse_json, header) == _loads_or_error(json.loads, header)
+
+
+@pytest.mark.parametrize("fields, complaint", [
+    ('"code":10,"opaque":2147483648', "'opaque' is 2147483648"),
+    ('"code":10,"flag":true', "'flag' is True"),
+    ('"code":"10"', "'code' is '10'"),
+    ('"opaque":1', "'code' is None"),
+    ('"code":10,"version":1.0', "'version' is 1.0"),
+    ('"code":-2147483649', "'code' is -2147483649"),
+])
+def test_json_header_integers_are_checked_on_the_fast_path_too(fields, complaint):
+    header = ("{" + fields + "}").encode()
+    with pytest.raises(rf.FrameError, match=complaint):
+        rf.decode(len(header).to_bytes(4, "big") + header)
 
 
 @settings(max_examples=300, deadline=None)
