@@ -213,6 +213,10 @@ def test_mqstore_slaves_over_tls_with_the_secret_replicate_and_impostors_are_tol
     procs.append(slave)
     logs = (slave.log_path, master.log_path)
     wait_for(lambda: slave.health()[0] == 200, "the slave connected", logs=logs)
+    # The slave says it is connected once it sent its first report; the master counts it
+    # once that report is read.
+    wait_for(lambda: master.ask("batch 1 10").startswith("DONE PUT_OK "),
+             "the master counting the slave", logs=logs)
     master.send("put 30 500")
     assert [master.line().split()[0] for _ in range(30)] == ["PUT_OK"] * 30
     assert master.line() == "DONE"
