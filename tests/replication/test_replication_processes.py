@@ -24,6 +24,7 @@ from mqstore.format.ha_frame import encode_header, encode_report
 from mqstore.ops.stats import store_stats
 from mqstore.replication.status_file import read_status
 from cli_support import mqstore_json
+from gate_proxy import CuttingProxy
 from replication_procs import SEG, WAIT_S, Master, Slave, base_config, read_exact, wait_for
 
 pytestmark = [pytest.mark.usefixtures("no_plugin_env", "watchdog")]
@@ -291,77 +292,6 @@ def test_garbage_truncated_frames_and_port_scanners_crash_neither_side(tmp_path,
 
 
 # -- test network parts --------------------------------------------------------------------------
-class CuttingProxy:
-    """Forwards one slave connection at a time to the master, and cuts it on demand after a
-    given number of further master bytes (mid-frame), closing the master's side or the
-    slave's."""
-
-    def __init__(self, target: str) -> None:
-        host, port = target.rsplit(":", 1)
-        self.target = (host, int(port))
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.address = "127.0.0.1:%d" % self.server.getsockname()[1]
-        self.forwarded = 0
-        self.connections = 0  # connections made to the master
-        self._cut: tuple[str, int] | None = None
-        self._closed = False
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def cut(self, side: str, after: int) -> None:
-        self._cut = (side, self.forwarded + after)
-
-    @property
-    def pending(self):
-        return self._cut
-
-    def _serve(self) -> None:
-        while not self._closed:
-            try:
-                slave, _ = self.server.accept()
-            except OSError:
-                return
-            try:
-                master = socket.create_connection(self.target, timeout=10)
-            except OSError:
-                slave.close()
-                continue
-            self.connections += 1
-            threading.Thread(target=self._pump, args=(slave, master), daemon=True).start()
-            self._pump_master(master, slave)
-
-    def _pump(self, src, dst) -> None:  # the slave's reports, as they are
-        try:
-            while data := src.recv(4096):
-                dst.sendall(data)
-        except OSError:
-            pass
-
-    def _pump_master(self, master, slave) -> None:
-        try:
-            while data := master.recv(1500):
-                cut = self._cut
-                if cut is not None and self.forwarded + len(data) >= cut[1]:
-                    keep = cut[1] - self.forwarded
-                    slave.sendall(data[:keep])
-                    self.forwarded += keep
-                    self._cut = None
-                    first, second = (master, slave) if cut[0] == "master" else (slave, master)
-                    _shut(first)
-                    _shut(second)
-                    return
-                slave.sendall(data)
-                self.forwarded += len(data)
-        except OSError:
-            pass
-        finally:
-            _shut(master)
-            _shut(slave)
-
-    def close(self) -> None:
-        self._closed = True
-        self.server.close()
-
-
 class FakeMaster:
     """Plays a master from a copy of its log: garbage to the first connection, a frame cut
     short to the second, a stream cut mid-record to the third, the rest to the fourth."""
@@ -415,11 +345,3 @@ class FakeMaster:
                 except OSError:
                     return
                 time.sleep(0.2)
-
-
-def _shut(sock) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()

@@ -137,18 +137,19 @@ class Clients:
         self.before = (len(got), {w[2] for w in got}, self.acked())
 
     def wait_all(self, timeout: float = 60.0, consumed: bool = True,
-                 lost_ok: bool = False) -> None:
+                 lost_ok: bool = False, kept: set[str] | frozenset[str] = frozenset()) -> None:
         """Until every send was answered OK and (``consumed``) every body sent was
         acknowledged, or its ack failed (an ack the master took as it died: it does not come
         back), and then no delivery came for 3 s (redeliveries due have come). ``lost_ok``:
-        sends answered OK may be lost (a forced promotion): only the sends are waited for."""
+        sends answered OK may be lost (a forced promotion, async replication): of the
+        bodies sent only those ``kept`` are waited for."""
         def done():
             sent = self.sent()
-            if not consumed or lost_ok:
+            if not consumed:
                 return len(sent) == self.count
             settled = {w[0] for w in self.lines("consumer", "acked")} | {
                 w[0] for w in self.lines("consumer", "ackfailed")}
-            return len(sent) == self.count and sent <= settled
+            return len(sent) == self.count and (kept if lost_ok else sent) <= settled
         wait_until(done, timeout, "every send answered and every message acknowledged")
         if consumed:
             path = self.base / "consumer.out"
