@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from mqstore import MessageStore, load_config
-from mqstore.testing import patience
+from mqstore.testing import patience, wait_for
 from endpoint_support import serving
 
 pytestmark = pytest.mark.usefixtures("no_plugin_env")
@@ -41,7 +41,7 @@ def stored(served, topic: str, count: int, timeout_s: float = 10.0) -> dict:
     directory beside the running server (waiting for dispatch to show them)."""
     root = served.root
     config = load_config(overrides={"plugins": {"load_entry_points": False}})
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + patience(timeout_s)
     while True:
         with MessageStore.open(root, config=config, read_only=True) as store:
             found = {m.uniq_key: m for q in store.queue_ids(topic)
@@ -134,7 +134,7 @@ def test_tag_and_sql92_filters(clients):
     assert [f.result(30) for f in rest] == [[], []]  # nothing else matches
 
 
-def test_a_long_poll_returns_as_soon_as_a_send_is_dispatched(clients, capsys):
+def test_a_long_poll_returns_as_soon_as_a_send_is_dispatched(clients, served, capsys):
     producer = clients.producer("Polled")
     consumer = clients.consumer("poll-group", {"Polled": clients.mq.FilterExpression()},
                                 await_s=LONG_POLL_S)
@@ -150,7 +150,8 @@ def test_a_long_poll_returns_as_soon_as_a_send_is_dispatched(clients, capsys):
             box["at"] = time.monotonic()
         t = threading.Thread(target=receive)
         t.start()
-        time.sleep(0.3)  # the receive is waiting on the server
+        wait_for(lambda: served.long_polls() >= 1, 30, interval=0.05,
+                 what="the receive waiting on the server")
         producer.send(clients.message("Polled", b"wake %d" % i))
         sent_at = time.monotonic()
         t.join(LONG_POLL_S + 10)
@@ -172,9 +173,9 @@ def test_an_unacknowledged_message_comes_back_with_the_next_attempt(clients):
     receipt = producer.send(clients.message("Redelivered", b"again"))
     consumer = clients.consumer("redeliver-group",
                                 {"Redelivered": clients.mq.FilterExpression()}, await_s=2)
+    started = time.monotonic()  # its invisible second runs from the server's answer
     (first,) = consumer.receive(32, 1)
     assert (first.message_id, first.delivery_attempt) == (receipt.message_id, 1)
-    started = time.monotonic()
     (second,) = clients.receive_all(consumer, 1, ack=False)  # back once its second is up
     assert 0.9 < time.monotonic() - started < patience(10)
     assert (second.message_id, second.body, second.delivery_attempt) == (
@@ -244,7 +245,7 @@ def test_requests_refused_with_rocketmqs_codes(clients, stub, served):
         msg.system_properties.message_id = "01ABC"
         msg.system_properties.message_type = kind
         return stub.SendMessage(service_pb2.SendMessageRequest(messages=[msg]), timeout=10)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + patience(10)
     while stored_messages(served, "Refused") < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert stored_messages(served, "Refused") == 1

@@ -106,6 +106,14 @@ def test_forward_to_the_dead_letter_queue_acks_the_message(served, rocketmq):
     assert m[("mqstore_consumer_dead_letters_total", (("group", "fwd"),))] == 1
 
 
+def dispatched(root, topic: str) -> int:
+    """Messages of ``topic`` in its consume queues, read beside the running server."""
+    from mqstore import MessageStore, load_config
+    config = load_config(overrides={"plugins": {"load_entry_points": False}})
+    with MessageStore.open(root, config=config, read_only=True) as store:
+        return sum(store.max_offset(topic, q) for q in store.queue_ids(topic))
+
+
 FAULTS = ("plugins: {load_entry_points: false, modules: [mqstore.testing.faults]}\n"
           "writer: {kind: mmap_ctrl_c}\n")
 
@@ -130,8 +138,11 @@ def test_sigkill_between_the_dead_letters_put_and_its_record_writes_each_once(
             sent = [producer.send(clients.message("Doomed", b"d%03d" % i)).message_id
                     for i in range(count)]
             consumer = clients.consumer("doomed", {"Doomed": rocketmq.FilterExpression()})
-            first = clients.receive_all(consumer, count, invisible_s=1, ack=False,
-                                        timeout_s=patience(60))
+            # All dispatched first, so one receive takes them all: receives spread over more
+            # than their invisible second would bury the first ones before the test means to.
+            wait_for(lambda: dispatched(tmp_path / "store", "Doomed") == count, 60,
+                     what="every message dispatched")
+            first = consumer.receive(32, 1)
             assert sorted(m.message_id for m in first) == sorted(sent)
             time.sleep(1.1)  # every invisible time has passed: the next receive buries them
             with pytest.raises(Exception):  # noqa: B017 - the server dies under the call

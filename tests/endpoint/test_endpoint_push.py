@@ -250,6 +250,17 @@ def test_two_consumer_processes_share_a_group_and_one_left_gets_everything(
     try:
         for p in procs:
             p.wait_ready()
+        # A consumer starts receiving a moment after it says it is ready: seeds, one at a
+        # time, until each has one, so neither can drain everything before the other starts.
+        producer = clients.producer("PushShared")
+
+        def seeded() -> bool:
+            if all(p.got() for p in procs):
+                return True
+            body = f"seed-{len(sent)}"
+            sent[body] = producer.send(clients.message("PushShared", body.encode())).message_id
+            return False
+        wait_for(seeded, 60, interval=0.1, what="a seed given to each consumer")
         sent.update(send(clients, "PushShared", [f"shared-{i}" for i in range(300)]))
         wait_for(lambda: len(set(procs[0].acked()) | set(procs[1].acked())) >= len(sent), 90,
                  what="every message acknowledged by one of the two")

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from cli_support import env
+from mqstore.testing import wait_for
 from mqstore.endpoint.wire import SYSTEM_PROPERTY_NAMES
 from endpoint_support import CLIENT_REQUEST_TIMEOUT_S, Clients, Served, deployment_yaml
 from paths import SUPPORT
@@ -101,7 +102,7 @@ def test_sigterm_ends_receives_in_flight_and_closes_the_store_cleanly(tmp_path, 
         threads = [threading.Thread(target=receive, args=(c,)) for c in consumers]
         for t in threads:
             t.start()
-        time.sleep(1.0)  # all three are long-polling on the server
+        wait_for(lambda: served.long_polls() == 3, 30, what="all three long-polling on the server")
         stopped_at = time.monotonic()
         code = served.stop()
         stop_s = time.monotonic() - stopped_at

@@ -63,7 +63,10 @@ def _bodies(clients, group: str, topic: str, count: int, timeout_s: float = 30) 
 
 
 def test_commit_rollback_and_a_checked_unknown(tmp_path, home, rocketmq):
-    served = Served(_yaml(tmp_path, tmp_path / "store"), tmp_path / "serve.log", home)
+    # Ended within 5 s of their sends, on a loaded machine too: a check-back of an ended one
+    # would be due before its end arrived.
+    served = Served(_yaml(tmp_path, tmp_path / "store", {"transaction_timeout_ms": 5000}),
+                    tmp_path / "serve.log", home)
     clients = Clients(rocketmq, served.endpoint)
     checker = Checker(rocketmq, {b"unknown": "COMMIT"})
     try:

@@ -166,24 +166,33 @@ def test_registrations_repeat_first_after_the_first_wait_then_every_interval(nam
     broker = SimpleNamespace(name="b", address="127.0.0.1:1", cluster="c", broker_id=0,
                              ha_address=None, topics=topics)
 
-    async def run() -> list[float]:
+    async def until(count: int) -> None:
+        while len(namesrv.of(103)) < count:
+            await asyncio.sleep(0.01)
+
+    async def schedule() -> float:
         reg = registration.Registration(broker, namesrv.address)
         start = time.monotonic()
         reg.start()
-        while len(namesrv.of(103)) < 3:
-            await asyncio.sleep(0.01)
+        await until(3)
         at = time.monotonic() - start
-        reg.soon(oneway=True)  # a topic changed: at once, oneway
-        while len(namesrv.of(103)) < 4:
-            await asyncio.sleep(0.01)
         await reg.stop()
-        return [at, time.monotonic() - start]
-    third, fourth = asyncio.run(run())
+        return at
+
+    async def changed() -> None:
+        reg = registration.Registration(broker, namesrv.address)
+        reg.start()
+        await until(4)
+        reg.soon(oneway=True)  # a topic changed: at once (the next repeat is an hour away)
+        await until(5)
+        await reg.stop()
+    third = asyncio.run(schedule())
     assert third >= 0.3 + 0.6 - 0.05  # start, +FIRST_REPEAT_S, +INTERVAL_S
-    assert fourth - third < 0.5
-    frames = namesrv.of(103)
-    assert [f.is_oneway for f in frames] == [False, False, False, True]
+    assert [f.is_oneway for f in namesrv.of(103)] == [False, False, False]
     assert namesrv.of(104)[0].ext["brokerName"] == "b"
+    monkeypatch.setattr(registration, "FIRST_REPEAT_S", 3600)
+    asyncio.run(changed())
+    assert [f.is_oneway for f in namesrv.of(103)[3:]] == [False, True]
 
 
 def test_registration_follows_the_role_with_the_brokers_own_ha_address(tmp_path, namesrv):

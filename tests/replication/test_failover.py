@@ -71,6 +71,12 @@ def receive_all(consumer, count: int) -> list[bytes]:
     return got
 
 
+def log_end(node: Node) -> int:
+    """The node's commit log end, from its ``/metrics``."""
+    (end,) = re.findall(r"^mqstore_commit_log_max_offset_bytes (\S+)$", node.metrics(), re.M)
+    return int(float(end))
+
+
 def wait_disconnected(slave: Node) -> None:
     wait_until(lambda: not slave.role("status")["replication"]["connected"], WAIT_S,
                "the slave noticed its master gone")
@@ -140,6 +146,11 @@ def test_under_async_master_only_the_in_flight_and_the_last_seconds_acks_come_ba
         since = time.monotonic()
         wait_until(lambda: time.monotonic() - since >= 1.0
                    and len(clients.acked()) > len(earlier), WAIT_S, "a second more of acks")
+        # "A second" is the replication's second: on a loaded machine the slave may lag more,
+        # so the kill waits until the slave holds what the master held a second after.
+        held = log_end(m)
+        wait_until(lambda: log_end(s) >= held, WAIT_S,
+                   "the slave holding what the master held a second after")
         m.kill()
         clients.at_kill()
         assert len(clients.sent()) < 2000  # mid-stream: sends and acks under way

@@ -189,10 +189,12 @@ WRITER = textwrap.dedent("""
     root, stop, config = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     store = MessageStore.open(root, load_config(overrides=config))
     i = 0
-    print("ready", flush=True)
     while not os.path.exists(stop) and i < 1_000_000:
         bodies = [b"m%08d" % (i + k) + b"x" * (i % 500) for k in range(20)]
         store.put_batch(MessageBatch(topic="live", bodies=bodies, queue_ids=0))
+        if i == 0:  # a read from now on finds rows
+            store.wait_dispatched(60)
+            print("ready", flush=True)
         i += 20
         time.sleep(0.01)
     store.close()

@@ -135,6 +135,19 @@ class Served:
     def log(self) -> str:
         return self.log_path.read_text()
 
+    def metrics(self) -> str:
+        """``/metrics`` of this serve, as text."""
+        import urllib.request
+        url = re.findall(r"serving metrics on (http://\S+)/metrics", self.log())[-1]
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+            return resp.read().decode()
+
+    def long_polls(self) -> int:
+        """Receives waiting on this serve now (``mqstore_rpc_long_polls``)."""
+        found = re.search(r'^mqstore_rpc_long_polls\{protocol="grpc"\} (\S+)$',
+                          self.metrics(), re.M)
+        return int(float(found.group(1))) if found else 0
+
     def stop(self, signum=signal.SIGTERM) -> int:
         """Signal serve's process (``kill PID``); the exit status. Not its process group: a
         group SIGTERM within a flush interval of async puts restarts the flush worker with a
@@ -197,8 +210,9 @@ class Clients:
 
     def receive_all(self, consumer, count: int, invisible_s: int = 30, timeout_s: float = 30,
                     ack: bool = True) -> list:
+        from mqstore.testing import patience
         got: list = []
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + patience(timeout_s)
         while len(got) < count and time.monotonic() < deadline:
             batch = consumer.receive(32, invisible_s)
             for m in batch:

@@ -80,11 +80,7 @@ class Node:
 
     def metrics(self) -> str:
         """``/metrics`` of this node's current serve, as text."""
-        import re
-        import urllib.request
-        url = re.findall(r"serving metrics on (http://\S+)/metrics", self.log())[-1]
-        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-            return resp.read().decode()
+        return self.served.metrics()
 
     def kill(self) -> None:
         """SIGKILL the whole process group (serve and its workers)."""

@@ -40,6 +40,8 @@ def write_yaml(path: Path, config: dict) -> Path:
 
 
 def wait_for(condition, what: str, timeout: float = WAIT_S, logs=()) -> None:
+    from mqstore.testing import patience
+    timeout = patience(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
