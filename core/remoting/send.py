@@ -32,7 +32,7 @@ from functools import lru_cache
 
 from mqstore.append.encoding import DELAY_IN_BATCH
 from mqstore.format.hosts import Host
-from mqstore.format.properties import decode_properties
+from mqstore.format.properties import EncodedProperties, decode_encoded, decode_properties
 from mqstore.format.schedule import delay_level
 from mqstore.format.topic_config import PERM_READ_WRITE
 from mqstore.format.transaction import SYSFLAG_PREPARED, is_half
@@ -139,12 +139,20 @@ def _topic_of(broker, req: SendRequest) -> tuple[str, int]:
     return topic, queue_id
 
 
+def _properties(text: str, cluster: str) -> dict[str, str]:
+    """A send's properties with CLUSTER set: as they came with CLUSTER after them when the
+    text is their plain encoding (nearly every send: stored as it is), else decoded (the
+    caller sets CLUSTER)."""
+    encoded = decode_encoded(text, PROPERTY_CLUSTER, cluster)
+    return decode_properties(text) if encoded is None else encoded
+
+
 def messages_of(broker, conn, cmd: Command, req: SendRequest) -> list[Message]:
     if broker.slave:
         raise RemotingError(Resp.SERVICE_NOT_AVAILABLE, (
             f"broker {broker.name} is a slave now: send to its master"))
     tx = req.sysflag & SYSFLAG_TX_MASK
-    props = decode_properties(req.properties) if not req.batch else {}
+    props = {} if req.batch else _properties(req.properties, broker.cluster)
     if tx and not (tx == SYSFLAG_PREPARED and not req.batch and is_half(props)):
         raise RemotingError(Resp.NO_PERMISSION, (
             f"the broker[{broker.name}] sending transaction message is forbidden: a "
@@ -154,7 +162,8 @@ def messages_of(broker, conn, cmd: Command, req: SendRequest) -> list[Message]:
     sysflag = req.sysflag & SYSFLAG_USER_BITS & ~SYSFLAG_TX_MASK  # a half's: the store's
     common = {PROPERTY_CLUSTER: broker.cluster}
     if not req.batch:
-        props.update(common)
+        if type(props) is not EncodedProperties:
+            props.update(common)
         return [Message(topic, cmd.body, properties=props, queue_id=queue_id, flag=req.flag,
                         sysflag=sysflag, born_timestamp=req.born, born_host=conn.peer,
                         reconsume_times=req.reconsume)]
