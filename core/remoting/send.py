@@ -31,7 +31,7 @@ import random
 from functools import lru_cache
 
 from mqstore.append.encoding import DELAY_IN_BATCH
-from mqstore.format.hosts import Host
+from mqstore.format.hosts import parse_host
 from mqstore.format.properties import EncodedProperties, decode_encoded, decode_properties
 from mqstore.format.schedule import delay_level
 from mqstore.format.topic_config import PERM_READ_WRITE
@@ -207,10 +207,10 @@ _PUT_OK = JsonTemplate(PUT_CODES[PutStatus.PUT_OK], {**dict.fromkeys(_ANSWER_HOL
 
 
 @lru_cache(maxsize=16)
-def _id_prefix(host: Host) -> str:
-    """What every offset message id of ``host`` starts with: its address and port, the
-    commit-log offset's 16 hex digits follow (``offset_msg_id``)."""
-    return offset_msg_id(host, 0)[:-16]
+def _id_prefix(address: str) -> str:
+    """What every offset message id of the broker at ``address`` starts with: its address
+    and port, the commit-log offset's 16 hex digits follow (``offset_msg_id``)."""
+    return offset_msg_id(parse_host(address), 0)[:-16]
 
 
 def answer(broker, cmd: Command, result) -> Command:
@@ -218,7 +218,7 @@ def answer(broker, cmd: Command, result) -> Command:
     code = PUT_CODES[status]
     if not status.stored:
         return cmd.response(code, error or status.value)
-    prefix = _id_prefix(broker.host)
+    prefix = _id_prefix(broker.address)
     values = (",".join([prefix + format(p, "016X") if 0 <= p <= INT64_MAX
                         else offset_msg_id(broker.host, p) for p in phys]),
               str(queue_id), str(queue_offset))

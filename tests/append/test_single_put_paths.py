@@ -15,6 +15,7 @@ from mqstore.append import encoding
 from mqstore.append.encoding import PutContext, Rejected, prepare
 from mqstore.format.hosts import parse_host
 from mqstore.format.properties import EncodedProperties, decode_encoded
+from mqstore.testing import wait_for
 
 CTX = [PutContext(parse_host("127.0.0.1:10911"), 4 << 20, True, False, crc)
        for crc in (False, True)]
@@ -88,3 +89,43 @@ def test_a_name_near_the_crc_property_raises_either_way(make_store):
         assert type(message.properties) in (EncodedProperties, dict)
         with pytest.raises(ValueError, match="within . bits of the store's __CRC32#"):
             store.put(message)
+
+
+# -- one record: its own locked section, the records and state of the general one -------------
+
+def _queues(store) -> dict:
+    root = Path(store.root) / "consumequeue"
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("record_crc", [False, True])
+def test_single_puts_write_what_one_message_batches_write(make_store, tmp_path, manual_clock,
+                                                          record_crc):
+    """``put`` takes the one-record locked section, ``put_batch`` the general one: over
+    segment rolls, several queues and a store time that would go back, the same records, queue offsets, answers and put counts."""
+    overrides = {"commit_log": {"segment_bytes": 8192, "record_crc": record_crc}}
+    single, batch = (make_store(overrides, root=str(tmp_path / name))
+                     for name in ("single", "batch"))
+    messages = [Message("T", bytes([i]) * (100 + 300 * (i % 7)), queue_id=i % 3,
+                        properties={"K": str(i)}, born_timestamp=1_700_000_000_000 + i,
+                        born_host="127.0.0.1:5000") for i in range(60)]
+    answers = []
+    for i, message in enumerate(messages):
+        manual_clock.now = 1_700_000_000_500 + (i % 5) * 10  # back and forth
+        one = single.put(message)
+        many = batch.put_batch([message])
+        assert one.status is many.status is PutStatus.PUT_OK
+        answers.append(((one.queue_id, one.queue_offset, one.phys_offset, one.size,
+                         one.store_timestamp),
+                        (int(many.queue_ids[0]), int(many.queue_offsets[0]),
+                         int(many.phys_offsets[0]), int(many.sizes[0]),
+                         many.store_timestamp)))
+    for one, many in answers:
+        assert one == many
+    assert answers[-1][0][2] > 8192  # several segments
+    assert single.put_counts() == batch.put_counts()
+    for store in (single, batch):
+        store.flush_commit_log()
+    assert _log(single) == _log(batch)
+    wait_for(lambda: _queues(single) == _queues(batch) and _queues(single), timeout=30)

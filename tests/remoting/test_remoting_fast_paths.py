@@ -23,7 +23,7 @@ HOSTS = st.sampled_from(["127.0.0.1:10911", "10.1.2.3:1", "[::1]:10911",
 
 class _Broker:
     def __init__(self, host: str) -> None:
-        self.host = parse_host(host)
+        self.address, self.host = host, parse_host(host)
 
 
 def _general(cmd: rf.Command) -> bytes:
