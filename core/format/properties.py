@@ -111,19 +111,32 @@ def decode_properties(text: str) -> dict[str, str]:
     return out
 
 
+def _forgets_text(change):
+    def changed(self, *args, **kwargs):
+        self.text = None
+        return change(self, *args, **kwargs)
+    changed.__name__ = change.__name__
+    return changed
+
+
 class EncodedProperties(dict):
     """Properties that arrived encoded, with that text: ``text == encode_properties(self)``,
     every name and value non-empty ASCII without separators, no transient name, no name
-    twice. Made only by ``decode_encoded``; read-only, so the text cannot go stale: a put
-    stores ``text`` as it is rather than checking and encoding each property again."""
+    twice. Made only by ``decode_encoded``. A put stores ``text`` as it is rather than
+    checking and encoding each property again; a change (a ``before_append`` hook adding a
+    property) sets ``text`` to None, and the put then takes the general way."""
 
     __slots__ = ("text",)
+    text: str | None
 
-    def _read_only(self, *args, **kwargs):
-        raise TypeError("EncodedProperties are read-only: copy them into a dict to change them")
-
-    __setitem__ = __delitem__ = __ior__ = _read_only  # type: ignore[assignment]
-    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+    __setitem__ = _forgets_text(dict.__setitem__)
+    __delitem__ = _forgets_text(dict.__delitem__)
+    __ior__ = _forgets_text(dict.__ior__)
+    clear = _forgets_text(dict.clear)
+    pop = _forgets_text(dict.pop)
+    popitem = _forgets_text(dict.popitem)
+    setdefault = _forgets_text(dict.setdefault)
+    update = _forgets_text(dict.update)
 
     def __reduce__(self):
         return dict, (dict(self),)  # a copy elsewhere is a plain dict

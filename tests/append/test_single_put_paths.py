@@ -129,3 +129,17 @@ def test_single_puts_write_what_one_message_batches_write(make_store, tmp_path, 
         store.flush_commit_log()
     assert _log(single) == _log(batch)
     wait_for(lambda: _queues(single) == _queues(batch) and _queues(single), timeout=30)
+
+
+def test_encoded_properties_changed_after_decoding_are_put_as_they_are_now():
+    """A ``before_append`` hook may change a remoting send's properties in place: the put
+    stores them as they are then, not the text they came as."""
+    for change in (lambda p: p.__setitem__("TRACE", "t1"), lambda p: p.pop("A"),
+                   lambda p: p.update(A="changed")):
+        fast, general = both("A\x01b\x02TAGS\x01bench\x02")
+        change(fast.properties)
+        change(general.properties)
+        for ctx in CTX:
+            assert outcome(fast, ctx) == outcome(general, ctx)
+        block = encoding.properties_block(fast.properties)
+        assert block == encoding.properties_block(general.properties)
