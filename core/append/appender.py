@@ -13,15 +13,14 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from mqstore.append import delays, encoding, transactions
+from mqstore.append import encoding
 from mqstore.append.columns import columns_from_batch, columns_from_messages, encode_columns
 from mqstore.append.copies import Copies
 from mqstore.append.placement import Refused, blocks_of, queue_keys, rank_within_group
 from mqstore.append.settings import AppendSettings, Loops, PutStrategies
+from mqstore.append.single import Single as _Single
 from mqstore.append.tail import AppendTail
 from mqstore.format.names import is_system_topic, system_topic_refusal
-from mqstore.format.schedule import SCHEDULE_TOPIC
-from mqstore.format.transaction import HALF_TOPIC
 from mqstore.format.record import END_FILE_MIN_BLANK_BYTES, offset_msg_id
 from mqstore.errors import CorruptStateError, StoreClosedError
 from mqstore.message import (
@@ -402,89 +401,6 @@ class Appender:
             self.last_append = (end, store_ts or self.last_append[1])
         self.appended(end)
         return end
-
-
-_KEPT_AS_PUT = (SCHEDULE_TOPIC, HALF_TOPIC)  # a record of these put as one stays as put
-_ONE = [1]  # a single record's count for its queue (read, never changed)
-
-
-class _Single:
-    """``put``: one message, one record; no columns and no arrays unless a hook wants them."""
-
-    many = False
-
-    @staticmethod
-    def refused(status: PutStatus, reason: str) -> PutResult:
-        return PutResult(status, error=reason)
-
-    @staticmethod
-    def hook_messages(message: Message) -> list[Message]:
-        return [message]
-
-    @staticmethod
-    def prepare(app: Appender, message: Message):
-        p = encoding.prepare(message, app.put_ctx)
-        app._check_fits(p.size, None)  # before any topic is created
-        counts = app._write_queues_of(p.topic, p.queue_id)
-        queues = app.queues_per_topic if counts is None else counts
-        if p.queue_id is None:
-            p.queue_id = encoding.check_queue_id(app.selector.select(message, queues))
-            if counts is not None and p.queue_id >= queues:
-                raise app._chosen_wrongly(p.topic, p.queue_id, queues, None)
-        if message.properties and p.topic not in _KEPT_AS_PUT and (
-                transactions.is_half_message(message)):  # docs/transactions.md
-            p = transactions.to_half(p, message, app.put_ctx)  # PREPARED or not
-            app._check_fits(p.size, None)
-        elif p.queued and (p.delay or message.properties) and p.topic != SCHEDULE_TOPIC:
-            p = _Single.scheduled(app, p, message)  # a schedule record put as one stays
-        return p
-
-    @staticmethod
-    def scheduled(app: Appender, p, message: Message):
-        """A delayed or timed message as its record in the schedule's topic (docs/delays.md)."""
-        settings = app.settings
-        if p.delay and settings.max_delay_level:
-            p = delays.to_schedule(p, message, app.put_ctx, settings.max_delay_level)
-        elif delays.is_timed_message(message):
-            p = delays.to_timer(p, message, app.put_ctx, app.clock(),
-                                settings.timer_max_delay_ms, settings.timer_precision_ms)
-        else:
-            return p
-        app._check_fits(p.size, None)
-        return p
-
-    @staticmethod
-    def rejected(rej: encoding.Rejected) -> tuple[BatchPutResult, PutResult]:
-        return (BatchPutResult.rejected(rej.status, rej.reason, 0),
-                PutResult(rej.status, error=rej.reason))
-
-    @staticmethod
-    def append(app: Appender, p) -> tuple[int, tuple[int, int, int]]:
-        """The record's end, and ``(queue offset, commit-log offset, store time)``."""
-        keys = [(p.topic, p.queue_id)] if p.queued else []
-        bases, phys, now = app._append([p.size], keys, _ONE, 1, _Single.encode, p)
-        return phys + p.size, (bases[0] if keys else 0, phys, now)
-
-    @staticmethod
-    def encode(app: Appender, p, segs, bases, now):
-        seg = segs[0]
-        phys = seg.start + seg.wrote
-        return [encoding.encode_single(p, app.store_host, p.queue_id,
-                                       bases[0] if p.queued else 0, phys, now,
-                                       app.put_ctx.record_crc)], phys
-
-    @staticmethod
-    def answer(app: Appender, p, written: tuple[int, int, int], status: PutStatus) -> PutResult:
-        qoff, phys, now = written
-        queue_id = p.queue_id if p.answer_queue_id is None else p.answer_queue_id
-        return PutResult(status, queue_id, qoff, phys, p.size,
-                         f"{app.msg_id_prefix}{phys:016X}", now)
-
-    @staticmethod
-    def hook_result(app: Appender, r: PutResult) -> BatchPutResult:
-        return BatchPutResult(r.status, np.array([r.queue_id]), np.array([r.queue_offset]),
-                              np.array([r.phys_offset]), np.array([r.size]),
-                              r.store_timestamp, app.store_host)
 
 
 class _Batch:

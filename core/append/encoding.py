@@ -28,7 +28,7 @@ from mqstore.format.names import (  # noqa: F401 - the put rules, re-exported
 )
 from mqstore.format.properties import (
     KEY_SEPARATOR, MAX_PROPERTIES_BYTES, PROPERTY_DELAY, PROPERTY_INNER_NUM, PROPERTY_KEYS,
-    PROPERTY_TAGS, PROPERTY_WAIT, check_keys, check_property, check_tags, encode_properties,
+    PROPERTY_TAGS, EncodedProperties, PROPERTY_WAIT, check_keys, check_property, check_tags, encode_properties,
 )
 from mqstore.format.record_crc import PROPERTY_CRC32
 from mqstore.format.schedule import is_timed
@@ -142,6 +142,8 @@ def message_properties(tags: object, keys: object, properties: object) -> dict[s
 
 
 def properties_block(props: Mapping[str, str]) -> bytes:
+    if type(props) is EncodedProperties and props.text is not None:
+        return props.text.encode("ascii")  # its encoding, checked when it was decoded
     return encode_properties(props).encode("utf-8") if props else b""
 
 
@@ -328,6 +330,11 @@ def _checked_properties(msg: Message, topic: str, v2: bool, crc: bool
     refusals have had their say.
     """
     tags = msg.tags
+    if type(msg.properties) is EncodedProperties and msg.properties.text is not None \
+            and tags is None and msg.keys is None:
+        props = msg.properties  # each property checked as it was decoded
+        if PROPERTY_CRC32 not in props and not any(map(record_crc.near_name, props)):
+            return None, props, None
     if msg.keys is None and msg.properties is None and (tags is None or type(tags) is str):
         cache_key = (topic, tags, v2, crc)
         cached = _simple_tails.get(cache_key)

@@ -111,6 +111,65 @@ def decode_properties(text: str) -> dict[str, str]:
     return out
 
 
+def _forgets_text(change):
+    def changed(self, *args, **kwargs):
+        self.text = None
+        return change(self, *args, **kwargs)
+    changed.__name__ = change.__name__
+    return changed
+
+
+class EncodedProperties(dict):
+    """Properties that arrived encoded, with that text: ``text == encode_properties(self)``,
+    every name and value non-empty ASCII without separators, no transient name, no name
+    twice. Made only by ``decode_encoded``. A put stores ``text`` as it is rather than
+    checking and encoding each property again; a change (a ``before_append`` hook adding a
+    property) sets ``text`` to None, and the put then takes the general way."""
+
+    __slots__ = ("text",)
+    text: str | None
+
+    __setitem__ = _forgets_text(dict.__setitem__)
+    __delitem__ = _forgets_text(dict.__delitem__)
+    __ior__ = _forgets_text(dict.__ior__)
+    clear = _forgets_text(dict.clear)
+    pop = _forgets_text(dict.pop)
+    popitem = _forgets_text(dict.popitem)
+    setdefault = _forgets_text(dict.setdefault)
+    update = _forgets_text(dict.update)
+
+    def __reduce__(self):
+        return dict, (dict(self),)  # a copy elsewhere is a plain dict
+
+
+def decode_encoded(text: str, name: str, value: str) -> EncodedProperties | None:
+    """``decode_properties(text)`` with ``name`` set to ``value`` after the others, as
+    ``EncodedProperties`` whose ``text`` is ``text`` followed by that property; None when
+    ``text`` is not exactly what ``encode_properties`` gives for what it decodes to (a
+    malformed or repeated segment, a transient or non-ASCII name or value, ``name`` there
+    already) or ``name``/``value`` are not plain: then decode it the general way."""
+    if not (text.isascii() and _plain(name) and _plain(value)):
+        return None
+    if text and text[-1] != PROPERTY_SEPARATOR:
+        return None
+    segments = text.split(PROPERTY_SEPARATOR)
+    segments.pop()  # after the last separator: "" (or all of an empty text)
+    if text.count(NAME_VALUE_SEPARATOR) != len(segments) or TRANSIENT_PREFIX in text:
+        return None
+    out = EncodedProperties()
+    fill = dict.__setitem__
+    for segment in segments:
+        cut = segment.find(NAME_VALUE_SEPARATOR)
+        if not 0 < cut < len(segment) - 1:
+            return None
+        fill(out, segment[:cut], segment[cut + 1:])
+    if len(out) != len(segments) or name in out:
+        return None
+    fill(out, name, value)
+    out.text = f"{text}{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}"
+    return out
+
+
 def find_property(raw: bytes, name: bytes) -> bytes | None:
     """Value of ``name`` in encoded properties without decoding the rest (dispatch hot path).
 

@@ -168,14 +168,18 @@ def _int_field(doc: dict, name: str, default: int | None) -> int:
 _raw_decode = json.JSONDecoder().raw_decode
 
 
+_JSON_SPACE = " \t\n\r"  # the whitespace JSON allows around a value (json's WHITESPACE)
+
+
 def _parse_json(header: bytes):
     """``json.loads(header)``, without its encoding sniffing and copies for the usual header
-    (UTF-8 text that is one JSON value, no whitespace around it); any other goes through
+    (UTF-8 text that is one JSON value, nothing before it, at most JSON's whitespace after
+    it: the C++ client ends its headers with a newline); any other goes through
     ``json.loads`` itself, so both give the same value or the same error."""
     try:
         text = header.decode()
         doc, end = _raw_decode(text)
-        if end == len(text):
+        if end == len(text) or not text[end:].strip(_JSON_SPACE):
             return doc
     except (ValueError, RecursionError):
         pass

@@ -31,8 +31,8 @@ import random
 from functools import lru_cache
 
 from mqstore.append.encoding import DELAY_IN_BATCH
-from mqstore.format.hosts import Host
-from mqstore.format.properties import decode_properties
+from mqstore.format.hosts import parse_host
+from mqstore.format.properties import EncodedProperties, decode_encoded, decode_properties
 from mqstore.format.schedule import delay_level
 from mqstore.format.topic_config import PERM_READ_WRITE
 from mqstore.format.transaction import SYSFLAG_PREPARED, is_half
@@ -139,12 +139,20 @@ def _topic_of(broker, req: SendRequest) -> tuple[str, int]:
     return topic, queue_id
 
 
+def _properties(text: str, cluster: str) -> dict[str, str]:
+    """A send's properties with CLUSTER set: as they came with CLUSTER after them when the
+    text is their plain encoding (nearly every send: stored as it is), else decoded (the
+    caller sets CLUSTER)."""
+    encoded = decode_encoded(text, PROPERTY_CLUSTER, cluster)
+    return decode_properties(text) if encoded is None else encoded
+
+
 def messages_of(broker, conn, cmd: Command, req: SendRequest) -> list[Message]:
     if broker.slave:
         raise RemotingError(Resp.SERVICE_NOT_AVAILABLE, (
             f"broker {broker.name} is a slave now: send to its master"))
     tx = req.sysflag & SYSFLAG_TX_MASK
-    props = decode_properties(req.properties) if not req.batch else {}
+    props = {} if req.batch else _properties(req.properties, broker.cluster)
     if tx and not (tx == SYSFLAG_PREPARED and not req.batch and is_half(props)):
         raise RemotingError(Resp.NO_PERMISSION, (
             f"the broker[{broker.name}] sending transaction message is forbidden: a "
@@ -154,7 +162,8 @@ def messages_of(broker, conn, cmd: Command, req: SendRequest) -> list[Message]:
     sysflag = req.sysflag & SYSFLAG_USER_BITS & ~SYSFLAG_TX_MASK  # a half's: the store's
     common = {PROPERTY_CLUSTER: broker.cluster}
     if not req.batch:
-        props.update(common)
+        if type(props) is not EncodedProperties:
+            props.update(common)
         return [Message(topic, cmd.body, properties=props, queue_id=queue_id, flag=req.flag,
                         sysflag=sysflag, born_timestamp=req.born, born_host=conn.peer,
                         reconsume_times=req.reconsume)]
@@ -198,10 +207,10 @@ _PUT_OK = JsonTemplate(PUT_CODES[PutStatus.PUT_OK], {**dict.fromkeys(_ANSWER_HOL
 
 
 @lru_cache(maxsize=16)
-def _id_prefix(host: Host) -> str:
-    """What every offset message id of ``host`` starts with: its address and port, the
-    commit-log offset's 16 hex digits follow (``offset_msg_id``)."""
-    return offset_msg_id(host, 0)[:-16]
+def _id_prefix(address: str) -> str:
+    """What every offset message id of the broker at ``address`` starts with: its address
+    and port, the commit-log offset's 16 hex digits follow (``offset_msg_id``)."""
+    return offset_msg_id(parse_host(address), 0)[:-16]
 
 
 def answer(broker, cmd: Command, result) -> Command:
@@ -209,7 +218,7 @@ def answer(broker, cmd: Command, result) -> Command:
     code = PUT_CODES[status]
     if not status.stored:
         return cmd.response(code, error or status.value)
-    prefix = _id_prefix(broker.host)
+    prefix = _id_prefix(broker.address)
     values = (",".join([prefix + format(p, "016X") if 0 <= p <= INT64_MAX
                         else offset_msg_id(broker.host, p) for p in phys]),
               str(queue_id), str(queue_offset))

@@ -296,7 +296,9 @@ class RemotingServer:
         except Exception as exc:  # noqa: BLE001 - every failure is an answer
             self._answer(conn, cmd, self._failure_response(conn, cmd, exc), started)
             return
-        if asyncio.iscoroutine(result):
+        if type(result) is Command:  # answered at once (a send's usual end): no coroutine
+            self._answer(conn, cmd, result, started)
+        elif asyncio.iscoroutine(result):
             conn.started()
             task = asyncio.ensure_future(self._finish(conn, cmd, result, started))
             self._tasks.add(task)

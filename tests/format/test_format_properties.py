@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from mqstore.format.hosts import Host, parse_host
 from mqstore.format.properties import (
-    check_property, decode_properties, encode_properties, find_property,
+    check_property, decode_encoded, decode_properties, encode_properties, find_property,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -206,3 +206,70 @@ def test_parse_host_rejects_non_strings(bad):
 def test_host_str_parse_round_trip(address, port):
     h = Host(address, port)
     assert parse_host(str(h)) == h
+
+
+# ---------------------------------------------------------------------------------------------
+# decode_encoded: properties kept with the text they came as
+# ---------------------------------------------------------------------------------------------
+
+PROPERTY_TEXT = st.lists(st.sampled_from(
+    ["\x01", "\x02", "A", "b", "KEYS", "TAGS", "k 1", "\u00e9", "__RMQ.TRANSIENT.", "CLUSTER",
+     "", "\x00"]), max_size=12).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=PROPERTY_TEXT, value=st.sampled_from(["DefaultCluster", "c", "", "a\x02b", "\u00e9"]))
+def test_encoded_properties_are_what_decoding_and_encoding_give(text, value):
+    general = decode_properties(text)
+    general.update({"CLUSTER": value})
+    got = decode_encoded(text, "CLUSTER", value)
+    if got is None:  # the caller decodes the general way
+        return
+    assert got == general and list(got) == list(general)
+    assert got.text == encode_properties(general) == encode_properties(got)
+    assert got.text == text + f"CLUSTER\x01{value}\x02"
+    for name, item in got.items():
+        check_property(name, item)
+        assert name.isascii() and item.isascii()
+
+
+@pytest.mark.parametrize("text", [
+    "", "KEYS\x01k1 k2\x02TAGS\x01bench\x02UNIQ_KEY\x01AB01\x02WAIT\x01true\x02", "A\x01b\x02",
+])
+def test_plain_encodings_keep_their_text(text):
+    got = decode_encoded(text, "CLUSTER", "DefaultCluster")
+    assert got is not None and got.text == text + "CLUSTER\x01DefaultCluster\x02"
+    assert got == {**decode_properties(text), "CLUSTER": "DefaultCluster"}
+
+
+@pytest.mark.parametrize("text, name, value", [
+    ("A\x01b", "C", "v"),  # no trailing separator
+    ("A\x01b\x02A\x01c\x02", "C", "v"),  # a name twice: the later wins when decoded
+    ("A\x01b\x01c\x02", "C", "v"),  # a separator inside a value
+    ("A\x01\x02B\x01c\x02", "C", "v"), ("\x01b\x02", "C", "v"), ("\x02A\x01b\x02", "C", "v"),
+    ("A\x01b\x02X\x02", "C", "v"),  # a segment that decoding drops
+    ("__RMQ.TRANSIENT.X\x01b\x02", "C", "v"),  # not stored by the encoding
+    ("A\x01\u00e9\x02", "C", "v"),  # not ASCII
+    ("C\x01old\x02", "C", "v"),  # the name is there already
+    ("A\x01b\x02", "C", ""), ("A\x01b\x02", "C", "a\x01b"), ("A\x01b\x02", "", "v"),
+])
+def test_other_texts_are_left_to_the_general_decoding(text, name, value):
+    assert decode_encoded(text, name, value) is None
+
+
+def test_encoded_properties_forget_their_text_when_changed_and_copy_as_dicts():
+    import copy
+    import pickle
+    changes = (lambda p: p.__setitem__("A", "x"), lambda p: p.update(A="x"),
+               lambda p: p.pop("A"), lambda p: p.setdefault("Z", "z"), lambda p: p.clear(),
+               lambda p: p.popitem(), lambda p: p.__delitem__("A"),
+               lambda p: p.__ior__({"Z": "z"}))
+    for change in changes:
+        got = decode_encoded("A\x01b\x02", "C", "v")
+        assert got.text == "A\x01b\x02C\x01v\x02"
+        change(got)
+        assert got.text is None
+    got = decode_encoded("A\x01b\x02", "C", "v")
+    assert got == {"A": "b", "C": "v"}
+    for other in (pickle.loads(pickle.dumps(got)), copy.copy(got), dict(got)):
+        assert type(other) is dict and other == got

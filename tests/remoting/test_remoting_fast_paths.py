@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from mqstore.format import remoting_frame as rf
 from mqstore.format.hosts import parse_host
+from mqstore.format.properties import EncodedProperties, decode_properties
 from mqstore.format.record import offset_msg_id
 from mqstore.message import PutStatus
 from mqstore.remoting import send
@@ -22,7 +23,7 @@ HOSTS = st.sampled_from(["127.0.0.1:10911", "10.1.2.3:1", "[::1]:10911",
 
 class _Broker:
     def __init__(self, host: str) -> None:
-        self.host = parse_host(host)
+        self.address, self.host = host, parse_host(host)
 
 
 def _general(cmd: rf.Command) -> bytes:
@@ -97,9 +98,25 @@ JAVA_SEND = ('{"code":310,"extFields":{"a":"g","b":"T","c":"TBW102","d":"4","e":
     b'{"code":10,"remark":"\xed\xa0\x80"}',  # a surrogate in UTF-8 bytes
     b'{"code":10,"remark":"\xff"}', b'{"code":10,"remark":"a\x00b"}', b'', b'[1,2]', b'7',
     b'{"code":10,"code":11}', b'{"code":NaN}', b'[' * 100000,
-], ids=lambda header: f"{header[:24]!r}")
+    CPP_SEND.encode() + b'\n', CPP_SEND.encode() + b' \t\r\n ', CPP_SEND.encode() + b'\n\x0b',
+    CPP_SEND.encode() + b'\x0c', CPP_SEND.encode() + '\u00a0'.encode(),
+    CPP_SEND.encode() + '\u3000'.encode(), CPP_SEND.encode() + b'\n\x00',
+    CPP_SEND.encode() + b'\n{}', b'7 \n', b'"s"\r\n',
+], ids=lambda header: f"{header[:24]!r}{header[-4:]!r}")
 def test_json_header_parse_is_json_loads(header):
     assert _loads_or_error(rf._parse_json, header) == _loads_or_error(json.loads, header)
+
+
+@pytest.mark.parametrize("tail", [b"", b"\n", b"\r\n", b" \t\n"])
+def test_a_header_ending_in_json_whitespace_is_read_once(monkeypatch, tail):
+    """The C++ client ends each JSON header with a newline: read on the fast path, not
+    parsed a second time by ``json.loads``."""
+    def no_second_parse(*args, **kwargs):
+        raise AssertionError("json.loads parsed the header again")
+    monkeypatch.setattr(rf.json, "loads", no_second_parse)
+    header = CPP_SEND.encode() + tail
+    cmd = rf.decode(len(header).to_bytes(4, "big") + header)
+    assert (cmd.code, cmd.opaque, cmd.language, cmd.ext["queueId"]) == (10, 7, "CPP", "3")
 
 
 @pytest.mark.parametrize("fields, complaint", [
@@ -134,3 +151,23 @@ def test_any_json_header_decodes_as_json_loads_reads_it(ext, remark, opaque, asc
     assert cmd.ext == {k: v if isinstance(v, str) else str(v).lower() if isinstance(v, bool)
                        else str(v) for k, v in ext.items()}
     assert (cmd.code, cmd.opaque, cmd.remark, cmd.body) == (10, opaque, remark, b"b")
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.lists(st.sampled_from(["\x01", "\x02", "KEYS", "k1", "CLUSTER", "\u00e9", "",
+                                      "__RMQ.TRANSIENT.x"]), max_size=10).map("".join),
+       cluster=st.sampled_from(["DefaultCluster", "c\x02", "\u00e9"]))
+def test_a_sends_properties_are_the_decoded_ones_with_its_cluster(text, cluster):
+    general = decode_properties(text)
+    general.update({send.PROPERTY_CLUSTER: cluster})
+    got = send._properties(text, cluster)
+    if type(got) is not EncodedProperties:
+        got.update({send.PROPERTY_CLUSTER: cluster})  # as messages_of does
+    assert got == general and list(got) == list(general)
+
+
+def test_the_cpp_clients_properties_keep_their_text():
+    text = "KEYS\x01k298\x02TAGS\x01bench\x02UNIQ_KEY\x010100007F00\x02WAIT\x01true\x02"
+    got = send._properties(text, "DefaultCluster")
+    assert type(got) is EncodedProperties
+    assert got.text == text + "CLUSTER\x01DefaultCluster\x02"
