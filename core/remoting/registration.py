@@ -1,7 +1,8 @@
 """Registering with RocketMQ NameServers (``BrokerOuterAPI``, ``server.namesrv_addr``):
 REGISTER_BROKER (103) with the broker's topic configs at start, 10 s later, then every 30 s
 and soon after a topic changes (two-way after UPDATE_AND_CREATE_TOPIC, oneway after an
-auto-create), and UNREGISTER_BROKER (104) at shutdown, to every NameServer of the list
+auto-create), and UNREGISTER_BROKER (104) at shutdown (waiting 3 s for each answer, as
+4.9.8's broker does; registrations wait 6 s), to every NameServer of the list
 (``"host:port;host:port"``), as a master (id 0) or a slave (its id), with its HA address. Both
 follow the store's role as it is at each registration (``Broker.broker_id``,
 ``Broker.ha_address``), and a change of either (a promotion, a demotion) registers again within
@@ -32,6 +33,7 @@ FIRST_REPEAT_S = 10.0
 INTERVAL_S = 30.0
 ROLE_POLL_S = 1.0  # how soon a registration follows a change of role
 TIMEOUT_S = 6.0  # registerBrokerTimeoutMills
+UNREGISTER_TIMEOUT_S = 3.0  # BrokerOuterAPI.unregisterBroker's wait
 MAX_RESPONSE_BYTES = 16 << 20
 
 
@@ -89,7 +91,8 @@ class NameServerLink:
             self._writer.close()
         self._writer = None
 
-    async def call(self, cmd: rf.Command, oneway: bool = False) -> rf.Command | None:
+    async def call(self, cmd: rf.Command, oneway: bool = False,
+                   timeout_s: float = TIMEOUT_S) -> rf.Command | None:
         await self._connect()
         cmd.opaque = next(self._opaques) & 0x7FFFFFFF
         if oneway:
@@ -102,7 +105,9 @@ class NameServerLink:
         if oneway:
             return None
         try:
-            return await asyncio.wait_for(future, TIMEOUT_S)
+            return await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            raise asyncio.TimeoutError(f"no answer within {timeout_s} s") from None
         finally:
             self._pending.pop(cmd.opaque, None)
 
@@ -205,7 +210,8 @@ class Registration:
                 pass
         for link in self.links:
             try:
-                await link.call(rf.Command(Req.UNREGISTER_BROKER, ext=self._header()))
+                await link.call(rf.Command(Req.UNREGISTER_BROKER, ext=self._header()),
+                                timeout_s=UNREGISTER_TIMEOUT_S)
             except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
                 log.warning("unregister broker from name server %s failed: %s", link.address,
                             exc)

@@ -3,8 +3,10 @@ field by field by a frame-level fake NameServer that answers as a 4.9.8 NameServ
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
+import time
 
 import pytest
 
@@ -22,7 +24,8 @@ class FakeNameServer:
     """Accepts brokers, records every frame, answers REGISTER_BROKER (as a master's, or a
     slave's with the master's addresses) and UNREGISTER_BROKER with SUCCESS."""
 
-    def __init__(self) -> None:
+    def __init__(self, unregister_delay_s: float = 0.0) -> None:
+        self.unregister_delay_s = unregister_delay_s
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen()
@@ -59,6 +62,8 @@ class FakeNameServer:
                     with self._lock:
                         self.frames.append(cmd)
                     if not cmd.is_oneway:
+                        if cmd.code == 104:
+                            time.sleep(self.unregister_delay_s)
                         ext = {}
                         if cmd.code == 103 and cmd.ext.get("brokerId") != "0":
                             ext = {"haServerAddr": "127.0.0.1:10912",
@@ -238,3 +243,38 @@ def test_registration_follows_the_role_with_the_brokers_own_ha_address(tmp_path,
         if slave is not None:
             slave.stop()
         master.kill()
+
+
+def test_unregistration_gives_up_after_3_s_as_a_4_9_8_broker_does(caplog):
+    """BrokerOuterAPI.unregisterBroker waits 3 s for each NameServer (registrations wait
+    registerBrokerTimeoutMills, 6 s): a NameServer answering after 4.5 s holds the shutdown
+    3 s, not until its answer."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from mqstore.remoting import registration
+
+    slow = FakeNameServer(unregister_delay_s=4.5)
+    topics = SimpleNamespace(wrapper_doc=lambda: {"dataVersion": {"counter": 1, "timestamp": 2},
+                                                  "topicConfigTable": {}})
+    broker = SimpleNamespace(name="b", address="127.0.0.1:1", cluster="c", broker_id=0,
+                             ha_address=None, topics=topics)
+
+    async def run() -> float:
+        reg = registration.Registration(broker, slow.address)
+        reg.start()
+        while reg.registered < 1:
+            await asyncio.sleep(0.01)
+        start = time.monotonic()
+        await reg.stop()
+        return time.monotonic() - start
+    try:
+        with caplog.at_level(logging.WARNING, logger="mqstore.remoting.registration"):
+            took = asyncio.run(run())
+        wait_for(lambda: slow.of(104), what="the unregistration")
+        assert took >= 3.0 - 0.05
+        assert [r.getMessage() for r in caplog.records] == [
+            f"unregister broker from name server {slow.address} failed: "
+            "no answer within 3.0 s"]
+    finally:
+        slow.close()
