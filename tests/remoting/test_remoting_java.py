@@ -10,8 +10,10 @@ answering as its own NameServer, then through a real NameServer (``NamesrvStartu
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import subprocess
 
 import pytest
@@ -20,7 +22,7 @@ from mqstore.format import remoting_json
 from mqstore.testing import wait_for
 
 from failover_support import free_ports
-from remoting_support import Served, deployment_yaml
+from remoting_support import Served, Wire, deployment_yaml
 
 CLASSPATH = os.environ.get("MQSTORE_ROCKETMQ_CLASSPATH")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
@@ -85,8 +87,9 @@ NAMESRV_LOGBACK = """<configuration>
 
 
 class JavaNameServer:
-    """RocketMQ 4.9.8's NameServer on a free port of 127.0.0.1, its ROCKETMQ_HOME, config, KV
-    store and logs (``log``: its route manager's lines) under ``home``."""
+    """RocketMQ 4.9.8's NameServer on a free port (dialled at 127.0.0.1; 4.9.8 has no option
+    to bind one interface only), its ROCKETMQ_HOME, config, KV store and logs (``log``: its
+    route manager's lines) under ``home``."""
 
     def __init__(self, home, port: int | None = None) -> None:
         (home / "conf").mkdir(parents=True)
@@ -122,7 +125,7 @@ class JavaNameServer:
         try:
             self.proc.wait(60)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(60)
 
 
@@ -164,6 +167,15 @@ def route(tmp_path, namesrv: JavaNameServer, topic: str) -> dict:
             for b in doc["brokerDatas"]}
 
 
+def heartbeat_body(group: str, topic: str) -> bytes:
+    """HEART_BEAT's body as the Java client sends it: one consumer of ``group`` on ``topic``."""
+    return json.dumps({"clientID": "127.0.0.1@jtest", "consumerDataSet": [{
+        "groupName": group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "subscriptionDataSet": [{
+            "topic": topic, "subString": "*", "subVersion": 1, "expressionType": "TAG"}]}],
+        "producerDataSet": []}).encode()
+
+
 def test_serve_registers_with_a_java_namesrv_and_clients_route_through_it(
         java_namesrv, tmp_path):
     ns = ["-n", java_namesrv.address]
@@ -198,6 +210,18 @@ def test_serve_registers_with_a_java_namesrv_and_clients_route_through_it(
         auto = wait_for(lambda: route(tmp_path, java_namesrv, "JAuto"),
                         what="JAuto in the NameServer's route")
         assert auto["jbroker-a"]["addrs"] == {0: served.address}
+        # A consumer's heartbeat creates its group's retry topic: routed too, so mqadmin finds
+        # the group's progress through the NameServer.
+        with Wire(served.address) as wire:
+            assert wire.call(34, {}, heartbeat_body("JGroup", "JRouted")).code == 0
+            assert wire.call(15, {"consumerGroup": "JGroup", "topic": "JRouted",
+                                  "queueId": queue_id, "commitOffset": 1}).code == 0
+        retry = wait_for(lambda: route(tmp_path, java_namesrv, "%RETRY%JGroup"),
+                         what="%RETRY%JGroup in the NameServer's route")
+        assert retry["jbroker-a"]["addrs"] == {0: served.address}
+        progress = mqadmin(tmp_path, "consumerProgress", *ns, "-g", "JGroup")
+        assert re.search(rf"^JRouted\s+jbroker-a\s+{queue_id}\s+1\s+1\s", progress, flags=re.M)
+        assert "Diff Total: 0" in progress
         status = mqadmin(tmp_path, "topicStatus", *ns, "-t", "JRouted")
         assert len(re.findall(r"^jbroker-a\s+\d\s", status, flags=re.M)) == 3
         assert served.stop() == 0
