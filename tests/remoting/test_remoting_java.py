@@ -288,3 +288,24 @@ def test_serve_registers_again_with_a_restarted_namesrv(tmp_path):
         if served is not None:
             served.kill()
         namesrv.stop()
+
+
+def test_serve_registers_with_each_of_two_java_namesrvs(java_namesrv, tmp_path):
+    other = JavaNameServer(tmp_path / "ns-other")
+    served = None
+    try:
+        served = registered_serve(tmp_path, java_namesrv, "jbroker-d", "JClusterD",
+                                  {"namesrv_addr": f"{java_namesrv.address};{other.address}"})
+        row = [("jbroker-d", "0", served.address)]
+        for namesrv in (java_namesrv, other):
+            wait_for(lambda: cluster_rows(tmp_path, namesrv, "JClusterD") == row,
+                     what=f"the broker in {namesrv.address}'s cluster list")
+        assert served.stop() == 0
+        for namesrv in (java_namesrv, other):
+            assert cluster_rows(tmp_path, namesrv, "JClusterD") == []
+            assert (f"unregisterBroker, remove addr from brokerAddrTable OK, {served.address}"
+                    in namesrv.log())
+    finally:
+        if served is not None:
+            served.kill()
+        other.stop()
