@@ -1,8 +1,10 @@
 """Registering with RocketMQ NameServers (``BrokerOuterAPI``, ``server.namesrv_addr``):
 REGISTER_BROKER (103) with the broker's topic configs at start, 10 s later, then every 30 s
 and soon after a topic changes (two-way after UPDATE_AND_CREATE_TOPIC, oneway after an
-auto-create), and UNREGISTER_BROKER (104) at shutdown, to every NameServer of the list
-(``"host:port;host:port"``), as a master (id 0) or a slave (its id), with its HA address. Both
+auto-create), and UNREGISTER_BROKER (104) at shutdown (waiting 3 s for each answer, as
+4.9.8's broker does; registrations wait 6 s), to every NameServer of the list
+(``"host:port;host:port"``; registrations to all at once, unregistrations one after another,
+as 4.9.8's broker), as a master (id 0) or a slave (its id), with its HA address. Both
 follow the store's role as it is at each registration (``Broker.broker_id``,
 ``Broker.ha_address``), and a change of either (a promotion, a demotion) registers again within
 ``ROLE_POLL_S``, as RocketMQ's broker registers at once when its role changes.
@@ -32,6 +34,8 @@ FIRST_REPEAT_S = 10.0
 INTERVAL_S = 30.0
 ROLE_POLL_S = 1.0  # how soon a registration follows a change of role
 TIMEOUT_S = 6.0  # registerBrokerTimeoutMills
+UNREGISTER_TIMEOUT_S = 3.0  # BrokerOuterAPI.unregisterBroker's wait
+CONNECT_TIMEOUT_S = 3.0  # NettyClientConfig.connectTimeoutMillis
 MAX_RESPONSE_BYTES = 16 << 20
 
 
@@ -62,8 +66,11 @@ class NameServerLink:
         if self._writer is not None and not self._writer.is_closing():
             return
         host, port = parse_listen(self.address)
-        self._reader, self._writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port), TIMEOUT_S)
+        try:
+            self._reader, self._writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise ConnectionError(f"no connection within {CONNECT_TIMEOUT_S} s") from None
         self._reading = asyncio.ensure_future(self._read(self._reader))
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
@@ -89,7 +96,8 @@ class NameServerLink:
             self._writer.close()
         self._writer = None
 
-    async def call(self, cmd: rf.Command, oneway: bool = False) -> rf.Command | None:
+    async def call(self, cmd: rf.Command, oneway: bool = False,
+                   timeout_s: float = TIMEOUT_S) -> rf.Command | None:
         await self._connect()
         cmd.opaque = next(self._opaques) & 0x7FFFFFFF
         if oneway:
@@ -102,7 +110,9 @@ class NameServerLink:
         if oneway:
             return None
         try:
-            return await asyncio.wait_for(future, TIMEOUT_S)
+            return await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            raise asyncio.TimeoutError(f"no answer within {timeout_s} s") from None
         finally:
             self._pending.pop(cmd.opaque, None)
 
@@ -135,32 +145,39 @@ class Registration:
         return {"brokerName": b.name, "brokerAddr": b.address, "clusterName": b.cluster,
                 "brokerId": str(b.broker_id)}
 
-    def _register_command(self) -> rf.Command:
+    def _register_commands(self) -> list[rf.Command]:
+        """A REGISTER_BROKER for each NameServer, all of one snapshot of the topics (each
+        command gets its connection's opaque)."""
         body = register_body(self.broker)
         broker_id, ha = self._registered_as = self._identity()
         ext = {"brokerName": self.broker.name, "brokerAddr": self.broker.address,
                "clusterName": self.broker.cluster, "brokerId": str(broker_id),
                "haServerAddr": ha, "compressed": "false", "bodyCrc32": str(crc32(body))}
-        return rf.Command(Req.REGISTER_BROKER, ext=ext, body=body)
+        return [rf.Command(Req.REGISTER_BROKER, ext=dict(ext), body=body) for _ in self.links]
 
     async def register_all(self, oneway: bool = False) -> None:
-        for link in self.links:
-            try:
-                response = await link.call(self._register_command(), oneway)
-            except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
-                log.warning("register broker to name server %s failed: %s", link.address, exc)
-                continue
-            if response is None:
-                continue
-            if response.code != Resp.SUCCESS:
-                log.warning("name server %s refused the registration: code %d, %s",
-                            link.address, response.code, response.remark)
-                continue
-            self.registered += 1
-            master = response.ext.get("masterAddr") if response.ext else None
-            if master:
-                log.info("name server %s: master of %s is %s", link.address, self.broker.name,
-                         master)
+        """Registers with every NameServer at once, as BrokerOuterAPI.registerBrokerAll does
+        (a task each): one slow to answer, or unreachable, holds back none of the others."""
+        await asyncio.gather(*(self._register(link, cmd, oneway)
+                               for link, cmd in zip(self.links, self._register_commands())))
+
+    async def _register(self, link: NameServerLink, cmd: rf.Command, oneway: bool) -> None:
+        try:
+            response = await link.call(cmd, oneway)
+        except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
+            log.warning("register broker to name server %s failed: %s", link.address, exc)
+            return
+        if response is None:
+            return
+        if response.code != Resp.SUCCESS:
+            log.warning("name server %s refused the registration: code %d, %s",
+                        link.address, response.code, response.remark)
+            return
+        self.registered += 1
+        master = response.ext.get("masterAddr") if response.ext else None
+        if master:
+            log.info("name server %s: master of %s is %s", link.address, self.broker.name,
+                     master)
 
     def start(self) -> None:
         self._soon = asyncio.Event()
@@ -205,7 +222,8 @@ class Registration:
                 pass
         for link in self.links:
             try:
-                await link.call(rf.Command(Req.UNREGISTER_BROKER, ext=self._header()))
+                await link.call(rf.Command(Req.UNREGISTER_BROKER, ext=self._header()),
+                                timeout_s=UNREGISTER_TIMEOUT_S)
             except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
                 log.warning("unregister broker from name server %s failed: %s", link.address,
                             exc)

@@ -3,8 +3,10 @@ field by field by a frame-level fake NameServer that answers as a 4.9.8 NameServ
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
+import time
 
 import pytest
 
@@ -22,7 +24,12 @@ class FakeNameServer:
     """Accepts brokers, records every frame, answers REGISTER_BROKER (as a master's, or a
     slave's with the master's addresses) and UNREGISTER_BROKER with SUCCESS."""
 
-    def __init__(self) -> None:
+    def __init__(self, unregister_delay_s: float = 0.0, tell: threading.Event | None = None,
+                 hold: threading.Event | None = None) -> None:
+        """``tell``: set when a REGISTER_BROKER arrives; ``hold``: awaited (20 s at most)
+        before answering one."""
+        self.unregister_delay_s = unregister_delay_s
+        self.tell, self.hold = tell, hold
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen()
@@ -58,7 +65,13 @@ class FakeNameServer:
                     cmd, buf = rf.decode(buf[4:4 + n]), buf[4 + n:]
                     with self._lock:
                         self.frames.append(cmd)
+                    if cmd.code == 103 and self.tell is not None:
+                        self.tell.set()
+                    if cmd.code == 103 and self.hold is not None:
+                        self.hold.wait(20)
                     if not cmd.is_oneway:
+                        if cmd.code == 104:
+                            time.sleep(self.unregister_delay_s)
                         ext = {}
                         if cmd.code == 103 and cmd.ext.get("brokerId") != "0":
                             ext = {"haServerAddr": "127.0.0.1:10912",
@@ -238,3 +251,107 @@ def test_registration_follows_the_role_with_the_brokers_own_ha_address(tmp_path,
         if slave is not None:
             slave.stop()
         master.kill()
+
+
+def test_unregistration_gives_up_after_3_s_as_a_4_9_8_broker_does(caplog):
+    """BrokerOuterAPI.unregisterBroker waits 3 s for each NameServer (registrations wait
+    registerBrokerTimeoutMills, 6 s): a NameServer answering after 4.5 s holds the shutdown
+    3 s, not until its answer."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from mqstore.remoting import registration
+
+    slow = FakeNameServer(unregister_delay_s=4.5)
+    topics = SimpleNamespace(wrapper_doc=lambda: {"dataVersion": {"counter": 1, "timestamp": 2},
+                                                  "topicConfigTable": {}})
+    broker = SimpleNamespace(name="b", address="127.0.0.1:1", cluster="c", broker_id=0,
+                             ha_address=None, topics=topics)
+
+    async def run() -> float:
+        reg = registration.Registration(broker, slow.address)
+        reg.start()
+        while reg.registered < 1:
+            await asyncio.sleep(0.01)
+        start = time.monotonic()
+        await reg.stop()
+        return time.monotonic() - start
+    try:
+        with caplog.at_level(logging.WARNING, logger="mqstore.remoting.registration"):
+            took = asyncio.run(run())
+        wait_for(lambda: slow.of(104), what="the unregistration")
+        assert took >= 3.0 - 0.05
+        assert [r.getMessage() for r in caplog.records] == [
+            f"unregister broker from name server {slow.address} failed: "
+            "no answer within 3.0 s"]
+    finally:
+        slow.close()
+
+
+def test_registrations_go_to_every_namesrv_at_once():
+    """As BrokerOuterAPI.registerBrokerAll (a task per NameServer): a NameServer slow to answer
+    holds back no other's registration. The first answers only once the second has its
+    registration, well within the 6 s a registration waits."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from mqstore.remoting import registration
+
+    second_has_it = threading.Event()
+    first = FakeNameServer(hold=second_has_it)
+    second = FakeNameServer(tell=second_has_it)
+    topics = SimpleNamespace(wrapper_doc=lambda: {"dataVersion": {"counter": 1, "timestamp": 2},
+                                                  "topicConfigTable": {}})
+    broker = SimpleNamespace(name="b", address="127.0.0.1:1", cluster="c", broker_id=0,
+                             ha_address=None, topics=topics)
+
+    async def run() -> int:
+        reg = registration.Registration(broker, f"{first.address};{second.address}")
+        try:
+            await reg.register_all()
+        finally:
+            for link in reg.links:
+                await link.close()
+        return reg.registered
+    try:
+        assert asyncio.run(run()) == 2
+        (one,), (two,) = first.of(103), second.of(103)
+        assert one.body == two.body and one.ext == two.ext  # one snapshot of the topics
+    finally:
+        second_has_it.set()
+        first.close()
+        second.close()
+
+
+def test_a_namesrv_that_takes_no_connection_holds_the_shutdown_3_s(caplog):
+    """NettyClientConfig.connectTimeoutMillis: 3 s to connect. A NameServer whose accept
+    queue is full (its SYNs unanswered) holds each call that long, not the 6 s a registration
+    waits for its answer."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from mqstore.remoting import registration
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    address = listener.getsockname()
+    queued = socket.create_connection(address)  # fills the queue: later SYNs go unanswered
+    broker = SimpleNamespace(name="b", address="127.0.0.1:1", cluster="c", broker_id=0,
+                             ha_address=None, topics=None)
+
+    async def run() -> float:
+        reg = registration.Registration(broker, f"{address[0]}:{address[1]}")
+        start = time.monotonic()
+        await reg.stop()
+        return time.monotonic() - start
+    try:
+        with caplog.at_level(logging.WARNING, logger="mqstore.remoting.registration"):
+            took = asyncio.run(run())
+        assert [r.getMessage() for r in caplog.records] == [
+            f"unregister broker from name server {address[0]}:{address[1]} failed: "
+            "no connection within 3.0 s"]
+        assert 3.0 - 0.05 <= took < 5.9
+    finally:
+        queued.close()
+        listener.close()
