@@ -320,6 +320,15 @@ class Appender:
                 f"bytes (at most {self._limit} per record)", index)
 
     # -- the locked section ------------------------------------------------------------------
+    def store_time_in_lock(self) -> int:
+        """The store time of the put holding the lock: never earlier than the last one's
+        (store times never go backwards in log order, so time search can bisect)."""
+        now = self.clock()
+        if now < self._last_store_ts:
+            now = self._last_store_ts
+        self._last_store_ts = self.begin_in_lock = now
+        return now
+
     def _append(self, block_bytes: list[int], keys: list, counts: list[int], messages: int,
                 encode, plan=None):
         """Write blocks of the records of ``messages`` messages (one block per segment they
@@ -334,10 +343,7 @@ class Appender:
         shield.enter()  # NOTE [ Uninterrupted puts ]
         try:
             with self.lock:
-                now = self.clock()
-                if now < self._last_store_ts:  # store times never go backwards in log order,
-                    now = self._last_store_ts  # so time search can bisect
-                self._last_store_ts = self.begin_in_lock = now
+                now = self.store_time_in_lock()
                 try:
                     table = self.queue_offsets
                     bases = [table.get(k, 0) for k in keys]

@@ -97,10 +97,7 @@ def _write_one(app: Appender, p) -> tuple[int, int, int]:
     shield.enter()  # NOTE [ Uninterrupted puts ]
     try:
         with app.lock:
-            now = app.clock()
-            if now < app._last_store_ts:
-                now = app._last_store_ts
-            app._last_store_ts = app.begin_in_lock = now
+            now = app.store_time_in_lock()
             try:
                 key = (p.topic, p.queue_id) if p.queued else None
                 base = app.queue_offsets.get(key, 0) if p.queued else 0
